@@ -1,0 +1,176 @@
+"""Diagnostics: what the compiler says, where, and what to write instead.
+
+A :class:`Diagnostic` carries a stable rule code (``OPDnnn``), a severity, a one-line
+headline, the location of the offending key (file:line:col, 1-based), related
+locations (the other side of a prefill/decode pair) and a ``help`` line. Renderers
+turn a list of diagnostics into rustc-style text or JSON; they never decide anything.
+
+Exit status convention (shared by every command): 0 no errors (warnings and infos
+allowed), 1 errors found, 2 input unreadable or bad usage.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+
+class Severity(str, enum.Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+    @property
+    def rank(self) -> int:
+        return {"error": 0, "warning": 1, "info": 2}[self.value]
+
+
+@dataclass(frozen=True)
+class Location:
+    """A place in an input file. ``line``/``column`` are 1-based; either may be None."""
+
+    file: str
+    line: int | None = None
+    column: int | None = None
+    path: tuple[Any, ...] = ()
+    label: str | None = None
+
+    def __str__(self) -> str:
+        s = self.file
+        if self.line is not None:
+            s += f":{self.line}"
+            if self.column is not None:
+                s += f":{self.column}"
+        return s
+
+    def dotted(self) -> str:
+        """The YAML path as ``stages[0].kv_transfer_config.kv_role``."""
+        out = ""
+        for p in self.path:
+            out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+        return out
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One finding. ``code`` is stable (see ``omni-pd rules``); ``message`` is one line."""
+
+    code: str
+    severity: Severity
+    message: str
+    location: Location | None = None
+    help: str | None = None
+    related: list[Location] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    label: str | None = None  # text under the caret
+
+    def to_dict(self) -> dict[str, Any]:
+        def loc(l: Location | None) -> dict[str, Any] | None:
+            if l is None:
+                return None
+            return {"file": l.file, "line": l.line, "column": l.column,
+                    "path": l.dotted() or None, "label": l.label}
+
+        return {
+            "code": self.code,
+            "severity": self.severity.value,
+            "message": self.message,
+            "location": loc(self.location),
+            "label": self.label,
+            "help": self.help,
+            "notes": list(self.notes),
+            "related": [loc(r) for r in self.related],
+        }
+
+
+class OmniPdError(Exception):
+    """A fatal, located problem with the input or the invocation.
+
+    Carries the :class:`Diagnostic` to show and the process exit code (2 for
+    unreadable input or bad usage). The CLI renders it; it never becomes a traceback.
+    """
+
+    def __init__(self, diagnostic: Diagnostic, exit_code: int = 2):
+        super().__init__(diagnostic.message)
+        self.diagnostic = diagnostic
+        self.exit_code = exit_code
+
+
+def sort_key(d: Diagnostic) -> tuple:
+    loc = d.location
+    return (loc.file if loc else "", loc.line or 0 if loc else 0,
+            loc.column or 0 if loc else 0, d.severity.rank, d.code)
+
+
+def render_text(diags: Iterable[Diagnostic], line_source: Callable[[str, int], str | None] | None = None) -> str:
+    """rustc-style text::
+
+        error[OPD312]: prefill and decode use different KV connectors
+          --> pd.yaml:41:21
+           |
+        41 |       kv_connector: NixlConnector
+           |                     ^^^^^^^^^^^^^ decode uses NixlConnector
+           = note: prefill (stage 0) uses MooncakeConnector at pd.yaml:18:21
+           = help: use the same kv_connector on both stages of the PD pair
+
+    ``line_source(file, line)`` returns the text of a source line, or None.
+    """
+    out: list[str] = []
+    for d in diags:
+        out.append(f"{d.severity.value}[{d.code}]: {d.message}")
+        loc = d.location
+        gutter = 1
+        if loc is not None:
+            src = line_source(loc.file, loc.line) if (line_source and loc.line) else None
+            gutter = len(str(loc.line)) if loc.line else 1
+            pad = " " * gutter
+            out.append(f"{pad}--> {loc}")
+            if src is not None:
+                out.append(f"{pad} |")
+                out.append(f"{loc.line} | {src}")
+                col = (loc.column or 1) - 1
+                rest = src[col:]
+                width = _token_width(rest)
+                caret = " " * col + "^" * width
+                out.append(f"{pad} | {caret}" + (f" {d.label}" if d.label else ""))
+        pad = " " * gutter
+        for r in d.related:
+            what = r.label or "related"
+            out.append(f"{pad} = note: {what}: {r}")
+        for n in d.notes:
+            out.append(f"{pad} = note: {n}")
+        if d.help:
+            out.append(f"{pad} = help: {d.help}")
+        out.append("")
+    return "\n".join(out)
+
+
+def _token_width(rest: str) -> int:
+    """Width of the key or scalar starting a source fragment (at least 1)."""
+    if not rest:
+        return 1
+    stop = len(rest)
+    for i, ch in enumerate(rest):
+        if ch in ":#,{}[]" or (ch == " " and i > 0 and rest[i - 1] != "-"):
+            stop = i
+            break
+    return max(1, len(rest[:stop].rstrip()))
+
+
+def render_json(diags: Iterable[Diagnostic]) -> str:
+    """A JSON array of :meth:`Diagnostic.to_dict` objects, sorted by location."""
+    return json.dumps([d.to_dict() for d in diags], indent=2, sort_keys=False)
+
+
+def summary(diags: list[Diagnostic]) -> str:
+    e = sum(d.severity is Severity.ERROR for d in diags)
+    w = sum(d.severity is Severity.WARNING for d in diags)
+    i = sum(d.severity is Severity.INFO for d in diags)
+    return f"{e} error{'s' if e != 1 else ''}, {w} warning{'s' if w != 1 else ''}, {i} info"
+
+
+def exit_code(diags: Iterable[Diagnostic]) -> int:
+    """0 when no diagnostic is an error, else 1."""
+    return 1 if any(d.severity is Severity.ERROR for d in diags) else 0

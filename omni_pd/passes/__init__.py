@@ -1,0 +1,1 @@
+"""Compiler passes: pure functions over the resolved topology."""
