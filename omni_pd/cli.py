@@ -28,9 +28,22 @@ _DOCS: dict[str, object] = {}
 
 
 def _line_source(docs: dict):
+    """Source line lookup for diagnostics: loaded documents first, else the file on disk."""
+    cache: dict[str, list[str] | None] = {}
+
     def get(file: str, line: int):
         d = docs.get(file)
-        return d.line_text(line) if d is not None else None
+        if d is not None:
+            return d.line_text(line)
+        if file not in cache:
+            try:
+                p = Path(file)
+                cache[file] = (p.read_text(encoding="utf-8", errors="replace").splitlines()
+                               if p.is_file() and p.stat().st_size < 8 * 1024 * 1024 else None)
+            except OSError:
+                cache[file] = None
+        lines = cache[file]
+        return lines[line - 1] if lines and 1 <= line <= len(lines) else None
     return get
 
 
@@ -168,12 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # click usage errors and anything unforeseen
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
+        name = type(e).__name__
+        if hasattr(e, "show") and hasattr(e, "exit_code"):  # click/typer usage errors
             e.show()
             return 2
-        if isinstance(e, click.exceptions.Abort):
+        if name == "Abort":
             return 130
         if os.environ.get("OMNI_PD_DEBUG"):
             raise

@@ -48,8 +48,8 @@ def expand_document(doc: Document, opts: ExpandOptions = ExpandOptions(), *, vll
     """Split the Thinker of ``doc`` into a prefill/decode pair.
 
     Raises :class:`OmniPdError` (exit 2) for bad input: types (OPD101), legacy schema
-    (OPD102), no Thinker (OPD201), unknown pipeline (OPD202), already PD (OPD203),
-    unknown connector (OPD204), impossible allocation (OPD205).
+    (OPD102), no Thinker (OPD801), unknown pipeline (OPD802), already PD (OPD803),
+    unknown connector (OPD804), impossible allocation (OPD805).
     """
     from .emit import apply_pd_split, render
 

@@ -220,8 +220,6 @@ def _split_list(seq: CommentedSeq, plan: PDSplitPlan, *, base: bool, platform_de
         if thinker_pos == len(seq) - 1:
             _drop_trailing_blank(p)  # the blank line that ended the block now follows D
         seq.insert(thinker_pos + 1, d)
-        _remap_connectors(p, plan)
-        _remap_connectors(d, plan)
         if base:
             _pd_side(p, plan, "prefill")
             _pd_side(d, plan, "decode")

@@ -104,6 +104,8 @@ class Document:
     def loc(self, path: Path_, *, value: bool = False) -> Location:
         """A :class:`Location` for ``path`` in this document (line/col may be None)."""
         pos = self.source_map.locate(path, value=value)
+        if pos is None and not tuple(path):
+            pos = (1, 1)  # the document as a whole
         line, col = pos if pos else (None, None)
         return Location(file=self.name, line=line, column=col, path=tuple(path))
 
@@ -140,13 +142,16 @@ def parse_text(text: str, name: str = "<string>") -> Document:
         second = e.problem_mark
         key = ""
         if e.problem and "duplicate key" in e.problem:
-            key = e.problem.split("duplicate key", 1)[1].split("\n")[0].strip()
+            key = e.problem.split("duplicate key", 1)[1].split("\n")[0].split(" with value")[0].strip()
         rel = []
-        if first is not None:
-            rel.append(Location(file=name, line=first.line + 1, column=first.column + 1,
+        first_pos = _first_key_pos(text, key.strip("\"'"), second) if second is not None else None
+        if first_pos is None and first is not None:
+            first_pos = (first.line + 1, first.column + 1)
+        if first_pos is not None:
+            rel.append(Location(file=name, line=first_pos[0], column=first_pos[1],
                                 label="first defined here"))
         raise _load_error(
-            "OPD003", name, f"duplicate key {key} (YAML requires unique mapping keys)".replace("  ", " "),
+            "OPD003", name, f"duplicate key {key} (YAML requires unique mapping keys)",
             second.line + 1 if second else None, second.column + 1 if second else None,
             help="remove one of the two entries; a YAML mapping cannot repeat a key",
             related=rel) from None
@@ -172,6 +177,17 @@ def parse_text(text: str, name: str = "<string>") -> Document:
                           1, 1, help="a deploy config starts with top-level keys such as `stages:`")
     _check_alias_expansion(tree, name)
     return Document(name=name, text=text, tree=tree, source_map=build_source_map(tree))
+
+
+def _first_key_pos(text: str, key: str, mark: Any) -> tuple[int, int] | None:
+    """1-based position of the nearest earlier ``key:`` at the duplicate's column."""
+    lines = text.splitlines()
+    col = mark.column
+    for i in range(min(mark.line, len(lines)) - 1, -1, -1):
+        ln = lines[i]
+        if ln[col:].startswith((f"{key}:", f'"{key}":', f"'{key}':")) and not ln[:col].strip(" -"):
+            return (i + 1, col + 1)
+    return None
 
 
 #: Upper bound on nodes reachable through aliases (an alias bomb expands exponentially).

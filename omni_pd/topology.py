@@ -194,7 +194,7 @@ def select_pipeline(cfg: DeployConfig, catalogue: Catalogue, doc: Document | Non
 
     Order: ``override`` (``--pipeline``), the config's ``pipeline:`` key, the vllm-omni
     default deploy file name (``qwen3_omni_moe.yaml`` -> ``qwen3_omni_moe``), and a
-    single-stage config defaults to ``llm``. Raises :class:`OmniPdError` (OPD202, exit 2)
+    single-stage config defaults to ``llm``. Raises :class:`OmniPdError` (OPD802, exit 2)
     when none applies or the name is not in the catalogue.
     """
     name = override or cfg.pipeline
@@ -207,7 +207,7 @@ def select_pipeline(cfg: DeployConfig, catalogue: Catalogue, doc: Document | Non
 
             close = get_close_matches(name, catalogue.names(), n=1)
             raise OmniPdError(Diagnostic(
-                code="OPD202", severity=Severity.ERROR,
+                code="OPD802", severity=Severity.ERROR,
                 message=f"unknown pipeline `{name}`",
                 location=loc,
                 help=(f"did you mean `{close[0]}`? " if close else "")
@@ -223,7 +223,7 @@ def select_pipeline(cfg: DeployConfig, catalogue: Catalogue, doc: Document | Non
     if len(ids) <= 1:
         return catalogue.get("llm")  # type: ignore[return-value]
     raise OmniPdError(Diagnostic(
-        code="OPD202", severity=Severity.ERROR,
+        code="OPD802", severity=Severity.ERROR,
         message="cannot tell which pipeline this deploy config runs (no `pipeline:` key)",
         location=loc,
         help="add `pipeline: qwen3_omni_moe` (or another catalogued name) or pass --pipeline NAME; "

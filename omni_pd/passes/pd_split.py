@@ -88,7 +88,7 @@ def _err(code: str, msg: str, loc: Location | None, help: str | None = None) -> 
 
 
 def check_not_pd(topo: Topology, doc: Document | None) -> None:
-    """Refuse a config that is already split (OPD203): PD pipeline or a producer/consumer pair."""
+    """Refuse a config that is already split (OPD803): PD pipeline or a producer/consumer pair."""
     name = topo.config.pipeline or ""
     roles = {s.kv.get("kv_role") for s in topo.stages if s.kv}
     kv_stage_roles = set()
@@ -100,7 +100,7 @@ def check_not_pd(topo: Topology, doc: Document | None) -> None:
             {"kv_producer", "kv_consumer"} <= (roles | kv_stage_roles)):
         loc = doc.loc(("pipeline",), value=True) if (doc is not None and "pipeline" in doc.tree) else (
             doc.loc(()) if doc else None)
-        raise _err("OPD203", "this deploy config is already prefill/decode split; refusing to split it twice",
+        raise _err("OPD803", "this deploy config is already prefill/decode split; refusing to split it twice",
                    loc, help="run `omni-pd validate` on it instead, or expand the original three-stage config")
 
 
@@ -108,14 +108,14 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
                   doc: Document | None = None) -> PDSplitPlan:
     """Decide the PD split of ``topo`` (resolved without a platform overlay).
 
-    Raises :class:`OmniPdError` (exit 2): OPD203 already PD, OPD201 no Thinker/LLM
-    stage, OPD204 unknown connector, OPD205 device/port allocation impossible.
+    Raises :class:`OmniPdError` (exit 2): OPD803 already PD, OPD801 no Thinker/LLM
+    stage, OPD804 unknown connector, OPD805 device/port allocation impossible.
     """
     check_not_pd(topo, doc)
     src = topo.pipeline
     t = src.split_stage
     if t is None:
-        raise _err("OPD201", f"pipeline `{src.name}` has no Thinker (or single LLM) stage to split",
+        raise _err("OPD801", f"pipeline `{src.name}` has no Thinker (or single LLM) stage to split",
                    doc.loc(()) if doc else None,
                    help="PD disaggregation splits the Thinker; choose a pipeline that has one with --pipeline")
     target_pipe = catalogue.get(src.name + "_pd")
@@ -136,11 +136,11 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
         from difflib import get_close_matches
 
         close = get_close_matches(cname, connectors.names(), n=1)
-        raise _err("OPD204", f"no connector contract for `{cname}`", None,
+        raise _err("OPD804", f"no connector contract for `{cname}`", None,
                    help=(f"did you mean {close[0]}? " if close else "")
                    + "omni-pd can emit: " + ", ".join(connectors.names()))
-    if cname not in target.connectors():
-        raise _err("OPD204", f"{contract.name} is not registered in vLLM {target.label}", None,
+    if contract.name not in target.connectors():
+        raise _err("OPD804", f"{contract.name} is not registered in vLLM {target.label}", None,
                    help="pick another --connector or --vllm-version")
 
     # devices -----------------------------------------------------------------------
@@ -152,7 +152,7 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
         base = split_devices(layout, t.stage_id, world, opts.prefill_devices, opts.decode_devices,
                              opts.downstream_devices)
     except (ValueError, AllocationError) as e:
-        raise _err("OPD205", f"cannot place prefill and decode: {e}", None) from None
+        raise _err("OPD805", f"cannot place prefill and decode: {e}", None) from None
     base_devices: dict[int, Devices] = {ids.prefill: base.prefill, ids.decode: base.decode}
     for old, dev in base.others.items():
         base_devices[ids.shift(old)] = dev
@@ -179,7 +179,7 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
         try:
             p_port, d_port = allocate_ports(spans, used, start)
         except AllocationError as e:
-            raise _err("OPD205", f"cannot allocate {contract.name} ports: {e}", None,
+            raise _err("OPD805", f"cannot allocate {contract.name} ports: {e}", None,
                        help="pass --port-base with a lower free port") from None
     kvbd = opts.kv_buffer_device or (thinker.kv or {}).get("kv_buffer_device")
     p_ep = Endpoint("prefill", p_id, opts.kv_host, p_tp, thinker.dp, p_port, kvbd)

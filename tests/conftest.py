@@ -1,0 +1,131 @@
+"""Shared pytest fixtures and hypothesis profiles for the omni-pd test suite.
+
+Hypothesis profiles (choose with the ``HYPOTHESIS_PROFILE`` env var):
+
+* ``dev`` (default): the per-test example counts written in the test modules;
+* ``ci``: at least 200 examples per property;
+* ``long``: 2000 examples per property (a soak run, minutes).
+
+``deadline`` is off in every profile: an expansion goes through ruamel.yaml and
+pydantic, whose first call per process is slow, and timing must never fail a test.
+
+Session fixture ``omni_wheel_deploy_dir``: the ``vllm_omni/deploy/*.yaml`` files of
+the vllm-omni==0.30.0 wheel, downloaded once with pip into a cache folder
+(``$OMNI_PD_CACHE``, else ``<repo>/.cache/wheels``, which is gitignored).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+REPO = Path(__file__).resolve().parents[1]
+
+# --- hypothesis profiles --------------------------------------------------------------
+
+_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("dev", **_COMMON)
+settings.register_profile("ci", max_examples=200, **_COMMON)
+settings.register_profile("long", max_examples=2000, **_COMMON)
+HYPOTHESIS_PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "dev")
+settings.load_profile(HYPOTHESIS_PROFILE)
+
+
+def example_budget(dev_examples: int) -> int:
+    """Examples for one property: ``dev_examples`` under the ``dev`` profile, else the
+    loaded profile's ``max_examples`` (never fewer than ``dev_examples``).
+
+    Needed because ``@settings(max_examples=...)`` on a test overrides the profile.
+    """
+    if HYPOTHESIS_PROFILE == "dev":
+        return dev_examples
+    return max(dev_examples, settings.default.max_examples)
+
+
+# --- the vllm-omni 0.30.0 wheel --------------------------------------------------------
+
+OMNI_WHEEL_SPEC = "vllm-omni==0.30.0"
+_WHEEL_GLOB = "vllm_omni-0.30.0-*.whl"
+_DEPLOY_MEMBER = re.compile(r"vllm_omni/deploy/([A-Za-z0-9_.\-]+\.yaml)")
+
+
+def wheel_cache_dir() -> Path:
+    """Where downloaded wheels are kept: ``$OMNI_PD_CACHE`` or ``<repo>/.cache/wheels``."""
+    env = os.environ.get("OMNI_PD_CACHE")
+    return Path(env) if env else REPO / ".cache" / "wheels"
+
+
+def _cached_wheel(cache: Path) -> Path | None:
+    """The vllm-omni 0.30.0 wheel already in ``cache`` (newest name first), or None."""
+    found = sorted(cache.glob(_WHEEL_GLOB))
+    return found[-1] if found else None
+
+
+def _offline() -> bool:
+    """True when the user asked for no network (``OMNI_PD_OFFLINE=1``)."""
+    return os.environ.get("OMNI_PD_OFFLINE", "") == "1"
+
+
+def _download_wheel(cache: Path) -> tuple[Path | None, str]:
+    """Run ``python -m pip download vllm-omni==0.30.0 --no-deps -d cache``.
+
+    Returns the wheel path (None on failure) and pip's last output lines.
+    """
+    cmd = [sys.executable, "-m", "pip", "download", OMNI_WHEEL_SPEC, "--no-deps",
+           "--only-binary", ":all:", "-d", str(cache)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"{' '.join(cmd)} could not run: {e}"
+    tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+    if proc.returncode != 0:
+        return None, f"`{' '.join(cmd)}` exited with {proc.returncode}:\n{tail}"
+    wheel = _cached_wheel(cache)
+    if wheel is None:
+        return None, f"`{' '.join(cmd)}` left no {_WHEEL_GLOB} in {cache}:\n{tail}"
+    return wheel, tail
+
+
+@pytest.fixture(scope="session")
+def omni_wheel_deploy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding every ``vllm_omni/deploy/*.yaml`` of the vllm-omni==0.30.0 wheel.
+
+    Reuses a wheel already in :func:`wheel_cache_dir`, else downloads it with pip.
+    When the wheel cannot be had the test FAILS with pip's message, unless
+    ``OMNI_PD_OFFLINE=1`` (then it is skipped).
+    """
+    cache = wheel_cache_dir()
+    wheel = _cached_wheel(cache) if cache.is_dir() else None
+    if wheel is None:
+        if _offline():
+            pytest.skip(f"OMNI_PD_OFFLINE=1 and no {_WHEEL_GLOB} in {cache}")
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            pytest.fail(f"cannot create the wheel cache {cache}: {e}", pytrace=False)
+        wheel, why = _download_wheel(cache)
+        if wheel is None:
+            pytest.fail(
+                f"could not download {OMNI_WHEEL_SPEC} for the wheel deploy-config tests.\n{why}\n"
+                f"Put the wheel in {cache} (or set OMNI_PD_CACHE), or set OMNI_PD_OFFLINE=1 to skip.",
+                pytrace=False)
+    out = tmp_path_factory.mktemp("vllm_omni_deploy")
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            for member in z.namelist():
+                m = _DEPLOY_MEMBER.fullmatch(member)
+                if m:
+                    (out / m.group(1)).write_bytes(z.read(member))
+    except zipfile.BadZipFile as e:
+        pytest.fail(f"{wheel} is not a valid wheel ({e}); delete it so the next run downloads it again",
+                    pytrace=False)
+    if not any(out.glob("*.yaml")):
+        pytest.fail(f"{wheel} has no vllm_omni/deploy/*.yaml files", pytrace=False)
+    return out

@@ -1,0 +1,397 @@
+"""`omni-pd expand`: golden outputs and one test per compiler rule, with exact values."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from omni_pd.cli import main
+from omni_pd.compiler import expand_document
+from omni_pd.diagnostics import OmniPdError
+from omni_pd.io import load_file, parse_text
+from omni_pd.passes.pd_split import ExpandOptions
+from omni_pd.resources import preset_path
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "golden"
+PRESET = preset_path("qwen3_omni_moe")
+FIX = ROOT / "tests" / "fixtures"
+
+
+def run_cli(args, capsys, cwd=ROOT):
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        rc = main(args)
+    finally:
+        os.chdir(old)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def expand(text_or_path=PRESET, opts=ExpandOptions(), name="qwen3_omni_moe.yaml", **kw):
+    """Expand a path, or YAML text (by default read as a copy of vllm-omni's qwen3_omni_moe.yaml)."""
+    doc = load_file(text_or_path) if isinstance(text_or_path, Path) else parse_text(text_or_path, name)
+    return expand_document(doc, opts, schema_ref="s.json", **kw)
+
+
+def stage(res, sid):
+    return next(s for s in res.config.stages if s.stage_id == sid)
+
+
+def overlay(res, platform, sid):
+    return next(o for o in res.config.platforms[platform].stages if o.stage_id == sid)
+
+
+# --- golden ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args,golden", [
+    (["expand", "-q"], "qwen3_omni_moe_pd.yaml"),
+    (["expand", "-q", "--connector", "NixlConnector", "--kv-buffer-device", "cpu"], "qwen3_omni_moe_pd_nixl.yaml"),
+])
+def test_golden_bundled_preset(args, golden, capsys):
+    rc, out, err = run_cli(args, capsys)
+    assert rc == 0, err
+    assert out == (GOLDEN / golden).read_text(encoding="utf-8")
+
+
+def test_expand_is_deterministic():
+    assert expand().text == expand().text
+
+
+def test_default_input_reports_async_chunk_info(capsys):
+    rc, out, err = run_cli(["expand"], capsys)
+    assert rc == 0
+    assert "info[OPD901]: async_chunk set to false: streaming of audio chunks between stages is given up" in err
+    assert "qwen3_omni_moe.yaml:6:14" in err
+
+
+# --- ids, roles, sources -------------------------------------------------------------------
+
+def test_stage_ids_roles_and_pipeline():
+    res = expand()
+    assert [s.stage_id for s in res.config.stages] == [0, 1, 2, 3]
+    assert res.config.pipeline == "qwen3_omni_moe_pd"
+    assert res.config.async_chunk is False
+    roles = [(s.stage_id, s.role, s.pd_role, s.input_sources) for s in res.topology.stages]
+    assert roles == [(0, "thinker", "prefill", ()), (1, "thinker", "decode", (0,)),
+                     (2, "talker", None, (1,)), (3, "code2wav", None, (2,))]
+    assert [(s.stage_id, s.final_output_type) for s in res.topology.stages if s.final_output] == [
+        (1, "text"), (3, "audio")]
+
+
+def test_connector_keys_and_edges_remapped():
+    res = expand()
+    assert stage(res, 2).input_connectors == {"from_stage_1": "connector_of_shared_memory"}
+    assert stage(res, 3).input_connectors == {"from_stage_2": "connector_of_shared_memory"}
+    assert stage(res, 0).input_connectors is None and stage(res, 1).input_connectors is None
+    assert [(e.from_, e.to) for e in res.config.edges] == [(0, 1), (1, 2), (2, 3)]
+
+
+def test_existing_edges_and_output_connectors_are_remapped():
+    text = """\
+pipeline: qwen3_omni_moe
+stages:
+  - stage_id: 0
+    devices: "0"
+    output_connectors: {to_stage_1: shm}
+  - stage_id: 1
+    devices: "1"
+    input_connectors: {from_stage_0: shm}
+  - stage_id: 2
+    devices: "1"
+edges:
+  - {from: 0, to: 1, window_size: -1, max_inflight: 1}
+  - {from: 1, to: 2, window_size: -1, max_inflight: 1}
+"""
+    res = expand(text)
+    assert stage(res, 0).output_connectors is None
+    assert stage(res, 1).output_connectors == {"to_stage_2": "shm"}
+    assert stage(res, 2).input_connectors == {"from_stage_1": "shm"}
+    assert [(e.from_, e.to, e.window_size, e.max_inflight) for e in res.config.edges] == [
+        (0, 1, -1, 1), (1, 2, -1, 1), (2, 3, -1, 1)]
+
+
+def test_thinker_fields_copied_to_both_halves_and_prefill_not_async():
+    res = expand()
+    p, d = stage(res, 0), stage(res, 1)
+    for s in (p, d):
+        assert s.max_num_batched_tokens == 32768 and s.max_num_seqs == 64
+        assert s.gpu_memory_utilization == 0.9
+        assert s.model_extra["moe_backend"] == "triton"
+        assert s.default_sampling_params == {"temperature": 0.0, "max_tokens": 2048}
+    assert p.async_scheduling is False
+    assert d.async_scheduling is None
+
+
+def test_downstream_stages_untouched_except_id_devices_sources():
+    src = load_file(PRESET)
+    from omni_pd.parse import parse_config
+
+    before = parse_config(src)
+    res = expand()
+    for old, new in ((1, 2), (2, 3)):
+        a = next(s for s in before.stages if s.stage_id == old).model_dump(exclude={"stage_id", "devices", "input_connectors"})
+        b = stage(res, new).model_dump(exclude={"stage_id", "devices", "input_connectors"})
+        assert a == b
+
+
+# --- kv_transfer_config, env, ports ------------------------------------------------------------
+
+def test_mooncake_contract_on_both_sides():
+    res = expand()
+    p, d = stage(res, 0), stage(res, 1)
+    assert p.kv_transfer_config.model_dump(exclude_none=True) == {
+        "kv_connector": "MooncakeConnector", "kv_role": "kv_producer", "engine_id": "omni-thinker-prefill",
+        "kv_ip": "127.0.0.1", "kv_connector_extra_config": {"mooncake_bootstrap_port": 25201}}
+    assert d.kv_transfer_config.model_dump(exclude_none=True) == {
+        "kv_connector": "MooncakeConnector", "kv_role": "kv_consumer", "engine_id": "omni-thinker-decode",
+        "kv_ip": "127.0.0.1", "kv_connector_extra_config": {"mooncake_bootstrap_port": 25202}}
+    assert p.env == {"VLLM_MOONCAKE_BOOTSTRAP_PORT": "25201"}
+    assert d.env == {"VLLM_MOONCAKE_BOOTSTRAP_PORT": "25202"}
+
+
+def test_nixl_contract_and_side_channel_ranges_per_dp():
+    text = PRESET.read_text().replace("    devices: \"0\"\n", "    devices: \"0,1\"\n    data_parallel_size: 2\n", 1)
+    res = expand(text, ExpandOptions(connector="NixlConnector"))
+    p, d = stage(res, 0), stage(res, 1)
+    assert p.env == {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600"}
+    assert d.env == {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": "5602"}
+    # the talker shared device 1 with the Thinker in this input: it keeps sharing it with prefill
+    assert (p.devices, d.devices, stage(res, 2).devices) == ("0,1", "2,3", "1")
+    assert p.kv_transfer_config.kv_role == "kv_producer" and d.kv_transfer_config.kv_role == "kv_consumer"
+
+
+def test_nixl_on_vllm_011_reserves_one_port_per_tp_rank():
+    res = expand(PRESET, ExpandOptions(connector="NixlConnector", tp=2), vllm_version="0.11")
+    assert stage(res, 0).env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5557"
+    assert stage(res, 1).env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5559"
+
+
+def test_ports_already_used_in_the_input_are_skipped():
+    text = PRESET.read_text().replace(
+        "    devices: \"1\"\n    input_connectors:\n      from_stage_0",
+        "    devices: \"1\"\n    env: {VLLM_MOONCAKE_BOOTSTRAP_PORT: \"25201\"}\n    input_connectors:\n      from_stage_0", 1)
+    res = expand(text)
+    assert stage(res, 0).env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == "25202"
+    assert stage(res, 1).env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == "25203"
+    assert stage(res, 2).env == {"VLLM_MOONCAKE_BOOTSTRAP_PORT": "25201"}
+
+
+@pytest.mark.parametrize("version,has_legacy", [("0.30", True), ("0.31", True), ("0.32", False), ("0.33", False)])
+def test_vllm_version_decides_legacy_kv_fields(version, has_legacy):
+    kv = stage(expand(PRESET, vllm_version=version), 0).kv_transfer_config.model_dump(exclude_none=True)
+    assert ("kv_ip" in kv) is has_legacy
+    assert not {"kv_rank", "kv_parallel_size", "kv_buffer_size"} & set(kv)
+
+
+def test_thinker_kv_transfer_config_picks_connector_and_keeps_user_keys():
+    text = PRESET.read_text().replace(
+        "    devices: \"0\"\n",
+        "    devices: \"0\"\n    kv_transfer_config: {kv_connector: NixlConnector, kv_buffer_device: cpu,"
+        " kv_role: kv_both, kv_rank: 0}\n", 1)
+    res = expand(text, vllm_version="0.33")
+    kv = stage(res, 1).kv_transfer_config.model_dump(exclude_none=True)
+    assert kv == {"kv_connector": "NixlConnector", "kv_role": "kv_consumer", "engine_id": "omni-thinker-decode",
+                  "kv_buffer_device": "cpu"}
+
+
+# --- devices ---------------------------------------------------------------------------------
+
+def test_base_devices_prefill_keeps_thinker_decode_next_downstream_follow():
+    res = expand()
+    assert [stage(res, i).devices for i in range(4)] == ["0", "1", "2", "2"]
+
+
+@pytest.mark.parametrize("platform,expected", [
+    ("npu", {0: "0,1", 1: "2,3", 2: "4", 3: "4"}),
+    ("xpu", {0: "0,1,2,3", 1: "4,5,6,7", 2: "8", 3: "8"}),
+])
+def test_platform_overlays_devices_shifted_and_tp_equal(platform, expected):
+    res = expand()
+    got = {o.stage_id: o.devices for o in res.config.platforms[platform].stages}
+    assert got == expected
+    assert overlay(res, platform, 0).tensor_parallel_size == overlay(res, platform, 1).tensor_parallel_size
+
+
+def test_overlays_without_devices_are_remapped_only():
+    res = expand()
+    assert [o.stage_id for o in res.config.platforms["cuda"].stages] == [0, 1]
+    assert overlay(res, "cuda", 1).compilation_config == {"custom_ops": ["+rotary_embedding"]}
+    assert [o.stage_id for o in res.config.platforms["musa"].stages] == [2, 3]
+    assert [o.stage_id for o in res.config.platforms["rocm"].stages] == [3]
+    assert overlay(res, "rocm", 3).enforce_eager is True
+
+
+def test_tp_option_grows_both_halves():
+    res = expand(PRESET, ExpandOptions(tp=2))
+    assert [stage(res, i).devices for i in range(4)] == ["0,1", "2,3", "4", "4"]
+    assert stage(res, 0).tensor_parallel_size == stage(res, 1).tensor_parallel_size == 2
+
+
+def test_explicit_device_options():
+    res = expand(PRESET, ExpandOptions(prefill_devices=(2,), decode_devices=(3,), downstream_devices=(0,)))
+    assert [stage(res, i).devices for i in range(4)] == ["2", "3", "0", "0"]
+    res = expand(PRESET, ExpandOptions(decode_devices=(5,)))
+    assert [stage(res, i).devices for i in range(4)] == ["0", "5", "1", "1"]
+
+
+def test_cli_device_options(capsys):
+    rc, out, err = run_cli(["expand", "-q", "--tp", "2", "--prefill-devices", "0,1", "--decode-devices", "4,5"], capsys)
+    assert rc == 0, err
+    cfg = parse_text(out)
+    from omni_pd.parse import parse_config
+
+    c = parse_config(cfg)
+    assert [s.devices for s in c.stages] == ["0,1", "4,5", "2", "2"]
+
+
+def test_qwen2_5_omni_code2wav_keeps_sharing_with_prefill():
+    text = """\
+async_chunk: false
+stages:
+  - {stage_id: 0, devices: "0", gpu_memory_utilization: 0.8}
+  - {stage_id: 1, devices: "1", gpu_memory_utilization: 0.8}
+  - {stage_id: 2, devices: "0", gpu_memory_utilization: 0.15}
+"""
+    res = expand(text, pipeline="qwen2_5_omni")
+    assert [s.devices for s in res.config.stages] == ["0", "1", "2", "0"]
+    assert res.diagnostics == ()  # async_chunk was already false: nothing given up
+
+
+def test_single_stage_llm_becomes_prefill_decode_pair():
+    res = expand("stages:\n  - stage_id: 0\n    devices: \"0\"\n    tensor_parallel_size: 1\n",
+                 ExpandOptions(connector="NixlConnector"), name="llama.yaml")
+    assert res.config.pipeline == "llm_pd"
+    assert [(s.stage_id, s.devices, s.kv_transfer_config.kv_role) for s in res.config.stages] == [
+        (0, "0", "kv_producer"), (1, "1", "kv_consumer")]
+    assert [(e.from_, e.to) for e in res.config.edges] == [(0, 1)]
+    assert stage(res, 0).kv_transfer_config.engine_id == "llm-prefill"
+
+
+def test_thinker_without_devices_gets_some():
+    res = expand("pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 1\n    devices: \"0\"\n")
+    assert [s.stage_id for s in res.config.stages] == [0, 1, 2]
+    assert [s.devices for s in res.config.stages] == ["1", "2", "0"]
+    assert sorted(d.code for d in res.diagnostics) == ["OPD901", "OPD902"]
+
+
+# --- YAML round trip ---------------------------------------------------------------------------
+
+def test_input_comments_survive():
+    out = expand().text
+    for line in PRESET.read_text().splitlines():
+        if "#" in line:
+            comment = line[line.index("#"):]
+            assert comment in out, comment
+
+
+def test_schema_header_and_labels():
+    out = expand().text.splitlines()
+    assert out[0] == "# yaml-language-server: $schema=s.json"
+    assert "  - stage_id: 0  # thinker prefill (KV producer), split from stage 0" in out
+    assert "  - stage_id: 2   # talker" in out  # the user's own comment wins downstream
+
+
+def test_expanding_a_pd_config_is_refused():
+    with pytest.raises(OmniPdError) as e:
+        expand(expand().text)
+    assert e.value.diagnostic.code == "OPD803"
+    assert e.value.diagnostic.location.line == 9  # the `pipeline:` value
+
+
+# --- CLI: errors, files ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("content,code,where,message", [
+    ("stages: [\n", "OPD002", ":2:1", "invalid YAML"),
+    ("stages:\n  - stage_id: 0\n    tensor_parallel_size: two\n", "OPD101", ":3:27",
+     "`tensor_parallel_size` must be an integer, found 'two'"),
+    ("a: 1\na: 2\n", "OPD003", ":2:1", "duplicate key"),
+    ("pipeline: qwen3_omni_mo\nstages: []\n", "OPD802", ":1:11", "unknown pipeline `qwen3_omni_mo`"),
+    ("stage_args:\n  - stage_id: 0\n", "OPD102", ":1:1", "legacy `stage_args` file"),
+    ("- 1\n- 2\n", "OPD004", ":1:1", "expected a mapping"),
+    ("stages:\n  - {stage_id: 0}\n  - {stage_id: 1}\n", "OPD802", ":1:1", "cannot tell which pipeline"),
+])
+def test_bad_input_is_a_located_error_with_exit_2(tmp_path, capsys, content, code, where, message):
+    f = tmp_path / "bad.yaml"
+    f.write_text(content)
+    rc, out, err = run_cli(["expand", str(f)], capsys)
+    assert rc == 2
+    assert out == ""
+    assert err.startswith(f"error[{code}]: ")
+    assert message in err.splitlines()[0]
+    assert f"{f}{where}" in err
+    assert "Traceback" not in err
+
+
+def test_duplicate_key_names_both_locations(tmp_path, capsys):
+    f = tmp_path / "dup.yaml"
+    f.write_text("stages: []\nasync_chunk: true\nasync_chunk: false\n")
+    rc, _, err = run_cli(["expand", str(f)], capsys)
+    assert rc == 2
+    assert f"--> {f}:3:1" in err
+    assert f"first defined here: {f}:2:1" in err
+
+
+def test_missing_file_and_bad_option(tmp_path, capsys):
+    rc, _, err = run_cli(["expand", str(tmp_path / "nope.yaml")], capsys)
+    assert rc == 2 and "error[OPD001]: file not found" in err
+    rc, _, err = run_cli(["expand", "--decode-devices", "a,b"], capsys)
+    assert rc == 2 and "--decode-devices" in err
+    rc, _, err = run_cli(["expand", "--connector", "NIXLConnector"], capsys)
+    assert rc == 0  # case-insensitive fallback finds NixlConnector
+    rc, _, err = run_cli(["expand", "--connector", "PyNcclConnector"], capsys)
+    assert rc == 2 and "error[OPD804]" in err
+
+
+def test_non_utf8_input(tmp_path, capsys):
+    f = tmp_path / "latin1.yaml"
+    f.write_bytes(b"stages: []\n# caf\xe9\n")
+    rc, _, err = run_cli(["expand", str(f)], capsys)
+    assert rc == 2 and "not UTF-8" in err and f"{f}:2" in err
+
+
+def test_output_written_atomically_and_input_never_overwritten(tmp_path, capsys):
+    src = tmp_path / "qwen3_omni_moe.yaml"
+    src.write_text(PRESET.read_text())
+    before = src.read_bytes()
+    rc, _, err = run_cli(["expand", str(src), "-o", str(src)], capsys)
+    assert rc == 2 and "refusing to overwrite the input file" in err
+    assert src.read_bytes() == before
+    out = tmp_path / "out.yaml"
+    rc, stdout, err = run_cli(["expand", str(src), "-o", str(out)], capsys)
+    assert rc == 0 and stdout == ""
+    assert out.read_text().startswith("# yaml-language-server: $schema=")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.yaml", "qwen3_omni_moe.yaml"]  # no temp files left
+
+
+def test_failed_run_leaves_no_output(tmp_path, capsys):
+    out = tmp_path / "out.yaml"
+    rc, _, _ = run_cli(["expand", str(tmp_path / "missing.yaml"), "-o", str(out)], capsys)
+    assert rc == 2 and not out.exists()
+
+
+# --- schema ---------------------------------------------------------------------------------------
+
+def test_checked_in_schema_matches_model():
+    from omni_pd.model import json_schema
+
+    checked_in = json.loads((ROOT / "schemas" / "omni-pd-deploy.schema.json").read_text())
+    assert checked_in == json_schema(), "schema drifted: run `omni-pd schema -o schemas/omni-pd-deploy.schema.json`"
+
+
+@pytest.mark.parametrize("golden", ["qwen3_omni_moe_pd.yaml", "qwen3_omni_moe_pd_nixl.yaml"])
+def test_expanded_output_validates_against_published_schema(golden):
+    import jsonschema
+
+    from omni_pd.parse import to_plain
+
+    schema = json.loads((ROOT / "schemas" / "omni-pd-deploy.schema.json").read_text())
+    data = to_plain(parse_text((GOLDEN / golden).read_text()).tree)
+    jsonschema.validate(data, schema)
+    bad = dict(data, stages=[dict(data["stages"][0], tensor_parallel_size="two")])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
