@@ -20,6 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 SCHEMA_FILENAME = "omni-pd-deploy.schema.json"
 
 
+def _devices_as_str(v: Any) -> Any:
+    """vllm-omni accepts ``devices: 3`` for ``"3"`` (set_stage_devices)."""
+    return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
 class _Open(BaseModel):
     """Base for models that keep unknown keys verbatim (engine args pass through)."""
 
@@ -66,10 +71,7 @@ class Runtime(_Open):
     num_replicas: int | None = None
     env: dict[str, Any] | None = None
 
-    @field_validator("devices", mode="before")
-    @classmethod
-    def _devices_str(cls, v: Any) -> Any:
-        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+    _devices_str = field_validator("devices", mode="before")(classmethod(lambda cls, v: _devices_as_str(v)))
 
 
 class StageDeploy(_Open):
@@ -107,10 +109,7 @@ class StageDeploy(_Open):
     runtime: Runtime | None = None
     engine_extras: dict[str, Any] | None = None
 
-    @field_validator("devices", mode="before")
-    @classmethod
-    def _devices_str(cls, v: Any) -> Any:
-        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+    _devices_str = field_validator("devices", mode="before")(classmethod(lambda cls, v: _devices_as_str(v)))
 
 
 class StageOverlay(StageDeploy):
