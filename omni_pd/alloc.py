@@ -41,10 +41,10 @@ def split_devices(layout: Mapping[int, Devices], split_id: int, world: int,
 
     * prefill keeps the split stage's devices (or the first ``world`` from its lowest
       device, when ``world`` changed); ``prefill=`` overrides;
-    * decode gets the next ``world`` devices above prefill that no one uses, else
+    * decode gets as many devices as prefill, the next ones above it that no one uses, else
       ``decode=``;
     * a stage that shared a device with the split stage keeps sharing it with prefill
-      (the same position in the list);
+      (same list position, while prefill still has that position; else it moves);
     * every other device in use maps, in ascending order, to the smallest id at or above
       itself that prefill/decode do not use, so distinct devices stay distinct and shared
       devices stay shared; ``downstream=`` places all other stages there instead;
@@ -73,19 +73,26 @@ def split_devices(layout: Mapping[int, Devices], split_id: int, world: int,
     else:
         d_list: list[int] = []
         cand = max(p) + 1
-        while len(d_list) < world:
+        while len(d_list) < len(p):
             if cand not in taken and (cand not in used_other or isinstance(t_dev, tuple)):
                 d_list.append(cand)
             cand += 1
         d = tuple(d_list)
+    if set(p) & set(d):
+        raise AllocationError(f"prefill devices \"{_fmt(p)}\" and decode devices \"{_fmt(d)}\" overlap")
+    if len(p) != len(d):
+        raise AllocationError(f"prefill has {len(p)} device(s) (\"{_fmt(p)}\") but decode has {len(d)} "
+                              f"(\"{_fmt(d)}\"); both halves need the same count")
     taken |= set(d)
     t_list = list(t_dev) if isinstance(t_dev, tuple) else []
     remap: dict[int, int] = {}
     last = -1
     for dev in used_other:
-        if dev in t_list:
-            pos = t_list.index(dev)
-            remap[dev] = p[min(pos, len(p) - 1)]
+        if dev in t_list and t_list.index(dev) < len(p):
+            # shared with the split stage: keep sharing the same position of prefill
+            # (a position prefill no longer has, after a smaller --tp, is moved like
+            # any other device, so two devices never collapse into one)
+            remap[dev] = p[t_list.index(dev)]
             continue
         cand = max(dev, last + 1)
         while cand in taken:
@@ -101,6 +108,11 @@ def split_devices(layout: Mapping[int, Devices], split_id: int, world: int,
         else:
             others[k] = v
     return DeviceLayout(p, d, others)
+
+
+def _fmt(devs: tuple[int, ...]) -> str:
+    """``(0, 1)`` -> ``"0,1"``."""
+    return ",".join(str(x) for x in devs)
 
 
 def allocate_ports(requests: Iterable[int], used: Iterable[tuple[int, int]], base: int) -> list[int]:

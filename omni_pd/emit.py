@@ -113,12 +113,27 @@ def _set_devices(stage: CommentedMap, dev: Devices, *, force: bool = False) -> N
 
 
 def _eol(stage: CommentedMap, text: str, *, replace: bool = False) -> None:
+    """Label ``stage_id`` with an end-of-line comment.
+
+    A user's own comment there is kept (``replace=False``) or, for the prefill/decode
+    halves, folded into the label (``"<label>; <user text>"``) unless the label already
+    says it; comment lines that followed it in the same ruamel token are kept below.
+    """
     item = stage.ca.items.get("stage_id")
+    rest = ""
     if item and len(item) > 2 and item[2] is not None:
         if not replace:
             return  # keep the user's own comment
+        old = getattr(item[2], "value", "") or ""
+        first, _, rest = old.partition("\n")
+        user = first.strip().lstrip("#").strip()
+        if user and user.lower() not in text.lower():
+            text = f"{text}; {user}"
         item[2] = None
     stage.yaml_add_eol_comment(text, "stage_id")
+    if rest:
+        tok = stage.ca.items["stage_id"][2]
+        tok.value = tok.value + "\n" + rest
 
 
 def _last_comment(node: Any) -> tuple[Any, Any] | None:

@@ -27,7 +27,7 @@ from ..diagnostics import Diagnostic, Location, OmniPdError, Severity
 from ..io import Document
 from ..pipelines import Catalogue, IdMap, Pipeline
 from ..targets import Target
-from ..topology import Devices, Topology, apply_overlay, effective_stage, parse_devices
+from ..topology import Devices, Topology, apply_overlay, effective_stage, parse_devices, resolve
 
 DEFAULT_CONNECTOR = "MooncakeConnector"
 
@@ -172,8 +172,15 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
     p_id, d_id = f"{prefix}-prefill", f"{prefix}-decode"
     p_tp = tp or thinker.tp
     start = opts.port_base or contract.default_port_base(target)
-    spans = [contract.port_span("prefill", p_tp, thinker.dp, target),
-             contract.port_span("decode", p_tp, thinker.dp, target)]
+    # a platform overlay may raise the Thinker's TP/DP: reserve the widest range any
+    # platform binds, so prefill and decode ranges stay disjoint on every platform
+    span_tp, span_dp = p_tp, thinker.dp
+    for pname in topo.config.platforms or {}:
+        node = resolve(topo.config, src, pname).node(t.stage_id)
+        if node is not None:
+            span_tp, span_dp = max(span_tp, node.tp), max(span_dp, node.dp)
+    spans = [contract.port_span("prefill", span_tp, span_dp, target),
+             contract.port_span("decode", span_tp, span_dp, target)]
     p_port = d_port = None
     if start is not None and any(spans):
         try:

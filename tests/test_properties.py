@@ -1,0 +1,433 @@
+"""Property tests: the PD split over generated three-stage deploy configs (issue 2).
+
+The strategies build the YAML *text* of a Qwen3-Omni-shaped deploy config (Thinker
+-> Talker -> Code2Wav) with random devices (multi-device, non-contiguous), TP, DP,
+connector, CLI device overrides, platform overlays, edges, unknown engine keys with
+nested dicts, comments and ports the file already uses, and expand it for a random
+vLLM version. The assertions read the output back with ``parse_text`` +
+``parse_config`` and ``resolve`` it per platform.
+
+Example counts: ``dev`` profile numbers below; ``HYPOTHESIS_PROFILE=ci|long`` raises
+them (see conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from conftest import example_budget
+from omni_pd import connectors
+from omni_pd.compiler import ExpandResult, expand_document
+from omni_pd.diagnostics import OmniPdError
+from omni_pd.io import parse_text
+from omni_pd.parse import parse_config, to_plain
+from omni_pd.passes.pd_split import ExpandOptions
+from omni_pd.pipelines import IdMap
+from omni_pd.targets import target as make_target
+from omni_pd.topology import resolve
+
+VERSIONS = ("0.11", "0.13", "0.18", "0.24", "0.30", "0.32", "0.33")
+PLATFORMS = ("npu", "xpu", "rocm", "cuda")
+LEGACY_KV = ("kv_ip", "kv_rank", "kv_parallel_size", "kv_buffer_size")
+CONN_KEYS = ("input_connectors", "output_connectors")
+FILE_NAME = "generated.yaml"
+
+
+# --- the generated case ---------------------------------------------------------------
+
+@dataclass
+class Case:
+    """One generated input: its YAML text, the plain data it encodes, the comment
+    texts it carries, the expand options and the vLLM version."""
+
+    text: str
+    data: dict[str, Any]
+    comments: list[str]
+    opts: ExpandOptions
+    version: str
+    extra_ports: list[int] = field(default_factory=list)
+
+    def __repr__(self) -> str:  # hypothesis prints this for a falsifying example
+        return f"Case(version={self.version!r}, opts={self.opts!r}, text=\n{self.text})"
+
+
+class _Writer:
+    """Emit a plain dict as block YAML, sprinkling comments (each text unique)."""
+
+    def __init__(self, draw):
+        self.draw = draw
+        self.lines: list[str] = []
+        self.comments: list[str] = []
+
+    def comment(self) -> str | None:
+        """Maybe a fresh comment text (never empty, never a YAML-significant char)."""
+        if not self.draw(st.integers(0, 4)) == 0:
+            return None
+        text = f"note-{len(self.comments)}-" + self.draw(st.sampled_from(["keep", "why", "tuned", "ops"]))
+        self.comments.append(text)
+        return text
+
+    def scalar(self, v: Any) -> str:
+        """YAML for a scalar (JSON spelling is valid YAML)."""
+        return json.dumps(v)
+
+    def mapping(self, d: dict[str, Any], indent: int, first_prefix: str | None = None) -> None:
+        """Write ``d`` at ``indent``; ``first_prefix`` replaces the first key's indent
+        (``"  - "`` for a list item)."""
+        for i, (k, v) in enumerate(d.items()):
+            pad = first_prefix if (i == 0 and first_prefix is not None) else " " * indent
+            c = self.comment()
+            eol = f"  # {c}" if c else ""
+            if isinstance(v, dict) and v:
+                self.lines.append(f"{pad}{k}:{eol}")
+                self.mapping(v, indent + 2)
+            elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+                self.lines.append(f"{pad}{k}:{eol}")
+                for item in v:
+                    self.mapping(item, indent + 4, first_prefix=" " * (indent + 2) + "- ")
+            else:
+                self.lines.append(f"{pad}{k}: {self.scalar(v)}{eol}")
+
+    def full_line(self, indent: int = 0) -> None:
+        """Maybe a whole-line comment."""
+        c = self.comment()
+        if c:
+            self.lines.append(" " * indent + f"# {c}")
+
+
+_key = st.sampled_from(["x_alpha", "x_beta", "x_gamma", "custom_knob", "hf_overrides", "speculative_tweak"])
+_leaf = st.one_of(st.integers(-5, 100), st.booleans(), st.sampled_from(["a", "b c", "on", "0.5", "null-ish"]),
+                  st.floats(0.05, 0.95).map(lambda f: round(f, 2)))
+_nested = st.recursive(_leaf, lambda ch: st.dictionaries(st.sampled_from(["k1", "k2", "deep", "opt"]), ch,
+                                                          min_size=1, max_size=3), max_leaves=6)
+_extras = st.dictionaries(_key, _nested, max_size=3)
+
+
+#: Typed values a platform overlay may set on any stage.
+_OVERLAY_KEYS = {
+    "enforce_eager": st.booleans(),
+    "gpu_memory_utilization": st.sampled_from([0.3, 0.6]),
+    "max_cudagraph_capture_size": st.sampled_from([0, 16]),
+    "compilation_config": st.just({"cudagraph_mode": "PIECEWISE"}),
+    "hf_overrides": st.just({"quantization_config": "bf16"}),
+}
+
+
+def _devices(draw, n: int, pool: int = 10) -> tuple[int, ...]:
+    """``n`` distinct device indices below ``pool`` (unsorted / non-contiguous allowed)."""
+    return tuple(draw(st.lists(st.integers(0, pool - 1), min_size=n, max_size=n, unique=True)))
+
+
+def _fmt(d: tuple[int, ...]) -> str:
+    return ",".join(map(str, d))
+
+
+@st.composite
+def cases(draw) -> Case:
+    """A three-stage ``qwen3_omni_moe`` deploy config and how to expand it."""
+    version = draw(st.sampled_from(VERSIONS))
+    opt_conn = draw(st.sampled_from([None, "MooncakeConnector", "NixlConnector"]))
+    if version == "0.11" and opt_conn != "NixlConnector":
+        opt_conn = "NixlConnector"  # MooncakeConnector exists from vLLM 0.13
+    tp = draw(st.sampled_from([1, 2, 4]))
+    dp = draw(st.sampled_from([1, 1, 2]))
+    opt_tp = draw(st.sampled_from([None, None, 1, 2, 4]))
+    world = (opt_tp or tp) * dp
+
+    thinker: dict[str, Any] = {"stage_id": 0, "max_num_seqs": draw(st.integers(1, 64))}
+    if draw(st.booleans()):
+        thinker["devices"] = _fmt(_devices(draw, tp * dp))
+    if tp > 1 or draw(st.booleans()):
+        thinker["tensor_parallel_size"] = tp
+    if dp > 1:
+        thinker["data_parallel_size"] = dp
+    thinker.update(draw(_extras))
+    if draw(st.booleans()):
+        thinker["output_connectors"] = {"to_stage_1": "shm"}
+    thinker["default_sampling_params"] = {"temperature": 0.0, "max_tokens": 2048}
+
+    extra_ports: list[int] = []
+    talker: dict[str, Any] = {"stage_id": 1, "gpu_memory_utilization": 0.6}
+    if draw(st.booleans()):
+        talker["devices"] = _fmt(_devices(draw, draw(st.integers(1, 2))))
+    if draw(st.booleans()):
+        port = draw(st.sampled_from([25201, 25202, 5600, 5601, 5557, 8998]))
+        talker["env"] = {"VLLM_MOONCAKE_BOOTSTRAP_PORT": str(port)}
+        extra_ports.append(port)
+    talker.update(draw(_extras))
+    talker["input_connectors"] = {"from_stage_0": "shm"}
+    if draw(st.booleans()):
+        talker["output_connectors"] = {"to_stage_2": "shm"}
+    talker["default_sampling_params"] = {"seed": 42, "temperature": 0.9}
+
+    c2w: dict[str, Any] = {"stage_id": 2, "enforce_eager": draw(st.booleans())}
+    if draw(st.booleans()):
+        c2w["devices"] = draw(st.sampled_from([talker.get("devices", "1"), _fmt(_devices(draw, 1))]))
+    c2w.update(draw(_extras))
+    c2w["input_connectors"] = {"from_stage_1": "shm"}
+
+    data: dict[str, Any] = {"pipeline": "qwen3_omni_moe", "async_chunk": draw(st.booleans())}
+    shm_extra: dict[str, Any] = {"codec_chunk_frames": 25}
+    if draw(st.booleans()):
+        zp = draw(st.sampled_from([25201, 25202, 25203, 5600, 5601]))
+        shm_extra["zmq_port"] = zp
+        extra_ports.append(zp)
+    data["connectors"] = {"shm": {"name": "SharedMemoryConnector", "extra": shm_extra}}
+    data["stages"] = [thinker, talker, c2w]
+    if draw(st.booleans()):
+        data["edges"] = [{"from": 0, "to": 1}, {"from": 1, "to": 2}]
+        if draw(st.booleans()):
+            for e in data["edges"]:
+                e["window_size"] = 4
+
+    plats: dict[str, Any] = {}
+    for p in draw(st.lists(st.sampled_from(PLATFORMS), unique=True, max_size=3)):
+        entries = []
+        for sid in sorted(draw(st.sets(st.integers(0, 2), min_size=1, max_size=3))):
+            e: dict[str, Any] = {"stage_id": sid}
+            if sid == 0 and draw(st.booleans()):
+                otp = draw(st.sampled_from([1, 2, 4]))
+                e["tensor_parallel_size"] = otp
+                e["devices"] = _fmt(_devices(draw, otp * dp, pool=12))
+            elif sid != 0 and draw(st.booleans()):
+                e["devices"] = _fmt(_devices(draw, 1, pool=12))
+            e.update(draw(st.fixed_dictionaries({}, optional=_OVERLAY_KEYS)))
+            entries.append(e)
+        plats[p] = {"stages": entries}
+    if plats:
+        data["platforms"] = plats
+
+    # CLI device overrides (valid ones: disjoint, `world` devices each)
+    pool = list(range(2 * world + 4))
+    pre = dec = down = None
+    if draw(st.integers(0, 3)) == 0:
+        chosen = draw(st.permutations(pool))
+        pre = tuple(sorted(chosen[:world]))
+        if draw(st.booleans()):
+            dec = tuple(sorted(chosen[world:2 * world]))
+        if draw(st.booleans()):
+            down = (chosen[2 * world],)
+    opts = ExpandOptions(connector=opt_conn, tp=opt_tp, prefill_devices=pre, decode_devices=dec,
+                         downstream_devices=down)
+
+    w = _Writer(draw)
+    w.full_line()
+    for k in ("pipeline", "async_chunk"):
+        c = w.comment()
+        w.lines.append(f"{k}: {w.scalar(data[k])}" + (f"  # {c}" if c else ""))
+    w.lines.append("connectors:")
+    w.mapping(data["connectors"], 2)
+    w.full_line()
+    w.lines.append("stages:")
+    for s in data["stages"]:
+        w.full_line(2)
+        w.mapping(s, 4, first_prefix="  - ")
+    if "edges" in data:
+        w.lines.append("edges:")
+        for e in data["edges"]:
+            w.lines.append("  - {" + ", ".join(f"{k}: {v}" for k, v in e.items()) + "}")
+    if plats:
+        w.lines.append("platforms:")
+        for p, ov in plats.items():
+            w.lines.append(f"  {p}:")
+            w.lines.append("    stages:")
+            for e in ov["stages"]:
+                w.mapping(e, 8, first_prefix="      - ")
+    return Case(text="\n".join(w.lines) + "\n", data=data, comments=w.comments, opts=opts, version=version,
+                extra_ports=extra_ports)
+
+
+def expand(case: Case, text: str | None = None) -> ExpandResult:
+    """Expand ``case`` (or ``text`` with its options) the way the CLI does."""
+    return expand_document(parse_text(text if text is not None else case.text, FILE_NAME), case.opts,
+                           vllm_version=case.version, schema_ref="schemas/omni-pd-deploy.schema.json")
+
+
+def reparse(res: ExpandResult):
+    """The output text read back into a DeployConfig."""
+    return parse_config(parse_text(res.text, "out.yaml"))
+
+
+def platforms_of(case: Case) -> list[str | None]:
+    """None (the base/CUDA layout) plus every platform overlay of the input."""
+    return [None, *(case.data.get("platforms") or {})]
+
+
+def _ranges_overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[0] + b[1] and b[0] < a[0] + a[1]
+
+
+def connector_ranges(res: ExpandResult, case: Case, platform: str | None) -> list[tuple[int, int]]:
+    """``(port, span)`` ranges the P and D engines bind on ``platform``, from the contract."""
+    cfg = reparse(res)
+    topo = resolve(cfg, res.plan.target_pipeline, platform)
+    tgt = make_target(case.version)
+    contract = connectors.get(res.plan.connector)
+    p, d = topo.stages[0], topo.stages[1]
+    out = []
+    for side, node in (("prefill", p), ("decode", d)):
+        for use in contract.ports(side, node.kv, node.env, node.tp, node.dp, tgt):
+            out.append((use.port, use.span))
+    return out
+
+
+# --- properties -------------------------------------------------------------------------
+
+PROPS = settings(max_examples=example_budget(80), deadline=None)
+
+
+@PROPS
+@given(cases())
+def test_ids_chain_and_edges(case: Case) -> None:
+    res = expand(case)
+    cfg = reparse(res)
+    n = len(res.plan.target_pipeline.stages)
+    assert n == 4
+    assert [s.stage_id for s in cfg.stages] == [0, 1, 2, 3]
+    for s in res.plan.target_pipeline.stages:
+        assert s.input_sources == ((s.stage_id - 1,) if s.stage_id else ())
+    assert [(e.from_, e.to) for e in cfg.edges or []] == [(0, 1), (1, 2), (2, 3)]
+    assert cfg.pipeline == "qwen3_omni_moe_pd" and cfg.async_chunk is False
+    # every connector key points along the chain
+    for s in cfg.stages:
+        assert set((s.input_connectors or {})) <= {f"from_stage_{s.stage_id - 1}"}
+        assert set((s.output_connectors or {})) <= {f"to_stage_{s.stage_id + 1}"}
+    for pov in (cfg.platforms or {}).values():
+        ids = [o.stage_id for o in (pov.stages if pov else None) or []]
+        assert ids == sorted(set(ids)) and set(ids) <= {0, 1, 2, 3}
+
+
+@PROPS
+@given(cases())
+def test_prefill_decode_devices_and_tp_per_platform(case: Case) -> None:
+    res = expand(case)
+    cfg = reparse(res)
+    for plat in platforms_of(case):
+        topo = resolve(cfg, res.plan.target_pipeline, plat)
+        p, d = topo.stages[0], topo.stages[1]
+        assert isinstance(p.devices, tuple) and isinstance(d.devices, tuple), plat
+        assert len(p.devices) == len(d.devices) > 0, plat
+        assert not set(p.devices) & set(d.devices), (plat, p.devices, d.devices)
+        assert p.tp == d.tp, plat
+        if plat is None and case.opts.tp:
+            assert p.tp == case.opts.tp
+        if plat is None and case.opts.prefill_devices:
+            assert p.devices == case.opts.prefill_devices
+        if plat is None and case.opts.decode_devices:
+            assert d.devices == case.opts.decode_devices
+        if plat is None and case.opts.downstream_devices:
+            assert topo.stages[2].devices in (None, case.opts.downstream_devices)
+
+
+@PROPS
+@given(cases())
+def test_kv_transfer_config_roles_and_version_fields(case: Case) -> None:
+    res = expand(case)
+    cfg = reparse(res)
+    legacy_free = make_target(case.version).version >= (0, 32)
+    for plat in platforms_of(case):
+        topo = resolve(cfg, res.plan.target_pipeline, plat)
+        p, d = topo.stages[0], topo.stages[1]
+        assert p.kv["kv_role"] == "kv_producer" and d.kv["kv_role"] == "kv_consumer"
+        assert p.kv["kv_connector"] == d.kv["kv_connector"] == res.plan.connector
+        assert p.kv["engine_id"] and d.kv["engine_id"] and p.kv["engine_id"] != d.kv["engine_id"]
+        if case.opts.connector:
+            assert res.plan.connector == case.opts.connector
+        for node in (p, d):
+            if legacy_free:
+                assert not set(LEGACY_KV) & set(node.kv), node.kv
+            if res.plan.connector == "MooncakeConnector":
+                extra = node.kv["kv_connector_extra_config"]
+                assert node.env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == str(extra["mooncake_bootstrap_port"])
+        for s in topo.stages[2:]:
+            assert s.kv is None  # downstream stages get no KV connector
+
+
+@PROPS
+@given(cases())
+def test_connector_ports_unique_per_host(case: Case) -> None:
+    res = expand(case)
+    for plat in platforms_of(case):
+        ranges = connector_ranges(res, case, plat)
+        assert ranges, plat
+        for i, a in enumerate(ranges):
+            for b in ranges[i + 1:]:
+                assert not _ranges_overlap(a, b), (plat, ranges)
+            for port in case.extra_ports:
+                assert not _ranges_overlap(a, (port, 1)), (plat, a, port)
+
+
+@PROPS
+@given(cases())
+def test_non_thinker_fields_and_comments_preserved(case: Case) -> None:
+    res = expand(case)
+    out = to_plain(parse_text(res.text, "out.yaml").tree)
+    ids = IdMap(0)
+    by_id = {s["stage_id"]: s for s in out["stages"]}
+    drop = {"stage_id", "devices", *CONN_KEYS}
+    for src in case.data["stages"][1:]:
+        new = by_id[ids.shift(src["stage_id"])]
+        assert {k: v for k, v in new.items() if k not in drop} == {k: v for k, v in src.items() if k not in drop}
+        for kind, fn in (("input_connectors", ids.as_source), ("output_connectors", ids.as_dest)):
+            want = {f"{k.rsplit('_', 1)[0]}_{fn(int(k.rsplit('_', 1)[1]))}": v
+                    for k, v in (src.get(kind) or {}).items()}
+            assert (new.get(kind) or {}) == want
+    # the Thinker's own fields reach both halves
+    thinker = case.data["stages"][0]
+    for new in (by_id[0], by_id[1]):
+        for k, v in thinker.items():
+            if k not in drop | {"tensor_parallel_size"}:
+                assert new[k] == v, k
+    # overlay entries of non-Thinker stages keep their keys
+    for pname, pov in (case.data.get("platforms") or {}).items():
+        out_entries = {e["stage_id"]: e for e in out["platforms"][pname]["stages"]}
+        for e in pov["stages"]:
+            if e["stage_id"] == 0:
+                for half in (0, 1):
+                    got = {k: v for k, v in out_entries[half].items() if k not in ("stage_id", "devices")}
+                    assert got == {k: v for k, v in e.items() if k not in ("stage_id", "devices")}
+                continue
+            got = out_entries[ids.shift(e["stage_id"])]
+            assert {k: v for k, v in got.items() if k not in ("stage_id", "devices")} == \
+                {k: v for k, v in e.items() if k not in ("stage_id", "devices")}
+    for c in case.comments:  # the text survives (a Thinker label may precede it)
+        assert re.search(rf"#.*(?<![\w-]){re.escape(c)}(?![\w-])", res.text), c
+    for c in case.data.get("connectors", {}):
+        assert out["connectors"][c] == case.data["connectors"][c]
+
+
+@PROPS
+@given(cases())
+def test_deterministic_reparses_and_refuses_second_split(case: Case) -> None:
+    res = expand(case)
+    assert expand(case).text == res.text
+    assert reparse(res) == res.config
+    with pytest.raises(OmniPdError) as e:
+        expand(case, res.text)
+    assert e.value.diagnostic.code == "OPD803"
+
+
+@PROPS
+@given(cases(), st.data())
+def test_overlapping_or_uneven_device_overrides_are_refused(case: Case, data) -> None:
+    """--prefill-devices/--decode-devices that overlap or differ in count never reach the output."""
+    res = expand(case)
+    p = res.plan.base_devices[0]
+    assume(isinstance(p, tuple))
+    bad = data.draw(st.sampled_from(["overlap", "uneven"]))
+    if bad == "overlap":
+        dec = (p[0],) + tuple(range(100, 100 + len(p) - 1))
+    else:
+        dec = tuple(range(100, 100 + len(p) + 1))
+    opts = ExpandOptions(connector=case.opts.connector, tp=case.opts.tp, prefill_devices=p, decode_devices=dec)
+    with pytest.raises(OmniPdError) as e:
+        expand_document(parse_text(case.text, FILE_NAME), opts, vllm_version=case.version)
+    assert e.value.diagnostic.code == "OPD805"
+    assert ("overlap" if bad == "overlap" else "same count") in str(e.value)
