@@ -166,6 +166,117 @@ def connectors() -> None:
         sys.stdout.write(f"{name:20} {c.summary}\n")  # type: ignore[union-attr]
 
 
+def _load_yaml_option(path: Path, what: str):
+    """Read a small YAML/JSON option file (inventory, model info); OPD001/OPD006 on failure."""
+    from .io import load_file
+    from .parse import to_plain
+
+    doc = load_file(path)
+    return to_plain(doc.tree)
+
+
+def _pairs(items: Optional[list[str]], name: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for it in items or []:
+        k, sep, v = it.partition("=")
+        if not sep or not k.strip():
+            raise typer.BadParameter(f"expected KEY=VALUE, got {it!r}", param_hint=name)
+        out[k.strip()] = v.strip()
+    return out
+
+
+@app.command()
+def validate(
+    input: Optional[Path] = typer.Argument(None, help="deploy YAML (default: the bundled Qwen3-Omni preset)",
+                                           show_default=False),
+    platform: Optional[str] = typer.Option(None, "--platform", help="apply platforms.<P> first: cuda, rocm, npu, xpu, musa"),
+    all_platforms: bool = typer.Option(False, "--all-platforms", help="check the base config and every platform overlay"),
+    inventory: Optional[Path] = typer.Option(None, "--inventory", help="hosts (accelerator, count, memory_gib) and stage placement (YAML)"),
+    model_info: Optional[Path] = typer.Option(None, "--model-info", help="the model's config.json (KV heads, MLA, hybrid, sub-configs)"),
+    vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="target vLLM major.minor (default 0.30)"),
+    pipeline: Optional[str] = typer.Option(None, "--pipeline", help="pipeline name when the file does not say"),
+    fmt: str = typer.Option("text", "--format", help="text | json | sarif"),
+    env: Optional[list[str]] = typer.Option(None, "--env", help="launcher environment KEY=VALUE (repeatable), e.g. CUDA_VISIBLE_DEVICES=4,5"),
+    serve_arg: Optional[list[str]] = typer.Option(None, "--serve-arg", help="global `vllm serve` flag KEY=VALUE the launch will pass "
+                                                  "(broadcast to every stage), e.g. tensor_parallel_size=4"),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="hide info diagnostics"),
+) -> None:
+    """Check a deploy config for every PD invariant; exit 0 clean, 1 errors, 2 unreadable input."""
+    import json
+
+    from .context import Inventory, ModelInfo
+    from .diagnostics import render_json, render_text, summary
+    from .io import load_file
+    from .resources import preset_path
+    from .validate import ValidateOptions, validate_document
+
+    if fmt not in ("text", "json", "sarif"):
+        raise typer.BadParameter("use text, json or sarif", param_hint="--format")
+    if platform is not None and all_platforms:
+        raise typer.BadParameter("give either --platform or --all-platforms", param_hint="--platform")
+    inv = None
+    if inventory is not None:
+        try:
+            inv = Inventory.from_dict(_load_yaml_option(inventory, "inventory"))
+        except ValueError as e:
+            raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR, message=f"bad inventory: {e}",
+                                         help="see `omni-pd explain OPD402` for the inventory format")) from None
+    model = None
+    if model_info is not None:
+        data = _load_yaml_option(model_info, "model info")
+        if not isinstance(data, dict):
+            raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                         message="--model-info must be a config.json mapping"))
+        model = ModelInfo.from_config_json(data)
+    src = input if input is not None else preset_path("qwen3_omni_moe")
+    doc = load_file(src)
+    opts = ValidateOptions(platform=platform, all_platforms=all_platforms, inventory=inv, model=model,
+                           vllm_version=vllm_version, env=_pairs(env, "--env"), pipeline=pipeline,
+                           cli={k.replace("-", "_").lstrip("_"): v for k, v in _pairs(serve_arg, "--serve-arg").items()})
+    res = validate_document(doc, opts)
+    diags = [d for d in res.diagnostics if not (quiet and d.severity is Severity.INFO)]
+    if fmt == "json":
+        sys.stdout.write(render_json(diags) + "\n")
+    elif fmt == "sarif":
+        from .sarif import render_sarif
+
+        sys.stdout.write(render_sarif(diags) + "\n")
+    else:
+        text = render_text(diags, _line_source(res.docs))
+        if text:
+            sys.stdout.write(text + ("" if text.endswith("\n") else "\n"))
+        verdict = "FAILED" if any(d.severity is Severity.ERROR for d in diags) else "ok"
+        sys.stdout.write(f"{doc.name}: {verdict} ({summary(diags)})\n")
+    _ = json
+    if any(d.severity is Severity.ERROR for d in diags):
+        sys.stdout.flush()
+        raise SystemExit(1)  # main() maps SystemExit to its code (typer.Exit is swallowed by click here)
+
+
+@app.command("rules")
+def rules_cmd() -> None:
+    """List every validate rule: code, severity, name and summary."""
+    from .rules import registry
+
+    for code, r in registry().items():
+        sys.stdout.write(f"{code}  {r.severity.value:7}  {r.name:24} {r.summary}\n")
+
+
+@app.command()
+def explain(code: str = typer.Argument(..., help="a rule code, e.g. OPD304")) -> None:
+    """Print one rule's documentation with its failing and passing examples."""
+    from .rules import get, registry
+
+    r = get(code)
+    if r is None:
+        from difflib import get_close_matches
+
+        close = get_close_matches(code.upper(), list(registry()), n=1)
+        raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR, message=f"unknown rule code `{code}`",
+                                     help=(f"did you mean {close[0]}? " if close else "") + "`omni-pd rules` lists them"))
+    sys.stdout.write(r.explain())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app, turning every failure into a diagnostic and exit code."""
     try:

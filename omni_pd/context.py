@@ -1,0 +1,150 @@
+"""What the user tells ``omni-pd validate`` about the world: inventory and model facts.
+
+Inventory file (``--inventory FILE``, YAML)::
+
+    hosts:
+      host-a: {accelerator: cuda, count: 8, memory_gib: 80, address: 10.0.0.1}
+      host-b: {accelerator: cuda, count: 8, memory_gib: 80, address: 10.0.0.2}
+    placement:          # stage id -> host; `all` = every stage not listed
+      all: host-a
+      1: host-b
+    router:             # optional: the PD router/proxy in front of the pair
+      relays_kv_transfer_params: false
+    allow_shared_devices: false   # true: prefill and decode may share a device
+
+``accelerator``: cuda | rocm | npu | xpu | musa; ``count``: accelerators visible on
+the host; ``memory_gib``: memory per accelerator in GiB. Without an inventory every
+stage is on one host whose device count is unknown.
+
+Model facts (``--model-info config.json``): a Hugging Face ``config.json``; omni-pd
+reads ``model_type``, ``num_key_value_heads`` (also inside ``text_config`` /
+``thinker_config``), MLA (``kv_lora_rank``), hybrid attention (``layer_types`` with
+more than one kind) and which ``*_config`` sub-configs the checkpoint has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ACCELERATORS = ("cuda", "rocm", "npu", "xpu", "musa")
+
+
+@dataclass(frozen=True)
+class Host:
+    """One machine: ``count`` accelerators of ``accelerator`` kind, ``memory_gib`` each."""
+
+    name: str
+    accelerator: str | None = None
+    count: int | None = None
+    memory_gib: float | None = None
+    address: str | None = None
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Hosts, stage placement (stage id -> host name) and the router, if any."""
+
+    hosts: dict[str, Host] = field(default_factory=dict)
+    placement: dict[int, str] = field(default_factory=dict)
+    default_host: str | None = None
+    router: dict[str, Any] | None = None
+    allow_shared_devices: bool = False
+
+    def host_of(self, stage_id: int) -> str:
+        if stage_id in self.placement:
+            return self.placement[stage_id]
+        if self.default_host:
+            return self.default_host
+        if len(self.hosts) == 1:
+            return next(iter(self.hosts))
+        return "localhost"
+
+    def host(self, name: str) -> Host | None:
+        if name in self.hosts:
+            return self.hosts[name]
+        if name == "localhost" and len(self.hosts) == 1:
+            return next(iter(self.hosts.values()))
+        return None
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Inventory":
+        """Build from the YAML mapping above. Raises ValueError with the bad key."""
+        if not isinstance(d, dict):
+            raise ValueError("inventory must be a mapping with `hosts:` and `placement:`")
+        unknown = set(d) - {"hosts", "placement", "router", "allow_shared_devices"}
+        if unknown:
+            raise ValueError(f"unknown inventory key(s): {', '.join(sorted(map(str, unknown)))}")
+        hosts: dict[str, Host] = {}
+        for name, h in (d.get("hosts") or {}).items():
+            h = h or {}
+            if not isinstance(h, dict):
+                raise ValueError(f"hosts.{name} must be a mapping")
+            acc = h.get("accelerator")
+            if acc is not None and acc not in ACCELERATORS:
+                raise ValueError(f"hosts.{name}.accelerator must be one of {', '.join(ACCELERATORS)}")
+            try:
+                count = int(h["count"]) if h.get("count") is not None else None
+                mem = float(h["memory_gib"]) if h.get("memory_gib") is not None else None
+            except (TypeError, ValueError):
+                raise ValueError(f"hosts.{name}: count must be an integer, memory_gib a number") from None
+            hosts[str(name)] = Host(str(name), acc, count, mem, h.get("address"))
+        placement: dict[int, str] = {}
+        default = None
+        for k, v in (d.get("placement") or {}).items():
+            if str(k) == "all":
+                default = str(v)
+            else:
+                try:
+                    placement[int(k)] = str(v)
+                except (TypeError, ValueError):
+                    raise ValueError(f"placement key {k!r} must be a stage id or `all`") from None
+        for h in list(placement.values()) + ([default] if default else []):
+            if hosts and h not in hosts:
+                raise ValueError(f"placement names host {h!r}, which is not under hosts:")
+        return cls(hosts=hosts, placement=placement, default_host=default, router=d.get("router"),
+                   allow_shared_devices=bool(d.get("allow_shared_devices", False)))
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Facts about the served checkpoint that PD checks need."""
+
+    model_type: str | None = None
+    num_kv_heads: int | None = None
+    attention: str | None = None  # "MLA" | "hybrid" | "GQA" | None (unknown)
+    subconfigs: frozenset[str] | None = None  # e.g. {"thinker_config"}; None = unknown
+
+    @property
+    def is_mla(self) -> bool:
+        return (self.attention or "").upper() == "MLA"
+
+    @property
+    def is_hybrid(self) -> bool:
+        return (self.attention or "").lower() == "hybrid"
+
+    @classmethod
+    def from_config_json(cls, d: dict[str, Any]) -> "ModelInfo":
+        """Read a Hugging Face config.json mapping (multimodal sub-configs included)."""
+        subs = frozenset(k for k, v in d.items() if k.endswith("_config") and isinstance(v, dict)
+                         and k not in ("quantization_config", "rope_scaling", "text_config",
+                                       "vision_config", "audio_config"))
+        cands = [d, d.get("text_config") or {}]
+        th = d.get("thinker_config") or {}
+        cands += [th, th.get("text_config") or {}]
+        heads = None
+        attention = None
+        for c in cands:
+            if not isinstance(c, dict):
+                continue
+            if heads is None and c.get("num_key_value_heads") is not None:
+                heads = int(c["num_key_value_heads"])
+            if c.get("kv_lora_rank"):
+                attention = "MLA"
+            lt = c.get("layer_types")
+            if attention is None and isinstance(lt, list) and len(set(lt)) > 1:
+                attention = "hybrid"
+        if attention is None and heads is not None:
+            attention = "GQA"
+        return cls(model_type=d.get("model_type"), num_kv_heads=heads, attention=attention,
+                   subconfigs=subs or None)

@@ -1,0 +1,208 @@
+"""The rule registry: every rule's failing and passing doc example is a test, plus
+exact locations (line, column) and messages for a sample of rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from omni_pd.diagnostics import Severity
+from omni_pd.rules import FAMILIES, registry
+from omni_pd.validate import ValidateOptions, options_from_example, validate_text
+
+RULES = registry()
+
+
+def test_registry_has_every_family_and_stable_codes() -> None:
+    fams = {r.family for r in RULES.values()}
+    assert fams == set(FAMILIES.values())
+    for code, r in RULES.items():
+        assert code == r.code and code.startswith("OPD") and len(code) == 6
+        assert r.family == {"1": "schema", "2": "topology", "3": "pd_pair", "4": "devices", "5": "ports",
+                            "6": "capability", "7": "runtime"}[code[3]]
+        assert r.check.__module__ == f"omni_pd.rules.{r.family}"
+        assert r.doc and r.summary and r.fail.strip() and r.passing.strip()
+        # the doc names its upstream source
+        assert "Source" in r.doc, code
+
+
+def test_codes_do_not_collide_with_expand_codes() -> None:
+    for code in RULES:
+        assert not code.startswith(("OPD8", "OPD9", "OPD00")), code
+
+
+def _requires_vllm(code: str) -> bool:
+    if code != "OPD610":
+        return False
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is None
+
+
+@pytest.mark.parametrize("code", list(RULES))
+def test_failing_example_triggers_the_rule(code: str) -> None:
+    if _requires_vllm(code):
+        pytest.skip("vLLM is not installed; OPD610 only runs with vllm.config.KVTransferConfig")
+    r = RULES[code]
+    res = validate_text(r.fail, "fail.yaml", options_from_example(r.example_context))
+    hits = [d for d in res.diagnostics if d.code == code]
+    assert hits, [(d.code, d.message) for d in res.diagnostics]
+    assert any(d.severity is r.severity for d in hits) or code in ("OPD602", "OPD607", "OPD702")
+    for d in hits:
+        assert d.help, f"{code}: diagnostic without a help line: {d.message}"
+        if d.location is not None and not d.location.file.startswith("<"):
+            assert d.location.line is not None
+
+
+@pytest.mark.parametrize("code", list(RULES))
+def test_passing_example_is_clean_for_the_rule(code: str) -> None:
+    r = RULES[code]
+    ctx = r.pass_context if r.pass_context is not None else r.example_context
+    res = validate_text(r.passing, "pass.yaml", options_from_example(ctx))
+    assert code not in res.codes(), [(d.code, d.message) for d in res.diagnostics if d.code == code]
+
+
+def _one(text: str, code: str, opts: ValidateOptions | None = None):
+    res = validate_text(text, "t.yaml", opts)
+    hits = [d for d in res.diagnostics if d.code == code]
+    assert len(hits) == 1, [(d.code, d.message) for d in res.diagnostics]
+    return hits[0]
+
+
+PD = """pipeline: qwen3_omni_moe_pd
+async_chunk: false
+stages:
+  - stage_id: 0
+    devices: "0"
+    env:
+      VLLM_NIXL_SIDE_CHANNEL_PORT: "5600"
+    kv_transfer_config:
+      kv_connector: NixlConnector
+      kv_role: kv_producer
+      engine_id: p
+  - stage_id: 1
+    devices: "1"
+    env:
+      VLLM_NIXL_SIDE_CHANNEL_PORT: "5601"
+    kv_transfer_config:
+      kv_connector: NixlConnector
+      kv_role: kv_consumer
+      engine_id: d
+"""
+
+
+def test_clean_pd_pair_has_no_errors_or_warnings() -> None:
+    res = validate_text(PD, "t.yaml")
+    assert [(d.code, d.severity) for d in res.diagnostics] == [("OPD703", Severity.INFO)]
+
+
+def test_connector_mismatch_located_at_decode_value_with_prefill_related() -> None:
+    d = _one(PD.replace("kv_connector: NixlConnector\n      kv_role: kv_consumer",
+                        "kv_connector: MooncakeConnector\n      kv_role: kv_consumer"), "OPD304")
+    assert d.message == "prefill and decode use different KV connectors"
+    assert (d.location.line, d.location.column) == (17, 21)
+    assert d.label == "decode uses MooncakeConnector"
+    assert [(r.line, r.column, r.label) for r in d.related] == [(9, 21, "prefill (stage 0) uses NixlConnector")]
+    assert d.help == "use the same kv_connector on both stages of the PD pair"
+
+
+def test_reversed_roles_located_at_each_kv_role() -> None:
+    text = PD.replace("kv_role: kv_producer", "kv_role: TMP").replace("kv_role: kv_consumer", "kv_role: kv_producer") \
+             .replace("kv_role: TMP", "kv_role: kv_consumer")
+    res = validate_text(text, "t.yaml")
+    hits = [d for d in res.diagnostics if d.code == "OPD302"]
+    assert [(d.location.line, d.location.column) for d in hits] == [(10, 16), (18, 16)]
+    assert hits[0].message == "prefill stage 0 has kv_role kv_consumer (roles are reversed)"
+    assert hits[0].help == "write `kv_role: kv_producer` on the prefill stage"
+
+
+def test_port_conflict_located_at_env_value() -> None:
+    d = _one(PD.replace('"5601"', '"5600"'), "OPD501")
+    assert (d.location.line, d.location.column) == (15, 36)
+    assert d.message == ("port 5600 on the shared host bound by stage 0 (NIXL side channel, 5600) "
+                         "and stage 1 (NIXL side channel, 5600)")
+    assert (d.related[0].line, d.related[0].column) == (7, 36)
+
+
+def test_nixl_side_channel_range_per_vllm_version() -> None:
+    """0.11 binds one side-channel port per TP worker: TP2 at 5600 overlaps 5601."""
+    text = PD.replace('devices: "0"\n', 'devices: "0,2"\n    tensor_parallel_size: 2\n', 1) \
+             .replace('devices: "1"\n', 'devices: "1,3"\n    tensor_parallel_size: 2\n', 1)
+    assert "OPD501" not in validate_text(text, "t.yaml", ValidateOptions(vllm_version="0.30")).codes()
+    assert "OPD501" in validate_text(text, "t.yaml", ValidateOptions(vllm_version="0.11")).codes()
+
+
+def test_async_chunk_located_at_value() -> None:
+    d = _one(PD.replace("async_chunk: false", "async_chunk: true"), "OPD310")
+    assert (d.location.line, d.location.column) == (2, 14)
+    assert d.help == "set `async_chunk: false` at the top level"
+
+
+def test_world_size_message_and_location() -> None:
+    d = _one("stages:\n  - stage_id: 0\n    devices: \"0\"\n    tensor_parallel_size: 2\n", "OPD401")
+    assert d.message == ("stage 0: tensor_parallel_size 2 x pipeline_parallel_size 1 x data_parallel_size 1 "
+                         "= 2 devices, but devices has 1 entry")
+    assert (d.location.line, d.location.column) == (3, 14)
+
+
+def test_memory_budget_counts_each_tp_rank_on_its_device() -> None:
+    text = ("stages:\n"
+            "  - {stage_id: 0, devices: \"0,1\", tensor_parallel_size: 2, gpu_memory_utilization: 0.5}\n"
+            "  - {stage_id: 1, devices: \"1\", gpu_memory_utilization: 0.6}\n"
+            "  - {stage_id: 2, devices: \"1\", gpu_memory_utilization: 0.1}\n")
+    d = _one(text, "OPD404")
+    assert d.message == "physical GPU 1: 0.5 (stage 0, TP rank 1) + 0.6 (stage 1) + 0.1 (stage 2) = 1.20 > 1.0"
+    assert (d.location.line, d.location.column) == (4, 57)
+    assert [r.line for r in d.related] == [2, 3]
+
+
+def test_memory_budget_maps_logical_to_physical_devices() -> None:
+    """CUDA_VISIBLE_DEVICES=3,3 is nonsense, but 2,3 with stages on logical 0 and 1 are distinct."""
+    text = "stages:\n  - {stage_id: 0, devices: \"0\", gpu_memory_utilization: 0.6}\n" \
+           "  - {stage_id: 1, devices: \"1\", gpu_memory_utilization: 0.6}\n"
+    assert "OPD404" not in validate_text(text, "t.yaml", ValidateOptions(env={"CUDA_VISIBLE_DEVICES": "2,3"})).codes()
+    res = validate_text(text, "t.yaml", ValidateOptions(env={"CUDA_VISIBLE_DEVICES": "5"}))
+    assert "OPD402" in res.codes()
+
+
+def test_unknown_connector_suggests_the_rename() -> None:
+    res = validate_text(PD.replace("NixlConnector", "SharedStorageConnector"), "t.yaml")
+    hits = [d for d in res.diagnostics if d.code == "OPD601"]
+    assert [h.location.line for h in hits] == [9, 17]
+    assert hits[0].message == "stage 0: SharedStorageConnector is not registered in vLLM 0.30; did you mean ExampleConnector?"
+    res = validate_text(PD.replace("NixlConnector", "NIXLConnector"), "t.yaml")
+    assert "did you mean NixlConnector?" in [d for d in res.diagnostics if d.code == "OPD601"][0].message
+
+
+def test_kv_field_removed_in_032_is_an_error_there_and_fine_before() -> None:
+    text = PD.replace("engine_id: p\n", "engine_id: p\n      kv_ip: 10.0.0.1\n")
+    d = _one(text, "OPD609", ValidateOptions(vllm_version="0.32"))
+    assert d.severity is Severity.ERROR and (d.location.line, d.location.column) == (12, 7)
+    assert "OPD609" not in validate_text(text, "t.yaml", ValidateOptions(vllm_version="0.30")).codes()
+
+
+def test_all_pydantic_errors_are_reported_not_just_the_first() -> None:
+    text = ("stages:\n  - stage_id: 0\n    tensor_parallel_size: two\n"
+            "  - stage_id: 1\n    gpu_memory_utilization: lots\n")
+    res = validate_text(text, "t.yaml")
+    hits = [d for d in res.diagnostics if d.code == "OPD101"]
+    assert [(d.location.line, d.location.column) for d in hits] == [(3, 27), (5, 29)]
+    assert hits[0].message == "`tensor_parallel_size` must be an integer, found 'two'"
+
+
+def test_unknown_top_level_key_suggests_nearest() -> None:
+    d = _one("pipelne: qwen3_omni_moe\nstages:\n  - stage_id: 0\n", "OPD103")
+    assert d.help == "did you mean `pipeline`?" and (d.location.line, d.location.column) == (1, 1)
+
+
+def test_legacy_file_is_explained_and_input_sources_checked() -> None:
+    text = ("stage_args:\n  - stage_id: 0\n    runtime: {devices: \"0\"}\n"
+            "  - stage_id: 1\n    engine_input_source: [0]\n")
+    res = validate_text(text, "t.yaml")
+    assert [(d.code, d.severity, d.location.line) for d in res.diagnostics] == [
+        ("OPD102", Severity.WARNING, 1), ("OPD201", Severity.ERROR, 2)]
+
+
+def test_explain_text_has_both_examples() -> None:
+    text = RULES["OPD304"].explain()
+    assert text.startswith("OPD304 pd-connector-mismatch (error, pd_pair)")
+    assert "Fails:" in text and "Passes:" in text and "MooncakeConnector" in text
