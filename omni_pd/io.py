@@ -40,6 +40,28 @@ def _yaml():
     return y
 
 
+_MISSING = object()
+
+
+def get_path(tree: Any, path: Path_, default: Any = None) -> Any:
+    """The value at ``path`` (mapping keys and list indices) in a plain or round-trip
+    tree, or ``default`` when any step is missing."""
+    node = tree
+    for p in path:
+        if isinstance(node, dict) and p in node:
+            node = node[p]
+        elif isinstance(node, list) and isinstance(p, int) and not isinstance(p, bool) and 0 <= p < len(node):
+            node = node[p]
+        else:
+            return default
+    return node
+
+
+def has_path(tree: Any, path: Path_) -> bool:
+    """True when every step of ``path`` exists in ``tree``."""
+    return get_path(tree, path, _MISSING) is not _MISSING
+
+
 @dataclass
 class SourceMap:
     """1-based (line, column) of every key and sequence item in a document.
@@ -108,6 +130,10 @@ class Document:
             pos = (1, 1)  # the document as a whole
         line, col = pos if pos else (None, None)
         return Location(file=self.name, line=line, column=col, path=tuple(path))
+
+    def exists(self, path: Path_) -> bool:
+        """True when ``path`` names a key or item of this document."""
+        return has_path(self.tree, path)
 
     def line_text(self, line: int) -> str | None:
         lines = self.text.splitlines()

@@ -181,7 +181,8 @@ class Topology:
         return (p, d) if p and d else None
 
 
-def _int(v: Any, default: int = 1) -> int:
+def as_int(v: Any, default: int = 1) -> int:
+    """``v`` as an int (bools and unparsable values give ``default``)."""
     try:
         return int(v) if v is not None and not isinstance(v, bool) else default
     except (TypeError, ValueError):
@@ -263,10 +264,10 @@ def resolve(cfg: DeployConfig, pipeline: Pipeline, platform: str | None = None,
             stage_id=ps.stage_id, role=ps.role, pd_role=ps.pd_role, input_sources=ps.input_sources,
             final_output=ps.final_output, final_output_type=ps.final_output_type, index=idx,
             devices=devices,
-            tp=_int(eff.get("tensor_parallel_size")),
-            pp=_int(eff.get("pipeline_parallel_size", cfg.pipeline_parallel_size)),
-            dp=_int(eff.get("data_parallel_size", cfg.data_parallel_size)),
-            num_replicas=_int(eff.get("num_replicas")),
+            tp=as_int(eff.get("tensor_parallel_size")),
+            pp=as_int(eff.get("pipeline_parallel_size", cfg.pipeline_parallel_size)),
+            dp=as_int(eff.get("data_parallel_size", cfg.data_parallel_size)),
+            num_replicas=as_int(eff.get("num_replicas")),
             kv=dict(kv) if isinstance(kv, dict) else None,
             env=dict(eff.get("env") or {}),
             settings=eff,

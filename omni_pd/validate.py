@@ -15,7 +15,7 @@ from typing import Any
 
 from .context import Inventory, ModelInfo
 from .diagnostics import Diagnostic, Location, OmniPdError, Severity, sort_key
-from .io import Document
+from .io import Document, get_path
 from .model import DeployConfig
 from .pipelines import Catalogue, Pipeline, PipelineStage, load_catalogue
 
@@ -53,18 +53,6 @@ class ValidateResult:
 
 # --- locating keys across a base_config merge ------------------------------------------
 
-def _exists(tree: Any, path: tuple) -> bool:
-    node = tree
-    for p in path:
-        if isinstance(node, dict) and p in node:
-            node = node[p]
-        elif isinstance(node, list) and isinstance(p, int) and 0 <= p < len(node):
-            node = node[p]
-        else:
-            return False
-    return True
-
-
 class Locator:
     """``loc``/``exists`` over one document, or over a child merged onto its base_config.
 
@@ -94,14 +82,14 @@ class Locator:
 
     def exists(self, path: tuple) -> bool:
         for d, p in self._split(path):
-            if (d.exists(p) if isinstance(d, Locator) else _exists(d.tree, p)):
+            if d.exists(p):
                 return True
         return False
 
     def loc(self, path: tuple, *, value: bool = False) -> Location:
         cands = self._split(path)
         for d, p in cands:
-            if d.exists(p) if isinstance(d, Locator) else _exists(d.tree, p):
+            if d.exists(p):
                 return d.loc(p, value=value)
         d, p = cands[0]
         return d.loc(p, value=value)
@@ -174,14 +162,8 @@ def _merge_base(child: Document, plain: dict, depth: int = 0) -> tuple[dict, Loc
 # --- parsing with every error collected -----------------------------------------------
 
 def _drop(plain: Any, path: tuple) -> bool:
-    node = plain
-    for p in path[:-1]:
-        if isinstance(node, dict) and p in node:
-            node = node[p]
-        elif isinstance(node, list) and isinstance(p, int) and 0 <= p < len(node):
-            node = node[p]
-        else:
-            return False
+    """Delete the mapping key at ``path`` (so parsing can go on); False if absent."""
+    node = get_path(plain, path[:-1])
     if isinstance(node, dict) and path and path[-1] in node:
         del node[path[-1]]
         return True

@@ -21,6 +21,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..diagnostics import Diagnostic, Location, Severity
+from ..topology import as_int
 
 if TYPE_CHECKING:
     from ..context import Inventory, ModelInfo
@@ -45,7 +46,8 @@ class Rule:
     doc: str
     fail: str
     passing: str
-    check: Callable[["Context"], Iterable[Diagnostic]] = field(repr=False, compare=False)
+    #: ``check(ctx, rule)`` yields this rule's diagnostics (``rule.diag(...)``)
+    check: Callable[["Context", "Rule"], Iterable[Diagnostic]] = field(repr=False, compare=False)
     example_context: dict[str, Any] = field(default_factory=dict, compare=False)
     #: context of the passing example when it differs (None: same as the failing one)
     pass_context: dict[str, Any] | None = field(default=None, compare=False)
@@ -90,13 +92,12 @@ def rule(code: str, name: str, severity: Severity, summary: str, *, fail: str, p
          labels: tuple[str, ...] = ()):
     """Declare a rule; the decorated function's docstring is its doc paragraph."""
 
-    def wrap(fn: Callable[["Context"], Iterable[Diagnostic]]):
+    def wrap(fn: Callable[["Context", Rule], Iterable[Diagnostic]]):
         r = Rule(code=code, name=name, severity=severity, summary=summary,
                  doc=(fn.__doc__ or "").strip(), fail=fail, passing=passing, check=fn,
                  example_context=dict(example_context or {}),
                  pass_context=dict(pass_context) if pass_context is not None else None, labels=labels)
         _DECLARED.append(r)
-        fn.rule = r  # type: ignore[attr-defined]
         return fn
 
     return wrap
@@ -188,15 +189,9 @@ class Context:
 
     def raw_at(self, path: tuple, default: Any = None) -> Any:
         """The value at ``path`` in the plain (base_config-merged) tree, as written."""
-        node: Any = self.raw
-        for p in path:
-            if isinstance(node, dict) and p in node:
-                node = node[p]
-            elif isinstance(node, list) and isinstance(p, int) and 0 <= p < len(node):
-                node = node[p]
-            else:
-                return default
-        return node
+        from ..io import get_path
+
+        return get_path(self.raw, path, default)
 
     # --- facts ----------------------------------------------------------------------
     def host_of(self, node: "StageNode") -> str:
@@ -205,13 +200,13 @@ class Context:
 
     def stage_tp(self, node: "StageNode") -> int:
         """Tensor parallel size, with a global ``--tensor-parallel-size`` broadcast."""
-        return _int(self.cli.get("tensor_parallel_size"), node.tp)
+        return as_int(self.cli.get("tensor_parallel_size"), node.tp)
 
     def stage_pp(self, node: "StageNode") -> int:
-        return _int(self.cli.get("pipeline_parallel_size"), node.pp)
+        return as_int(self.cli.get("pipeline_parallel_size"), node.pp)
 
     def stage_dp(self, node: "StageNode") -> int:
-        return _int(self.cli.get("data_parallel_size"), node.dp)
+        return as_int(self.cli.get("data_parallel_size"), node.dp)
 
     def setting(self, node: "StageNode", key: str, default: Any = None) -> Any:
         if key in self.cli:
@@ -235,19 +230,12 @@ class Context:
         return self.topology.pd_pair if self.topology is not None else None
 
 
-def _int(v: Any, default: int) -> int:
-    try:
-        return int(v) if v is not None and not isinstance(v, bool) else default
-    except (TypeError, ValueError):
-        return default
-
-
 def run_rules(ctx: Context, rules: Iterable[Rule] | None = None) -> list[Diagnostic]:
     """Run ``rules`` (default: all) over ``ctx``; a rule that crashes yields OPD000."""
     out: list[Diagnostic] = []
     for r in (rules if rules is not None else registry().values()):
         try:
-            out.extend(r.check(ctx))
+            out.extend(r.check(ctx, r))
         except Exception as e:  # a bug in one rule must not hide the others
             import os
 

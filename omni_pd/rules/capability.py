@@ -13,7 +13,7 @@ from difflib import get_close_matches
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ..diagnostics import Diagnostic, Severity
-from . import Context, rule
+from . import Context, Rule, rule
 
 if TYPE_CHECKING:
     from ..topology import StageNode
@@ -58,7 +58,7 @@ def _platform(ctx: Context, node: "StageNode | None" = None) -> str:
 @rule("OPD601", "connector-unknown", Severity.ERROR,
       "kv_connector is not registered for this vLLM version / platform",
       fail=_pair_yaml("PyNcclConnector"), passing=_pair_yaml("NixlConnector"), labels=("CAP-REGISTRY",))
-def connector_unknown(ctx: Context) -> Iterable[Diagnostic]:
+def connector_unknown(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``kv_connector`` must be a name in the target vLLM's ``KVConnectorFactory`` (or
     vllm-ascend's, on NPU), unless ``kv_connector_module_path`` loads it. The V0 names
     ``PyNcclConnector``/``LMCacheConnector`` never were V1 connectors, and
@@ -66,7 +66,6 @@ def connector_unknown(ctx: Context) -> Iterable[Diagnostic]:
     suggested. Sources: vLLM kv_connector/factory.py (0.11-0.33);
     https://github.com/vllm-project/vllm/issues/24152,
     https://github.com/vllm-project/vllm/issues/22093."""
-    r = connector_unknown.rule  # type: ignore[attr-defined]
     tgt = ctx.target
     if tgt.version < (0, 11):
         return  # no registry facts before 0.11
@@ -120,14 +119,13 @@ def _v(s: str) -> tuple[int, int]:
       passing=("stages:\n  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MultiConnector, kv_role: kv_producer,"
                " kv_connector_extra_config: {connectors: [{kv_connector: NixlConnector, kv_role: kv_producer}]}}}\n"),
       labels=("CAP-MULTI",))
-def multi_connector(ctx: Context) -> Iterable[Diagnostic]:
+def multi_connector(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``MultiConnector`` needs ``kv_connector_extra_config.connectors``: a non-empty list
     whose children each set ``kv_connector`` and ``kv_role`` (error otherwise). A child
     name that resolves to another class on the platform (``OffloadingConnector`` is
     ``AscendOffloadingConnector`` on vllm-ascend) is flagged: its stats reconstruction
     crashed EngineCore on unpatched vLLM. Sources: vLLM multi_connector.py;
     https://github.com/vllm-project/vllm-ascend/issues/16932."""
-    r = multi_connector.rule  # type: ignore[attr-defined]
     for n in _kv_nodes(ctx):
         kv = n.kv or {}
         if kv.get("kv_connector") != "MultiConnector":
@@ -199,7 +197,7 @@ def hetero_tp_problem(ctx: Context, p: "StageNode", d: "StageNode") -> str | Non
       passing=_pair_yaml("NixlConnector", ", tensor_parallel_size: 2", ", tensor_parallel_size: 2").replace(
           'devices: "0"', 'devices: "0,1"').replace('devices: "1"', 'devices: "2,3"'),
       example_context={"vllm_version": "0.13"}, labels=("CAP-HETERO-TP",))
-def hetero_tp(ctx: Context) -> Iterable[Diagnostic]:
+def hetero_tp(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Heterogeneous TP per connector and version: NIXL 0.11-0.13 decode TP a multiple
     of prefill TP, 0.18+ either way if divisible; Mooncake equal TP before 0.22, then
     divisible; P2pNccl equal; vllm-ascend MooncakeConnectorV1 P_tp >= D_tp and
@@ -208,7 +206,6 @@ def hetero_tp(ctx: Context) -> Iterable[Diagnostic]:
     https://github.com/ai-dynamo/dynamo/issues/2295,
     https://github.com/vllm-project/vllm/issues/14952,
     https://github.com/vllm-project/vllm/issues/45330."""
-    r = hetero_tp.rule  # type: ignore[attr-defined]
     pair = ctx.pd_pair
     if pair is None or not (pair[0].kv and pair[1].kv):
         return
@@ -225,12 +222,11 @@ def hetero_tp(ctx: Context) -> Iterable[Diagnostic]:
       "the model uses MLA and the connector has no MLA KV layout support",
       fail=_pair_yaml("PyNcclConnector"), passing=_pair_yaml("NixlConnector"),
       example_context={"model": {"attention": "MLA"}, "vllm_version": "0.30"}, labels=("CAP-MLA",))
-def mla_unsupported(ctx: Context) -> Iterable[Diagnostic]:
+def mla_unsupported(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """MLA keeps one latent KV per token (one fewer dimension); a connector without MLA
     support fails its shape check ("'DeepseekV2Model' object has no attribute
     'config'"). Needs ``--model-info``. Sources:
     https://github.com/vllm-project/vllm/issues/14324; vLLM PR #14824, #46807."""
-    r = mla_unsupported.rule  # type: ignore[attr-defined]
     if ctx.model is None or not ctx.model.is_mla:
         return
     for n in _kv_nodes(ctx):
@@ -245,11 +241,10 @@ def mla_unsupported(ctx: Context) -> Iterable[Diagnostic]:
       "kv_cache_dtype differs between prefill and decode",
       fail=_pair_yaml("NixlConnector", ", kv_cache_dtype: fp8", ", kv_cache_dtype: auto"),
       passing=_pair_yaml("NixlConnector", ", kv_cache_dtype: auto", ", kv_cache_dtype: auto"), labels=("XS-DTYPE",))
-def kv_dtype_mismatch(ctx: Context) -> Iterable[Diagnostic]:
+def kv_dtype_mismatch(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Prefill and decode must store KV in the same ``kv_cache_dtype``: NIXL hashes it
     into the handshake compatibility check (0.13+), Mooncake copies raw bytes. Sources:
     vllm_kv_connectors.md §6 and checklist 7; https://github.com/vllm-project/vllm/issues/42179."""
-    r = kv_dtype_mismatch.rule  # type: ignore[attr-defined]
     pair = ctx.pd_pair
     if pair is None:
         return
@@ -265,12 +260,11 @@ def kv_dtype_mismatch(ctx: Context) -> Iterable[Diagnostic]:
       "fp8 KV cache over a NIXL PD pair has been reported to corrupt output",
       fail=_pair_yaml("NixlConnector", ", kv_cache_dtype: fp8", ", kv_cache_dtype: fp8"),
       passing=_pair_yaml("NixlConnector"), labels=("CAP-DTYPE",))
-def fp8_kv(ctx: Context) -> Iterable[Diagnostic]:
+def fp8_kv(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """fp8 KV transferred over NIXL between P and D produced garbage output for the
     Qwen3 MoE family in vllm#42179 (same dtype on both sides). Validate the output of a
     few prompts against a single-instance run before serving. Source:
     https://github.com/vllm-project/vllm/issues/42179."""
-    r = fp8_kv.rule  # type: ignore[attr-defined]
     pair = ctx.pd_pair
     if pair is None:
         return
@@ -286,13 +280,12 @@ def fp8_kv(ctx: Context) -> Iterable[Diagnostic]:
       "block sizes of prefill and decode are not compatible for the connector",
       fail=_pair_yaml("MooncakeConnector", ", block_size: 16", ", block_size: 32"),
       passing=_pair_yaml("MooncakeConnector", ", block_size: 16", ", block_size: 16"), labels=("XS-BLOCK",))
-def block_size(ctx: Context) -> Iterable[Diagnostic]:
+def block_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``block_size`` must be equal on both sides, except NIXL 0.13+ where decode's may
     be a multiple of prefill's (not with ``kv_buffer_device: cpu``). For a hybrid model
     (``--model-info``) with different P/D layouts and no pinned ``block_size`` the
     physical block size may differ (observed 16 vs 32): warning. Sources:
     vllm_kv_connectors.md §3.1, §6, checklist 9; https://github.com/vllm-project/vllm/issues/42895."""
-    r = block_size.rule  # type: ignore[attr-defined]
     pair = ctx.pd_pair
     if pair is None or not (pair[0].kv and pair[1].kv):
         return
@@ -329,13 +322,12 @@ def block_size(ctx: Context) -> Iterable[Diagnostic]:
       passing=_pair_yaml("MoRIIOConnector", p_kv=", kv_connector_extra_config: {http_port: 8100, handshake_port: 6300, notify_port: 6400}",
                          d_kv=", kv_connector_extra_config: {http_port: 8200, handshake_port: 6301, notify_port: 6401}"),
       example_context={"vllm_version": "0.18"}, labels=("SCH-EXTRA-REQUIRED",))
-def extra_required(ctx: Context) -> Iterable[Diagnostic]:
+def extra_required(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Per connector required ``kv_connector_extra_config`` keys: P2pNcclConnector with a
     proxy (``proxy_ip``/``proxy_port``) needs ``http_port`` (= the instance's API port);
     MoRIIOConnector needs ``http_port``, ``handshake_port`` and ``notify_port`` (KeyError
     at start otherwise). Sources: vllm_kv_connectors.md §3.3, §3.4, checklist 6;
     https://github.com/vllm-project/vllm/pull/26628."""
-    r = extra_required.rule  # type: ignore[attr-defined]
     for n in _kv_nodes(ctx):
         kv = n.kv or {}
         name = kv.get("kv_connector")
@@ -354,12 +346,11 @@ def extra_required(ctx: Context) -> Iterable[Diagnostic]:
       "a kv_transfer_config key is not accepted by the target vLLM",
       fail=_pair_yaml("NixlConnector", p_kv=", kv_buffer_size: 1.0e9", d_kv=", kv_buffer_size: 1.0e9"),
       passing=_pair_yaml("NixlConnector"), example_context={"vllm_version": "0.32"})
-def kv_field(ctx: Context) -> Iterable[Diagnostic]:
+def kv_field(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """From vLLM 0.18 KVTransferConfig forbids unknown keys (hard error at start); 0.32
     removed ``kv_ip``, ``kv_rank``, ``kv_parallel_size`` and ``kv_buffer_size``. On older
     versions unknown keys are silently ignored (warning). Sources: vLLM
     config/kv_transfer.py, config/utils.py (vllm_kv_connectors.md §1.1-1.2, checklist 2)."""
-    r = kv_field.rule  # type: ignore[attr-defined]
     tgt = ctx.target
     if tgt.version < (0, 11):
         return
@@ -383,12 +374,11 @@ def kv_field(ctx: Context) -> Iterable[Diagnostic]:
       "vLLM's own KVTransferConfig rejects this kv_transfer_config (only when vLLM is installed)",
       fail=_pair_yaml("NixlConnector", p_kv=", kv_load_failure_policy: sometimes"),
       passing=_pair_yaml("NixlConnector"))
-def vllm_kv_config(ctx: Context) -> Iterable[Diagnostic]:
+def vllm_kv_config(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """When ``vllm`` is importable, each ``kv_transfer_config`` is also built with
     ``vllm.config.KVTransferConfig(**kv)``; its validation error is shown at the stage's
     ``kv_transfer_config``. Without vLLM this rule does nothing (the example test is
     skipped). Source: vLLM config/kv_transfer.py."""
-    r = vllm_kv_config.rule  # type: ignore[attr-defined]
     kv_cls = _vllm_kv_class()
     if kv_cls is None:
         return
@@ -430,11 +420,10 @@ BUFFER_DEVICES = {
       fail=_pair_yaml("NixlConnector", p_kv=", kv_buffer_device: cpu", d_kv=", kv_buffer_device: cpu"),
       passing=_pair_yaml("NixlConnector", p_kv=", kv_buffer_device: cuda", d_kv=", kv_buffer_device: cuda"),
       example_context={"vllm_version": "0.11"})
-def kv_buffer_device(ctx: Context) -> Iterable[Diagnostic]:
+def kv_buffer_device(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """NixlConnector's ``kv_buffer_device``: on CUDA/ROCm ``cuda`` only in vLLM 0.11,
     ``cuda`` or ``cpu`` (host staging) from 0.13; on XPU ``cpu``, and ``xpu`` too from
     0.18. Source: vLLM v1/nixl_connector.py (vllm_kv_connectors.md §3.1, checklist 4)."""
-    r = kv_buffer_device.rule  # type: ignore[attr-defined]
     for n in _kv_nodes(ctx):
         kv = n.kv or {}
         dev = kv.get("kv_buffer_device")

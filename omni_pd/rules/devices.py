@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterable
 
 from ..diagnostics import Diagnostic, Location, Severity
-from . import Context, rule
+from . import Context, Rule, rule
 from .schema import VISIBILITY_VARS
 
 if TYPE_CHECKING:
@@ -64,13 +64,12 @@ def _accel_word(ctx: Context, node: "StageNode") -> str:
       "a stage's device list does not match TP x PP x DP",
       fail="stages:\n  - {stage_id: 0, devices: \"0\", tensor_parallel_size: 2}\n",
       passing="stages:\n  - {stage_id: 0, devices: \"0,1\", tensor_parallel_size: 2}\n", labels=("DEV-WORLD",))
-def world_size(ctx: Context) -> Iterable[Diagnostic]:
+def world_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``len(devices)`` must equal the stage's local world size, TP x PP x local DP
     (x ``num_replicas`` in pool mode); a global ``--tensor-parallel-size`` counts for
     every stage. Otherwise workers fail with "DP adjusted local rank 1 is out of bounds
     for 1 devices". Sources: vllm-omni stage_init_utils;
     https://github.com/vllm-project/vllm-omni/issues/5003."""
-    r = world_size.rule  # type: ignore[attr-defined]
     if ctx.topology is None:
         return
     for n in ctx.topology.stages:
@@ -97,7 +96,7 @@ def world_size(ctx: Context) -> Iterable[Diagnostic]:
       passing="stages:\n  - {stage_id: 0, devices: \"0\", gpu_memory_utilization: 0.4}\n  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.4}\n",
       example_context={"inventory": {"hosts": {"host-a": {"accelerator": "cuda", "count": 1, "memory_gib": 80}}}},
       labels=("DEV-EXISTS", "DEV-MAP", "DEV-OVERLAY"))
-def device_exists(ctx: Context) -> Iterable[Diagnostic]:
+def device_exists(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Every logical device index must be below the number of visible devices: the
     launcher's visibility variable (``CUDA_VISIBLE_DEVICES``, ``ASCEND_RT_VISIBLE_DEVICES``
     ...) when given, else the host's ``count`` in ``--inventory``. Checked after the
@@ -112,7 +111,6 @@ def device_exists(ctx: Context) -> Iterable[Diagnostic]:
 
     Sources: https://github.com/vllm-project/vllm-omni/issues/363,
     https://github.com/vllm-project/vllm-omni/issues/2898."""
-    r = device_exists.rule  # type: ignore[attr-defined]
     if ctx.topology is None:
         return
     for n in ctx.topology.stages:
@@ -151,13 +149,12 @@ def _pair_shared(ctx: Context) -> tuple[set, "StageNode", "StageNode"] | None:
                "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer}}\n"
                "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer}}\n"),
       labels=("DEV-SHARED",))
-def pd_shared_device(ctx: Context) -> Iterable[Diagnostic]:
+def pd_shared_device(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Prefill and decode on the same physical device compete for compute and memory,
     which is what disaggregation exists to avoid; it also makes the memory budget
     (OPD404) tight. A warning, silenced by ``allow_shared_devices: true`` in the
     inventory (for a single-GPU smoke test). Source:
     https://github.com/vllm-project/vllm/issues/25759."""
-    r = pd_shared_device.rule  # type: ignore[attr-defined]
     if ctx.inventory is not None and ctx.inventory.allow_shared_devices:
         return
     found = _pair_shared(ctx)
@@ -176,7 +173,7 @@ def pd_shared_device(ctx: Context) -> Iterable[Diagnostic]:
       fail="stages:\n  - {stage_id: 0, devices: \"0\", gpu_memory_utilization: 0.8}\n  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.8}\n",
       passing="stages:\n  - {stage_id: 0, devices: \"0\", gpu_memory_utilization: 0.6}\n  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.3}\n",
       labels=("DEV-MEM-SUM",))
-def memory_budget(ctx: Context) -> Iterable[Diagnostic]:
+def memory_budget(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Per physical device (per host): the sum of ``gpu_memory_utilization`` (a fraction
     of the device; vLLM default 0.9) of every stage that has a rank there (each TP rank
     counts on its own device) plus device-side connector buffers (P2pNccl
@@ -185,7 +182,6 @@ def memory_budget(ctx: Context) -> Iterable[Diagnostic]:
     cannot both start. Sources: https://github.com/vllm-project/vllm-omni/issues/363,
     https://github.com/vllm-project/vllm-omni/issues/276,
     https://github.com/vllm-project/vllm/issues/25759."""
-    r = memory_budget.rule  # type: ignore[attr-defined]
     if ctx.topology is None:
         return
     use: dict[tuple[str, str], list[tuple["StageNode", float, str]]] = {}

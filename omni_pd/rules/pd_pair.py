@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from ..diagnostics import Diagnostic, Severity
-from . import Context, rule
+from . import Context, Rule, rule
 
 PRODUCERS = ("kv_producer", "kv_both")
 CONSUMERS = ("kv_consumer", "kv_both")
@@ -40,13 +40,12 @@ def _both(ctx: Context):
       "a stage of the PD pair has no kv_transfer_config",
       fail=_PD + "  - {stage_id: 0, devices: \"0\"}\n  - {stage_id: 1, devices: \"1\"}\n",
       passing=_pd_yaml(OK_P, OK_D), labels=("SCH-REQ-KVCFG",))
-def kv_missing(ctx: Context) -> Iterable[Diagnostic]:
+def kv_missing(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Both stages of the prefill/decode pair need a ``kv_transfer_config``; without it
     vllm-omni fails at engine init, or (outside vllm-omni) decode silently recomputes
     every prompt. Source: vllm-omni pd_utils.py ``_validate_pd_separation_config``
     rule 1; https://github.com/ai-dynamo/aiconfigurator/pull/522,
     https://github.com/kserve/kserve/issues/5987."""
-    r = kv_missing.rule  # type: ignore[attr-defined]
     pair = _both(ctx)
     if pair is None:
         return
@@ -73,12 +72,11 @@ def kv_missing(ctx: Context) -> Iterable[Diagnostic]:
       fail=_pd_yaml("{kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: p}",
                     "{kv_connector: NixlConnector, kv_role: kv_producer, engine_id: d}"),
       passing=_pd_yaml(OK_P, OK_D), labels=("SCH-KVROLE",))
-def kv_role(ctx: Context) -> Iterable[Diagnostic]:
+def kv_role(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Prefill must be ``kv_producer`` (or ``kv_both``), decode ``kv_consumer`` (or
     ``kv_both``); a ``kv_connector`` without a ``kv_role``, or a role outside the three
     values, is rejected by vLLM's KVTransferConfig. Sources: vllm-omni pd_utils.py
     rule 2; vLLM config/kv_transfer.py ``__post_init__``."""
-    r = kv_role.rule  # type: ignore[attr-defined]
     if ctx.topology is None:
         return
     for n in ctx.topology.stages:
@@ -112,12 +110,11 @@ def kv_role(ctx: Context) -> Iterable[Diagnostic]:
       "kv_both on a PD stage: deprecated (NIXL) and misroutes (Mooncake)",
       fail=_pd_yaml("{kv_connector: NixlConnector, kv_role: kv_both, engine_id: p}", OK_D),
       passing=_pd_yaml(OK_P, OK_D), example_context={"vllm_version": "0.30"})
-def kv_both(ctx: Context) -> Iterable[Diagnostic]:
+def kv_both(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``kv_both`` makes a stage both send and receive. vLLM 0.24+ NixlConnector warns
     that it is deprecated (use producer on prefill, consumer on decode); Mooncake
     asserts when a request is routed the wrong way. Sources: vLLM
     v1/nixl_connector.py (0.24); vllm_kv_connectors.md §3, checklist 10."""
-    r = kv_both.rule  # type: ignore[attr-defined]
     pair = _both(ctx)
     if pair is None:
         return
@@ -134,11 +131,10 @@ def kv_both(ctx: Context) -> Iterable[Diagnostic]:
       "prefill and decode use different (or no) KV connectors",
       fail=_pd_yaml(OK_P, "{kv_connector: MooncakeConnector, kv_role: kv_consumer, engine_id: d}"),
       passing=_pd_yaml(OK_P, OK_D))
-def connector_mismatch(ctx: Context) -> Iterable[Diagnostic]:
+def connector_mismatch(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``kv_connector`` must be set and equal on both sides: a NIXL producer and a
     Mooncake consumer never exchange a block. Source: vllm-omni pd_utils.py rule 4;
     vllm_kv_connectors.md checklist 7."""
-    r = connector_mismatch.rule  # type: ignore[attr-defined]
     pair = _both(ctx)
     if pair is None or not (pair[0].kv and pair[1].kv):
         return
@@ -163,10 +159,9 @@ def connector_mismatch(ctx: Context) -> Iterable[Diagnostic]:
                     "{kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d, kv_buffer_device: cuda}"),
       passing=_pd_yaml("{kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p, kv_buffer_device: cuda}",
                        "{kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d, kv_buffer_device: cuda}"))
-def buffer_mismatch(ctx: Context) -> Iterable[Diagnostic]:
+def buffer_mismatch(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """When both sides set ``kv_buffer_device`` (or ``kv_buffer_size``, bytes), the
     values must be equal. Source: vllm-omni pd_utils.py rule 5."""
-    r = buffer_mismatch.rule  # type: ignore[attr-defined]
     pair = _both(ctx)
     if pair is None or not (pair[0].kv and pair[1].kv):
         return
@@ -191,7 +186,7 @@ def _norm(v: Any) -> Any:
       "prefill and decode TP differ; vllm-omni's PD validator requires equal TP",
       fail=_pd_yaml(OK_P, OK_D, ", tensor_parallel_size: 2", "").replace('devices: "0"', 'devices: "0,2"', 1),
       passing=_pd_yaml(OK_P, OK_D))
-def tp_unequal(ctx: Context) -> Iterable[Diagnostic]:
+def tp_unequal(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """vllm-omni 0.30 rejects a PD pair whose ``tensor_parallel_size`` differ, whatever
     the connector (rule 6, explained as MooncakeConnector lacking heterogeneous TP).
     Reported only when the connector itself would accept the pair; otherwise OPD603
@@ -199,7 +194,6 @@ def tp_unequal(ctx: Context) -> Iterable[Diagnostic]:
     ``_validate_pd_separation_config`` rule 6."""
     from .capability import hetero_tp_problem
 
-    r = tp_unequal.rule  # type: ignore[attr-defined]
     pair = _both(ctx)
     if pair is None or not (pair[0].kv and pair[1].kv):
         return
@@ -221,12 +215,11 @@ def tp_unequal(ctx: Context) -> Iterable[Diagnostic]:
       passing=_PD + ("  - {stage_id: 0, devices: \"0\", kv_transfer_config: " + OK_P + "}\n"
                      "  - {stage_id: 1, devices: \"1\", kv_transfer_config: " + OK_D + "}\n"
                      "edges:\n  - {from: 0, to: 1}\n  - {from: 1, to: 2}\n  - {from: 2, to: 3}\n"))
-def decode_input(ctx: Context) -> Iterable[Diagnostic]:
+def decode_input(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Decode's inputs must contain prefill (the orchestrator pairs them by decode's
     ``engine_input_source``); with explicit ``edges:`` the edge prefill -> decode must
     be there. Source: vllm-omni pd_utils.py rule 3 and
     ``detect_pd_separation_from_stage_configs``."""
-    r = decode_input.rule  # type: ignore[attr-defined]
     pair = _both(ctx)
     if pair is None or ctx.config is None:
         return
@@ -245,13 +238,12 @@ def decode_input(ctx: Context) -> Iterable[Diagnostic]:
       fail=("pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 0, devices: \"0\", kv_transfer_config: " + OK_P + "}\n"
             "  - {stage_id: 1, devices: \"1\", kv_transfer_config: " + OK_D + "}\n"),
       passing=_pd_yaml(OK_P, OK_D))
-def pair_count(ctx: Context) -> Iterable[Diagnostic]:
+def pair_count(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """vllm-omni supports exactly one PD pair (1P1D): a second producer or consumer
     raises "only a single PD pair per pipeline". KV roles under a pipeline without a
     prefill/decode split (``qwen3_omni_moe`` instead of ``qwen3_omni_moe_pd``) are never
     detected: PD is silently off. Source: vllm-omni pd_utils.py
     ``detect_pd_separation_from_stage_configs``."""
-    r = pair_count.rule  # type: ignore[attr-defined]
     topo = ctx.topology
     if topo is None:
         return
@@ -279,12 +271,11 @@ def pair_count(ctx: Context) -> Iterable[Diagnostic]:
       fail=_pd_yaml("{kv_connector: NixlConnector, kv_role: kv_producer, engine_id: thinker}",
                     "{kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: thinker}"),
       passing=_pd_yaml(OK_P, OK_D), labels=("ID-ENGINE-UNIQUE",))
-def engine_id_unique(ctx: Context) -> Iterable[Diagnostic]:
+def engine_id_unique(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``engine_id`` names an engine in transfers (NIXL handshakes, Mooncake bootstrap
     ``remote_engine_id``); two engines with one id confuse the peer lookup. vllm-omni's
     PD recipe sets ``omni-thinker-prefill`` / ``omni-thinker-decode``. Sources: vllm-omni
     docs features/pd_disaggregation.md; vllm-ascend PD tutorial (seed 004)."""
-    r = engine_id_unique.rule  # type: ignore[attr-defined]
     if ctx.topology is None:
         return
     seen: dict[str, Any] = {}
@@ -306,12 +297,11 @@ def engine_id_unique(ctx: Context) -> Iterable[Diagnostic]:
       "async_chunk is on while a PD pair / KV connector is configured",
       fail=_pd_yaml(OK_P, OK_D).replace("async_chunk: false", "async_chunk: true"),
       passing=_pd_yaml(OK_P, OK_D))
-def async_chunk_kv(ctx: Context) -> Iterable[Diagnostic]:
+def async_chunk_kv(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """With ``async_chunk`` on (vllm-omni's default), the orchestrator pre-submits every
     downstream stage at request start with a zero-filled placeholder prompt; decode then
     gets a bogus prompt instead of prefill's routing, so PD needs ``async_chunk: false``.
     Source: vllm-omni 0.30.0 engine/orchestrator.py (vllm_omni_deploy_schema.md §e4.3)."""
-    r = async_chunk_kv.rule  # type: ignore[attr-defined]
     topo = ctx.topology
     if topo is None or not topo.async_chunk:
         return
@@ -333,14 +323,13 @@ def async_chunk_kv(ctx: Context) -> Iterable[Diagnostic]:
                      " kv_connector_extra_config: {prefill: {tp_size: 1, dp_size: 1}, decode: {tp_size: 1, dp_size: 1}}}}\n"
                      "  - {stage_id: 1, devices: \"1\", kv_transfer_config: " + OK_D + "}\n"),
       labels=("XS-PEER-TOPO",))
-def peer_topology(ctx: Context) -> Iterable[Diagnostic]:
+def peer_topology(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """vllm-ascend's MooncakeConnector(V1) takes ``kv_connector_extra_config.prefill``
     and ``.decode`` blocks (``tp_size``, ``dp_size``) describing both sides; they must
     equal the stages' real parallel sizes or the rank mapping reads the wrong blocks.
     Generate them from the stages. Sources:
     https://github.com/vllm-project/vllm-ascend/issues/8442,
     https://github.com/vllm-project/vllm-ascend/issues/8344; seed 004."""
-    r = peer_topology.rule  # type: ignore[attr-defined]
     pair = _both(ctx)
     if pair is None:
         return

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ..diagnostics import Diagnostic, Location, Severity
-from . import Context, rule
+from . import Context, Rule, rule
 
 if TYPE_CHECKING:
     from ..topology import StageNode
@@ -112,7 +112,7 @@ _PD = "pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
       passing=(_PD + "  - {stage_id: 0, devices: \"0\", env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"5600\"}, kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}}\n"
                "  - {stage_id: 1, devices: \"1\", env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"5601\"}, kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}}\n"),
       labels=("PORT-UNIQUE", "PORT-RANGE"))
-def port_conflict(ctx: Context) -> Iterable[Diagnostic]:
+def port_conflict(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Per host, every port range a stage binds must be disjoint from every other
     stage's: NIXL side channel ``[base, base + dp)`` (0.13+; ``dp x tp`` on 0.11),
     Mooncake bootstrap, P2pNccl ``kv_port + rank`` (each engine's ranks start at 0, so
@@ -123,7 +123,6 @@ def port_conflict(ctx: Context) -> Iterable[Diagnostic]:
     https://github.com/vllm-project/vllm/pull/26628,
     https://github.com/vllm-project/vllm-ascend/issues/4725,
     https://github.com/vllm-project/vllm-ascend/issues/11968."""
-    r = port_conflict.rule  # type: ignore[attr-defined]
     if ctx.topology is None:
         return
     by_host: dict[str, list[Bound]] = {}
@@ -162,13 +161,12 @@ def port_conflict(ctx: Context) -> Iterable[Diagnostic]:
       passing=(_PD + "  - {stage_id: 0, devices: \"0\", env: {VLLM_MOONCAKE_BOOTSTRAP_PORT: \"25201\"}, kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer, engine_id: p, kv_connector_extra_config: {mooncake_bootstrap_port: 25201}}}\n"
                "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_consumer, engine_id: d}}\n"),
       labels=("PORT-BOOTSTRAP-AGREE",))
-def bootstrap_disagree(ctx: Context) -> Iterable[Diagnostic]:
+def bootstrap_disagree(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """vllm-omni builds prefill's Mooncake bootstrap address twice: ``pd_utils`` from
     ``kv_connector_extra_config.mooncake_bootstrap_port`` and the engine from its own
     ``VLLM_MOONCAKE_BOOTSTRAP_PORT``. When both are given they must agree, or decode
     asks the wrong port. Source: vllm-omni entrypoints/pd_utils.py,
     engine/async_omni_engine.py (vllm_omni_deploy_schema.md §e3)."""
-    r = bootstrap_disagree.rule  # type: ignore[attr-defined]
     if ctx.topology is None:
         return
     for n in ctx.topology.stages:
@@ -195,14 +193,13 @@ def bootstrap_disagree(ctx: Context) -> Iterable[Diagnostic]:
       example_context={"inventory": {"hosts": {"host-a": {"address": "10.0.0.1"}, "host-b": {"address": "10.0.0.2"}},
                                      "placement": {0: "host-a", 1: "host-b"}}},
       labels=("PORT-HOST",))
-def cross_host_localhost(ctx: Context) -> Iterable[Diagnostic]:
+def cross_host_localhost(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """When prefill and decode run on different hosts, the address prefill advertises
     must be routable: NIXL's ``VLLM_NIXL_SIDE_CHANNEL_HOST`` defaults to localhost (it is
     both the bind address and the ``remote_host`` decode dials), and vllm-omni builds the
     Mooncake bootstrap address from ``kv_ip`` (default 127.0.0.1). The failure is a
     handshake error and silent recompute. Sources:
     https://github.com/vllm-project/vllm/issues/27083; vLLM PR #53018; dynamo PR #1327."""
-    r = cross_host_localhost.rule  # type: ignore[attr-defined]
     pair = ctx.pd_pair
     if pair is None:
         return
@@ -240,11 +237,10 @@ def cross_host_localhost(ctx: Context) -> Iterable[Diagnostic]:
             "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}}\n"),
       passing=(_PD + "  - {stage_id: 0, devices: \"0\", env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"7000\"}, kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}}\n"
                "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}}\n"))
-def port_invalid(ctx: Context) -> Iterable[Diagnostic]:
+def port_invalid(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Ports (``kv_port``, ``*_port`` extra-config keys, ``*_PORT`` env vars) must be
     integers in 1..65535 (P2pNccl rejects ``kv_port`` 0); a range ``[base, base + span)``
     must also end at or below 65535. Source: vllm_kv_connectors.md §1.2, checklist 6."""
-    r = port_invalid.rule  # type: ignore[attr-defined]
     if ctx.topology is None:
         return
     for n in ctx.topology.stages:

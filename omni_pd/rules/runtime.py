@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from ..diagnostics import Diagnostic, Severity
-from . import Context, rule
+from . import Context, Rule, rule
 
 _PD = "pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
 _D = "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_consumer, engine_id: d}}\n"
@@ -24,7 +24,7 @@ _D = "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: Moonc
       passing=(_PD + "  - {stage_id: 0, devices: \"0\", default_sampling_params: {max_tokens: 2048},"
                " kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer, engine_id: p}}\n" + _D),
       labels=("RT-PREFILL-SAMPLING",))
-def prefill_sampling(ctx: Context) -> Iterable[Diagnostic]:
+def prefill_sampling(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """The prefill leg must run ``max_tokens: 1``, ``min_tokens <= 1`` and no stop
     conditions (``stop``, ``stop_token_ids``, ``include_stop_str_in_output``): when the
     one sampled token is EOS or a stop token the request finishes with reason ``stop``,
@@ -33,7 +33,6 @@ def prefill_sampling(ctx: Context) -> Iterable[Diagnostic]:
     ``default_sampling_params`` that sets them only matters to routers that do not; the
     warning says so. Sources: https://github.com/vllm-project/vllm-omni/pull/1303,
     https://github.com/vllm-project/vllm-omni/pull/2220."""
-    r = prefill_sampling.rule  # type: ignore[attr-defined]
     pair = ctx.pd_pair
     if pair is None:
         return
@@ -67,7 +66,7 @@ def prefill_sampling(ctx: Context) -> Iterable[Diagnostic]:
                                      "router": {"relays_kv_transfer_params": False}}},
       pass_context={"inventory": {"hosts": {"host-a": {"accelerator": "cuda", "count": 2}}}},
       labels=("RT-PROXY-PARAMS",))
-def routing_params(ctx: Context) -> Iterable[Diagnostic]:
+def routing_params(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Decode only skips the prompt when the request it gets carries prefill's
     ``kv_transfer_params``: NIXL needs ``remote_engine_id``, ``remote_block_ids``,
     ``remote_host``, ``remote_port`` ... with ``do_remote_prefill: true``; Mooncake needs
@@ -79,7 +78,6 @@ def routing_params(ctx: Context) -> Iterable[Diagnostic]:
     https://github.com/vllm-project/vllm/pull/42703."""
     from .. import connectors
 
-    r = routing_params.rule  # type: ignore[attr-defined]
     pair = ctx.pd_pair
     if pair is None or not (pair[0].kv and pair[1].kv):
         return
@@ -105,13 +103,12 @@ def routing_params(ctx: Context) -> Iterable[Diagnostic]:
       "gate readiness on one successful prefill -> decode KV transfer",
       fail=(_PD + "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer, engine_id: p}}\n" + _D),
       passing="stages:\n  - {stage_id: 0, devices: \"0\"}\n", labels=("RT-VERIFY-TRANSFER",))
-def verify_transfer(ctx: Context) -> Iterable[Diagnostic]:
+def verify_transfer(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """A misconfigured PD pair often fails silently: answers are right, decode just
     recomputes. Before reporting the deployment ready, send one request and check that
     decode reports external (transferred) KV tokens > 0. Informational, on every PD
     config. Sources: https://github.com/vllm-project/vllm/issues/42895,
     https://github.com/vllm-project/vllm/issues/26896."""
-    r = verify_transfer.rule  # type: ignore[attr-defined]
     pair = ctx.pd_pair
     if pair is None or not ctx.platform_first:
         return

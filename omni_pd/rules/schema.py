@@ -11,7 +11,7 @@ from difflib import get_close_matches
 from typing import Any, Iterable
 
 from ..diagnostics import Diagnostic, Location, Severity
-from . import Context, rule
+from . import Context, Rule, rule
 
 #: Accelerator visibility variables per platform (launchers and vLLM platforms).
 VISIBILITY_VARS = {
@@ -35,7 +35,7 @@ STAGE_SCOPED_FLAGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_pa
 @rule("OPD101", "wrong-type", Severity.ERROR, "a key has a value of the wrong type",
       fail="stages:\n  - stage_id: 0\n    tensor_parallel_size: two\n",
       passing="stages:\n  - stage_id: 0\n    tensor_parallel_size: 2\n")
-def wrong_type(ctx: Context) -> Iterable[Diagnostic]:
+def wrong_type(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Every key the deploy schema types (vllm-omni ``StageDeployConfig``, vLLM
     ``KVTransferConfig``) must hold a value of that type; the message names the expected
     type. validate reports every such error, not just the first. Source: vllm-omni
@@ -47,14 +47,13 @@ def wrong_type(ctx: Context) -> Iterable[Diagnostic]:
       "legacy `stage_args` file: no schema defaults are applied",
       fail="stage_args:\n  - stage_id: 0\n    engine_input_source: []\n",
       passing="stages:\n  - stage_id: 0\n", labels=("SCH-LEGACY",))
-def legacy_stage_args(ctx: Context) -> Iterable[Diagnostic]:
+def legacy_stage_args(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """A file with ``stage_args:`` uses the legacy schema: vllm-omni 0.30's deploy loader
     (``load_deploy_config``) rejects it, ``--stage-configs-path`` still reads it but
     applies no defaults (an omitted ``engine_input_source`` crashes the orchestrator,
     vllm-omni#5434). ``omni-pd expand`` refuses such a file with the same code as a
     fatal error; validate warns and checks what it can. Source: vllm-omni
     config/stage_config.py; https://github.com/vllm-project/vllm-omni/issues/5434."""
-    r = legacy_stage_args.rule  # type: ignore[attr-defined]
     if ctx.legacy:
         yield r.diag("legacy `stage_args` file: no schema defaults are applied; vllm-omni 0.30's deploy loader only reads `stages:`",
                      ctx.loc(("stage_args",)),
@@ -72,7 +71,7 @@ def _stage_fields() -> frozenset[str]:
       "a key is not a deploy-schema field (nearest match suggested)",
       fail="pipelne: qwen3_omni_moe\nstages:\n  - stage_id: 0\n",
       passing="pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n", labels=("SCH-UNKNOWN-KEY",))
-def unknown_key(ctx: Context) -> Iterable[Diagnostic]:
+def unknown_key(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Top-level keys must be ``DeployConfig`` fields; ``platforms:`` keys must be a known
     platform (cuda, rocm, npu, xpu, musa); a stage key one edit away from a stage field
     (``tensor_paralel_size``) is almost certainly a typo, because vllm-omni forwards
@@ -81,7 +80,6 @@ def unknown_key(ctx: Context) -> Iterable[Diagnostic]:
     from ..model import TOP_LEVEL_KEYS
     from ..validate import PLATFORMS
 
-    r = unknown_key.rule  # type: ignore[attr-defined]
     if ctx.legacy or ctx.platform_first is False:
         return
     for k in ctx.raw:
@@ -117,13 +115,12 @@ def unknown_key(ctx: Context) -> Iterable[Diagnostic]:
                "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, kv_port: 21001}}\n"
                "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, kv_port: 22001}}\n"),
       labels=("SCH-TYPES",))
-def port_type(ctx: Context) -> Iterable[Diagnostic]:
+def port_type(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Port fields (``kv_port``, ``*_port`` in ``kv_connector_extra_config``) should be
     written one way. vLLM coerces ``kv_port`` to int, but the extra config is passed
     through verbatim and connectors compare or concatenate it as strings (P2pNccl
     builds ``ip:port`` from them), so an int on one side and a string on the other is
     a latent mismatch. Source: https://github.com/vllm-project/vllm/pull/26628."""
-    r = port_type.rule  # type: ignore[attr-defined]
     if ctx.topology is None or not ctx.platform_first:
         return
     seen: list[tuple[str, type, Any, Location]] = []
@@ -158,14 +155,13 @@ def port_type(ctx: Context) -> Iterable[Diagnostic]:
       "an environment variable name is a near miss of a known one",
       fail="stages:\n  - stage_id: 0\n    env: {CUDA_VISIBLE_DEVICE: \"0\"}\n",
       passing="stages:\n  - stage_id: 0\n    env: {CUDA_VISIBLE_DEVICES: \"0\"}\n", labels=("SCH-ENV-NAME",))
-def env_name(ctx: Context) -> Iterable[Diagnostic]:
+def env_name(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Launcher and stage environment names are checked against the visibility
     variables of every platform (CUDA_VISIBLE_DEVICES, ASCEND_RT_VISIBLE_DEVICES,
     HIP_VISIBLE_DEVICES, ZE_AFFINITY_MASK, MUSA_VISIBLE_DEVICES) and the connector
     variables vLLM reads. A name one letter away from one of them is silently ignored
     by the runtime (vllm-omni#2898: ``ASCEND_RT_VISIBLE_DEVICE`` made every stage see
     the wrong NPUs). Source: https://github.com/vllm-project/vllm-omni/issues/2898."""
-    r = env_name.rule  # type: ignore[attr-defined]
     if not ctx.platform_first:
         return
     known = sorted(KNOWN_ENV)
@@ -197,14 +193,13 @@ def env_name(ctx: Context) -> Iterable[Diagnostic]:
       fail="stages:\n  - stage_id: 0\n  - stage_id: 1\n",
       passing="stages:\n  - stage_id: 0\n    tensor_parallel_size: 2\n  - stage_id: 1\n",
       example_context={"cli": {"tensor_parallel_size": 2}}, pass_context={}, labels=("SCH-CLI-SCOPE",))
-def cli_scope(ctx: Context) -> Iterable[Diagnostic]:
+def cli_scope(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``vllm serve --omni`` applies global engine flags (``-tp``, ``--max-model-len``,
     ``--dtype``...) to every stage of a multi-stage pipeline: a TP meant for the Thinker
     lands on the Talker and Code2Wav too (vllm-omni#5003, #2898). Set them per stage in
     the deploy YAML. (The passing example shows the same flag set per stage with no
     global flag.) Source: vllm-omni docs configuration/stage_configs.md;
     https://github.com/vllm-project/vllm-omni/issues/5003."""
-    r = cli_scope.rule  # type: ignore[attr-defined]
     if not ctx.platform_first or ctx.topology is None or len(ctx.topology.stages) < 2:
         return
     flags = [k for k in ctx.cli if k in STAGE_SCOPED_FLAGS]
@@ -219,7 +214,7 @@ def cli_scope(ctx: Context) -> Iterable[Diagnostic]:
       "`base_config` names a file that cannot be found",
       fail="base_config: no_such_file.yaml\nstages:\n  - stage_id: 0\n",
       passing="base_config: qwen3_omni_moe.yaml\n")
-def base_config_missing(ctx: Context) -> Iterable[Diagnostic]:
+def base_config_missing(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``base_config`` is resolved next to the file, then among omni-pd's bundled
     presets (which mirror vllm-omni's ``vllm_omni/deploy/``). The diagnostic is emitted
     while loading (validate.py), before the rules run. Source: vllm-omni 0.30.0

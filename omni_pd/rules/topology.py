@@ -13,7 +13,7 @@ import re
 from typing import Iterable
 
 from ..diagnostics import Diagnostic, Location, Severity
-from . import Context, rule
+from . import Context, Rule, rule
 
 _FROM = re.compile(r"^from_stage_(\d+)$")
 _TO = re.compile(r"^to_stage_(\d+)$")
@@ -31,7 +31,7 @@ ROLE_SUBCONFIG = {"thinker": "thinker_config", "talker": "talker_config", "code2
                "  - stage_id: 2\n    input_connectors:\n      from_stage_1: shm\n"
                "connectors:\n  shm: {name: SharedMemoryConnector}\npipeline: qwen3_omni_moe\n"),
       labels=("SCH-INPUT-SRC",))
-def input_source(ctx: Context) -> Iterable[Diagnostic]:
+def input_source(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Every stage's inputs must exist and be real edges. In a legacy ``stage_args``
     file every stage needs an explicit ``engine_input_source`` (entry stages ``[]``):
     the default was removed upstream and the orchestrator dies at startup
@@ -40,7 +40,6 @@ def input_source(ctx: Context) -> Iterable[Diagnostic]:
     stage's pipeline inputs: after a PD split the Talker reads from decode, not from
     stage 0. Sources: https://github.com/vllm-project/vllm-omni/issues/5434,
     https://github.com/ai-dynamo/dynamo/pull/12709."""
-    r = input_source.rule  # type: ignore[attr-defined]
     if ctx.legacy:
         stages = [s for s in (ctx.raw.get("stage_args") or []) if isinstance(s, dict)]
         ids = {s.get("stage_id") for s in stages}
@@ -86,13 +85,12 @@ def input_source(ctx: Context) -> Iterable[Diagnostic]:
       "stage ids are not the pipeline's 0..n-1 (duplicate, gap or unknown id)",
       fail="pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n  - stage_id: 0\n",
       passing="pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n  - stage_id: 1\n")
-def stage_ids(ctx: Context) -> Iterable[Diagnostic]:
+def stage_ids(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Stage ids must be unique and name stages of the pipeline, numbered 0..n-1 in the
     order the orchestrator routes: it forwards a finished stage's output to
     ``src_stage_id + 1``, so a gap or an id the pipeline lacks is a stage nothing feeds.
     vllm-omni's merge keys deploy entries by stage_id; a duplicate silently shadows the
     first. Source: vllm-omni 0.30.0 engine/orchestrator.py, config/stage_config.py."""
-    r = stage_ids.rule  # type: ignore[attr-defined]
     if ctx.topology is None or ctx.config is None or not ctx.platform_first:
         return
     seen: dict[int, int] = {}
@@ -120,14 +118,13 @@ def stage_ids(ctx: Context) -> Iterable[Diagnostic]:
             "      from_stage_0: shared_mem\nconnectors:\n  shm: {name: SharedMemoryConnector}\n"),
       passing=("pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n  - stage_id: 1\n    input_connectors:\n"
                "      from_stage_0: shm\nconnectors:\n  shm: {name: SharedMemoryConnector}\n"))
-def connector_ref(ctx: Context) -> Iterable[Diagnostic]:
+def connector_ref(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """A string value under ``input_connectors``/``output_connectors`` refers to an
     entry of the top-level ``connectors:`` mapping; vllm-omni looks it up by name at
     start and fails when it is missing. Source: vllm-omni 0.30.0
     config/stage_config.py (connector resolution)."""
     from difflib import get_close_matches
 
-    r = connector_ref.rule  # type: ignore[attr-defined]
     if ctx.topology is None or not ctx.platform_first:
         return
     defined = sorted((ctx.raw.get("connectors") or {}).keys())
@@ -152,11 +149,10 @@ def connector_ref(ctx: Context) -> Iterable[Diagnostic]:
       "`edges:` do not form the linear chain the orchestrator routes",
       fail="pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\nedges:\n  - {from: 0, to: 1}\n  - {from: 1, to: 0}\n",
       passing="pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\nedges:\n  - {from: 0, to: 1}\n  - {from: 1, to: 2}\n")
-def graph_shape(ctx: Context) -> Iterable[Diagnostic]:
+def graph_shape(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Explicit ``edges:`` must name existing stages, be acyclic, and (for the current
     orchestrator, which forwards to ``src + 1``) form the chain 0 -> 1 -> ... -> n-1.
     Source: vllm-omni 0.30.0 engine/orchestrator.py (``next_logical = src_stage_id + 1``)."""
-    r = graph_shape.rule  # type: ignore[attr-defined]
     if ctx.topology is None or ctx.config is None or not ctx.config.edges or not ctx.platform_first:
         return
     ids = {s.stage_id for s in ctx.topology.stages}
@@ -189,13 +185,12 @@ def graph_shape(ctx: Context) -> Iterable[Diagnostic]:
       "final outputs are lost (no final stage, or the prefill stage marked final)",
       fail=("pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n  - stage_id: 0\n    final_output: true\n"),
       passing=("pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n  - stage_id: 0\n  - stage_id: 1\n"))
-def final_output(ctx: Context) -> Iterable[Diagnostic]:
+def final_output(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """The pipeline decides final outputs; a PD split must keep them: decode carries
     the Thinker's text, Code2Wav the audio, and prefill none (it generates one token).
     A deploy entry that sets ``final_output`` against that loses an output or returns
     the prefill token to the client. Source: vllm-omni docs features/pd_disaggregation.md
     (seed 000: "Text remains a final output of the decode stage")."""
-    r = final_output.rule  # type: ignore[attr-defined]
     if ctx.topology is None or not ctx.platform_first:
         return
     topo = ctx.topology
@@ -223,13 +218,12 @@ def final_output(ctx: Context) -> Iterable[Diagnostic]:
       passing="pipeline: qwen3_omni_moe_thinker_only\nstages:\n  - {stage_id: 0, devices: \"0\"}\n",
       example_context={"model": {"model_type": "qwen3_omni_moe", "subconfigs": ["thinker_config"]}},
       labels=("XS-STAGESET",))
-def stage_set(ctx: Context) -> Iterable[Diagnostic]:
+def stage_set(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """The effective stage set is pipeline ∪ deploy: a deploy file cannot delete a
     stage. A thinker-only checkpoint (Qwen3-Omni-30B-A3B-Thinking has only
     ``thinker_config``) under the three-stage pipeline still builds a Talker and
     Code2Wav, which crash. Needs ``--model-info``. Source:
     https://github.com/vllm-project/vllm-omni/issues/4223."""
-    r = stage_set.rule  # type: ignore[attr-defined]
     m = ctx.model
     if ctx.topology is None or m is None or m.subconfigs is None or not ctx.platform_first:
         return
@@ -255,7 +249,7 @@ def stage_set(ctx: Context) -> Iterable[Diagnostic]:
       "no pipeline could be named; the stages are checked as a linear chain",
       fail="stages:\n  - stage_id: 0\n  - stage_id: 1\n",
       passing="pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n  - stage_id: 1\n")
-def pipeline_inferred(ctx: Context) -> Iterable[Diagnostic]:
+def pipeline_inferred(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Without ``pipeline:`` (or a vllm-omni default file name, or ``--model-info``
     naming a catalogued ``model_type``) validate infers PD from a kv_producer/kv_consumer
     pair, treats a single stage as ``llm``, and otherwise checks the stages as a linear
