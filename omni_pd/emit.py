@@ -251,7 +251,8 @@ def _split_list(seq: CommentedSeq, plan: PDSplitPlan, *, base: bool, platform_de
             if base:
                 continue
             st = CommentedMap([("stage_id", new_id)])
-            st.fa.set_flow_style() if _all_flow(seq) else None
+            if _all_flow(seq):
+                st.fa.set_flow_style()
             pos = next((i for i, s in enumerate(seq) if isinstance(s, CommentedMap)
                         and isinstance(s.get("stage_id"), int) and s["stage_id"] > new_id), len(seq))
             seq.insert(pos, st)

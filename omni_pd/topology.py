@@ -21,7 +21,7 @@ from typing import Any, Union
 from .diagnostics import Diagnostic, OmniPdError, Severity
 from .io import Document
 from .model import DeployConfig
-from .pipelines import Catalogue, Pipeline, PipelineStage
+from .pipelines import Catalogue, Pipeline
 
 #: A stage's devices: logical indices, the string "cpu", or None (default visibility).
 Devices = Union[tuple[int, ...], str, None]
@@ -279,6 +279,3 @@ def resolve(cfg: DeployConfig, pipeline: Pipeline, platform: str | None = None,
     return Topology(pipeline=pipeline, stages=tuple(nodes), platform=platform, async_chunk=async_chunk,
                     config=cfg, orphan_ids=tuple(sorted(set(by_id) - known)))
 
-
-def stage_of(pipeline: Pipeline, stage_id: int) -> PipelineStage | None:
-    return pipeline.stage(stage_id)

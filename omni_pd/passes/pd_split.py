@@ -27,7 +27,7 @@ from ..diagnostics import Diagnostic, Location, OmniPdError, Severity
 from ..io import Document
 from ..pipelines import Catalogue, IdMap, Pipeline
 from ..targets import Target
-from ..topology import Devices, Topology, apply_overlay, effective_stage, parse_devices, resolve
+from ..topology import Devices, Topology, effective_stage, parse_devices, resolve
 
 DEFAULT_CONNECTOR = "MooncakeConnector"
 
@@ -89,15 +89,12 @@ def _err(code: str, msg: str, loc: Location | None, help: str | None = None) -> 
 
 def check_not_pd(topo: Topology, doc: Document | None) -> None:
     """Refuse a config that is already split (OPD803): PD pipeline or a producer/consumer pair."""
-    name = topo.config.pipeline or ""
-    roles = {s.kv.get("kv_role") for s in topo.stages if s.kv}
-    kv_stage_roles = set()
-    for st in topo.config.stages:
+    roles = set()
+    for st in topo.config.stages:  # every deploy entry, also ids the pipeline lacks
         kv = effective_stage(st.model_dump(by_alias=True, exclude_unset=True)).get("kv_transfer_config")
-        if isinstance(kv, dict) and kv.get("kv_role"):
-            kv_stage_roles.add(kv["kv_role"])
-    if topo.pipeline.is_pd or name.endswith("_pd") or (
-            {"kv_producer", "kv_consumer"} <= (roles | kv_stage_roles)):
+        if isinstance(kv, dict):
+            roles.add(kv.get("kv_role"))
+    if topo.pipeline.is_pd or (topo.config.pipeline or "").endswith("_pd") or {"kv_producer", "kv_consumer"} <= roles:
         loc = doc.loc(("pipeline",), value=True) if (doc is not None and "pipeline" in doc.tree) else (
             doc.loc(()) if doc else None)
         raise _err("OPD803", "this deploy config is already prefill/decode split; refusing to split it twice",
@@ -241,40 +238,29 @@ def _merge_user_kv(cfg: SideConfig, user: dict[str, Any] | None, target: Target)
 
 def _plan_overlays(topo: Topology, t: int, ids: IdMap, base_new: dict[int, Devices]) -> dict[str, dict[int, Devices]]:
     """Per platform overlay that places stages: the devices each new stage must be given
-    there so that prefill and decode stay disjoint and downstream stages follow."""
+    there so that prefill and decode stay disjoint and downstream stages follow.
+
+    Only entries whose devices differ from what the rewritten overlay already implies
+    (its own copied ``devices``, else the new base value) are listed.
+    """
     cfg = topo.config
     out: dict[str, dict[int, Devices]] = {}
-    if not cfg.platforms:
-        return out
-    base_raw = {s.stage_id: (s.model_dump(by_alias=True, exclude_unset=True)) for s in cfg.stages}
-    for pname, pov in cfg.platforms.items():
-        if pov is None or not pov.stages:
-            continue
-        entries = {o.stage_id: effective_stage(o.model_dump(by_alias=True, exclude_unset=True)) for o in pov.stages}
-        if not any(e.get("devices") is not None for e in entries.values()):
+    for pname, pov in (cfg.platforms or {}).items():
+        if pov is None or not pov.stages or all(
+                effective_stage(o.model_dump(by_alias=True, exclude_unset=True)).get("devices") is None
+                for o in pov.stages):
             continue  # inherits the base layout, which is already split
-        layout: dict[int, Devices] = {}
-        for s in topo.stages:
-            eff = effective_stage(base_raw.get(s.stage_id, {"stage_id": s.stage_id}))
-            if s.stage_id in entries:
-                eff = apply_overlay(eff, entries[s.stage_id])
-            try:
-                layout[s.stage_id] = parse_devices(eff.get("devices"))
-            except ValueError:
-                layout[s.stage_id] = None
+        ptopo = resolve(cfg, topo.pipeline, pname)
+        layout = {s.stage_id: s.devices for s in ptopo.stages}
         t_dev = layout.get(t)
-        world = len(t_dev) if isinstance(t_dev, tuple) else 1
-        res = split_devices(layout, t, world)
-        want: dict[int, Devices] = {ids.prefill: res.prefill, ids.decode: res.decode}
-        for old, dev in res.others.items():
-            want[ids.shift(old)] = dev
+        res = split_devices(layout, t, len(t_dev) if isinstance(t_dev, tuple) else 1)
+        own = {o.stage_id: effective_stage(o.model_dump(by_alias=True, exclude_unset=True)).get("devices")
+               for o in pov.stages}
+        placed = [(ids.prefill, t, res.prefill), (ids.decode, t, res.decode)]
+        placed += [(ids.shift(old), old, dev) for old, dev in res.others.items()]
         must: dict[int, Devices] = {}
-        for new_id, dev in want.items():
-            old = t if new_id in (ids.prefill, ids.decode) else (new_id if new_id < t else new_id - 1)
-            ov_dev = entries.get(old, {}).get("devices")
-            inherited = parse_devices(ov_dev) if ov_dev is not None else base_new.get(new_id)
-            if new_id == ids.decode and ov_dev is not None:
-                inherited = parse_devices(ov_dev)  # D's entry is a copy of the Thinker's
+        for new_id, old, dev in placed:
+            inherited = parse_devices(own[old]) if own.get(old) is not None else base_new.get(new_id)
             if dev != inherited:
                 must[new_id] = dev
         out[pname] = must

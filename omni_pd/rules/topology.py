@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-from ..diagnostics import Diagnostic, Location, Severity
+from ..diagnostics import Diagnostic, Severity
 from . import Context, Rule, rule
 
 _FROM = re.compile(r"^from_stage_(\d+)$")
