@@ -15,5 +15,6 @@ if [ ! -x "$V/bin/python" ] || ! "$V/bin/python" -c "import vllm_omni.config.sta
   "$V/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton >&2 || true
   "$V/bin/pip" install -q --no-deps vllm-omni==0.30.0 "aenum==3.1.16" omegaconf msgpack janus prettytable >&2
 fi
-"$V/bin/pip" install -q --no-deps ruamel.yaml -e . >&2
+# diffusers + soundfile: only so the serve-path test can import vllm_omni.entrypoints.cli.serve
+"$V/bin/pip" install -q --no-deps ruamel.yaml diffusers soundfile -e . >&2
 echo "$PWD/$V/bin/python"

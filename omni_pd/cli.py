@@ -200,6 +200,11 @@ def validate(
     serve_arg: Optional[list[str]] = typer.Option(None, "--serve-arg", help="global `vllm serve` flag KEY=VALUE the launch will pass "
                                                   "(broadcast to every stage), e.g. tensor_parallel_size=4"),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="hide info diagnostics"),
+    against_vllm_omni: bool = typer.Option(False, "--against-vllm-omni",
+                                           help="also load the file with the real vllm-omni (its resolver and PD checks)"),
+    vllm_omni_python: Optional[str] = typer.Option(None, "--vllm-omni-python",
+                                                   help="python of an environment with vllm-omni and omni-pd installed"),
+    model: Optional[str] = typer.Option(None, "--model", help="with --against-vllm-omni: the model vllm serve gets"),
 ) -> None:
     """Check a deploy config for every PD invariant; exit 0 clean, 1 errors, 2 unreadable input."""
     import json
@@ -234,7 +239,13 @@ def validate(
                            vllm_version=vllm_version, env=_pairs(env, "--env"), pipeline=pipeline,
                            cli={k.replace("-", "_").lstrip("_"): v for k, v in _pairs(serve_arg, "--serve-arg").items()})
     res = validate_document(doc, opts)
-    diags = [d for d in res.diagnostics if not (quiet and d.severity is Severity.INFO)]
+    found = list(res.diagnostics)
+    if against_vllm_omni:
+        from .against import against_vllm_omni as run_against
+
+        base = (res.pipeline_name or "qwen3_omni_moe").removesuffix("_pd")
+        found += run_against(Path(src), python=vllm_omni_python, model=model, model_type=base)
+    diags = [d for d in found if not (quiet and d.severity is Severity.INFO)]
     if fmt == "json":
         sys.stdout.write(render_json(diags) + "\n")
     elif fmt == "sarif":

@@ -40,8 +40,13 @@ class ValidateOptions:
 
 @dataclass
 class ValidateResult:
+    """``diagnostics`` sorted by file/line; ``docs``: every file read (name -> Document);
+    ``pipeline_name``: the catalogue pipeline the stages were checked against (None when
+    none was chosen)."""
+
     diagnostics: list[Diagnostic]
     docs: dict[str, Document]
+    pipeline_name: str | None = None
 
     @property
     def errors(self) -> list[Diagnostic]:
@@ -293,6 +298,16 @@ def choose_pipeline(cfg: DeployConfig, loc: Locator, cat: Catalogue, opts: Valid
     elif prod and len(prod) >= 2 and all(_kv_role(s) == "kv_both" for s in raw if int(s["stage_id"]) in prod[:2]):
         pair = (prod[0], prod[1])
     if pair and not name:  # a named (uncatalogued) pipeline decides its own KV edges
+        fits = [p.name for p in cat.pipelines.values()
+                if p.is_pd and p.pd_pair == pair and sorted(s.stage_id for s in p.stages) == ids]
+        diags.append(Diagnostic(
+            code="OPD208", severity=Severity.ERROR,
+            message=f"stages {pair[0]} and {pair[1]} are a KV producer/consumer pair but the file names no `pipeline:`",
+            location=loc.loc(("stages",)),
+            notes=["vllm-omni 0.30 then takes the pipeline from the model's `model_type`, which is never a PD "
+                   "pipeline: it merges these stages into the three-stage pipeline, silently drops the last "
+                   "stage and applies the decode entry to the next stage (StageConfigFactory.get_pipeline_config)"],
+            help="add " + " or ".join(f"`pipeline: {f}`" for f in fits) + " (the one for your model)" if fits else "add `pipeline: <name>_pd` (see `omni-pd pipelines`)"))
         return _chain("<inferred PD chain>", ids, pair), diags
     if len(ids) <= 1 and not name:
         return cat.get("llm"), diags  # type: ignore[return-value]
@@ -366,7 +381,7 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
             found = [_tag(d, plat) for d in found]
         diags += found
         first = False
-    return ValidateResult(_finish(diags), locator.docs())
+    return ValidateResult(_finish(diags), locator.docs(), pipe.name if cat.get(pipe.name) else None)
 
 
 def _tag(d: Diagnostic, platform: str) -> Diagnostic:

@@ -115,3 +115,22 @@ def register() -> None:
             reg.register_pipeline(derive_pd_pipeline(up, p), p.name + "_pd")
         except PipelineShapeError as e:
             logger.error("omni-pd: not registering %s_pd: %s", p.name, e)
+
+
+def register_if_omni() -> None:
+    """vLLM ``general_plugins`` hook: :func:`register` only inside a vllm-omni process.
+
+    On vllm-omni 0.30.0's serve path the API process resolves the deploy file's
+    ``pipeline:`` (``StageConfigFactory.get_pipeline_config`` ->
+    ``_get_deploy_override_pipe_config``, config/config_factory.py:352, called from
+    ``_should_serve_duplex`` in entrypoints/openai/api_server.py) *before* it builds
+    ``OmniEngineArgs``, whose ``__post_init__`` (engine/arg_utils.py:263) loads the
+    ``vllm_omni.general_plugins`` group. vLLM's own group is loaded earlier, while the
+    serve parser is built (``AsyncEngineArgs.add_cli_args``), and by then
+    ``vllm_omni.entrypoints.cli.serve`` has imported the pipeline registry. A plain
+    ``vllm serve`` never imports the registry, so this hook costs it one dict lookup.
+    """
+    import sys
+
+    if "vllm_omni.config.pipeline_registry" in sys.modules:
+        register()

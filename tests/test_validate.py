@@ -192,3 +192,16 @@ def test_cli_env_and_serve_args_are_context(capsys) -> None:
     assert main(["validate", "--env", "CUDA_VISIBLE_DEVICES=7"]) == 1  # one device visible, stage 1 uses index 1
     assert "error[OPD402]: stage 1 uses device 1, but only 1 GPU is visible" in capsys.readouterr().out
     assert main(["validate", "--env", "NOEQUALS"]) == 2
+
+
+def test_against_vllm_omni_without_vllm_omni_says_how_to_install(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMNI_PD_ORACLE_PYTHON"}
+    p = subprocess.run([sys.executable, "-m", "omni_pd.cli", "validate", "--against-vllm-omni"],
+                       capture_output=True, text=True, env=env)
+    assert p.returncode == 2
+    assert "error[OPD952]: vllm-omni is not importable here and no --vllm-omni-python was given" in p.stderr
+    assert "pip install vllm-omni==0.30.0" in p.stderr

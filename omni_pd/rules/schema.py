@@ -7,6 +7,8 @@ Upstream sources: vllm-omni 0.30.0 ``vllm_omni/config/stage_config.py``
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from difflib import get_close_matches
 from typing import Any, Iterable
 
@@ -220,3 +222,57 @@ def base_config_missing(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     while loading (validate.py), before the rules run. Source: vllm-omni 0.30.0
     config/stage_config.py (``load_deploy_config``)."""
     return []
+
+
+# --- engine-argument ownership (vllm-omni 0.30) -------------------------------------
+
+
+@lru_cache(maxsize=1)
+def stage_keys() -> tuple[str, frozenset[str], frozenset[str]]:
+    """(vllm-omni major.minor, StageDeployConfig fields, owned engine args) from
+    ``presets/targets/vllm_omni_stage_keys.yaml`` (generated from vllm-omni 0.30.0;
+    tests/test_oracle.py checks it against the live package)."""
+    from ruamel.yaml import YAML
+
+    from ..resources import data_dir
+
+    d = YAML(typ="safe").load((data_dir("presets") / "targets" / "vllm_omni_stage_keys.yaml").read_text())
+    return str(d["vllm_omni"]), frozenset(d["deploy"]), frozenset(d["owned"])
+
+
+@rule("OPD111", "engine-arg-unowned", Severity.ERROR,
+      "a stage key is neither a deploy field nor an engine argument vllm-omni can place",
+      fail="pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n    max_num_seqz: 8\n",
+      passing="pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n    max_num_seqs: 8\n")
+def engine_arg_unowned(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """vllm-omni 0.30 forwards stage keys that are not ``StageDeployConfig`` fields to
+    the engine, then refuses any that no structured config (model, cache, parallel,
+    scheduler, KV transfer, ...) owns: ``ValueError: Stage N (llm_ar) has explicit
+    engine argument(s) with no structured config owner`` when the server starts.
+    Checked for vLLM 0.30 targets (the list omni-pd ships is vllm-omni 0.30.0's).
+    Source: vllm-omni 0.30.0 config/omni_config.py
+    ``_validate_stage_engine_override_ownership``; config/stage_config.py
+    ``StageDeployConfig``."""
+    from difflib import get_close_matches
+
+    version, deploy, owned = stage_keys()
+    if ctx.legacy or ctx.platform_first is False or ctx.target.label != version:
+        return
+    # only pipelines whose stages omni-pd knows are LLM stages (the list is theirs);
+    # diffusion and other stage types own other keys
+    topo = ctx.topology
+    if topo is None or topo.pipeline.runtime != "vllm-omni" or topo.pipeline.name.startswith("<"):
+        return
+    known = deploy | owned | {"engine_args", "runtime"}
+    for i, st in enumerate(ctx.raw.get("stages") or []):
+        if not isinstance(st, dict):
+            continue
+        inner = st.get("engine_args") if isinstance(st.get("engine_args"), dict) else {}
+        for path, k in [(("stages", i, k), k) for k in st] + [(("stages", i, "engine_args", k), k) for k in inner]:
+            if not isinstance(k, str) or k in known:
+                continue
+            close = get_close_matches(k, sorted(deploy | owned), n=1, cutoff=0.8)
+            yield r.diag(f"vllm-omni {version} has no place for stage key `{k}`: the server would refuse to start",
+                         ctx.loc(path),
+                         help=(f"did you mean `{close[0]}`? " if close else "") +
+                         "remove it, or use a vLLM engine argument (see `vllm serve --help`)")

@@ -1,0 +1,5 @@
+"""Oracle stand-in for ``torchaudio`` (see ``_standin.py``)."""
+
+import _standin
+
+_standin.install(globals())
