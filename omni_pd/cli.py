@@ -288,6 +288,111 @@ def explain(code: str = typer.Argument(..., help="a rule code, e.g. OPD304")) ->
     sys.stdout.write(r.explain())
 
 
+@app.command()
+def launch(
+    config: Path = typer.Argument(..., help="compiled PD deploy YAML (the output of `omni-pd expand`)"),
+    model: str = typer.Option(..., "--model", help="model id or path every engine serves"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the launch plan and start nothing"),
+    fmt: str = typer.Option("text", "--format", help="plan output with --dry-run: text | json"),
+    vllm: str = typer.Option("vllm", "--vllm", help="the `vllm` executable (path or name on PATH)"),
+    python: Optional[str] = typer.Option(None, "--python", help="python of the vLLM environment (default: next to --vllm)"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address every server binds and advertises"),
+    port: int = typer.Option(8000, "--port", help="client port: the PD router, or the vllm-omni server"),
+    engine_port_base: int = typer.Option(8100, "--engine-port-base", help="prefill HTTP port (decode: +100)"),
+    platform: str = typer.Option("cuda", "--platform", help="cuda | rocm | npu | xpu | musa | cpu"),
+    served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="name clients use (default: --model)"),
+    ready_timeout: float = typer.Option(1200.0, "--ready-timeout", help="seconds each engine may take to become healthy"),
+    grace: float = typer.Option(10.0, "--grace", help="seconds between SIGTERM and SIGKILL at shutdown"),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="logs, pids, plan.json, timings.json (default: omni-pd-runs/<time>)"),
+    extra_arg: Optional[list[str]] = typer.Option(None, "--engine-arg", help="extra `vllm serve` argument for every engine (repeatable)"),
+    env: Optional[list[str]] = typer.Option(None, "--env", help="KEY=VALUE for every process (repeatable; secrets masked)"),
+    smoke: bool = typer.Option(False, "--smoke", help="after readiness, one request through the entrypoint must move KV"),
+    once: bool = typer.Option(False, "--once", help="stop after readiness (and --smoke) instead of serving"),
+    no_preflight: bool = typer.Option(False, "--no-preflight", help="skip the port/device/module checks"),
+) -> None:
+    """Validate, plan, preflight, start and supervise the engines of a compiled PD config."""
+    import json
+    import time
+
+    from .diagnostics import render_text, summary
+    from .io import load_file
+    from .launch.plan import DEVICE_ENV, LaunchOptions, plan_document
+
+    if fmt not in ("text", "json"):
+        raise typer.BadParameter("use text or json", param_hint="--format")
+    if platform not in DEVICE_ENV:
+        raise typer.BadParameter("one of: " + ", ".join(DEVICE_ENV), param_hint="--platform")
+    doc = load_file(config)
+    opts = LaunchOptions(model=model, vllm=vllm, host=host, port=port, engine_port_base=engine_port_base,
+                         platform=platform, served_model_name=served_model_name, ready_timeout_s=ready_timeout,
+                         extra_args=tuple(extra_arg or ()), env=_pairs(env, "--env"), python=python)
+    planned = plan_document(doc, str(config.resolve()), opts)
+    res, topo, plan = planned.validation, planned.topology, planned.plan
+    if plan is None or topo is None:
+        errors = [d for d in res.diagnostics if d.severity is Severity.ERROR]
+        sys.stdout.write(render_text(errors, _line_source(res.docs)) + "\n")
+        sys.stdout.write(f"{doc.name}: not launched ({summary(errors)})\n")
+        raise SystemExit(1)
+    if dry_run:
+        if fmt == "json":
+            sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n")
+        else:
+            _print_plan(plan)
+        return
+    if not no_preflight:
+        from .launch.preflight import preflight
+
+        util = {}
+        for s in topo.stages:
+            if s.pd_role:
+                util[f"{s.pd_role}-0"] = float(s.settings.get("gpu_memory_utilization") or 0.9)
+        found = preflight(plan, platform, util)
+        bad = [d for d in found if d.severity is Severity.ERROR]
+        if found:
+            sys.stdout.write(render_text(found, _line_source(res.docs)) + "\n")
+        if bad:
+            sys.stdout.write(f"preflight: not launched ({summary(found)})\n")
+            raise SystemExit(1)
+    from .launch.supervisor import run
+
+    rd = run_dir or Path("omni-pd-runs") / time.strftime("%Y%m%d-%H%M%S")
+    on_ready = None
+    if smoke:
+        from .launch.smoke import smoke_check
+
+        decode = next((p for p in plan.processes if p.role == "decode"), None)
+        metrics = decode.health.url.rsplit("/", 1)[0] + "/metrics" if decode and decode.health else None
+        served = served_model_name or model
+        on_ready = lambda: smoke_check(plan.entrypoint, served, metrics, sys.stdout)  # noqa: E731
+    sys.stdout.write(f"omni-pd launch: {plan.runtime} runtime, {len(plan.processes)} processes, "
+                     f"entrypoint {plan.entrypoint}, run dir {rd}\n")
+    sys.stdout.flush()
+    raise SystemExit(run(plan, rd, on_ready=on_ready, stay=not once, grace_s=grace))
+
+
+def _print_plan(plan) -> None:
+    import shlex
+
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"launch plan: {plan.runtime} runtime, {plan.connector}, entrypoint {plan.entrypoint}",
+              show_lines=True)
+    for col in ("process", "command", "env", "devices", "ports", "health", "after"):
+        t.add_column(col, overflow="fold")
+    for p in plan.processes:
+        env = "\n".join(f"{k}={v}" for k, v in p.masked_env().items())
+        ports = "\n".join(f"{u.port} {u.purpose}" for u in p.ports)
+        health = f"{p.health.url}\n(≤ {p.health.timeout_s:g} s)" if p.health else "-"
+        devs = f"{p.device_env}={p.devices}" if p.device_env else "-"
+        t.add_row(f"{p.name}\n({p.role})", shlex.join(p.masked_argv()), env or "-", devs, ports or "-", health,
+                  ", ".join(p.depends_on) or "-")
+    c = Console(width=max(160, Console().width))
+    c.print(t)
+    for n in plan.notes:
+        c.print(f"note: {n}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app, turning every failure into a diagnostic and exit code."""
     try:

@@ -1,0 +1,1 @@
+"""`omni-pd launch`: plan, start, supervise and route a PD deployment."""

@@ -1,0 +1,240 @@
+"""Build a :class:`~omni_pd.launch.spec.LaunchPlan` from a compiled PD deploy config (pure).
+
+Two runtimes, chosen from the pipeline (``presets/pipelines/*.yaml`` ``runtime:``):
+
+* ``vllm-omni`` (Qwen3-Omni and other multi-stage pipelines): one
+  ``vllm serve MODEL --omni --deploy-config FILE --host H --port P`` process; vllm-omni
+  starts the stage engines itself and its orchestrator routes prefill -> decode. With
+  ``MooncakeConnector`` no extra service is needed: vLLM's connector uses Mooncake's
+  ``P2PHANDSHAKE`` metadata mode and each prefill runs its own bootstrap server
+  (vllm/distributed/kv_transfer/kv_connector/v1/mooncake; shared/reference
+  vllm_kv_connectors.md §3.2).
+* ``vllm`` (plain LLMs, thinker-only pipelines): one ``vllm serve`` per prefill and per
+  decode instance with ``--kv-transfer-config`` (JSON) and the connector's env, plus
+  the PD router (:mod:`omni_pd.launch.router`) in front, started once both are healthy.
+
+Argv is always a list; env values are strings passed as data; nothing here touches
+processes, files or the network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..topology import StageNode, Topology, format_devices
+from .spec import HealthCheck, LaunchPlan, PortUse, ProcessSpec
+
+#: platform -> the env var that selects visible devices (None: no device selection)
+DEVICE_ENV: dict[str, str | None] = {
+    "cuda": "CUDA_VISIBLE_DEVICES", "rocm": "HIP_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES",
+    "xpu": "ZE_AFFINITY_MASK", "musa": "MUSA_VISIBLE_DEVICES", "cpu": None,
+}
+
+#: stage keys that are deploy-schema keys, not `vllm serve` flags
+NON_ENGINE_KEYS = frozenset({
+    "stage_id", "devices", "env", "num_replicas", "input_connectors", "output_connectors",
+    "default_sampling_params", "default_pooling_params", "subtalker_sampling_params", "async_chunk",
+    "kv_transfer_config", "engine_args", "runtime", "engine_extras", "silence_ban_frames",
+})
+
+#: connector name -> python module the engine must import (preflight)
+CONNECTOR_MODULES = {"NixlConnector": "nixl", "MooncakeConnector": "mooncake"}
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """What the user told ``omni-pd launch``.
+
+    ``vllm``: the ``vllm`` executable (path or name on PATH). ``host``: address every
+    server binds and advertises. ``port``: the client-facing port (router or omni
+    server). ``engine_port_base``: first HTTP port of the ``vllm`` runtime's engines
+    (prefill ``base+i``, decode ``base+100+i``). ``platform``: ``cuda`` | ``rocm`` |
+    ``npu`` | ``xpu`` | ``musa`` | ``cpu`` (picks the device env var). ``ready_timeout_s``:
+    seconds each engine may take to load the model. ``extra_args``: appended to every
+    ``vllm serve``. ``env``: added to every process (e.g. HF_TOKEN; masked in output).
+    """
+
+    model: str
+    vllm: str = "vllm"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    engine_port_base: int = 8100
+    platform: str = "cuda"
+    served_model_name: str | None = None
+    ready_timeout_s: float = 1200.0
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    python: str | None = None  # interpreter of the vllm install (preflight); None: next to `vllm`
+
+
+def engine_flags(settings: dict[str, Any]) -> list[str]:
+    """``vllm serve`` flags for a stage's engine keys, in the file's order.
+
+    ``max_num_seqs: 8`` -> ``--max-num-seqs 8``; ``true`` -> ``--flag``; ``false`` ->
+    ``--no-flag`` (vLLM's boolean flags accept both forms); mappings and lists ->
+    JSON; None is skipped.
+    """
+    out: list[str] = []
+    for k, v in settings.items():
+        if k in NON_ENGINE_KEYS or v is None or not isinstance(k, str):
+            continue
+        flag = "--" + k.replace("_", "-")
+        if isinstance(v, bool):
+            out.append(flag if v else "--no-" + k.replace("_", "-"))
+        elif isinstance(v, (dict, list)):
+            out += [flag, json.dumps(v, sort_keys=False, separators=(",", ":"))]
+        else:
+            out += [flag, str(v)]
+    return out
+
+
+def _python_of(vllm: str) -> str | None:
+    d = os.path.dirname(vllm)
+    return os.path.join(d, "python") if d else None
+
+
+def _env_str(env: dict[str, Any] | None) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (env or {}).items()}
+
+
+def _connector_ports(node: StageNode, topo_target: Any, host: str, name: str) -> tuple[PortUse, ...]:
+    from .. import connectors
+
+    kv = node.kv or {}
+    conn = connectors.get(str(kv.get("kv_connector", "")))
+    if conn is None or topo_target is None:
+        return ()
+    side = "prefill" if node.pd_role == "prefill" else "decode"
+    out = []
+    for p in conn.ports(side, kv, node.env or {}, node.tp, node.dp, topo_target):
+        for i in range(p.span):
+            out.append(PortUse(p.port + i, f"{p.purpose}" + (f"[{i}]" if p.span > 1 else ""), host))
+    return tuple(out)
+
+
+def _device_env(opts: LaunchOptions, node: StageNode) -> tuple[str | None, str | None]:
+    var = DEVICE_ENV.get(opts.platform)
+    devs = format_devices(node.devices)
+    if var is None or devs is None:
+        return None, None
+    return var, devs
+
+
+def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: Any = None) -> LaunchPlan:
+    """The launch plan for a compiled PD topology.
+
+    ``topo``: the compiled config resolved for ``opts.platform`` (its pipeline must be
+    a PD pipeline). ``config_path``: the compiled file (passed to ``--deploy-config``).
+    ``target``: the vLLM :class:`~omni_pd.targets.Target` (connector port rules).
+    Raises ``ValueError`` when the topology has no prefill/decode pair.
+    """
+    pair = topo.pd_pair
+    if pair is None:
+        raise ValueError("the config has no prefill/decode pair: run `omni-pd expand` first")
+    p, d = pair
+    conn = str((p.kv or {}).get("kv_connector", ""))
+    served = opts.served_model_name or opts.model
+    env_all = dict(opts.env)
+    engine_py = opts.python or _python_of(opts.vllm)
+    mods = ("vllm",) + ((CONNECTOR_MODULES[conn],) if conn in CONNECTOR_MODULES else ())
+    if topo.pipeline.runtime == "vllm-omni":
+        ports = [PortUse(opts.port, "http", opts.host)]
+        for s in topo.stages:
+            if s.pd_role:
+                ports += _connector_ports(s, target, opts.host, s.role)
+        proc = ProcessSpec(
+            name="omni", role="omni",
+            argv=(opts.vllm, "serve", opts.model, "--omni", "--deploy-config", config_path,
+                  "--host", opts.host, "--port", str(opts.port), "--served-model-name", served,
+                  *opts.extra_args),
+            env=env_all, ports=tuple(ports),
+            health=HealthCheck(f"http://{opts.host}:{opts.port}/health", timeout_s=opts.ready_timeout_s),
+            modules=mods + ("vllm_omni", "omni_pd"), python=engine_py)
+        return LaunchPlan(runtime="vllm-omni", model=opts.model, connector=conn,
+                          entrypoint=f"http://{opts.host}:{opts.port}", config=config_path, processes=(proc,),
+                          notes=("vllm-omni starts every stage engine and routes prefill -> decode itself",))
+    procs: list[ProcessSpec] = []
+    urls: dict[str, list[str]] = {"prefill": [], "decode": []}
+    for i, node in enumerate((p, d)):
+        role = "prefill" if i == 0 else "decode"
+        port = opts.engine_port_base + (0 if role == "prefill" else 100)
+        kv = dict(node.kv or {})
+        dev_var, devs = _device_env(opts, node)
+        env = {**env_all, **_env_str(node.env)}
+        if dev_var and devs is not None:
+            env[dev_var] = devs
+        argv = [opts.vllm, "serve", opts.model, "--host", opts.host, "--port", str(port),
+                "--served-model-name", served, "--kv-transfer-config", json.dumps(kv, separators=(",", ":")),
+                *engine_flags(node.settings)]
+        if node.tp > 1 and "tensor_parallel_size" not in node.settings:
+            argv += ["--tensor-parallel-size", str(node.tp)]
+        argv += list(opts.extra_args)
+        name = f"{role}-0"
+        procs.append(ProcessSpec(
+            name=name, role=role, argv=tuple(argv), env=env, devices=devs, device_env=dev_var,
+            ports=(PortUse(port, "http", opts.host),) + _connector_ports(node, target, opts.host, role),
+            health=HealthCheck(f"http://{opts.host}:{port}/health", timeout_s=opts.ready_timeout_s),
+            modules=mods, python=engine_py))
+        url = f"http://{opts.host}:{port}"
+        if role == "prefill" and conn == "MooncakeConnector":
+            bp = (node.env or {}).get("VLLM_MOONCAKE_BOOTSTRAP_PORT") or \
+                (kv.get("kv_connector_extra_config") or {}).get("mooncake_bootstrap_port")
+            if bp is not None:
+                url += f",{bp}"
+        urls[role].append(url)
+    router_argv = [sys.executable, "-m", "omni_pd.launch.router", "--connector", conn,
+                   "--host", opts.host, "--port", str(opts.port)]
+    for u in urls["prefill"]:
+        router_argv += ["--prefill", u]
+    for u in urls["decode"]:
+        router_argv += ["--decode", u]
+    procs.append(ProcessSpec(
+        name="router", role="router", argv=tuple(router_argv), env=env_all,
+        ports=(PortUse(opts.port, "http", opts.host),),
+        health=HealthCheck(f"http://{opts.host}:{opts.port}/health", timeout_s=60.0),
+        depends_on=tuple(x.name for x in procs)))
+    return LaunchPlan(runtime="vllm", model=opts.model, connector=conn, entrypoint=f"http://{opts.host}:{opts.port}",
+                      config=config_path, processes=tuple(procs),
+                      notes=("router: omni_pd.launch.router (prefill leg max_tokens=1, min_tokens/stop cleared; "
+                             f"{conn} routing fields relayed to decode)",))
+
+
+@dataclass(frozen=True)
+class Planned:
+    """:func:`plan_document`'s answer: the plan (None when validation failed), the
+    validation result, and the resolved topology."""
+
+    plan: LaunchPlan | None
+    validation: Any
+    topology: Topology | None
+
+
+def plan_document(doc: Any, config_path: str, opts: LaunchOptions) -> Planned:
+    """Validate ``doc`` (a loaded compiled config) for ``opts.platform`` and build its plan.
+
+    Validation errors leave ``plan`` None (the caller prints them). Raises
+    :class:`~omni_pd.diagnostics.OmniPdError` OPD966 when the config is not a PD config.
+    """
+    from ..diagnostics import Diagnostic, OmniPdError, Severity
+    from ..parse import parse_config
+    from ..pipelines import load_catalogue
+    from ..targets import target as make_target
+    from ..topology import resolve
+    from ..validate import PLATFORMS, ValidateOptions, validate_document
+
+    overlay = opts.platform if opts.platform in PLATFORMS else None
+    res = validate_document(doc, ValidateOptions(platform=overlay))
+    if any(d.severity is Severity.ERROR for d in res.diagnostics):
+        return Planned(None, res, None)
+    pipe = load_catalogue().get(res.pipeline_name or "")
+    if pipe is None or not pipe.is_pd:
+        raise OmniPdError(Diagnostic(
+            code="OPD966", severity=Severity.ERROR,
+            message=f"{doc.name} is not a PD config (pipeline `{res.pipeline_name}`)",
+            help=f"compile it first: `omni-pd expand {config_path} -o pd.yaml`, then launch pd.yaml"))
+    topo = resolve(parse_config(doc), pipe, overlay, doc)
+    return Planned(build_plan(topo, config_path, opts, make_target(None)), res, topo)

@@ -1,0 +1,172 @@
+"""Check the machine before `omni-pd launch` starts anything (side effects: probes only).
+
+Every finding is a :class:`~omni_pd.diagnostics.Diagnostic`:
+
+* OPD960 (error) a planned port cannot be bound on its host (try-bind, no listen);
+* OPD961 (error) an executable in a process's argv is missing or not executable;
+* OPD962 (error) a Python module a process needs (vllm, the connector's package,
+  vllm_omni, omni_pd for the plugin) is not importable by that process's interpreter;
+* OPD963 (error) a device a process is given does not exist (CUDA: ``nvidia-smi``);
+* OPD964 (error) the device memory the engines ask for (``gpu_memory_utilization`` x
+  total, per device) exceeds what is free, where ``nvidia-smi`` can read it;
+* OPD965 (info) a check that could not run here (e.g. no ``nvidia-smi``).
+
+A port that the config sets is located at its line (``locate(port)``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import socket
+import subprocess
+from typing import Callable
+
+from ..diagnostics import Diagnostic, Location, Severity
+from .spec import LaunchPlan
+
+Locate = Callable[[int], "Location | None"]
+
+
+def port_free(host: str, port: int) -> tuple[bool, str]:
+    """Try to bind ``host:port`` (TCP) without listening; (ok, reason)."""
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    try:
+        s.bind((host, port))
+        return True, ""
+    except OSError as e:
+        return False, errno.errorcode.get(e.errno or 0, str(e)) + f" ({e.strerror})"
+    finally:
+        s.close()
+
+
+def check_ports(plan: LaunchPlan, locate: Locate | None = None) -> list[Diagnostic]:
+    """OPD960 for every planned port that is taken or planned twice on one host."""
+    out: list[Diagnostic] = []
+    seen: dict[tuple[str, int], str] = {}
+    for p in plan.processes:
+        for u in p.ports:
+            key = (u.host, u.port)
+            where = locate(u.port) if locate else None
+            if key in seen and seen[key] != p.name:
+                out.append(Diagnostic(code="OPD960", severity=Severity.ERROR, location=where,
+                                      message=f"port {u.port} on {u.host} is planned for both {seen[key]} and "
+                                              f"{p.name} ({u.purpose})",
+                                      help="give each process its own port (see `omni-pd launch --help`)"))
+                continue
+            seen[key] = p.name
+            ok, why = port_free(u.host, u.port)
+            if not ok:
+                out.append(Diagnostic(code="OPD960", severity=Severity.ERROR, location=where,
+                                      message=f"port {u.port} on {u.host} ({p.name} {u.purpose}) cannot be bound: {why}",
+                                      help="stop what holds it (`ss -ltnp 'sport = :%d'`) or choose another port" % u.port))
+    return out
+
+
+def check_executables(plan: LaunchPlan) -> list[Diagnostic]:
+    """OPD961 for argv[0] of each process that cannot be found/executed."""
+    out = []
+    for p in plan.processes:
+        exe = p.argv[0]
+        path = exe if os.sep in exe else shutil.which(exe)
+        if not path or not os.access(path, os.X_OK):
+            out.append(Diagnostic(code="OPD961", severity=Severity.ERROR,
+                                  message=f"{p.name}: executable `{exe}` not found",
+                                  help="install vLLM (`pip install vllm`) or pass its path with `--vllm PATH`"))
+    return out
+
+
+def check_modules(plan: LaunchPlan, timeout_s: float = 60.0) -> list[Diagnostic]:
+    """OPD962 for each module a process's interpreter cannot find (``find_spec``, no import)."""
+    out = []
+    by_py: dict[str, set[str]] = {}
+    for p in plan.processes:
+        if p.python and p.modules:
+            by_py.setdefault(p.python, set()).update(p.modules)
+    for py, mods in by_py.items():
+        if not os.access(py, os.X_OK):
+            out.append(Diagnostic(code="OPD962", severity=Severity.ERROR,
+                                  message=f"interpreter `{py}` not found, so {', '.join(sorted(mods))} cannot be checked",
+                                  help="pass the vLLM environment's python with `--python PATH`"))
+            continue
+        code = ("import importlib.util, sys\n"
+                "print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))")
+        try:
+            r = subprocess.run([py, "-c", code, *sorted(mods)], capture_output=True, text=True, timeout=timeout_s)
+            missing = r.stdout.split()
+        except (OSError, subprocess.TimeoutExpired) as e:
+            out.append(Diagnostic(code="OPD965", severity=Severity.INFO, message=f"could not run {py}: {e}"))
+            continue
+        for m in missing:
+            pkg = {"nixl": "nixl", "mooncake": "mooncake-transfer-engine", "vllm_omni": "vllm-omni",
+                   "omni_pd": "omni-pd", "vllm": "vllm"}.get(m, m)
+            out.append(Diagnostic(code="OPD962", severity=Severity.ERROR,
+                                  message=f"module `{m}` is not importable by {py}",
+                                  help=f"`{py} -m pip install {pkg}`"))
+    return out
+
+
+def gpu_inventory() -> list[tuple[int, int, int]] | None:
+    """(index, total MiB, free MiB) per NVIDIA GPU from ``nvidia-smi``; None if absent."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        r = subprocess.run([exe, "--query-gpu=index,memory.total,memory.free", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    rows = []
+    for line in r.stdout.splitlines():
+        try:
+            i, t, f = (int(x.strip()) for x in line.split(","))
+        except ValueError:
+            continue
+        rows.append((i, t, f))
+    return rows
+
+
+def check_devices(plan: LaunchPlan, platform: str, util: dict[str, float],
+                  inventory: list[tuple[int, int, int]] | None = None) -> list[Diagnostic]:
+    """OPD963/OPD964 for CUDA processes (``util``: process name -> gpu_memory_utilization)."""
+    if platform != "cuda":
+        return []
+    users = [p for p in plan.processes if p.devices]
+    if not users:
+        return []
+    inv = inventory if inventory is not None else gpu_inventory()
+    if inv is None:
+        return [Diagnostic(code="OPD965", severity=Severity.INFO,
+                           message="nvidia-smi not found: devices and device memory not checked")]
+    gpus = {i: (t, f) for i, t, f in inv}
+    out: list[Diagnostic] = []
+    ask: dict[int, float] = {}
+    for p in users:
+        for tok in str(p.devices).split(","):
+            try:
+                dev = int(tok)
+            except ValueError:
+                continue
+            if dev not in gpus:
+                out.append(Diagnostic(code="OPD963", severity=Severity.ERROR,
+                                      message=f"{p.name} is given GPU {dev}, this machine has {sorted(gpus)}",
+                                      help="change the stage's `devices:` (re-run `omni-pd expand --prefill-devices ...`)"))
+                continue
+            ask[dev] = ask.get(dev, 0.0) + gpus[dev][0] * util.get(p.name, 0.9)
+    for dev, mib in sorted(ask.items()):
+        total, free = gpus[dev]
+        if mib > free:
+            out.append(Diagnostic(code="OPD964", severity=Severity.ERROR,
+                                  message=f"GPU {dev}: engines ask {mib / 1024:.1f} GiB, {free / 1024:.1f} GiB of "
+                                          f"{total / 1024:.1f} GiB is free",
+                                  help="lower gpu_memory_utilization or free the GPU"))
+    return out
+
+
+def preflight(plan: LaunchPlan, platform: str, util: dict[str, float] | None = None,
+              locate: Locate | None = None) -> list[Diagnostic]:
+    """Every check above, in order: executables, modules, devices, ports."""
+    return (check_executables(plan) + check_modules(plan) + check_devices(plan, platform, util or {})
+            + check_ports(plan, locate))

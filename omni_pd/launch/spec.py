@@ -1,0 +1,125 @@
+"""Launch plan data: what `omni-pd launch` starts, as plain, immutable data.
+
+A :class:`LaunchPlan` is built from a compiled topology by :mod:`omni_pd.launch.plan`
+(pure), checked by :mod:`omni_pd.launch.preflight`, and run by
+:mod:`omni_pd.launch.supervisor`. Nothing here starts a process or touches a file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+#: env names whose values are secrets: masked in printed plans and in streamed logs.
+SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|_KEY$|CREDENTIAL)", re.IGNORECASE)
+MASK = "***"
+
+
+def is_secret(name: str) -> bool:
+    """True for env names that carry secrets (``HF_TOKEN``, ``OPENAI_API_KEY``, ...)."""
+    return bool(SECRET_ENV.search(name))
+
+
+@dataclass(frozen=True)
+class PortUse:
+    """One TCP port a process binds: ``port`` (1..65535) on ``host``; ``purpose`` e.g.
+    ``http``, ``nixl-side-channel``, ``mooncake-bootstrap``."""
+
+    port: int
+    purpose: str
+    host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    """Readiness probe: GET ``url`` until HTTP 200. ``timeout_s``: give up after this
+    many seconds from the process start (sized for model load); the poll interval
+    starts at ``interval_s`` and doubles up to ``max_interval_s``."""
+
+    url: str
+    timeout_s: float = 600.0
+    interval_s: float = 0.25
+    max_interval_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One child process.
+
+    ``name``: unique, used as the log prefix and log file name (``<run_dir>/<name>.log``).
+    ``argv``: the full command as a list (no shell, ever). ``env``: variables added to
+    the launcher's environment (values are strings). ``cwd``: working directory (None =
+    the launcher's). ``devices``/``device_env``: the visible-device list and the variable
+    that carries it (``CUDA_VISIBLE_DEVICES``, ``ASCEND_RT_VISIBLE_DEVICES``, ...; also
+    present in ``env``). ``ports``: every port it binds (preflight try-binds them).
+    ``health``: readiness probe, None = ready once started. ``depends_on``: names that
+    must be healthy before this one starts. ``role``: ``prefill``/``decode``/``router``/
+    ``omni``/``service``. ``modules``: Python modules the child needs importable
+    (checked by preflight with ``python``). ``python``: the interpreter that must import
+    ``modules`` (None: not checked).
+    """
+
+    name: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    role: str = "engine"
+    devices: str | None = None
+    device_env: str | None = None
+    ports: tuple[PortUse, ...] = ()
+    health: HealthCheck | None = None
+    depends_on: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    python: str | None = None
+
+    def masked_env(self) -> dict[str, str]:
+        """``env`` with secret values replaced by ``***``."""
+        return {k: (MASK if is_secret(k) else v) for k, v in self.env.items()}
+
+    def masked_argv(self) -> list[str]:
+        """``argv`` with the value after a secret flag (``--api-key``, ``--hf-token``) masked."""
+        out: list[str] = []
+        for i, a in enumerate(self.argv):
+            prev = self.argv[i - 1] if i else ""
+            if prev.startswith("--") and "=" not in prev and is_secret(prev[2:].replace("-", "_")):
+                out.append(MASK)
+            elif a.startswith("--") and "=" in a and is_secret(a[2:].split("=", 1)[0].replace("-", "_")):
+                out.append(a.split("=", 1)[0] + "=" + MASK)
+            else:
+                out.append(a)
+        return out
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything `omni-pd launch` will start, in start order.
+
+    ``runtime``: ``vllm-omni`` (one ``vllm serve --omni`` process for the whole
+    pipeline) or ``vllm`` (one ``vllm serve`` per prefill/decode instance + a router).
+    ``entrypoint``: the URL clients call (router or omni server). ``connector``: the
+    KV connector name. ``config``: the compiled deploy file the plan was built from.
+    """
+
+    runtime: str
+    model: str
+    connector: str
+    entrypoint: str
+    config: str
+    processes: tuple[ProcessSpec, ...]
+    notes: tuple[str, ...] = ()
+
+    def process(self, name: str) -> ProcessSpec:
+        """The process called ``name`` (KeyError if absent)."""
+        for p in self.processes:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON-able dict, secrets masked."""
+        d = asdict(self)
+        for p, spec in zip(d["processes"], self.processes):
+            p["env"] = spec.masked_env()
+            p["argv"] = spec.masked_argv()
+        return d

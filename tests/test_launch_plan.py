@@ -1,0 +1,177 @@
+"""Launch plans (issue 5): exact argv, env, ports and health URLs, built from compiled
+configs without starting anything."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from omni_pd.compiler import expand_document
+from omni_pd.diagnostics import OmniPdError
+from omni_pd.io import load_file, parse_text
+from omni_pd.launch.plan import LaunchOptions, engine_flags, plan_document
+from omni_pd.launch.spec import LaunchPlan
+from omni_pd.passes.pd_split import ExpandOptions
+from omni_pd.resources import preset_path
+
+ROOT = Path(__file__).resolve().parents[1]
+LLM = ROOT / "tests" / "fixtures" / "llm.yaml"
+
+
+def compiled(tmp_path: Path, src: Path, opts: ExpandOptions, pipeline: str | None = None) -> Path:
+    res = expand_document(parse_text(src.read_text(), src.name), opts, pipeline=pipeline)
+    out = tmp_path / "pd.yaml"
+    out.write_text(res.text)
+    return out
+
+
+def plan_of(path: Path, **kw) -> LaunchPlan:
+    planned = plan_document(load_file(path), str(path), LaunchOptions(**kw))
+    assert planned.plan is not None, [d.message for d in planned.validation.diagnostics]
+    return planned.plan
+
+
+def ports(p) -> list[tuple[int, str]]:
+    return [(u.port, u.purpose) for u in p.ports]
+
+
+@pytest.mark.parametrize("connector,kv_ports", [
+    ("MooncakeConnector", [(25201, "Mooncake bootstrap"), (25202, "Mooncake bootstrap")]),
+    ("NixlConnector", [(5600, "NIXL side channel"), (5601, "NIXL side channel")]),
+])
+def test_vllm_omni_runtime_is_one_omni_serve_of_the_compiled_file(tmp_path, connector, kv_ports):
+    cfg = compiled(tmp_path, preset_path("qwen3_omni_moe"), ExpandOptions(connector=connector))
+    plan = plan_of(cfg, model="Qwen/Qwen3-Omni-30B-A3B-Instruct", vllm="/opt/venv/bin/vllm")
+    assert plan.runtime == "vllm-omni" and plan.connector == connector
+    assert plan.entrypoint == "http://127.0.0.1:8000"
+    (p,) = plan.processes
+    assert p.argv == ("/opt/venv/bin/vllm", "serve", "Qwen/Qwen3-Omni-30B-A3B-Instruct", "--omni",
+                      "--deploy-config", str(cfg), "--host", "127.0.0.1", "--port", "8000",
+                      "--served-model-name", "Qwen/Qwen3-Omni-30B-A3B-Instruct")
+    assert dict(p.env) == {}
+    assert ports(p) == [(8000, "http")] + kv_ports
+    assert p.health.url == "http://127.0.0.1:8000/health" and p.health.timeout_s == 1200.0
+    assert p.modules == ("vllm", "mooncake" if connector == "MooncakeConnector" else "nixl", "vllm_omni", "omni_pd")
+    assert p.python == "/opt/venv/bin/python"
+
+
+def test_single_llm_1p1d_nixl_plan(tmp_path):
+    cfg = compiled(tmp_path, LLM, ExpandOptions(connector="NixlConnector", kv_buffer_device="cpu"), "llm")
+    plan = plan_of(cfg, model="/models/tiny", platform="cpu", env={"HF_TOKEN": "hf_abcdef"})
+    assert plan.runtime == "vllm"
+    pre, dec, router = plan.processes
+    assert pre.argv == ("vllm", "serve", "/models/tiny", "--host", "127.0.0.1", "--port", "8100",
+                        "--served-model-name", "/models/tiny", "--kv-transfer-config",
+                        '{"kv_connector":"NixlConnector","engine_id":"llm-prefill","kv_buffer_device":"cpu",'
+                        '"kv_role":"kv_producer"}',
+                        "--max-model-len", "1024", "--enforce-eager", "--no-async-scheduling", "--dtype", "float32")
+    assert dict(pre.env) == {"HF_TOKEN": "hf_abcdef", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+                             "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600"}
+    assert dec.argv[6:11] == ("8200", "--served-model-name", "/models/tiny", "--kv-transfer-config",
+                              '{"kv_connector":"NixlConnector","engine_id":"llm-decode","kv_buffer_device":"cpu",'
+                              '"kv_role":"kv_consumer"}')
+    assert "--no-async-scheduling" not in dec.argv
+    assert dec.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5601"
+    assert pre.device_env is None and dec.device_env is None  # cpu: no device selection
+    assert ports(pre) == [(8100, "http"), (5600, "NIXL side channel")]
+    assert ports(dec) == [(8200, "http"), (5601, "NIXL side channel")]
+    assert router.argv == (sys.executable, "-m", "omni_pd.launch.router", "--connector", "NixlConnector",
+                           "--host", "127.0.0.1", "--port", "8000", "--prefill", "http://127.0.0.1:8100",
+                           "--decode", "http://127.0.0.1:8200")
+    assert router.depends_on == ("prefill-0", "decode-0")
+    assert [p.health.url for p in plan.processes] == ["http://127.0.0.1:8100/health", "http://127.0.0.1:8200/health",
+                                                      "http://127.0.0.1:8000/health"]
+    shown = plan.to_json()
+    assert shown["processes"][0]["env"]["HF_TOKEN"] == "***"
+    assert "hf_abcdef" not in json.dumps(shown)
+
+
+def test_single_llm_1p1d_mooncake_plan_on_cuda(tmp_path):
+    cfg = compiled(tmp_path, LLM, ExpandOptions(), "llm")
+    plan = plan_of(cfg, model="m", port=9000, engine_port_base=9100)
+    pre, dec, router = plan.processes
+    kv = json.loads(pre.argv[pre.argv.index("--kv-transfer-config") + 1])
+    assert kv == {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer", "engine_id": "llm-prefill",
+                  "kv_ip": "127.0.0.1", "kv_connector_extra_config": {"mooncake_bootstrap_port": 25201}}
+    assert dict(pre.env) == {"VLLM_MOONCAKE_BOOTSTRAP_PORT": "25201", "CUDA_VISIBLE_DEVICES": "0"}
+    assert dict(dec.env) == {"VLLM_MOONCAKE_BOOTSTRAP_PORT": "25202", "CUDA_VISIBLE_DEVICES": "1"}
+    assert (pre.devices, dec.devices) == ("0", "1")
+    assert ports(pre) == [(9100, "http"), (25201, "Mooncake bootstrap")]
+    assert router.argv[-4:] == ("--prefill", "http://127.0.0.1:9100,25201", "--decode", "http://127.0.0.1:9200")
+
+
+def test_engine_flags_spelling():
+    assert engine_flags({"max_num_seqs": 8, "enforce_eager": True, "enable_prefix_caching": False,
+                         "compilation_config": {"level": 0}, "devices": "0", "env": {"A": "1"},
+                         "kv_transfer_config": {"kv_role": "kv_producer"}, "quantization": None}) == [
+        "--max-num-seqs", "8", "--enforce-eager", "--no-enable-prefix-caching",
+        "--compilation-config", '{"level":0}']
+
+
+def test_secret_argv_is_masked():
+    from omni_pd.launch.spec import ProcessSpec
+
+    p = ProcessSpec(name="x", argv=("vllm", "serve", "m", "--api-key", "sk-123", "--hf-token=abc", "--port", "1"))
+    assert p.masked_argv() == ["vllm", "serve", "m", "--api-key", "***", "--hf-token=***", "--port", "1"]
+
+
+def test_a_three_stage_config_is_refused_with_the_expand_hint():
+    with pytest.raises(OmniPdError) as e:
+        plan_document(load_file(LLM), str(LLM), LaunchOptions(model="m"))
+    assert e.value.diagnostic.code == "OPD966"
+    assert "omni-pd expand" in e.value.diagnostic.help
+
+
+def test_dry_run_cli_prints_json_and_starts_nothing(tmp_path):
+    cfg = compiled(tmp_path, LLM, ExpandOptions(connector="NixlConnector"), "llm")
+    r = subprocess.run([sys.executable, "-m", "omni_pd.cli", "launch", str(cfg), "--model", "m", "--dry-run",
+                        "--format", "json", "--vllm", "/nonexistent/vllm"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert [p["name"] for p in json.loads(r.stdout)["processes"]] == ["prefill-0", "decode-0", "router"]
+
+
+def test_validation_errors_stop_the_launch(tmp_path):
+    cfg = compiled(tmp_path, LLM, ExpandOptions(), "llm")
+    cfg.write_text(cfg.read_text().replace("kv_role: kv_consumer", "kv_role: kv_producer"))
+    r = subprocess.run([sys.executable, "-m", "omni_pd.cli", "launch", str(cfg), "--model", "m", "--dry-run"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "error[OPD302]" in r.stdout and "not launched" in r.stdout
+
+
+def test_preflight_reports_a_taken_port_and_a_missing_executable(tmp_path):
+    import socket
+
+    from omni_pd.launch.preflight import preflight
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    taken = s.getsockname()[1]
+    try:
+        cfg = compiled(tmp_path, LLM, ExpandOptions(connector="NixlConnector"), "llm")
+        plan = plan_of(cfg, model="m", vllm="/nonexistent/vllm", port=taken, platform="cpu")
+        diags = preflight(plan, "cpu")
+    finally:
+        s.close()
+    msgs = [(d.code, d.message) for d in diags]
+    assert ("OPD961", "prefill-0: executable `/nonexistent/vllm` not found") in msgs
+    assert ("OPD962", "interpreter `/nonexistent/python` not found, so nixl, vllm cannot be checked") in msgs
+    assert any(c == "OPD960" and m.startswith(f"port {taken} on 127.0.0.1 (router http) cannot be bound: EADDRINUSE")
+               for c, m in msgs), msgs
+
+
+def test_preflight_device_checks_use_the_gpu_inventory(tmp_path):
+    from omni_pd.launch.preflight import check_devices
+
+    cfg = compiled(tmp_path, LLM, ExpandOptions(prefill_devices=(0,), decode_devices=(3,)), "llm")
+    plan = plan_of(cfg, model="m")
+    gib = 1024
+    diags = check_devices(plan, "cuda", {"prefill-0": 0.9, "decode-0": 0.9}, inventory=[(0, 80 * gib, 10 * gib)])
+    assert [(d.code, d.message) for d in diags] == [
+        ("OPD963", "decode-0 is given GPU 3, this machine has [0]"),
+        ("OPD964", "GPU 0: engines ask 72.0 GiB, 10.0 GiB of 80.0 GiB is free")]

@@ -1,0 +1,557 @@
+"""The PD router (`omni_pd.launch.router`) against fake prefill/decode HTTP servers.
+
+Each fake is a ThreadingHTTPServer on an ephemeral 127.0.0.1 port that records what it
+received (path, headers, JSON body) and answers like `vllm serve` would: P with a JSON
+completion carrying ``kv_transfer_params`` (NIXL), D with JSON or an SSE stream, a Mooncake
+bootstrap with ``GET /query``. The router runs in-process on port 0.
+"""
+
+from __future__ import annotations
+
+import ast
+import http.client
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from omni_pd.launch import router as R
+
+REPO = Path(__file__).resolve().parents[1]
+
+NIXL_P_PARAMS = {  # what a vLLM 0.33 NIXL prefill answers (vllm_kv_connectors.md §3.1), plus a made-up key
+    "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [[1, 2, 3]],
+    "remote_engine_id": "p-engine", "remote_request_id": "r-1", "remote_host": "10.0.0.1",
+    "remote_port": 5600, "tp_size": 1, "future_key": {"nested": [1, 2]},
+}
+
+CLIENT_BODY = {
+    "model": "m", "prompt": "hello", "max_tokens": 50, "min_tokens": 5,
+    "stop": ["\n\n"], "stop_token_ids": [7, 8], "temperature": 0.7, "repetition_penalty": 1.1,
+    "seed": 123, "stream": False,
+}
+
+
+# --- fakes ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class Fake:
+    """A fake backend. ``post`` decides the answer to a POST: it gets the handler and the
+    recorded request and writes the response itself."""
+
+    name: str
+    post: Callable[[BaseHTTPRequestHandler, Seen], None] | None = None
+    health: int = 200
+    query: dict | None = None  # Mooncake bootstrap /query answer
+    seen: list[Seen] = field(default_factory=list)
+    got_request: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+    server: ThreadingHTTPServer | None = None
+
+    @property
+    def port(self) -> int:
+        return self.server.server_address[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def posts(self) -> list[Seen]:
+        return [s for s in self.seen if s.method == "POST"]
+
+
+def send_json(h: BaseHTTPRequestHandler, status: int, obj: Any) -> None:
+    data = json.dumps(obj).encode()
+    h.send_response(status)
+    h.send_header("Content-Type", "application/json")
+    h.send_header("Content-Length", str(len(data)))
+    h.end_headers()
+    h.wfile.write(data)
+
+
+def completion(text: str) -> dict:
+    return {"id": "cmpl-1", "object": "text_completion", "model": "m",
+            "choices": [{"index": 0, "text": text, "finish_reason": "length"}]}
+
+
+def p_nixl(h, seen):
+    send_json(h, 200, {**completion("x"), "kv_transfer_params": NIXL_P_PARAMS})
+
+
+def d_json(h, seen):
+    send_json(h, 200, completion("decoded"))
+
+
+def start_fake(fake: Fake) -> Fake:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def _record(self, body):
+            s = Seen(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+            fake.seen.append(s)
+            return s
+
+        def do_GET(self):
+            self._record(None)
+            if self.path == "/health":
+                send_json(self, fake.health, {})
+            elif self.path == "/query" and fake.query is not None:
+                send_json(self, 200, fake.query)
+            elif self.path == "/v1/models":
+                send_json(self, 200, {"object": "list", "data": [{"id": fake.name}]})
+            else:
+                send_json(self, 404, {"error": "no"})
+
+        def do_POST(self):
+            n = int(self.headers.get("Content-Length", 0))
+            seen = self._record(json.loads(self.rfile.read(n)))
+            fake.got_request.set()
+            (fake.post or d_json)(self, seen)
+
+    fake.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    fake.server.daemon_threads = True
+    threading.Thread(target=fake.server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
+    return fake
+
+
+def free_port() -> int:
+    """A port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def fakes():
+    started: list[Fake] = []
+
+    def make(name, **kw) -> Fake:
+        f = start_fake(Fake(name, **kw))
+        started.append(f)
+        return f
+
+    yield make
+    for f in started:
+        f.release.set()
+        f.server.shutdown()
+        f.server.server_close()
+
+
+@pytest.fixture
+def router():
+    servers: list[R.RouterServer] = []
+
+    def make(prefills, decodes, connector="NixlConnector", wait_ready=True, **kw) -> R.RouterServer:
+        cfg = R.RouterConfig(host="127.0.0.1", port=0, connector=R.connector_class(connector),
+                             prefills=tuple(R.parse_backend(p) for p in prefills),
+                             decodes=tuple(R.parse_backend(d) for d in decodes),
+                             timeout=kw.pop("timeout", 10.0), connect_timeout=2.0, health_timeout=1.0)
+        srv = R.make_server(cfg, discovery_interval=0.02)
+        servers.append(srv)
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
+        if wait_ready:
+            deadline = time.monotonic() + 5
+            while srv.router.strategy.not_ready_reason() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert srv.router.strategy.not_ready_reason() is None
+        return srv
+
+    yield make
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+        srv.router.close()
+
+
+def call(srv: R.RouterServer, method: str, path: str, body: Any = None,
+         headers: dict | None = None) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=10)
+    data = json.dumps(body).encode() if body is not None else None
+    conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+    resp = conn.getresponse()
+    out = resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    conn.close()
+    return out
+
+
+# --- pure rules ----------------------------------------------------------------------------
+
+
+def test_prefill_body_rule_exact():
+    body = {**CLIENT_BODY, "max_completion_tokens": 40, "min_completion_tokens": 2, "stream": True,
+            "stream_options": {"include_usage": True}, "kv_transfer_params": {"client": "junk"}}
+    kv = {"do_remote_decode": True, "do_remote_prefill": False}
+    assert R.prefill_request_body(body, kv) == {
+        "model": "m", "prompt": "hello", "max_tokens": 1, "temperature": 0.7,
+        "repetition_penalty": 1.1, "seed": 123, "stream": False, "max_completion_tokens": 1,
+        "kv_transfer_params": kv, "ignore_eos": True,
+    }
+    assert body["max_tokens"] == 50 and body["stop"] == ["\n\n"]  # the client's dict is untouched
+
+
+def test_decode_body_rule_keeps_the_original():
+    assert R.decode_request_body(CLIENT_BODY, {"a": 1}) == {**CLIENT_BODY, "kv_transfer_params": {"a": 1}}
+    assert R.decode_request_body(CLIENT_BODY, None) == CLIENT_BODY
+
+
+def test_bootstrap_query_parse():
+    assert R.parse_bootstrap_query({"1": {"engine_id": "b"}, "0": {"engine_id": "a", "worker_addr": {}}}) \
+        == {0: "a", 1: "b"}
+    for bad in ({}, [], {"x": {"engine_id": "a"}}, {"0": {}}):
+        with pytest.raises(ValueError):
+            R.parse_bootstrap_query(bad)
+
+
+# --- NIXL ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_nixl_exact_bodies_headers_and_relay(fakes, router, path):
+    p, d = fakes("P", post=p_nixl), fakes("D")
+    srv = router([p.url], [d.url])
+    body = dict(CLIENT_BODY)
+    if path.endswith("chat/completions"):
+        body = {**{k: v for k, v in body.items() if k != "prompt"},
+                "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 60}
+    status, headers, raw = call(srv, "POST", path, body, {"Authorization": "Bearer sk-test"})
+    assert status == 200 and json.loads(raw) == completion("decoded")
+
+    [ps], [ds] = p.posts, d.posts
+    assert ps.path == ds.path == path
+    expected_p = {k: v for k, v in body.items() if k not in ("min_tokens", "stop", "stop_token_ids")}
+    expected_p.update(max_tokens=1, stream=False, ignore_eos=True, kv_transfer_params={
+        "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+        "remote_block_ids": None, "remote_host": None, "remote_port": None})
+    if "max_completion_tokens" in body:
+        expected_p["max_completion_tokens"] = 1
+    assert ps.body == expected_p
+    assert ds.body == {**body, "kv_transfer_params": NIXL_P_PARAMS}  # P's dict verbatim
+    rid = headers["x-request-id"]
+    assert ps.headers["x-request-id"] == ds.headers["x-request-id"] == rid
+    assert ps.headers["authorization"] == ds.headers["authorization"] == "Bearer sk-test"
+    assert "x-data-parallel-rank" not in ps.headers
+
+
+def test_nixl_prefill_without_params_runs_decode_on_the_original(fakes, router, caplog):
+    p = fakes("P", post=lambda h, s: send_json(h, 200, completion("x")))
+    d = fakes("D")
+    srv = router([p.url], [d.url])
+    with caplog.at_level(logging.WARNING, logger="omni_pd.router"):
+        status, _, _ = call(srv, "POST", "/v1/completions", CLIENT_BODY)
+    assert status == 200 and d.posts[0].body == CLIENT_BODY
+    assert "without kv_transfer_params" in caplog.text
+
+
+def test_no_authorization_sent_when_client_sends_none(fakes, router, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-router-env")
+    p, d = fakes("P", post=p_nixl), fakes("D")
+    srv = router([p.url], [d.url])
+    call(srv, "POST", "/v1/completions", CLIENT_BODY)
+    assert "authorization" not in p.posts[0].headers and "authorization" not in d.posts[0].headers
+
+
+# --- Mooncake --------------------------------------------------------------------------------
+
+
+def test_mooncake_exact_bodies_concurrent_legs(fakes, router):
+    d = fakes("D")
+
+    def p_waits_for_d(h, seen):
+        # a sequential router would never reach D while P waits: the test would see the timeout
+        concurrent = d.got_request.wait(5)
+        send_json(h, 200, {**completion("x"), "kv_transfer_params": None, "concurrent": concurrent})
+
+    p = fakes("P", post=p_waits_for_d)
+    boot = fakes("BOOT", query={"0": {"engine_id": "eng-dp0", "worker_addr": {"0": {"0": "tcp://x:1"}}},
+                                "1": {"engine_id": "eng-dp1", "worker_addr": {}}})
+    srv = router([f"{p.url},{boot.port}"], [d.url], connector="MooncakeConnector")
+    t0 = time.monotonic()
+    status, headers, raw = call(srv, "POST", "/v1/completions", CLIENT_BODY, {"Authorization": "Bearer k"})
+    assert status == 200 and json.loads(raw) == completion("decoded")
+    assert time.monotonic() - t0 < 4, "P waited for D: the legs were not sent concurrently"
+
+    rid = headers["x-request-id"]
+    [ps], [ds] = p.posts, d.posts
+    assert ps.body == {"model": "m", "prompt": "hello", "max_tokens": 1, "temperature": 0.7,
+                       "repetition_penalty": 1.1, "seed": 123, "stream": False, "ignore_eos": True,
+                       "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False,
+                                             "transfer_id": f"xfer-{rid}"}}
+    assert ds.body == {**CLIENT_BODY, "kv_transfer_params": {
+        "do_remote_decode": False, "do_remote_prefill": True,
+        "remote_bootstrap_addr": f"http://127.0.0.1:{boot.port}", "remote_engine_id": "eng-dp0",
+        "transfer_id": f"xfer-{rid}"}}
+    assert ps.headers["x-data-parallel-rank"] == "0" and "x-data-parallel-rank" not in ds.headers
+    assert ps.headers["x-request-id"] == ds.headers["x-request-id"] == rid
+    assert ps.headers["authorization"] == ds.headers["authorization"] == "Bearer k"
+    # the bootstrap was read only after P's /health
+    assert [s.path for s in p.seen][:1] == ["/health"] and boot.seen[0].path == "/query"
+
+
+def test_mooncake_not_ready_until_prefill_healthy(fakes, router):
+    p, d = fakes("P", health=503), fakes("D")
+    boot = fakes("BOOT", query={"0": {"engine_id": "e"}})
+    srv = router([f"{p.url},{boot.port}"], [d.url], connector="mooncake", wait_ready=False)
+    status, _, raw = call(srv, "POST", "/v1/completions", CLIENT_BODY)
+    assert status == 503 and "Mooncake bootstrap" in json.loads(raw)["error"]["message"]
+    status, _, raw = call(srv, "GET", "/health")
+    health = json.loads(raw)
+    assert status == 503 and health["ready"] is False
+    assert health["bootstrap"][p.url]["ready"] is False and boot.seen == []
+    p.health = 200
+    deadline = time.monotonic() + 3
+    while srv.router.strategy.not_ready_reason() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert call(srv, "GET", "/health")[0] == 200
+    assert call(srv, "POST", "/v1/completions", CLIENT_BODY)[0] == 200
+
+
+def test_mooncake_failed_prefill_gives_502_and_aborts_decode(fakes, router):
+    def p_drops(h, seen):
+        h.close_connection = True  # the engine died mid-request: no answer at all
+        h.connection.shutdown(socket.SHUT_RDWR)
+
+    d = fakes("D", post=lambda h, s: (d.release.wait(5), d_json(h, s)))  # waits for KV that never comes
+    p = fakes("P", post=p_drops)
+    boot = fakes("BOOT", query={"0": {"engine_id": "e"}})
+    srv = router([f"{p.url},{boot.port}"], [d.url], connector="MooncakeConnector")
+    t0 = time.monotonic()
+    status, _, raw = call(srv, "POST", "/v1/completions", CLIENT_BODY)
+    assert time.monotonic() - t0 < 3, "the router waited for the hanging decode leg"
+    err = json.loads(raw)["error"]
+    assert status == 502 and err["backend"] == p.url and err["leg"] == "prefill"
+    assert p.url in err["message"] and "Traceback" not in raw.decode()
+
+
+# --- streaming, errors, health ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("connector", ["NixlConnector", "MooncakeConnector"])
+def test_streaming_relays_sse_chunks_as_they_come(fakes, router, connector):
+    events = [b'data: {"choices":[{"text":"a"}]}\n\n', b'data: {"choices":[{"text":"b"}]}\n\n',
+              b"data: [DONE]\n\n"]
+    d: Fake
+
+    def d_stream(h, seen):
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        for i, ev in enumerate(events):
+            h.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+            h.wfile.flush()
+            if i == 0:
+                d.release.wait(5)  # the rest only after the client saw the first event
+        h.wfile.write(b"0\r\n\r\n")
+
+    d = fakes("D", post=d_stream)
+    p = fakes("P", post=p_nixl)
+    boot = fakes("BOOT", query={"0": {"engine_id": "e"}})
+    prefill = p.url if connector == "NixlConnector" else f"{p.url},{boot.port}"
+    srv = router([prefill], [d.url], connector=connector)
+    body = {**CLIENT_BODY, "stream": True, "stream_options": {"include_usage": True}}
+    conn = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=10)
+    conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.getheader("Content-Type") == "text/event-stream"
+    t0 = time.monotonic()
+    first = resp.readline() + resp.readline()
+    assert first == events[0] and time.monotonic() - t0 < 3, "the first event was held back"
+    d.release.set()
+    assert resp.read() == b"".join(events[1:])
+    conn.close()
+    assert d.posts[0].body == {**body, "kv_transfer_params": d.posts[0].body["kv_transfer_params"]}
+    assert p.posts[0].body["stream"] is False and "stream_options" not in p.posts[0].body
+
+
+def test_dead_prefill_gives_502_naming_it(fakes, router):
+    dead = f"http://127.0.0.1:{free_port()}"
+    d = fakes("D")
+    srv = router([dead], [d.url])
+    status, _, raw = call(srv, "POST", "/v1/completions", CLIENT_BODY)
+    err = json.loads(raw)["error"]
+    assert status == 502 and err["backend"] == dead and err["leg"] == "prefill" and err["code"] == 502
+    assert dead in err["message"] and "Traceback" not in raw.decode()
+    assert d.posts == []
+
+
+def test_prefill_5xx_gives_502_and_4xx_is_relayed(fakes, router):
+    answers = iter([(500, {"error": {"message": "EngineDeadError"}}),
+                    (400, {"error": {"message": "max_tokens too large", "code": 400}})])
+    p = fakes("P", post=lambda h, s: send_json(h, *next(answers)))
+    d = fakes("D")
+    srv = router([p.url], [d.url])
+    status, _, raw = call(srv, "POST", "/v1/completions", CLIENT_BODY)
+    assert status == 502 and "EngineDeadError" in json.loads(raw)["error"]["message"]
+    status, _, raw = call(srv, "POST", "/v1/completions", CLIENT_BODY)
+    assert status == 400 and json.loads(raw) == {"error": {"message": "max_tokens too large", "code": 400}}
+    assert d.posts == []
+
+
+def test_dead_decode_gives_502_naming_it(fakes, router):
+    dead = f"http://127.0.0.1:{free_port()}"
+    p = fakes("P", post=p_nixl)
+    srv = router([p.url], [dead])
+    status, _, raw = call(srv, "POST", "/v1/chat/completions", {"model": "m", "messages": []})
+    err = json.loads(raw)["error"]
+    assert status == 502 and err["backend"] == dead and err["leg"] == "decode"
+
+
+def test_health_503_when_one_backend_is_down(fakes, router):
+    p, d1 = fakes("P", post=p_nixl), fakes("D1")
+    dead = f"http://127.0.0.1:{free_port()}"
+    srv = router([p.url], [d1.url, dead])
+    status, _, raw = call(srv, "GET", "/health")
+    h = json.loads(raw)
+    assert status == 503 and h["status"] == "unavailable"
+    by_url = {b["url"]: b for b in h["backends"]}
+    assert by_url[p.url]["healthy"] and by_url[d1.url]["healthy"]
+    assert by_url[dead] == {"role": "decode", "url": dead, "healthy": False, "status": None,
+                            "error": "connection refused"}
+    d1.health = 503
+    assert json.loads(call(srv, "GET", "/health")[2])["backends"][1]["status"] == 503
+    srv2 = router([p.url], [fakes("D2").url])
+    status, _, raw = call(srv2, "GET", "/health")
+    assert status == 200 and json.loads(raw)["status"] == "ok"
+
+
+def test_round_robin_2p2d(fakes, router):
+    ps = [fakes(f"P{i}", post=p_nixl) for i in range(2)]
+    ds = [fakes(f"D{i}") for i in range(2)]
+    srv = router([p.url for p in ps], [d.url for d in ds])
+    rids = [call(srv, "POST", "/v1/completions", {**CLIENT_BODY, "seed": i})[1]["x-request-id"]
+            for i in range(4)]
+    for i, rid in enumerate(rids):  # request i went to P[i%2] and D[i%2], both with its id
+        p_seen = [s for s in ps[i % 2].posts if s.headers["x-request-id"] == rid]
+        d_seen = [s for s in ds[i % 2].posts if s.headers["x-request-id"] == rid]
+        assert len(p_seen) == len(d_seen) == 1 and p_seen[0].body["seed"] == d_seen[0].body["seed"] == i
+    assert [len(x.posts) for x in ps + ds] == [2, 2, 2, 2]
+
+
+def test_mooncake_rotation_covers_every_dp_rank(fakes, router):
+    ps = [fakes(f"P{i}", post=lambda h, s: send_json(h, 200, completion("x"))) for i in range(2)]
+    boots = [fakes(f"B{i}", query={"0": {"engine_id": f"p{i}-dp0"}, "1": {"engine_id": f"p{i}-dp1"}})
+             for i in range(2)]
+    d = fakes("D")
+    srv = router([f"{p.url},{b.port}" for p, b in zip(ps, boots)], [d.url], connector="MooncakeConnector")
+    for _ in range(4):
+        call(srv, "POST", "/v1/completions", CLIENT_BODY)
+    got = [(s.body["kv_transfer_params"]["remote_engine_id"], s.headers["x-request-id"]) for s in d.posts]
+    assert [g[0] for g in got] == ["p0-dp0", "p0-dp1", "p1-dp0", "p1-dp1"]
+    for (engine, rid), p in zip(got, [ps[0], ps[0], ps[1], ps[1]]):
+        [pr] = [s for s in p.posts if s.headers["x-request-id"] == rid]
+        assert pr.headers["x-data-parallel-rank"] == engine[-1]
+
+
+def test_models_is_proxied_to_a_decode(fakes, router):
+    p, d = fakes("P", post=p_nixl), fakes("D")
+    srv = router([p.url], [d.url])
+    status, _, raw = call(srv, "GET", "/v1/models", headers={"Authorization": "Bearer m"})
+    assert status == 200 and json.loads(raw)["data"][0]["id"] == "D"
+    assert [s.headers.get("authorization") for s in d.seen if s.path == "/v1/models"] == ["Bearer m"]
+
+
+def test_bad_requests_get_json_errors(fakes, router):
+    srv = router([fakes("P", post=p_nixl).url], [fakes("D").url])
+    conn = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=5)
+    conn.request("POST", "/v1/completions", body=b"{not json", headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 400 and "not valid JSON" in json.loads(resp.read())["error"]["message"]
+    conn.close()
+    assert call(srv, "POST", "/v1/completions", [1, 2])[0] == 400
+    status, _, raw = call(srv, "GET", "/v2/nothing")
+    assert status == 404 and json.loads(raw)["error"]["type"] == "not_found"
+
+
+def test_header_values_are_never_logged(fakes, router, caplog):
+    p, d = fakes("P", post=p_nixl), fakes("D")
+    srv = router([p.url], [d.url])
+    with caplog.at_level(logging.DEBUG):
+        call(srv, "POST", "/v1/completions", CLIENT_BODY, {"Authorization": "Bearer sk-SECRET-42"})
+        call(srv, "GET", "/v1/models", headers={"Authorization": "Bearer sk-SECRET-42"})
+    assert "POST /v1/completions" in caplog.text and "SECRET" not in caplog.text
+
+
+# --- CLI -------------------------------------------------------------------------------------
+
+
+def test_cli_forms():
+    cfg = R.parse_args(["--connector", "mooncake", "--prefill", "http://h1:8100,25201",
+                        "--prefill", "http://h2:8101", "9000", "--prefill", "h3:8102",
+                        "--decode", "http://[::1]:8200", "--port", "9"])
+    assert cfg.connector is R.MooncakeStrategy and cfg.port == 9
+    assert [(b.url, b.bootstrap_port) for b in cfg.prefills] == [
+        ("http://h1:8100", 25201), ("http://h2:8101", 9000), ("http://h3:8102", None)]
+    assert cfg.decodes[0].url == "http://[::1]:8200" and cfg.decodes[0].host == "::1"
+    strategy = R.MooncakeStrategy(cfg.prefills)  # an omitted bootstrap port is vLLM's default
+    assert strategy.prefills[2].bootstrap_addr == "http://h3:8998"
+    assert R.parse_args(["--connector", "NixlConnector", "--prefill", "http://a:1",
+                         "--decode", "http://b:2"]).connector is R.NixlStrategy
+
+
+@pytest.mark.parametrize("argv", [
+    ["--connector", "nixl", "--prefill", "http://a:1,5", "--decode", "http://b:2"],  # port: Mooncake only
+    ["--connector", "nixl", "--prefill", "http://a:1"],  # no decode
+    ["--connector", "P2pNcclConnector", "--prefill", "http://a:1", "--decode", "http://b:2"],
+    ["--connector", "nixl", "--prefill", "http://a:1/v1", "--decode", "http://b:2"],
+    ["--connector", "mooncake", "--prefill", "http://a:1,x", "--decode", "http://b:2"],
+])
+def test_cli_bad_usage_exits_2(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        R.parse_args(argv)
+    assert exc.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_module_runs_and_stops_on_sigterm(fakes):
+    p, d = fakes("P", post=p_nixl), fakes("D")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "omni_pd.launch.router", "--connector", "NixlConnector", "--port", "0",
+         "--prefill", p.url, "--decode", d.url],
+        stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        line = proc.stderr.readline()
+        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+        assert m, line
+        conn = http.client.HTTPConnection("127.0.0.1", int(m.group(1)), timeout=5)
+        conn.request("GET", "/health")
+        assert conn.getresponse().status == 200
+        conn.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+
+
+def test_router_imports_only_the_standard_library():
+    tree = ast.parse((REPO / "omni_pd" / "launch" / "router.py").read_text())
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module.split(".")[0] for n in ast.walk(tree)
+              if isinstance(n, ast.ImportFrom) and n.module and n.level == 0}
+    assert names - set(sys.stdlib_module_names) - {"__future__"} == set()

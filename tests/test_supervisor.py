@@ -1,0 +1,382 @@
+"""Supervisor tests with real child processes (tests/launch_helpers/child.py).
+
+Every child runs ``sys.executable`` on the helper; ports come from binding port 0. The
+SIGINT/SIGTERM tests run the launcher itself as a process (launch_helpers/launcher.py).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from omni_pd.launch.spec import HealthCheck, LaunchPlan, PortUse, ProcessSpec
+from omni_pd.launch.supervisor import Supervisor, run
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX process groups and signals")
+
+HELPERS = Path(__file__).parent / "launch_helpers"
+CHILD = str(HELPERS / "child.py")
+LAUNCHER = str(HELPERS / "launcher.py")
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child(name: str, *args: object, port: int | None = None, depends_on: tuple[str, ...] = (),
+          env: dict[str, str] | None = None, timeout_s: float = 10.0) -> ProcessSpec:
+    argv = [sys.executable, CHILD, *map(str, args)]
+    health = None
+    if port is not None:
+        argv += ["--port", str(port)]
+        health = HealthCheck(f"http://127.0.0.1:{port}/health", timeout_s=timeout_s, interval_s=0.02, max_interval_s=0.1)
+    return ProcessSpec(name=name, argv=tuple(argv), env=env or {}, ports=(PortUse(port, "http"),) if port else (),
+                       health=health, depends_on=depends_on)
+
+
+def plan(*procs: ProcessSpec) -> LaunchPlan:
+    return LaunchPlan(runtime="vllm", model="test", connector="none", entrypoint="", config="", processes=procs)
+
+
+def alive(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return data[data.rindex(b")") + 2:].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_for(cond, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+def bindable(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def read_pid(path: Path) -> int:
+    assert wait_for(path.exists, 5), path
+    return int(path.read_text())
+
+
+def stamps(log: Path, word: str) -> float:
+    m = re.search(rf"^{word} .*?at ([0-9.]+)$", log.read_text(), re.M)
+    assert m, (word, log.read_text())
+    return float(m.group(1))
+
+
+# --- 1. start order --------------------------------------------------------------------
+
+
+def test_dependent_starts_after_all_dependencies_are_healthy(tmp_path: Path) -> None:
+    pa, pb, pc = free_port(), free_port(), free_port()
+    p = plan(
+        child("prefill-0", "--healthy-after", 0.4, port=pa),
+        child("decode-0", "--healthy-after", 0.2, port=pb),
+        child("router", port=pc, depends_on=("prefill-0", "decode-0")),
+    )
+    out = io.StringIO()
+    with Supervisor(p, tmp_path, out=out, live=False, grace_s=2) as sup:
+        assert sup.start_and_wait_healthy()
+        t = sup.timings
+        pids = sup.pids()
+    # the engines start at once, each before the other became healthy
+    healthy = {n: t.started_s[n] + t.ready_s[n] for n in t.ready_s}
+    assert max(t.started_s["prefill-0"], t.started_s["decode-0"]) < min(healthy["prefill-0"], healthy["decode-0"])
+    assert t.ready_s["prefill-0"] >= 0.4 and t.ready_s["decode-0"] >= 0.2
+    # the router starts after both are healthy (launcher clock and the children's own)
+    assert t.started_s["router"] >= max(healthy["prefill-0"], healthy["decode-0"])
+    router_start = stamps(tmp_path / "router.log", "start")
+    assert router_start > stamps(tmp_path / "prefill-0.log", "served 200")
+    assert router_start > stamps(tmp_path / "decode-0.log", "served 200")
+    # timings: critical path = slowest engine + router; overhead is what is left
+    assert t.all_healthy_s == pytest.approx(healthy["router"], abs=1e-6)
+    slowest = max(t.ready_s["prefill-0"], t.ready_s["decode-0"])
+    assert t.critical_path_s == pytest.approx(slowest + t.ready_s["router"], abs=1e-6)
+    assert t.overhead_s == pytest.approx(t.all_healthy_s - t.critical_path_s, abs=1e-6)
+    assert json.loads((tmp_path / "timings.json").read_text())["all_healthy_s"] == round(t.all_healthy_s, 3)
+    # debugging files
+    assert {ln.split()[1]: int(ln.split()[0]) for ln in (tmp_path / "pids").read_text().splitlines()} == pids
+    assert [q["name"] for q in json.loads((tmp_path / "plan.json").read_text())["processes"]] == [
+        "prefill-0", "decode-0", "router"]
+    text = out.getvalue()
+    assert text.index("prefill-0 healthy") < text.index("started router")
+    assert text.index("decode-0 healthy") < text.index("started router")
+    assert "all 3 processes healthy" in text
+    assert not any(alive(pid) for pid in pids.values())
+    assert all(bindable(port) for port in (pa, pb, pc))
+
+
+# --- 2. early exit ---------------------------------------------------------------------
+
+
+def test_child_exit_tears_everything_down(tmp_path: Path) -> None:
+    pa, pb = free_port(), free_port()
+    p = plan(
+        child("prefill-0", "--grandchild", tmp_path / "gc.pid", port=pa),
+        # decode-0 starts once prefill-0 is healthy and exits 1 s after its start
+        child("decode-0", "--lines", 30, "--exit-after", 1, "--exit-code", 3, port=pb, depends_on=("prefill-0",)),
+        child("router", depends_on=("decode-0",)),
+    )
+    out = io.StringIO()
+    t0 = time.monotonic()
+    rc = run(p, tmp_path, out=out, live=False, grace_s=2, handle_signals=False)
+    assert rc == 1
+    assert time.monotonic() - t0 < 10  # no grace period wasted (children stop on SIGTERM)
+    text = out.getvalue()
+    assert "decode-0 exited with exit code 3 after it became healthy" in text
+    assert "decode-0 exit code: 3" in text
+    report = text[text.index("launch failed:"):]
+    assert "last 20 log lines of decode-0" in report
+    tail = re.findall(r"  \| (.*)\n", report)
+    assert len(tail) == 20 and tail[-1] == "exiting with 3" and "line 29" in tail
+    assert "line 9" not in tail  # only the tail
+    pids = [int(ln.split()[0]) for ln in (tmp_path / "pids").read_text().splitlines()]
+    assert len(pids) == 3
+    assert not any(alive(pid) for pid in pids + [read_pid(tmp_path / "gc.pid")])
+    assert bindable(pa) and bindable(pb)
+
+
+def test_child_exit_before_healthy_fails_start(tmp_path: Path) -> None:
+    p = plan(child("prefill-0", "--stderr", "CUDA out of memory", "--healthy-after", 60, "--exit-after", 0,
+                   "--exit-code", 7, port=free_port()),
+             child("router", depends_on=("prefill-0",)))
+    out = io.StringIO()
+    with Supervisor(p, tmp_path, out=out, live=False) as sup:
+        assert not sup.start_and_wait_healthy()
+        assert sup.exit_code == 1 and sup.failure is not None
+        assert sup.failure.process == "prefill-0" and sup.failure.returncode == 7
+        assert "router" not in sup.pids()
+    text = out.getvalue()
+    assert "prefill-0 exited with exit code 7 before it became healthy" in text
+    assert "  | CUDA out of memory" in text
+
+
+def test_unstartable_command_fails(tmp_path: Path) -> None:
+    p = plan(child("a", port=free_port()),
+             ProcessSpec(name="b", argv=(str(tmp_path / "no-such-binary"),)))
+    out = io.StringIO()
+    assert run(p, tmp_path, out=out, live=False, grace_s=1, handle_signals=False) == 1
+    assert "b could not start" in out.getvalue() and "no-such-binary" in out.getvalue()
+    (pid,) = [int(ln.split()[0]) for ln in (tmp_path / "pids").read_text().splitlines()]
+    assert not alive(pid)
+
+
+# --- 3. signals to the launcher --------------------------------------------------------
+
+
+def _launch(tmp_path: Path, procs: list[dict], grace_s: float = 5.0) -> tuple[subprocess.Popen, Path]:
+    spec = tmp_path / "plan-in.json"
+    spec.write_text(json.dumps({"processes": procs}))
+    run_dir = tmp_path / "run"
+    log = open(tmp_path / "launcher.out", "w")
+    proc = subprocess.Popen([sys.executable, LAUNCHER, str(spec), str(run_dir), str(grace_s)],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    log.close()
+    return proc, run_dir
+
+
+def _wait_healthy(proc: subprocess.Popen, run_dir: Path, tmp_path: Path) -> None:
+    ok = wait_for(lambda: (run_dir / "timings.json").exists() or proc.poll() is not None, 15)
+    assert ok and proc.poll() is None, (tmp_path / "launcher.out").read_text()
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_to_launcher_stops_the_whole_tree(tmp_path: Path, sig: int, code: int) -> None:
+    pa, pb = free_port(), free_port()
+    procs = [
+        {"name": "prefill-0", "argv": [sys.executable, CHILD, "--port", str(pa), "--grandchild",
+                                       str(tmp_path / "gc.pid"), "--escaped-grandchild", str(tmp_path / "esc.pid")],
+         "health_url": f"http://127.0.0.1:{pa}/health", "ports": [pa]},
+        {"name": "router", "argv": [sys.executable, CHILD, "--port", str(pb), "--grandchild", str(tmp_path / "gc2.pid")],
+         "health_url": f"http://127.0.0.1:{pb}/health", "ports": [pb], "depends_on": ["prefill-0"]},
+    ]
+    proc, run_dir = _launch(tmp_path, procs)
+    _wait_healthy(proc, run_dir, tmp_path)
+    pids = [int(ln.split()[0]) for ln in (run_dir / "pids").read_text().splitlines()]
+    pids += [read_pid(tmp_path / f) for f in ("gc.pid", "esc.pid", "gc2.pid")]
+    assert len(pids) == 5 and all(alive(pid) for pid in pids)
+    proc.send_signal(sig)
+    assert proc.wait(10) == code
+    out = (tmp_path / "launcher.out").read_text()
+    assert f"received {signal.Signals(sig).name}" in out and "stopped 2 processes" in out
+    assert [pid for pid in pids if alive(pid)] == []
+    assert bindable(pa) and bindable(pb)
+
+
+def test_second_sigint_kills_at_once(tmp_path: Path) -> None:
+    pa = free_port()
+    procs = [{"name": "stubborn", "argv": [sys.executable, CHILD, "--port", str(pa), "--ignore-term",
+                                           "--grandchild", str(tmp_path / "gc.pid")],
+              "health_url": f"http://127.0.0.1:{pa}/health", "ports": [pa]}]
+    proc, run_dir = _launch(tmp_path, procs, grace_s=60)
+    _wait_healthy(proc, run_dir, tmp_path)
+    pids = [int((run_dir / "pids").read_text().split()[0]), read_pid(tmp_path / "gc.pid")]
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    assert proc.poll() is None and all(alive(pid) for pid in pids)  # SIGTERM ignored, in grace
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(10) == 130
+    assert time.monotonic() - t0 < 5  # not the 60 s grace
+    assert "a second signal" in (tmp_path / "launcher.out").read_text()
+    assert [pid for pid in pids if alive(pid)] == []
+    assert bindable(pa)
+
+
+# --- 4. SIGKILL after the grace period -------------------------------------------------
+
+
+def test_sigterm_ignoring_child_is_killed_after_grace(tmp_path: Path) -> None:
+    p = plan(child("stubborn", "--ignore-term", "--grandchild", tmp_path / "gc.pid", port=free_port()),
+             child("polite", port=free_port()))
+    out = io.StringIO()
+    with Supervisor(p, tmp_path, out=out, live=False, grace_s=0.5) as sup:
+        assert sup.start_and_wait_healthy()
+        pids = sup.pids()
+        gc = read_pid(tmp_path / "gc.pid")
+        t0 = time.monotonic()
+        sup.shutdown()
+        took = time.monotonic() - t0
+        sup.shutdown()  # idempotent
+    assert 0.5 <= took < 10  # the grace period, not a hang
+    assert "SIGKILL to stubborn (still running after 0.5 s)" in out.getvalue()
+    assert not any(alive(pid) for pid in [*pids.values(), gc])
+
+
+# --- 5. health timeout -----------------------------------------------------------------
+
+
+def test_health_timeout_names_the_url(tmp_path: Path) -> None:
+    port = free_port()
+    p = plan(child("prefill-0", "--healthy-after", 60, port=port, timeout_s=1.5), child("other", port=free_port()))
+    out = io.StringIO()
+    t0 = time.monotonic()
+    assert run(p, tmp_path, out=out, live=False, grace_s=1, handle_signals=False) == 1
+    assert time.monotonic() - t0 < 10
+    text = out.getvalue()
+    # last: HTTP 503 (or connection refused on a machine so slow that the child took 1.5 s to start)
+    assert f"prefill-0 did not become healthy within 1.5 s: GET http://127.0.0.1:{port}/health (last: " in text
+    assert not any(alive(int(ln.split()[0])) for ln in (tmp_path / "pids").read_text().splitlines())
+
+
+# --- 6. secrets ------------------------------------------------------------------------
+
+
+def test_secrets_are_masked_in_logs_output_and_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAUNCHER_API_KEY", "launcher-secret-42")
+    secret = "hf_s3cr3t_t0ken_value"
+    spec = ProcessSpec(
+        name="engine",
+        argv=(sys.executable, CHILD, "--print-env", "HF_TOKEN", "--print-env", "LAUNCHER_API_KEY",
+              "--print-env", "PLAIN", "--stderr", f"auth failed for {secret}!", "--exit-after", "0"),
+        env={"HF_TOKEN": secret, "PLAIN": "visible-value"},
+    )
+    out = io.StringIO()
+    assert run(plan(spec), tmp_path, out=out, live=False, grace_s=1, handle_signals=False) == 1
+    log = (tmp_path / "engine.log").read_text()
+    streamed = out.getvalue()
+    for text in (log, streamed, (tmp_path / "plan.json").read_text()):
+        assert secret not in text and "launcher-secret-42" not in text
+    for text in (log, streamed):
+        assert "HF_TOKEN=***" in text and "LAUNCHER_API_KEY=***" in text and "auth failed for ***!" in text
+        assert "PLAIN=visible-value" in text
+    assert "  | auth failed for ***!" in streamed  # the failure report too
+
+
+# --- 7. log files ----------------------------------------------------------------------
+
+
+def test_log_files_hold_raw_lines_per_process(tmp_path: Path) -> None:
+    # the children print before they serve /health: healthy means printed
+    p = plan(child("prefill-0", "--lines", 3, "--stderr", "to stderr [x]", port=free_port()),
+             child("decode-0", "--lines", 2, port=free_port()))
+    out = io.StringIO()
+    assert run(p, tmp_path, out=out, live=False, stay=False, grace_s=1, handle_signals=False) == 0
+    pre = (tmp_path / "prefill-0.log").read_text().splitlines()
+    assert pre[0].startswith("start ") and pre[1:5] == ["line 0", "line 1", "line 2", "to stderr [x]"]
+    dec = (tmp_path / "decode-0.log").read_text().splitlines()
+    assert dec[1:3] == ["line 0", "line 1"]
+    streamed = out.getvalue().splitlines()
+    assert "[prefill-0] line 0" in streamed and "[prefill-0] to stderr [x]" in streamed
+    assert "[decode-0] line 1" in streamed
+
+
+# --- API odds and ends -----------------------------------------------------------------
+
+
+def test_on_ready_result_and_stay_false(tmp_path: Path) -> None:
+    calls = []
+    p = plan(child("a", port=free_port()))
+    out = io.StringIO()
+    assert run(p, tmp_path / "ok", on_ready=lambda: calls.append(1) or 0, stay=False, out=out, live=False,
+               handle_signals=False) == 0
+    assert run(p, tmp_path / "bad", on_ready=lambda: 4, out=out, live=False, handle_signals=False) == 4
+    assert calls == [1] and "readiness check returned 4" in out.getvalue()
+    for d in ("ok", "bad"):
+        assert not alive(int((tmp_path / d / "pids").read_text().split()[0]))
+
+
+def test_live_view(tmp_path: Path) -> None:
+    out = io.StringIO()
+    p = plan(child("prefill-0", "--lines", 1, port=free_port()))
+    assert run(p, tmp_path, out=out, live=True, stay=False, handle_signals=False) == 0
+    text = out.getvalue()
+    assert "[prefill-0] line 0" in text and "process" in text and "stopped" in text
+
+
+def test_rich_is_imported_lazily() -> None:
+    code = ("import sys, io; from omni_pd.launch import supervisor; "
+            "supervisor.Supervisor(supervisor.LaunchPlan('vllm', 'm', 'c', '', '', ()), '.', out=io.StringIO()); "
+            "print('rich' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("procs, message", [
+    ((ProcessSpec("a", ("x",)), ProcessSpec("a", ("x",))), "two processes are called 'a'"),
+    ((ProcessSpec("a", ("x",), depends_on=("b",)),), "depends on 'b'"),
+    ((ProcessSpec("a", ("x",), depends_on=("b",)), ProcessSpec("b", ("x",), depends_on=("a",))), "cycle: a -> b -> a"),
+    ((ProcessSpec("../a", ("x",)),), "process name '../a'"),
+    ((ProcessSpec("a", ()),), "empty argv"),
+    ((ProcessSpec("a", ("x",), health=HealthCheck("localhost:80/health")),), "not http(s)"),
+])
+def test_bad_plans_are_refused(tmp_path: Path, procs: tuple[ProcessSpec, ...], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Supervisor(plan(*procs), tmp_path)
