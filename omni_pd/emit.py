@@ -1,18 +1,18 @@
 """Write a :class:`~omni_pd.passes.pd_split.PDSplitPlan` into the YAML round-trip tree.
 
-Pure: :func:`apply_pd_split` deep-copies the input tree and edits the copy, so the
-input's comments, key order and quoting survive; only what the split changes is
-touched. :func:`render` adds the ``yaml-language-server`` schema header.
+Pure: :func:`apply_pd_split` deep-copies the input tree (:func:`omni_pd.io.copy_tree`)
+and edits the copy, so the input's comments, key order and quoting survive; only what
+the split changes is touched. :func:`render` adds the ``yaml-language-server`` schema header.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Callable
 
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
+from .io import copy_tree
 from .passes.pd_split import PDSplitPlan
 from .topology import Devices, format_devices, parse_devices
 
@@ -230,7 +230,7 @@ def _split_list(seq: CommentedSeq, plan: PDSplitPlan, *, base: bool, platform_de
         thinker_pos = pos
     if thinker_pos is not None:
         p = seq[thinker_pos]
-        d = copy.deepcopy(p)
+        d = copy_tree(p)
         d["stage_id"] = plan.ids.decode
         if thinker_pos == len(seq) - 1:
             _drop_trailing_blank(p)  # the blank line that ended the block now follows D
@@ -324,7 +324,7 @@ def stage_labels(plan: PDSplitPlan) -> dict[int, str]:
 
 def apply_pd_split(tree: CommentedMap, plan: PDSplitPlan) -> CommentedMap:
     """A new tree: ``tree`` with the PD split of ``plan`` applied. ``tree`` is not modified."""
-    out = copy.deepcopy(tree)
+    out = copy_tree(tree)
     if "pipeline" in out:
         out["pipeline"] = plan.target_pipeline.name
     else:

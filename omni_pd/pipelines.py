@@ -172,14 +172,11 @@ def pipeline_from_dict(d: dict) -> Pipeline:
 @lru_cache(maxsize=1)
 def load_catalogue() -> Catalogue:
     """Read every ``presets/pipelines/*.yaml`` and add the derived ``*_pd`` variants."""
-    from ruamel.yaml import YAML
+    from .resources import data_dir, load_data
 
-    from .resources import data_dir
-
-    y = YAML(typ="safe")
     pipes: dict[str, Pipeline] = {}
     for path in sorted((data_dir("presets") / "pipelines").glob("*.yaml")):
-        p = pipeline_from_dict(y.load(path.read_text(encoding="utf-8")))
+        p = pipeline_from_dict(load_data(path))
         pipes[p.name] = p
     for p in list(pipes.values()):
         if p.split_stage is not None:

@@ -38,11 +38,9 @@ def _stepped(v: Version, steps: list[dict[str, Any]], key: str) -> Any:
 
 @lru_cache(maxsize=1)
 def _facts() -> dict[str, Any]:
-    from ruamel.yaml import YAML
+    from .resources import data_dir, load_data
 
-    from .resources import data_dir
-
-    return YAML(typ="safe").load((data_dir("presets") / "targets" / "vllm.yaml").read_text(encoding="utf-8"))
+    return load_data(data_dir("presets") / "targets" / "vllm.yaml")
 
 
 def default_version() -> str:
