@@ -29,6 +29,8 @@ _DOCS: dict[str, object] = {}
 
 def _line_source(docs: dict):
     """Source line lookup for diagnostics: loaded documents first, else the file on disk."""
+    from .io import MAX_INPUT_BYTES
+
     cache: dict[str, list[str] | None] = {}
 
     def get(file: str, line: int):
@@ -39,7 +41,7 @@ def _line_source(docs: dict):
             try:
                 p = Path(file)
                 cache[file] = (p.read_text(encoding="utf-8", errors="replace").splitlines()
-                               if p.is_file() and p.stat().st_size < 8 * 1024 * 1024 else None)
+                               if p.is_file() and p.stat().st_size <= MAX_INPUT_BYTES else None)
             except OSError:
                 cache[file] = None
         lines = cache[file]

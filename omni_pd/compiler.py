@@ -64,7 +64,7 @@ def expand_document(doc: Document, opts: ExpandOptions = ExpandOptions(), *, vll
     plan = plan_pd_split(topo, cat, tgt, opts, doc)
     tree = apply_pd_split(doc.tree, plan)
     text = render(tree, schema_ref=schema_ref, header=header_lines(doc, plan, tgt))
-    out_doc = parse_text(text, doc.name + " (expanded)")
+    out_doc = parse_text(text, doc.name + " (expanded)", own_output=True)
     out_cfg = parse_config(out_doc)
     out_topo = resolve(out_cfg, plan.target_pipeline, None, out_doc)
     return ExpandResult(text=text, config=out_cfg, topology=out_topo, plan=plan, diagnostics=plan.diagnostics)

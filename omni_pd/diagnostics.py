@@ -115,36 +115,48 @@ def render_text(diags: Iterable[Diagnostic], line_source: Callable[[str, int], s
            = note: prefill (stage 0) uses MooncakeConnector at pd.yaml:18:21
            = help: use the same kv_connector on both stages of the PD pair
 
-    ``line_source(file, line)`` returns the text of a source line, or None.
+    ``line_source(file, line)`` returns the text of a source line, or None. Text that
+    comes from the input (keys, values, source lines) is shown with control and
+    separator characters escaped (:func:`printable`).
     """
     out: list[str] = []
     for d in diags:
-        out.append(f"{d.severity.value}[{d.code}]: {d.message}")
+        out.append(f"{d.severity.value}[{d.code}]: {printable(d.message)}")
         loc = d.location
         gutter = 1
         if loc is not None:
             src = line_source(loc.file, loc.line) if (line_source and loc.line) else None
             gutter = len(str(loc.line)) if loc.line else 1
             pad = " " * gutter
-            out.append(f"{pad}--> {loc}")
+            out.append(f"{pad}--> {printable(str(loc))}")
             if src is not None:
-                out.append(f"{pad} |")
-                out.append(f"{loc.line} | {src}")
                 col = (loc.column or 1) - 1
-                rest = src[col:]
-                width = _token_width(rest)
-                caret = " " * col + "^" * width
-                out.append(f"{pad} | {caret}" + (f" {d.label}" if d.label else ""))
+                before, rest = printable(src[:col]), src[col:]
+                width = len(printable(rest[:_token_width(rest)]))
+                out.append(f"{pad} |")
+                out.append(f"{loc.line} | {before}{printable(rest)}")
+                caret = " " * len(before) + "^" * max(width, 1)
+                out.append(f"{pad} | {caret}" + (f" {printable(d.label)}" if d.label else ""))
         pad = " " * gutter
         for r in d.related:
             what = r.label or "related"
-            out.append(f"{pad} = note: {what}: {r}")
+            out.append(f"{pad} = note: {printable(f'{what}: {r}')}")
         for n in d.notes:
-            out.append(f"{pad} = note: {n}")
+            out.append(f"{pad} = note: {printable(n)}")
         if d.help:
-            out.append(f"{pad} = help: {d.help}")
+            out.append(f"{pad} = help: {printable(d.help)}")
         out.append("")
     return "\n".join(out)
+
+
+def printable(text: str) -> str:
+    """``text`` with every non-printable character (controls such as ESC or NUL, line
+    and paragraph separators, bidi overrides, tabs) written as a Python escape, so a key
+    or value from the input can neither break a diagnostic across lines nor send
+    terminal escape sequences. Printable text is returned unchanged."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _token_width(rest: str) -> int:

@@ -11,9 +11,9 @@ path into a 1-based ``(line, column)``.
 
 from __future__ import annotations
 
+import copy
 import io as _io
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,14 +22,141 @@ from .diagnostics import Diagnostic, Location, OmniPdError, Severity
 
 Path_ = tuple[Any, ...]
 
-#: Largest input accepted, in bytes. Deploy configs are a few KiB; this bounds memory.
-MAX_INPUT_BYTES = 8 * 1024 * 1024
+#: Largest input accepted, in bytes. Deploy configs are a few KiB (the largest vllm-omni
+#: 0.30.0 ships is 6.5 KiB; a 1024-stage topology is 320 KiB); ruamel.yaml needs about
+#: 9 s of CPU and 150 MiB per MiB of dense YAML, so this bounds time and memory.
+MAX_INPUT_BYTES = 1024 * 1024
+
+#: Deepest nesting of mappings/sequences accepted (deploy configs nest about 6 levels).
+#: Checked while scanning, so ``[[[[...`` fails fast with a position, never as a
+#: RecursionError deep inside the YAML composer or a later tree walk.
+MAX_DEPTH = 64
+
+#: Upper bound on YAML nodes, counted while composing (before any Python object is
+#: built) and again after construction with aliases expanded (an alias bomb, "billion
+#: laughs", is small on disk and expands exponentially). A 1024-stage topology has
+#: 31k nodes; ruamel.yaml composes about 15k nodes per CPU second.
+MAX_NODES = 100_000
+
+
+class _LoadLimit(Exception):
+    """Raised by the bounded loader: a located problem that is not a syntax error."""
+
+    def __init__(self, code: str, message: str, mark: Any = None, help: str | None = None,
+                 related: list[tuple[int, int]] | None = None):
+        super().__init__(message)
+        self.code, self.message, self.mark, self.help = code, message, mark, help
+        self.related = related or []
+
+
+def _node_kind(node: Any) -> str:
+    """``scalar`` / ``sequence`` / ``mapping`` for a ruamel node."""
+    from ruamel.yaml.nodes import MappingNode, SequenceNode
+
+    return "mapping" if isinstance(node, MappingNode) else "sequence" if isinstance(node, SequenceNode) else "scalar"
+
+
+def _loader_classes() -> tuple[type, type, type]:
+    """ruamel.yaml's round-trip scanner, composer and constructor, bounded.
+
+    * the scanner refuses nesting deeper than :data:`MAX_DEPTH` (flow brackets and
+      block indentation) at the offending token;
+    * the composer refuses more than :data:`MAX_NODES` nodes;
+    * the constructor refuses non-scalar mapping keys (``? [a, b]``), reports a
+      duplicate key with the position of both occurrences, and turns the plain Python
+      errors ruamel raises for malformed scalars (``2001-02-30``, ``!!int 0x``,
+      ``!!bool maybe``) into a located error instead of letting them escape.
+    """
+    global _LOADER
+    if _LOADER is not None:
+        return _LOADER
+    from ruamel.yaml.composer import Composer
+    from ruamel.yaml.constructor import RoundTripConstructor
+    from ruamel.yaml.error import MarkedYAMLError
+    from ruamel.yaml.nodes import ScalarNode
+    from ruamel.yaml.scanner import RoundTripScanner
+
+    class Scanner(RoundTripScanner):
+        def _check_depth(self) -> None:
+            if len(self.indents) + len(self.flow_context) > MAX_DEPTH:
+                raise _LoadLimit("OPD002", f"nesting deeper than {MAX_DEPTH} levels",
+                                 self.reader.get_mark(),
+                                 help=f"deploy configs nest a few levels; flatten this value "
+                                      f"(at most {MAX_DEPTH} nested mappings/lists)")
+
+        def fetch_flow_collection_start(self, TokenClass: Any, to_push: Any) -> None:
+            self._check_depth()
+            super().fetch_flow_collection_start(TokenClass, to_push)
+
+        def add_indent(self, column: int) -> bool:
+            added = super().add_indent(column)
+            if added:
+                self._check_depth()
+            return added
+
+    class BoundedComposer(Composer):
+        _count = 0
+        node_limit = True  # False for omni-pd's own output (see parse_text)
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            self._count += 1
+            if self._count > MAX_NODES and self.node_limit:
+                mark = self.parser.peek_event().start_mark if self.parser.check_event() else None
+                raise _LoadLimit("OPD002", f"document has more than {MAX_NODES} YAML nodes", mark,
+                                 help="a deploy config has a few hundred; check that this is the right file")
+            return super().compose_node(parent, index)
+
+    class Constructor(RoundTripConstructor):
+        def construct_object(self, node: Any, deep: bool = False) -> Any:
+            try:
+                return super().construct_object(node, deep=deep)
+            except (MarkedYAMLError, _LoadLimit, RecursionError):
+                raise
+            except (ValueError, TypeError, KeyError, IndexError, AssertionError, OverflowError,
+                    AttributeError) as e:
+                shown = node.value if isinstance(node, ScalarNode) else None
+                what = f"`{shown[:40]}`" if isinstance(shown, str) and shown else f"this {_node_kind(node)}"
+                tag = str(node.tag) if getattr(node, "tag", None) else ""
+                tag = tag.replace("tag:yaml.org,2002:", "!!")
+                why = str(e) or type(e).__name__
+                raise _LoadLimit("OPD002", f"invalid YAML: cannot read {what}" + (f" as {tag}" if tag else "")
+                                 + f" ({why})", node.start_mark,
+                                 help="write a plain value here, e.g. quote it to make it a string") from None
+
+        def check_mapping_key(self, node: Any, key_node: Any, mapping: Any, key: Any, value: Any) -> bool:
+            if not isinstance(key_node, ScalarNode):
+                raise _LoadLimit("OPD002", f"invalid YAML: a mapping key must be a scalar, found a {_node_kind(key_node)}",
+                                 key_node.start_mark, help="write a plain key such as `name:`")
+            if key in mapping:
+                first = next((kn for kn, _ in node.value if kn is not key_node
+                              and self.constructed_objects.get(kn, _MISSING) == key), None)
+                rel = [(first.start_mark.line + 1, first.start_mark.column + 1)] if first is not None else []
+                shown = key_node.value if isinstance(key_node.value, str) else str(key)
+                if len(shown) > 60:
+                    shown = shown[:57] + "..."
+                raise _LoadLimit("OPD003", f'duplicate key "{shown}" (YAML requires unique mapping keys)',
+                                 key_node.start_mark, related=rel,
+                                 help="remove one of the two entries; a YAML mapping cannot repeat a key")
+            return True
+
+        def check_set_key(self, node: Any, key_node: Any, setting: Any, key: Any) -> None:
+            if not isinstance(key_node, ScalarNode):
+                raise _LoadLimit("OPD002", f"invalid YAML: a set member must be a scalar, found a {_node_kind(key_node)}",
+                                 key_node.start_mark)
+            super().check_set_key(node, key_node, setting, key)
+
+    _LOADER = (Scanner, BoundedComposer, Constructor)
+    return _LOADER
+
+
+_LOADER: tuple[type, type, type] | None = None
 
 
 def _yaml():
     from ruamel.yaml import YAML
 
     y = YAML(typ="rt")
+    y.Scanner, y.Composer, y.Constructor = _loader_classes()
     y.preserve_quotes = True
     y.width = 4096  # never re-wrap long values or comments
     y.indent(mapping=2, sequence=4, offset=2)
@@ -60,6 +187,41 @@ def get_path(tree: Any, path: Path_, default: Any = None) -> Any:
 def has_path(tree: Any, path: Path_) -> bool:
     """True when every step of ``path`` exists in ``tree``."""
     return get_path(tree, path, _MISSING) is not _MISSING
+
+
+def copy_tree(node: Any, memo: dict[int, Any] | None = None) -> Any:
+    """``copy.deepcopy`` of a round-trip tree, in time linear in its size.
+
+    ruamel.yaml's own ``CommentedSeq.__deepcopy__`` (0.18, 0.19) copies the sequence's
+    comment and line/column attributes once per item instead of once, and
+    ``copy_attributes`` drops the memo, so copying a ``stages:`` list of n mappings
+    costs O(n^2) (bench/RESULTS.md, figure 3). Same result as ``copy.deepcopy``: items
+    are copied with one shared memo (aliases stay shared), then each ruamel attribute
+    (comments, flow style, positions, anchor, tag, merge) once with its own memo, as
+    ruamel does (merge keys therefore come out as ruamel's deepcopy makes them).
+    """
+    from ruamel.yaml.comments import Anchor, Comment, CommentedMap, CommentedSeq, Format, LineCol, Tag, merge_attrib
+
+    if memo is None:
+        memo = {}
+    if id(node) in memo:
+        return memo[id(node)]
+    if isinstance(node, CommentedMap):
+        res: Any = node.__class__()
+        memo[id(node)] = res
+        for k in node:
+            res[k] = copy_tree(node[k], memo)
+    elif isinstance(node, CommentedSeq):
+        res = node.__class__()
+        memo[id(node)] = res
+        list.extend(res, [copy_tree(v, memo) for v in node])
+    else:
+        return copy.deepcopy(node, memo)
+    # the attributes ruamel's CommentedBase.copy_attributes copies
+    for attr in (Comment.attrib, Format.attrib, LineCol.attrib, Anchor.attrib, Tag.attrib, merge_attrib):
+        if hasattr(node, attr):
+            setattr(res, attr, copy.deepcopy(getattr(node, attr)))
+    return res
 
 
 @dataclass
@@ -151,36 +313,38 @@ def _load_error(code: str, name: str, message: str, line: int | None = None,
     )
 
 
-def parse_text(text: str, name: str = "<string>") -> Document:
+def parse_text(text: str, name: str = "<string>", *, own_output: bool = False) -> Document:
     """Parse YAML text into a :class:`Document`.
 
-    Raises :class:`OmniPdError` (exit 2) with a located diagnostic for syntax errors
-    (OPD002), duplicate keys (OPD003, both locations), alias bombs and an empty or
-    non-mapping document (OPD004).
+    Raises :class:`OmniPdError` (exit 2) with a located diagnostic for syntax errors,
+    malformed scalars, non-scalar keys, nesting deeper than :data:`MAX_DEPTH`, more than
+    :data:`MAX_NODES` nodes and alias bombs (OPD002), duplicate keys (OPD003, both
+    locations), and an empty or non-mapping document (OPD004).
+
+    ``own_output=True`` is for text omni-pd wrote itself from an input that passed
+    these checks (``expand`` re-reads its result): no node limit there, since a split
+    adds nodes and an input just under the limit must not fail on its own output.
     """
-    from ruamel.yaml.constructor import DuplicateKeyError
     from ruamel.yaml.error import MarkedYAMLError, YAMLError
+    from ruamel.yaml.reader import ReaderError
 
     try:
-        tree = _yaml().load(text)
-    except DuplicateKeyError as e:
-        first = e.context_mark
-        second = e.problem_mark
-        key = ""
-        if e.problem and "duplicate key" in e.problem:
-            key = e.problem.split("duplicate key", 1)[1].split("\n")[0].split(" with value")[0].strip()
-        rel = []
-        first_pos = _first_key_pos(text, key.strip("\"'"), second) if second is not None else None
-        if first_pos is None and first is not None:
-            first_pos = (first.line + 1, first.column + 1)
-        if first_pos is not None:
-            rel.append(Location(file=name, line=first_pos[0], column=first_pos[1],
-                                label="first defined here"))
-        raise _load_error(
-            "OPD003", name, f"duplicate key {key} (YAML requires unique mapping keys)",
-            second.line + 1 if second else None, second.column + 1 if second else None,
-            help="remove one of the two entries; a YAML mapping cannot repeat a key",
-            related=rel) from None
+        y = _yaml()
+        y.composer.node_limit = not own_output
+        tree = y.load(text)
+    except _LoadLimit as e:
+        mark = e.mark
+        rel = [Location(file=name, line=ln, column=col, label="first defined here") for ln, col in e.related]
+        raise _load_error(e.code, name, e.message, mark.line + 1 if mark else None,
+                          mark.column + 1 if mark else None, help=e.help, related=rel) from None
+    except ReaderError as e:  # a character YAML does not allow (control characters, ...)
+        pos = e.position if isinstance(e.position, int) and 0 <= e.position <= len(text) else None
+        line = text.count("\n", 0, pos) + 1 if pos is not None else None
+        col = pos - (text.rfind("\n", 0, pos) + 1) + 1 if pos is not None else None
+        ch = e.character if isinstance(e.character, int) else None
+        raise _load_error("OPD002", name, "invalid YAML: character "
+                          + (f"U+{ch:04X} " if ch is not None else "") + "is not allowed in YAML",
+                          line, col, help="remove the character, or write it as an escape in a double-quoted string") from None
     except MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         msg = (e.problem or e.context or "invalid YAML").strip()
@@ -190,7 +354,7 @@ def parse_text(text: str, name: str = "<string>") -> Document:
                           help="fix the YAML syntax at this position") from None
     except YAMLError as e:
         raise _load_error("OPD002", name, f"invalid YAML: {e}") from None
-    except RecursionError:
+    except RecursionError:  # not reached below MAX_DEPTH; kept as a last guard
         raise _load_error("OPD002", name, "invalid YAML: nesting too deep") from None
     from ruamel.yaml.comments import CommentedMap
 
@@ -201,40 +365,35 @@ def parse_text(text: str, name: str = "<string>") -> Document:
         raise _load_error("OPD004", name,
                           f"expected a mapping at the top level, found {type(tree).__name__}",
                           1, 1, help="a deploy config starts with top-level keys such as `stages:`")
-    _check_alias_expansion(tree, name)
+    _check_alias_expansion(tree, name, node_limit=not own_output)
     return Document(name=name, text=text, tree=tree, source_map=build_source_map(tree))
 
 
-def _first_key_pos(text: str, key: str, mark: Any) -> tuple[int, int] | None:
-    """1-based position of the nearest earlier ``key:`` at the duplicate's column."""
-    lines = text.splitlines()
-    col = mark.column
-    for i in range(min(mark.line, len(lines)) - 1, -1, -1):
-        ln = lines[i]
-        if ln[col:].startswith((f"{key}:", f'"{key}":', f"'{key}':")) and not ln[:col].strip(" -"):
-            return (i + 1, col + 1)
-    return None
-
-
-#: Upper bound on nodes reachable through aliases (an alias bomb expands exponentially).
-MAX_NODES = 200_000
-
-
-def _check_alias_expansion(tree: Any, name: str) -> None:
-    """Reject documents whose alias-expanded size exceeds :data:`MAX_NODES` (OPD002)."""
+def _check_alias_expansion(tree: Any, name: str, *, node_limit: bool = True) -> None:
+    """Reject documents whose alias-expanded tree has more than :data:`MAX_NODES` nodes
+    or nests deeper than :data:`MAX_DEPTH` (OPD002, at the node where the limit is
+    crossed). Iterative: the check itself cannot exhaust the stack."""
     count = 0
-    stack = [tree]
+    stack: list[tuple[Any, int, tuple[int, int] | None]] = [(tree, 0, None)]
     while stack:
-        node = stack.pop()
+        node, depth, pos = stack.pop()
         count += 1
-        if count > MAX_NODES:
-            raise _load_error("OPD002", name,
-                              f"document expands to more than {MAX_NODES} nodes (alias bomb?)",
-                              help="deploy configs are small; remove recursive anchors/aliases")
-        if isinstance(node, dict):
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
+        over = node_limit and count > MAX_NODES
+        if over or depth > MAX_DEPTH:
+            msg = (f"document expands to more than {MAX_NODES} nodes (alias bomb?)" if over
+                   else f"document nests deeper than {MAX_DEPTH} levels")
+            raise _load_error("OPD002", name, msg, *(pos or (None, None)),
+                              help="deploy configs are small and shallow; check anchors/aliases that nest or repeat")
+        if isinstance(node, (dict, list)):
+            lc = getattr(getattr(node, "lc", None), "data", None) or {}
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            for k, v in items:
+                try:
+                    p = lc.get(k)
+                    child = (p[0] + 1, p[1] + 1) if p else pos
+                except (TypeError, IndexError):
+                    child = pos
+                stack.append((v, depth + 1, child))
 
 
 def load_file(path: str | os.PathLike[str]) -> Document:
@@ -242,13 +401,17 @@ def load_file(path: str | os.PathLike[str]) -> Document:
     missing (OPD001), too large, not UTF-8, or not valid YAML."""
     p = Path(path)
     name = str(path)
+    too_big = _load_error("OPD001", name, f"file is larger than {MAX_INPUT_BYTES} bytes; larger inputs are refused",
+                          help="a deploy config is a few KiB; check that this is the right file")
     try:
-        size = p.stat().st_size
-        if size > MAX_INPUT_BYTES:
-            raise _load_error("OPD001", name,
-                              f"file is {size} bytes; inputs over {MAX_INPUT_BYTES} bytes are refused",
-                              help="a deploy config is a few KiB; check that this is the right file")
-        data = p.read_bytes()
+        if p.stat().st_size > MAX_INPUT_BYTES:
+            raise too_big
+        # read at most one byte past the limit: a pipe, /dev/stdin or /dev/zero reports
+        # size 0 and could otherwise fill memory
+        with open(p, "rb") as f:
+            data = f.read(MAX_INPUT_BYTES + 1)
+        if len(data) > MAX_INPUT_BYTES:
+            raise too_big
     except FileNotFoundError:
         raise _load_error("OPD001", name, "file not found",
                           help="check the path; `omni-pd expand` with no argument uses the bundled Qwen3-Omni preset") from None
@@ -262,8 +425,10 @@ def load_file(path: str | os.PathLike[str]) -> Document:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
+        line_start = data.rfind(b"\n", 0, e.start) + 1
+        col = len(data[line_start: e.start].decode("utf-8", "replace")) + 1
         raise _load_error("OPD001", name, f"not UTF-8 text (invalid byte 0x{data[e.start]:02x})",
-                          line, None, help="save the file as UTF-8") from None
+                          line, col, help="save the file as UTF-8") from None
     if text.startswith("\ufeff"):
         text = text[1:]
     return parse_text(text, name)
@@ -292,6 +457,8 @@ def atomic_write(path: str | os.PathLike[str], text: str, *, protect: list[str] 
                                   help="write the result to another path with -o OUT.yaml")
         except OSError:
             pass
+    import tempfile  # only for writing: not on the validate path (bench figure 2)
+
     parent = target.parent if str(target.parent) else Path(".")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)

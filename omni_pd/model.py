@@ -21,8 +21,20 @@ SCHEMA_FILENAME = "omni-pd-deploy.schema.json"
 
 
 def _devices_as_str(v: Any) -> Any:
-    """vllm-omni accepts ``devices: 3`` for ``"3"`` (set_stage_devices)."""
-    return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+    """vllm-omni accepts ``devices: 3`` for ``"3"`` (set_stage_devices). A string must
+    read as device indices (``"0,1"``) or ``"cpu"``: anything else is a located OPD101
+    at parse time, so later passes never meet a malformed device list."""
+    v = str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+    if isinstance(v, str):
+        from pydantic_core import PydanticCustomError
+
+        from .topology import parse_devices
+
+        try:
+            parse_devices(v)
+        except ValueError as e:
+            raise PydanticCustomError("devices_format", "{why}", {"why": str(e)}) from None
+    return v
 
 
 class _Open(BaseModel):
@@ -68,7 +80,7 @@ class Runtime(_Open):
     """Nested ``runtime:`` layout of a stage (takes precedence over flat keys)."""
 
     devices: str | None = None
-    num_replicas: int | None = None
+    num_replicas: int | None = Field(None, ge=1)
     env: dict[str, Any] | None = None
 
     _devices_str = field_validator("devices", mode="before")(classmethod(lambda cls, v: _devices_as_str(v)))
@@ -83,7 +95,7 @@ class StageDeploy(_Open):
 
     stage_id: int
     devices: str | None = None
-    num_replicas: int | None = None
+    num_replicas: int | None = Field(None, ge=1)
     env: dict[str, Any] | None = None
     async_chunk: bool | None = None
     output_connectors: dict[str, ConnectorRef] | None = None
@@ -91,9 +103,11 @@ class StageDeploy(_Open):
     default_sampling_params: dict[str, Any] | None = None
     default_pooling_params: dict[str, Any] | None = None
     subtalker_sampling_params: dict[str, Any] | None = None
-    tensor_parallel_size: int | None = None
-    pipeline_parallel_size: int | None = None
-    data_parallel_size: int | None = None
+    # parallel sizes and replica counts are at least 1 (vLLM ParallelConfig); 0 or a
+    # negative size is a located OPD101 instead of a division by zero further on
+    tensor_parallel_size: int | None = Field(None, ge=1)
+    pipeline_parallel_size: int | None = Field(None, ge=1)
+    data_parallel_size: int | None = Field(None, ge=1)
     enable_expert_parallel: bool | None = None
     gpu_memory_utilization: float | None = None
     max_num_seqs: int | None = None
@@ -156,8 +170,8 @@ class DeployConfig(_Open):
     quantization: str | None = None
     enable_prefix_caching: bool | None = None
     enable_chunked_prefill: bool | None = None
-    data_parallel_size: int | None = None
-    pipeline_parallel_size: int | None = None
+    data_parallel_size: int | None = Field(None, ge=1)
+    pipeline_parallel_size: int | None = Field(None, ge=1)
     custom_voice_dir: str | None = None
 
 

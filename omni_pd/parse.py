@@ -40,6 +40,7 @@ _TYPE_WORDS = {
     "bool_parsing": "true or false", "bool_type": "true or false",
     "string_type": "a string", "dict_type": "a mapping", "list_type": "a list",
     "model_type": "a mapping", "model_attributes_type": "a mapping",
+    "greater_than_equal": "a positive integer",  # the model's only lower bound is ge=1 (parallel sizes)
     "missing": None, "literal_error": None,
 }
 

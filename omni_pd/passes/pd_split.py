@@ -66,6 +66,35 @@ class PDSplitPlan:
     diagnostics: tuple[Diagnostic, ...] = field(default_factory=tuple)
 
 
+#: Most devices one engine (TP x PP x DP) may take: far above any host's accelerator
+#: count, and a bound on the device lists :func:`~omni_pd.alloc.split_devices` builds.
+MAX_ENGINE_DEVICES = 4096
+
+
+def _stage_loc(doc: Document | None, index: int | None, *keys: str, top: tuple[str, ...] = ()) -> Location | None:
+    """Where the Thinker's entry (list position ``index``) sets one of ``keys``, looked
+    up in the order vllm-omni lets them win (``engine_args``, flat, ``engine_extras``);
+    else a top-level key of ``top``; else the stage entry; else the ``stages:`` key.
+    ``keys`` are paths joined by dots (``kv_transfer_config.kv_connector``)."""
+    if doc is None:
+        return None
+    if index is not None:
+        for key in keys:
+            for sub in (("engine_args",), (), ("engine_extras",)):
+                path = ("stages", index) + sub + tuple(key.split("."))
+                if doc.exists(path):
+                    return doc.loc(path, value=True)
+    for key in top:
+        if doc.exists((key,)):
+            return doc.loc((key,), value=True)
+    if index is not None:
+        return doc.loc(("stages", index))
+    return doc.loc(("stages",)) if doc.exists(("stages",)) else doc.loc(())
+
+
+_PARALLEL = ("tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size")
+
+
 def _used_ports(node: Any, out: list[tuple[int, int]]) -> None:
     """Collect every int-valued key ending in ``port`` (ports the input already claims)."""
     if isinstance(node, dict):
@@ -128,22 +157,32 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
     # connector ---------------------------------------------------------------------
     own = (thinker.kv or {}).get("kv_connector")
     cname = opts.connector or own or DEFAULT_CONNECTOR
+    # a connector named in the file is located there; --connector is the command line
+    conn_loc = None if (opts.connector or not own) else _stage_loc(
+        doc, thinker.index, "kv_transfer_config.kv_connector")
     contract = connectors.get(cname)
     if contract is None:
         from difflib import get_close_matches
 
         close = get_close_matches(cname, connectors.names(), n=1)
-        raise _err("OPD804", f"no connector contract for `{cname}`", None,
+        raise _err("OPD804", f"no connector contract for `{cname}`", conn_loc,
                    help=(f"did you mean {close[0]}? " if close else "")
                    + "omni-pd can emit: " + ", ".join(connectors.names()))
     if contract.name not in target.connectors():
-        raise _err("OPD804", f"{contract.name} is not registered in vLLM {target.label}", None,
+        raise _err("OPD804", f"{contract.name} is not registered in vLLM {target.label}", conn_loc,
                    help="pick another --connector or --vllm-version")
 
     # devices -----------------------------------------------------------------------
     tp = opts.tp
     world = (tp * thinker.pp * thinker.dp) if tp else (
         len(thinker.devices) if isinstance(thinker.devices, tuple) else thinker.world_size)
+    if not 1 <= world <= MAX_ENGINE_DEVICES:
+        # a parallel size from engine_args, the top level or --tp (the model bounds only
+        # stage keys below by 1): refuse before split_devices builds a list that long
+        where = None if opts.tp else _stage_loc(doc, thinker.index, *_PARALLEL, top=_PARALLEL[1:])
+        raise _err("OPD805", f"cannot place prefill and decode: TP x PP x DP = {world} devices per engine"
+                   + (f", more than the {MAX_ENGINE_DEVICES} omni-pd places" if world > 0 else ""),
+                   where, help="parallel sizes must be at least 1 and fit the host's devices")
     layout = {s.stage_id: s.devices for s in topo.stages}
     try:
         base = split_devices(layout, t.stage_id, world, opts.prefill_devices, opts.decode_devices,

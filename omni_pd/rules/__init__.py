@@ -157,8 +157,8 @@ class Context:
         entry when it does, else ``engine_args``/``runtime``/flat keys of the stage."""
         cands: list[tuple] = []
         if self.platform and keys:
-            ov = ((self.raw.get("platforms") or {}).get(self.platform) or {}).get("stages") or []
-            for j, o in enumerate(ov):
+            ov = self.raw_at(("platforms", self.platform, "stages"))  # any type when OPD101 reported it
+            for j, o in enumerate(ov if isinstance(ov, list) else []):
                 if isinstance(o, dict) and o.get("stage_id") == node.stage_id:
                     base = ("platforms", self.platform, "stages", j)
                     cands += [base + ("runtime",) + keys, base + ("engine_args",) + keys, base + keys]

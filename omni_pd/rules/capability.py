@@ -165,8 +165,8 @@ def hetero_tp_problem(ctx: Context, p: "StageNode", d: "StageNode") -> str | Non
 
     ptp, dtp = ctx.stage_tp(p), ctx.stage_tp(d)
     name = (p.kv or {}).get("kv_connector") or (d.kv or {}).get("kv_connector")
-    if not name or ptp == dtp:
-        return None
+    if not name or ptp == dtp or ptp < 1 or dtp < 1:
+        return None  # a TP below 1 (engine_args, --serve-arg) is OPD401's finding, not a TP ratio
     if name in ("P2pNcclConnector", "PyNcclConnector"):
         return f"{name} pairs ranks one to one and needs equal TP on prefill and decode (got P={ptp}, D={dtp}; it hangs otherwise)"
     if name in ASCEND_CONNECTORS:

@@ -86,8 +86,16 @@ def world_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         yield r.diag(f"stage {n.stage_id}: tensor_parallel_size {tp} x pipeline_parallel_size {pp} x data_parallel_size {dp} "
                      f"= {world} devices{src}, but devices has {have} entr{'y' if have == 1 else 'ies'}",
                      ctx.sloc(n, "devices", value=True),
-                     help=f"list {world} devices here, e.g. devices: \"{','.join(str(i) for i in range(world))}\"" if world != have
-                     else None)
+                     help=_world_help(world) if world != have else None)
+
+
+def _world_help(world: int) -> str:
+    """What to write for ``world`` devices; the example list only for a plausible count
+    (``tensor_parallel_size: 10**20`` must not build a 10**20-entry string)."""
+    if 1 <= world <= 64:
+        return f"list {world} devices here, e.g. devices: \"{','.join(str(i) for i in range(world))}\""
+    return f"list {world} devices here, or lower the parallel sizes" if world > 64 else \
+        "parallel sizes must be at least 1"
 
 
 @rule("OPD402", "device-exists", Severity.ERROR,

@@ -90,7 +90,8 @@ def unknown_key(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             yield r.diag(f"unknown top-level key `{k}`", ctx.loc((k,)),
                          help=f"did you mean `{close[0]}`?" if close else
                          "top-level keys: " + ", ".join(sorted(TOP_LEVEL_KEYS)))
-    for p in (ctx.raw.get("platforms") or {}):
+    plats = ctx.raw.get("platforms")
+    for p in (plats if isinstance(plats, dict) else {}):  # not a mapping: OPD101
         if p not in PLATFORMS:
             close = get_close_matches(str(p), PLATFORMS, n=1, cutoff=0.6)
             yield r.diag(f"unknown platform `{p}` under `platforms:`", ctx.loc(("platforms", p)),
@@ -232,11 +233,9 @@ def stage_keys() -> tuple[str, frozenset[str], frozenset[str]]:
     """(vllm-omni major.minor, StageDeployConfig fields, owned engine args) from
     ``presets/targets/vllm_omni_stage_keys.yaml`` (generated from vllm-omni 0.30.0;
     tests/test_oracle.py checks it against the live package)."""
-    from ruamel.yaml import YAML
+    from ..resources import data_dir, load_data
 
-    from ..resources import data_dir
-
-    d = YAML(typ="safe").load((data_dir("presets") / "targets" / "vllm_omni_stage_keys.yaml").read_text())
+    d = load_data(data_dir("presets") / "targets" / "vllm_omni_stage_keys.yaml")
     return str(d["vllm_omni"]), frozenset(d["deploy"]), frozenset(d["owned"])
 
 

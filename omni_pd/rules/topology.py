@@ -127,7 +127,8 @@ def connector_ref(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
 
     if ctx.topology is None or not ctx.platform_first:
         return
-    defined = sorted((ctx.raw.get("connectors") or {}).keys())
+    conns = ctx.raw.get("connectors")
+    defined = sorted(str(k) for k in conns) if isinstance(conns, dict) else []  # else OPD101 reported it
     for node in ctx.topology.stages:
         for field in ("input_connectors", "output_connectors"):
             for key, ref in (node.settings.get(field) or {}).items():
@@ -166,19 +167,29 @@ def graph_shape(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         if e.to != e.from_ + 1:
             yield r.diag(f"edge {e.from_} -> {e.to} is not a chain step; the orchestrator forwards stage N to N+1 only",
                          ctx.loc(("edges", i)), help=f"write `{{from: {e.from_}, to: {e.from_ + 1}}}` or renumber the stages")
-    # cycle check (DFS)
-    state: dict[int, int] = {}
-
-    def cyc(n: int) -> bool:
-        state[n] = 1
-        for m in adj.get(n, []):
-            if state.get(m) == 1 or (state.get(m) is None and cyc(m)):
-                return True
-        state[n] = 2
-        return False
-
-    if any(state.get(n) is None and cyc(n) for n in list(adj)):
+    if _has_cycle(adj):
         yield r.diag("`edges:` contain a cycle", ctx.loc(("edges",)), help="the stage graph must be a DAG (a chain today)")
+
+
+def _has_cycle(adj: dict[int, list[int]]) -> bool:
+    """True when the directed graph ``adj`` has a cycle (Kahn's algorithm: a DAG empties
+    when nodes without incoming edges are removed one by one). Iterative, so a
+    1000-stage chain cannot hit Python's recursion limit (bench/RESULTS.md, figure 3)."""
+    indeg: dict[int, int] = {}
+    for n, outs in adj.items():
+        indeg.setdefault(n, 0)
+        for m in outs:
+            indeg[m] = indeg.get(m, 0) + 1
+    ready = [n for n, d in indeg.items() if d == 0]
+    removed = 0
+    while ready:
+        n = ready.pop()
+        removed += 1
+        for m in adj.get(n, []):
+            indeg[m] -= 1
+            if indeg[m] == 0:
+                ready.append(m)
+    return removed < len(indeg)
 
 
 @rule("OPD205", "final-output", Severity.ERROR,
