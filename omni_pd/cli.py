@@ -246,7 +246,15 @@ def validate(
         from .against import against_vllm_omni as run_against
 
         base = (res.pipeline_name or "qwen3_omni_moe").removesuffix("_pd")
-        found += run_against(Path(src), python=vllm_omni_python, model=model, model_type=base)
+        if Path(src).is_file():  # vllm-omni reads the file itself (base_config resolves beside it)
+            found += run_against(Path(src), python=vllm_omni_python, model=model, model_type=base)
+        else:  # a pipe (/dev/stdin) is already consumed: hand vllm-omni the text omni-pd read
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="omni-pd-against-") as tmp:
+                copy = Path(tmp) / "stdin.yaml"
+                copy.write_text(doc.text, encoding="utf-8")
+                found += run_against(copy, python=vllm_omni_python, model=model, model_type=base)
     diags = [d for d in found if not (quiet and d.severity is Severity.INFO)]
     if fmt == "json":
         sys.stdout.write(render_json(diags) + "\n")

@@ -254,3 +254,14 @@ def test_validate_against_vllm_omni_cli(tmp_path):
     assert no.returncode == 1
     assert ("error[OPD951]: vllm-omni 0.30.0 refuses the file (pd-validate): ValueError: PD stages must have "
             "matching tensor_parallel_size: prefill=2, decode=1") in no.stdout
+
+
+def test_against_vllm_omni_reads_a_pipe_once(tmp_path):
+    """`expand | validate /dev/stdin --against-vllm-omni` checks the piped text, not an
+    exhausted pipe."""
+    env = {**os.environ, "OMNI_PD_ORACLE_PYTHON": ORACLE}
+    text = (ROOT / "tests" / "golden" / "qwen3_omni_moe_pd.yaml").read_text()
+    p = subprocess.run([sys.executable, "-m", "omni_pd.cli", "validate", "/dev/stdin", "--against-vllm-omni"],
+                       input=text, capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "pipeline `qwen3_omni_moe_pd`, stages 0 prefill, 1 decode, 2, 3; PD pair 0 -> 1" in p.stdout

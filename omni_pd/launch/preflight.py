@@ -64,7 +64,9 @@ def check_ports(plan: LaunchPlan, locate: Locate | None = None) -> list[Diagnost
             if not ok:
                 out.append(Diagnostic(code="OPD960", severity=Severity.ERROR, location=where,
                                       message=f"port {u.port} on {u.host} ({p.name} {u.purpose}) cannot be bound: {why}",
-                                      help="stop what holds it (`ss -ltnp 'sport = :%d'`) or choose another port" % u.port))
+                                      help=("stop what holds it (`ss -ltnp 'sport = :%d'`) or move it: " % u.port)
+                                      + ("`--port`/`--engine-port-base`" if u.purpose == "http"
+                                         else "`omni-pd expand --port-base N` (connector ports)")))
     return out
 
 
