@@ -352,11 +352,7 @@ def launch(
     if not no_preflight:
         from .launch.preflight import preflight
 
-        util = {}
-        for s in topo.stages:
-            if s.pd_role:
-                util[f"{s.pd_role}-0"] = float(s.settings.get("gpu_memory_utilization") or 0.9)
-        found = preflight(plan, platform, util)
+        found = preflight(plan, platform)
         bad = [d for d in found if d.severity is Severity.ERROR]
         if found:
             sys.stdout.write(render_text(found, _line_source(res.docs)) + "\n")

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -170,8 +170,9 @@ def test_preflight_device_checks_use_the_gpu_inventory(tmp_path):
 
     cfg = compiled(tmp_path, LLM, ExpandOptions(prefill_devices=(0,), decode_devices=(3,)), "llm")
     plan = plan_of(cfg, model="m")
+    assert [p.memory_fraction for p in plan.processes[:2]] == [0.9, 0.9]  # vLLM's default, none in the file
     gib = 1024
-    diags = check_devices(plan, "cuda", {"prefill-0": 0.9, "decode-0": 0.9}, inventory=[(0, 80 * gib, 10 * gib)])
+    diags = check_devices(plan, "cuda", inventory=[(0, 80 * gib, 10 * gib)])
     assert [(d.code, d.message) for d in diags] == [
         ("OPD963", "decode-0 is given GPU 3, this machine has [0]"),
         ("OPD964", "GPU 0: engines ask 72.0 GiB, 10.0 GiB of 80.0 GiB is free")]

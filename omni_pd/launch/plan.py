@@ -101,16 +101,16 @@ def _env_str(env: dict[str, Any] | None) -> dict[str, str]:
     return {str(k): str(v) for k, v in (env or {}).items()}
 
 
-def _connector_ports(node: StageNode, topo_target: Any, host: str, name: str) -> tuple[PortUse, ...]:
+def _connector_ports(node: StageNode, target: Any, host: str) -> tuple[PortUse, ...]:
     from .. import connectors
 
     kv = node.kv or {}
     conn = connectors.get(str(kv.get("kv_connector", "")))
-    if conn is None or topo_target is None:
+    if conn is None or target is None:
         return ()
     side = "prefill" if node.pd_role == "prefill" else "decode"
     out = []
-    for p in conn.ports(side, kv, node.env or {}, node.tp, node.dp, topo_target):
+    for p in conn.ports(side, kv, node.env or {}, node.tp, node.dp, target):
         for i in range(p.span):
             out.append(PortUse(p.port + i, f"{p.purpose}" + (f"[{i}]" if p.span > 1 else ""), host))
     return tuple(out)
@@ -145,7 +145,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
         ports = [PortUse(opts.port, "http", opts.host)]
         for s in topo.stages:
             if s.pd_role:
-                ports += _connector_ports(s, target, opts.host, s.role)
+                ports += _connector_ports(s, target, opts.host)
         proc = ProcessSpec(
             name="omni", role="omni",
             argv=(opts.vllm, "serve", opts.model, "--omni", "--deploy-config", config_path,
@@ -176,9 +176,10 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
         name = f"{role}-0"
         procs.append(ProcessSpec(
             name=name, role=role, argv=tuple(argv), env=env, devices=devs, device_env=dev_var,
-            ports=(PortUse(port, "http", opts.host),) + _connector_ports(node, target, opts.host, role),
+            ports=(PortUse(port, "http", opts.host),) + _connector_ports(node, target, opts.host),
             health=HealthCheck(f"http://{opts.host}:{port}/health", timeout_s=opts.ready_timeout_s),
-            modules=mods, python=engine_py))
+            modules=mods, python=engine_py,
+            memory_fraction=float(node.settings.get("gpu_memory_utilization") or 0.9)))
         url = f"http://{opts.host}:{port}"
         if role == "prefill" and conn == "MooncakeConnector":
             bp = (node.env or {}).get("VLLM_MOONCAKE_BOOTSTRAP_PORT") or \

@@ -10,8 +10,6 @@ Every finding is a :class:`~omni_pd.diagnostics.Diagnostic`:
 * OPD964 (error) the device memory the engines ask for (``gpu_memory_utilization`` x
   total, per device) exceeds what is free, where ``nvidia-smi`` can read it;
 * OPD965 (info) a check that could not run here (e.g. no ``nvidia-smi``).
-
-A port that the config sets is located at its line (``locate(port)``).
 """
 
 from __future__ import annotations
@@ -21,40 +19,41 @@ import os
 import shutil
 import socket
 import subprocess
-from typing import Callable
-
-from ..diagnostics import Diagnostic, Location, Severity
+from ..diagnostics import Diagnostic, Severity
 from .spec import LaunchPlan
 
-Locate = Callable[[int], "Location | None"]
+
+def bind_error(host: str, port: int) -> OSError | None:
+    """The error of binding ``host:port`` (TCP, no listen), None when it binds.
+    SO_REUSEADDR is set, as uvicorn and ZMQ set it, so connections lingering in
+    TIME_WAIT from an earlier run do not count; a listener does."""
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e
+    return None
 
 
 def port_free(host: str, port: int) -> tuple[bool, str]:
-    """Try to bind ``host:port`` (TCP) without listening; (ok, reason). SO_REUSEADDR is
-    set, as uvicorn and ZMQ set it, so connections lingering in TIME_WAIT from an earlier
-    run do not count; a listener does."""
-    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
-    s = socket.socket(fam, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind((host, port))
+    """(True, "") when ``host:port`` can be bound, else (False, "EADDRINUSE (...)")."""
+    e = bind_error(host, port)
+    if e is None:
         return True, ""
-    except OSError as e:
-        return False, errno.errorcode.get(e.errno or 0, str(e)) + f" ({e.strerror})"
-    finally:
-        s.close()
+    return False, errno.errorcode.get(e.errno or 0, str(e)) + f" ({e.strerror})"
 
 
-def check_ports(plan: LaunchPlan, locate: Locate | None = None) -> list[Diagnostic]:
+def check_ports(plan: LaunchPlan) -> list[Diagnostic]:
     """OPD960 for every planned port that is taken or planned twice on one host."""
     out: list[Diagnostic] = []
     seen: dict[tuple[str, int], str] = {}
     for p in plan.processes:
         for u in p.ports:
             key = (u.host, u.port)
-            where = locate(u.port) if locate else None
             if key in seen and seen[key] != p.name:
-                out.append(Diagnostic(code="OPD960", severity=Severity.ERROR, location=where,
+                out.append(Diagnostic(code="OPD960", severity=Severity.ERROR, 
                                       message=f"port {u.port} on {u.host} is planned for both {seen[key]} and "
                                               f"{p.name} ({u.purpose})",
                                       help="give each process its own port (see `omni-pd launch --help`)"))
@@ -62,7 +61,7 @@ def check_ports(plan: LaunchPlan, locate: Locate | None = None) -> list[Diagnost
             seen[key] = p.name
             ok, why = port_free(u.host, u.port)
             if not ok:
-                out.append(Diagnostic(code="OPD960", severity=Severity.ERROR, location=where,
+                out.append(Diagnostic(code="OPD960", severity=Severity.ERROR, 
                                       message=f"port {u.port} on {u.host} ({p.name} {u.purpose}) cannot be bound: {why}",
                                       help=("stop what holds it (`ss -ltnp 'sport = :%d'`) or move it: " % u.port)
                                       + ("`--port`/`--engine-port-base`" if u.purpose == "http"
@@ -133,9 +132,10 @@ def gpu_inventory() -> list[tuple[int, int, int]] | None:
     return rows
 
 
-def check_devices(plan: LaunchPlan, platform: str, util: dict[str, float],
+def check_devices(plan: LaunchPlan, platform: str,
                   inventory: list[tuple[int, int, int]] | None = None) -> list[Diagnostic]:
-    """OPD963/OPD964 for CUDA processes (``util``: process name -> gpu_memory_utilization)."""
+    """OPD963/OPD964 for CUDA processes (each asks ``memory_fraction`` of its devices;
+    ``inventory``: as :func:`gpu_inventory`, None = ask ``nvidia-smi``)."""
     if platform != "cuda":
         return []
     users = [p for p in plan.processes if p.devices]
@@ -159,7 +159,7 @@ def check_devices(plan: LaunchPlan, platform: str, util: dict[str, float],
                                       message=f"{p.name} is given GPU {dev}, this machine has {sorted(gpus)}",
                                       help="change the stage's `devices:` (re-run `omni-pd expand --prefill-devices ...`)"))
                 continue
-            ask[dev] = ask.get(dev, 0.0) + gpus[dev][0] * util.get(p.name, 0.9)
+            ask[dev] = ask.get(dev, 0.0) + gpus[dev][0] * p.memory_fraction
     for dev, mib in sorted(ask.items()):
         total, free = gpus[dev]
         if mib > free:
@@ -170,8 +170,6 @@ def check_devices(plan: LaunchPlan, platform: str, util: dict[str, float],
     return out
 
 
-def preflight(plan: LaunchPlan, platform: str, util: dict[str, float] | None = None,
-              locate: Locate | None = None) -> list[Diagnostic]:
+def preflight(plan: LaunchPlan, platform: str) -> list[Diagnostic]:
     """Every check above, in order: executables, modules, devices, ports."""
-    return (check_executables(plan) + check_modules(plan) + check_devices(plan, platform, util or {})
-            + check_ports(plan, locate))
+    return check_executables(plan) + check_modules(plan) + check_devices(plan, platform) + check_ports(plan)

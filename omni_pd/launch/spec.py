@@ -57,7 +57,8 @@ class ProcessSpec:
     must be healthy before this one starts. ``role``: ``prefill``/``decode``/``router``/
     ``omni``/``service``. ``modules``: Python modules the child needs importable
     (checked by preflight with ``python``). ``python``: the interpreter that must import
-    ``modules`` (None: not checked).
+    ``modules`` (None: not checked). ``memory_fraction``: the share of each device's
+    memory the engine takes (``gpu_memory_utilization``; preflight checks it).
     """
 
     name: str
@@ -72,6 +73,7 @@ class ProcessSpec:
     depends_on: tuple[str, ...] = ()
     modules: tuple[str, ...] = ()
     python: str | None = None
+    memory_fraction: float = 0.9
 
     def masked_env(self) -> dict[str, str]:
         """``env`` with secret values replaced by ``***``."""

@@ -51,7 +51,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -60,7 +59,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, TextIO
 
-from omni_pd.launch.spec import MASK, LaunchPlan, ProcessSpec, is_secret
+from ..io import atomic_write
+from .preflight import bind_error
+from .spec import MASK, LaunchPlan, ProcessSpec, is_secret
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -368,8 +369,8 @@ class Supervisor:
         self._t0 = time.monotonic()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         plan_json = self.mask.deep(self.plan.to_json())
-        _atomic_write(self.run_dir / "plan.json", json.dumps(plan_json, indent=2) + "\n")
-        _atomic_write(self.run_dir / "pids", "")
+        atomic_write(self.run_dir / "plan.json", json.dumps(plan_json, indent=2) + "\n")
+        atomic_write(self.run_dir / "pids", "")
         self._view = _LiveView(self._out) if self.live else _PlainView(self._out)
         self._view.start(self)
         while True:
@@ -562,7 +563,7 @@ class Supervisor:
         assert self._t0 is not None
         self.timings.started_s[p.name] = p.started_at - self._t0
         with contextlib.suppress(OSError):
-            _atomic_write(self.run_dir / "pids", "".join(f"{pid} {name}\n" for name, pid in self.pids().items()))
+            atomic_write(self.run_dir / "pids", "".join(f"{pid} {name}\n" for name, pid in self.pids().items()))
         p.reader = threading.Thread(target=self._read, args=(p, popen, log), name=f"log-{p.name}", daemon=True)
         p.reader.start()
         ports = ", ".join(str(u.port) for u in spec.ports)
@@ -617,7 +618,7 @@ class Supervisor:
         t.critical_path_s = max((chain(p.name) for p in self._procs), default=0.0)
         t.overhead_s = t.all_healthy_s - t.critical_path_s
         with contextlib.suppress(OSError):
-            _atomic_write(self.run_dir / "timings.json", json.dumps(t.to_json(), indent=2) + "\n")
+            atomic_write(self.run_dir / "timings.json", json.dumps(t.to_json(), indent=2) + "\n")
         n = len(self._procs)
         self._say(f"all {n} process{'es' * (n != 1)} healthy after {t.all_healthy_s:.2f} s "
                   f"(slowest chain {t.critical_path_s:.2f} s, launcher overhead {t.overhead_s:.2f} s)")
@@ -848,12 +849,6 @@ def _describe_rc(rc: int) -> str:
     return f"exit code {rc}"
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _proc_table() -> dict[int, tuple[str, int, int]] | None:
     """``{pid: (state, ppid, pgrp)}`` from ``/proc`` (None where there is no /proc)."""
     try:
@@ -921,13 +916,7 @@ def _escaped_descendants(table: dict[int, tuple[str, int, int]], groups: list[in
 
 
 def _port_in_use(host: str, port: int) -> bool:
-    """True when ``host:port`` cannot be bound because something still listens there
-    (SO_REUSEADDR, as servers bind; a host that is not local is not checked)."""
-    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(fam, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            return e.errno == errno.EADDRINUSE
-    return False
+    """True when something still listens on ``host:port`` (preflight's try-bind; a host
+    that is not local is not checked)."""
+    e = bind_error(host, port)
+    return e is not None and e.errno == errno.EADDRINUSE
