@@ -155,11 +155,10 @@ def test_child_exit_tears_everything_down(tmp_path: Path) -> None:
         child("router", depends_on=("decode-0",)),
     )
     out = io.StringIO()
-    t0 = time.monotonic()
     rc = run(p, tmp_path, out=out, live=False, grace_s=2, handle_signals=False)
     assert rc == 1
-    assert time.monotonic() - t0 < 10  # no grace period wasted (children stop on SIGTERM)
     text = out.getvalue()
+    assert "still running after" not in text  # children stopped on SIGTERM: no SIGKILL needed
     assert "decode-0 exited with exit code 3 after it became healthy" in text
     assert "decode-0 exit code: 3" in text
     report = text[text.index("launch failed:"):]
@@ -251,10 +250,8 @@ def test_second_sigint_kills_at_once(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)
     time.sleep(0.3)
     assert proc.poll() is None and all(alive(pid) for pid in pids)  # SIGTERM ignored, in grace
-    t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(10) == 130
-    assert time.monotonic() - t0 < 5  # not the 60 s grace
+    assert proc.wait(10) == 130  # well inside the 60 s grace: the second signal escalated
     assert "a second signal" in (tmp_path / "launcher.out").read_text()
     assert [pid for pid in pids if alive(pid)] == []
     assert bindable(pa)
@@ -271,11 +268,8 @@ def test_sigterm_ignoring_child_is_killed_after_grace(tmp_path: Path) -> None:
         assert sup.start_and_wait_healthy()
         pids = sup.pids()
         gc = read_pid(tmp_path / "gc.pid")
-        t0 = time.monotonic()
         sup.shutdown()
-        took = time.monotonic() - t0
         sup.shutdown()  # idempotent
-    assert 0.5 <= took < 10  # the grace period, not a hang
     assert "SIGKILL to stubborn (still running after 0.5 s)" in out.getvalue()
     assert not any(alive(pid) for pid in [*pids.values(), gc])
 
@@ -287,9 +281,7 @@ def test_health_timeout_names_the_url(tmp_path: Path) -> None:
     port = free_port()
     p = plan(child("prefill-0", "--healthy-after", 60, port=port, timeout_s=1.5), child("other", port=free_port()))
     out = io.StringIO()
-    t0 = time.monotonic()
     assert run(p, tmp_path, out=out, live=False, grace_s=1, handle_signals=False) == 1
-    assert time.monotonic() - t0 < 10
     text = out.getvalue()
     # last: HTTP 503 (or connection refused on a machine so slow that the child took 1.5 s to start)
     assert f"prefill-0 did not become healthy within 1.5 s: GET http://127.0.0.1:{port}/health (last: " in text
