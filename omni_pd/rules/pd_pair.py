@@ -29,13 +29,6 @@ OK_P = "{kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}"
 OK_D = "{kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}"
 
 
-def _both(ctx: Context):
-    pair = ctx.pd_pair
-    if pair is None:
-        return None
-    return pair
-
-
 @rule("OPD301", "pd-kv-missing", Severity.ERROR,
       "a stage of the PD pair has no kv_transfer_config",
       fail=_PD + "  - {stage_id: 0, devices: \"0\"}\n  - {stage_id: 1, devices: \"1\"}\n",
@@ -46,7 +39,7 @@ def kv_missing(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     every prompt. Source: vllm-omni pd_utils.py ``_validate_pd_separation_config``
     rule 1; https://github.com/ai-dynamo/aiconfigurator/pull/522,
     https://github.com/kserve/kserve/issues/5987."""
-    pair = _both(ctx)
+    pair = ctx.pd_pair
     if pair is None:
         return
     p, d = pair
@@ -89,7 +82,7 @@ def kv_role(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             yield r.diag(f"stage {n.stage_id}: unsupported kv_role `{role}`",
                          ctx.sloc(n, "kv_transfer_config", "kv_role", value=True),
                          help="kv_role is one of kv_producer, kv_consumer, kv_both")
-    pair = _both(ctx)
+    pair = ctx.pd_pair
     if pair is None:
         return
     p, d = pair
@@ -115,7 +108,7 @@ def kv_both(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     that it is deprecated (use producer on prefill, consumer on decode); Mooncake
     asserts when a request is routed the wrong way. Sources: vLLM
     v1/nixl_connector.py (0.24); vllm_kv_connectors.md §3, checklist 10."""
-    pair = _both(ctx)
+    pair = ctx.pd_pair
     if pair is None:
         return
     for n, side, want in ((pair[0], "prefill", "kv_producer"), (pair[1], "decode", "kv_consumer")):
@@ -135,7 +128,7 @@ def connector_mismatch(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``kv_connector`` must be set and equal on both sides: a NIXL producer and a
     Mooncake consumer never exchange a block. Source: vllm-omni pd_utils.py rule 4;
     vllm_kv_connectors.md checklist 7."""
-    pair = _both(ctx)
+    pair = ctx.pd_pair
     if pair is None or not (pair[0].kv and pair[1].kv):
         return
     p, d = pair
@@ -162,7 +155,7 @@ def connector_mismatch(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
 def buffer_mismatch(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """When both sides set ``kv_buffer_device`` (or ``kv_buffer_size``, bytes), the
     values must be equal. Source: vllm-omni pd_utils.py rule 5."""
-    pair = _both(ctx)
+    pair = ctx.pd_pair
     if pair is None or not (pair[0].kv and pair[1].kv):
         return
     p, d = pair
@@ -194,7 +187,7 @@ def tp_unequal(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     ``_validate_pd_separation_config`` rule 6."""
     from .capability import hetero_tp_problem
 
-    pair = _both(ctx)
+    pair = ctx.pd_pair
     if pair is None or not (pair[0].kv and pair[1].kv):
         return
     p, d = pair
@@ -220,7 +213,7 @@ def decode_input(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     ``engine_input_source``); with explicit ``edges:`` the edge prefill -> decode must
     be there. Source: vllm-omni pd_utils.py rule 3 and
     ``detect_pd_separation_from_stage_configs``."""
-    pair = _both(ctx)
+    pair = ctx.pd_pair
     if pair is None or ctx.config is None:
         return
     p, d = pair
@@ -330,7 +323,7 @@ def peer_topology(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     Generate them from the stages. Sources:
     https://github.com/vllm-project/vllm-ascend/issues/8442,
     https://github.com/vllm-project/vllm-ascend/issues/8344; seed 004."""
-    pair = _both(ctx)
+    pair = ctx.pd_pair
     if pair is None:
         return
     real = {"prefill": pair[0], "decode": pair[1]}
