@@ -28,12 +28,12 @@ STEPS = (
     ("import pydantic (BaseModel)", "from pydantic import BaseModel"),
     ("import ruamel.yaml", "import ruamel.yaml, ruamel.yaml.comments"),
     ("import omni_pd.cli (typer app)", "import omni_pd.cli"),
-    ("import omni_pd.model (pydantic schema build)", "import omni_pd.model"),
-    ("import omni_pd.validate + rules", "import omni_pd.validate, omni_pd.rules; omni_pd.rules.registry()"),
+    ("import omni_pd.compile.model (pydantic schema build)", "import omni_pd.compile.model"),
+    ("import omni_pd.check.validate + rules", "import omni_pd.check.validate, omni_pd.check.rules; omni_pd.check.rules.registry()"),
     ("load the file (ruamel round trip)", "from omni_pd.io import load_file; doc = load_file(FILE)"),
     ("bundled data (catalogue, targets)",
-     "from omni_pd.pipelines import load_catalogue; from omni_pd.targets import target; load_catalogue(); target(None)"),
-    ("validate_document (rules)", "from omni_pd.validate import validate_document; res = validate_document(doc)"),
+     "from omni_pd.compile.pipelines import load_catalogue; from omni_pd.compile.targets import target; load_catalogue(); target(None)"),
+    ("validate_document (rules)", "from omni_pd.check.validate import validate_document; res = validate_document(doc)"),
     ("render diagnostics", "from omni_pd.diagnostics import render_text; render_text(res.diagnostics, lambda f, n: doc.line_text(n))"),
 )
 #: imported only when needed; their presence on the validate path is a regression

@@ -43,9 +43,9 @@ def child(n: int, mode: str) -> dict:
     import time
 
     import synth
-    from omni_pd.compiler import expand_document
+    from omni_pd.compile.expand import expand_document
     from omni_pd.io import parse_text
-    from omni_pd.validate import ValidateOptions, validate_document
+    from omni_pd.check.validate import ValidateOptions, validate_document
 
     cat = synth.catalogue(n)
     text = synth.deploy_yaml(n)

@@ -6,7 +6,7 @@ engines, with nothing added and nothing skipped that vllm-omni does for a PD con
 
 1. ``vllm_omni.config.stage_config.load_deploy_config(path)``
 2. vllm-omni's frozen pipeline for the file's ``pipeline:`` (its PD variant
-   derived by ``omni_pd.vllm_plugin.derive_pd_pipeline``, as the omni-pd plugin does),
+   derived by ``omni_pd.upstream.vllm_plugin.derive_pd_pipeline``, as the omni-pd plugin does),
    and ``merge_pipeline_deploy(pipeline, deploy)``
 3. ``PDDisaggregationMixin.detect_pd_separation_from_stage_configs`` and
    ``_validate_pd_separation_config`` (vllm_omni/entrypoints/pd_utils.py).
@@ -58,8 +58,8 @@ def verdict(path: str) -> dict:
     from vllm_omni.config.stage_config import load_deploy_config, merge_pipeline_deploy
     from vllm_omni.entrypoints.pd_utils import PDDisaggregationMixin
 
-    from omni_pd.pipelines import PD_SUFFIX, load_catalogue
-    from omni_pd.vllm_plugin import derive_pd_pipeline
+    from omni_pd.compile.pipelines import PD_SUFFIX, load_catalogue
+    from omni_pd.upstream.vllm_plugin import derive_pd_pipeline
 
     out: dict = {"file": path, "pipeline": None, "pair": None}
     try:

@@ -27,8 +27,8 @@ def pipeline_name(n: int) -> str:
 
 
 def pipeline(n: int):
-    """The frozen N-stage chain (omni_pd.pipelines.Pipeline)."""
-    from omni_pd.pipelines import Pipeline, PipelineStage
+    """The frozen N-stage chain (omni_pd.compile.pipelines.Pipeline)."""
+    from omni_pd.compile.pipelines import Pipeline, PipelineStage
 
     if n < 2:
         raise ValueError("a synthetic chain needs at least 2 stages")
@@ -43,7 +43,7 @@ def pipeline(n: int):
 
 def catalogue(n: int):
     """omni-pd's bundled catalogue plus ``synth<n>`` and ``synth<n>_pd``."""
-    from omni_pd.pipelines import Catalogue, derive_pd, load_catalogue
+    from omni_pd.compile.pipelines import Catalogue, derive_pd, load_catalogue
 
     p = pipeline(n)
     pd = derive_pd(p)
@@ -58,9 +58,9 @@ def installed(cat) -> Iterator[None]:
     parameter (it calls ``load_catalogue()``, as do ``rules.Context.catalogued`` and
     the CLI), so the bench swaps the function for the duration.
     """
-    import omni_pd.compiler as compiler
-    import omni_pd.pipelines as pipelines
-    import omni_pd.validate as validate
+    import omni_pd.compile.expand as compiler
+    import omni_pd.compile.pipelines as pipelines
+    import omni_pd.check.validate as validate
 
     saved = (pipelines.load_catalogue, validate.load_catalogue, compiler.load_catalogue)
     fn = lambda: cat  # noqa: E731
@@ -116,7 +116,7 @@ def devices_needed(n: int) -> int:
 
 def inventory(n: int):
     """One host with enough devices for the expanded topology, all stages on it."""
-    from omni_pd.context import Inventory
+    from omni_pd.check.context import Inventory
 
     return Inventory.from_dict({"hosts": {"host-a": {"accelerator": "cuda", "count": devices_needed(n),
                                                      "memory_gib": 80, "address": "10.0.0.1"}},

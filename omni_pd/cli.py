@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from .diagnostics import Diagnostic, OmniPdError, Severity
+from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
 
 app = typer.Typer(
     name="omni-pd",
@@ -29,7 +29,7 @@ _DOCS: dict[str, object] = {}
 
 def _line_source(docs: dict):
     """Source line lookup for diagnostics: loaded documents first, else the file on disk."""
-    from .io import MAX_INPUT_BYTES
+    from omni_pd.io import MAX_INPUT_BYTES
 
     cache: dict[str, list[str] | None] = {}
 
@@ -50,7 +50,7 @@ def _line_source(docs: dict):
 
 
 def _emit_diags(diags, docs: dict | None = None) -> None:
-    from .diagnostics import render_text, sort_key
+    from omni_pd.diagnostics import render_text, sort_key
 
     if not diags:
         return
@@ -61,7 +61,7 @@ def _emit_diags(diags, docs: dict | None = None) -> None:
 def _devices_opt(value: Optional[str], name: str):
     if value is None:
         return None
-    from .topology import parse_devices
+    from omni_pd.compile.devices import parse_devices
 
     try:
         d = parse_devices(value)
@@ -73,7 +73,7 @@ def _devices_opt(value: Optional[str], name: str):
 
 
 def _schema_ref(out: Optional[Path]) -> str:
-    from .resources import schema_path
+    from omni_pd.resources import schema_path
 
     base = out.resolve().parent if out is not None else Path.cwd()
     sp = schema_path()
@@ -104,10 +104,10 @@ def expand(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="hide info diagnostics"),
 ) -> None:
     """Split the Thinker of a deploy config into a prefill/decode pair (three stages -> four)."""
-    from .compiler import expand_document
-    from .io import atomic_write, load_file
-    from .passes.pd_split import ExpandOptions
-    from .resources import preset_path
+    from omni_pd.compile.expand import expand_document
+    from omni_pd.io import atomic_write, load_file
+    from omni_pd.compile.passes.pd_split import ExpandOptions
+    from omni_pd.resources import preset_path
 
     src = input if input is not None else preset_path("qwen3_omni_moe")
     opts = ExpandOptions(
@@ -135,8 +135,8 @@ def schema(output: Optional[Path] = typer.Option(None, "-o", "--output", help="w
     """Print the JSON Schema of a deploy config (generated from omni-pd's pydantic model)."""
     import json
 
-    from .io import atomic_write
-    from .model import json_schema
+    from omni_pd.io import atomic_write
+    from omni_pd.compile.model import json_schema
 
     text = json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
     if output is None:
@@ -148,7 +148,7 @@ def schema(output: Optional[Path] = typer.Option(None, "-o", "--output", help="w
 @app.command()
 def pipelines() -> None:
     """List the catalogued pipelines and their stages."""
-    from .pipelines import load_catalogue
+    from omni_pd.compile.pipelines import load_catalogue
 
     cat = load_catalogue()
     for name in cat.names():
@@ -161,7 +161,7 @@ def pipelines() -> None:
 @app.command()
 def connectors() -> None:
     """List the KV connectors omni-pd can emit."""
-    from . import connectors as reg
+    from omni_pd.compile import connectors as reg
 
     for name in reg.names():
         c = reg.get(name)
@@ -170,8 +170,8 @@ def connectors() -> None:
 
 def _load_yaml_option(path: Path, what: str):
     """Read a small YAML/JSON option file (inventory, model info); OPD001/OPD006 on failure."""
-    from .io import load_file
-    from .parse import to_plain
+    from omni_pd.io import load_file
+    from omni_pd.compile.parse import to_plain
 
     doc = load_file(path)
     return to_plain(doc.tree)
@@ -211,11 +211,11 @@ def validate(
     """Check a deploy config for every PD invariant; exit 0 clean, 1 errors, 2 unreadable input."""
     import json
 
-    from .context import Inventory, ModelInfo
-    from .diagnostics import render_json, render_text, summary
-    from .io import load_file
-    from .resources import preset_path
-    from .validate import ValidateOptions, validate_document
+    from omni_pd.check.context import Inventory, ModelInfo
+    from omni_pd.diagnostics import render_json, render_text, summary
+    from omni_pd.io import load_file
+    from omni_pd.resources import preset_path
+    from omni_pd.check.validate import ValidateOptions, validate_document
 
     if fmt not in ("text", "json", "sarif"):
         raise typer.BadParameter("use text, json or sarif", param_hint="--format")
@@ -243,7 +243,7 @@ def validate(
     res = validate_document(doc, opts)
     found = list(res.diagnostics)
     if against_vllm_omni:
-        from .against import against_vllm_omni as run_against
+        from omni_pd.upstream.against import against_vllm_omni as run_against
 
         base = (res.pipeline_name or "qwen3_omni_moe").removesuffix("_pd")
         if Path(src).is_file():  # vllm-omni reads the file itself (base_config resolves beside it)
@@ -259,7 +259,7 @@ def validate(
     if fmt == "json":
         sys.stdout.write(render_json(diags) + "\n")
     elif fmt == "sarif":
-        from .sarif import render_sarif
+        from omni_pd.check.sarif import render_sarif
 
         sys.stdout.write(render_sarif(diags) + "\n")
     else:
@@ -277,7 +277,7 @@ def validate(
 @app.command("rules")
 def rules_cmd() -> None:
     """List every validate rule: code, severity, name and summary."""
-    from .rules import registry
+    from omni_pd.check.rules import registry
 
     for code, r in registry().items():
         sys.stdout.write(f"{code}  {r.severity.value:7}  {r.name:24} {r.summary}\n")
@@ -286,7 +286,7 @@ def rules_cmd() -> None:
 @app.command()
 def explain(code: str = typer.Argument(..., help="a rule code, e.g. OPD304")) -> None:
     """Print one rule's documentation with its failing and passing examples."""
-    from .rules import get, registry
+    from omni_pd.check.rules import get, registry
 
     r = get(code)
     if r is None:
@@ -324,9 +324,9 @@ def launch(
     import json
     import time
 
-    from .diagnostics import render_text, summary
-    from .io import load_file
-    from .launch.plan import DEVICE_ENV, LaunchOptions, plan_document
+    from omni_pd.diagnostics import render_text, summary
+    from omni_pd.io import load_file
+    from omni_pd.launch.plan import DEVICE_ENV, LaunchOptions, plan_document
 
     if fmt not in ("text", "json"):
         raise typer.BadParameter("use text or json", param_hint="--format")
@@ -350,7 +350,7 @@ def launch(
             _print_plan(plan)
         return
     if not no_preflight:
-        from .launch.preflight import preflight
+        from omni_pd.launch.preflight import preflight
 
         found = preflight(plan, platform)
         bad = [d for d in found if d.severity is Severity.ERROR]
@@ -359,12 +359,12 @@ def launch(
         if bad:
             sys.stdout.write(f"preflight: not launched ({summary(found)})\n")
             raise SystemExit(1)
-    from .launch.supervisor import run
+    from omni_pd.launch.supervisor import run
 
     rd = run_dir or Path("omni-pd-runs") / time.strftime("%Y%m%d-%H%M%S")
     on_ready = None
     if smoke:
-        from .launch.smoke import smoke_check
+        from omni_pd.launch.smoke import smoke_check
 
         decode = next((p for p in plan.processes if p.role == "decode"), None)
         metrics = decode.health.url.rsplit("/", 1)[0] + "/metrics" if decode and decode.health else None

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .diagnostics import Diagnostic, Location, OmniPdError, Severity
+from omni_pd.diagnostics import Diagnostic, Location, OmniPdError, Severity
 
 Path_ = tuple[Any, ...]
 

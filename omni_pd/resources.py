@@ -73,7 +73,10 @@ def preset_path(name: str) -> Path:
     return data_dir("presets") / f"{name}.yaml"
 
 
-def schema_path() -> Path:
-    from .model import SCHEMA_FILENAME
+#: File name of the published JSON Schema (generated from omni_pd.compile.model).
+SCHEMA_FILENAME = "omni-pd-deploy.schema.json"
 
+
+def schema_path() -> Path:
+    """The bundled JSON Schema of a deploy config (``schemas/omni-pd-deploy.schema.json``)."""
     return data_dir("schemas") / SCHEMA_FILENAME

@@ -9,7 +9,7 @@ Three kinds of input, all bytes written to a file and run through the real CLI e
   inserted YAML punctuation and unicode, huge and negative numbers, tags, anchors,
   random bytes; or a tree-level edit (a value replaced by a generated one) dumped back;
 * :func:`generated_documents`: a deploy-shaped mapping whose values hypothesis builds
-  from the schema's own key names (``omni_pd.model``) and hostile scalars;
+  from the schema's own key names (``omni_pd.compile.model``) and hostile scalars;
 * :func:`hostile_inputs`: fixed adversarial files (alias bomb, 100k-deep nesting, a
   50 MB file, non-UTF-8, control characters, duplicate keys, complex keys ...) with
   the exact diagnostic each must produce.
@@ -58,7 +58,7 @@ SEEDS: list[tuple[str, str]] = _load_seeds()
 
 def _schema_keys() -> list[str]:
     """Every key name the deploy model knows (top level, stage, KV transfer config)."""
-    from omni_pd.model import DeployConfig, KVTransferConfig, Runtime, StageDeploy
+    from omni_pd.compile.model import DeployConfig, KVTransferConfig, Runtime, StageDeploy
 
     keys: set[str] = set()
     for m in (DeployConfig, StageDeploy, KVTransferConfig, Runtime):

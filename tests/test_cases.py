@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from omni_pd.context import Inventory, ModelInfo
+from omni_pd.check.context import Inventory, ModelInfo
 from omni_pd.diagnostics import OmniPdError, Severity
-from omni_pd.validate import ValidateOptions, validate_text
+from omni_pd.check.validate import ValidateOptions, validate_text
 
 CASES_DIR = Path(__file__).resolve().parents[2] / "shared" / "cases"
 if not CASES_DIR.is_dir():
@@ -111,7 +111,7 @@ def _load(path: Path) -> Any:
 
 
 def _plain(node: Any) -> Any:
-    from omni_pd.parse import to_plain
+    from omni_pd.compile.parse import to_plain
 
     return to_plain(node)
 
@@ -258,7 +258,7 @@ def test_case(cid: str, which: str, path: Path, variant: Any) -> None:
         assert code is not None, f"{e['rule']} has no omni-pd code"
         verdict = e["verdict"]
         if verdict == "rewrite":
-            from omni_pd.compiler import expand_document
+            from omni_pd.compile.expand import expand_document
             from omni_pd.io import parse_text
 
             expand_document(parse_text(text, "case.yaml"))
@@ -292,7 +292,7 @@ def test_br32_prefill_sampling_is_flagged() -> None:
     line = text.splitlines()[hits[0].location.line - 1]
     assert line[hits[0].location.column - 1:].startswith('["<eos-id>"]') or "stop_token_ids" in line
     with pytest.raises(OmniPdError) as ei:
-        from omni_pd.compiler import expand_document
+        from omni_pd.compile.expand import expand_document
         from omni_pd.io import parse_text
 
         expand_document(parse_text(text, "BR-32.yaml"))
@@ -300,7 +300,7 @@ def test_br32_prefill_sampling_is_flagged() -> None:
 
 
 def test_every_case_rule_maps_to_a_registered_code() -> None:
-    from omni_pd.rules import registry
+    from omni_pd.check.rules import registry
 
     reg = registry()
     for name, code in CASE_RULES.items():

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from omni_pd.cli import main
-from omni_pd.compiler import expand_document
+from omni_pd.compile.expand import expand_document
 from omni_pd.diagnostics import OmniPdError
 from omni_pd.io import load_file, parse_text
-from omni_pd.passes.pd_split import ExpandOptions
+from omni_pd.compile.passes.pd_split import ExpandOptions
 from omni_pd.resources import preset_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,7 +129,7 @@ def test_thinker_fields_copied_to_both_halves_and_prefill_not_async():
 
 def test_downstream_stages_untouched_except_id_devices_sources():
     src = load_file(PRESET)
-    from omni_pd.parse import parse_config
+    from omni_pd.compile.parse import parse_config
 
     before = parse_config(src)
     res = expand()
@@ -245,7 +245,7 @@ def test_cli_device_options(capsys):
     rc, out, err = run_cli(["expand", "-q", "--tp", "2", "--prefill-devices", "0,1", "--decode-devices", "4,5"], capsys)
     assert rc == 0, err
     cfg = parse_text(out)
-    from omni_pd.parse import parse_config
+    from omni_pd.compile.parse import parse_config
 
     c = parse_config(cfg)
     assert [s.devices for s in c.stages] == ["0,1", "4,5", "2", "2"]
@@ -379,7 +379,7 @@ def test_failed_run_leaves_no_output(tmp_path, capsys):
 # --- schema ---------------------------------------------------------------------------------------
 
 def test_checked_in_schema_matches_model():
-    from omni_pd.model import json_schema
+    from omni_pd.compile.model import json_schema
 
     checked_in = json.loads((ROOT / "schemas" / "omni-pd-deploy.schema.json").read_text())
     assert checked_in == json_schema(), "schema drifted: run `omni-pd schema -o schemas/omni-pd-deploy.schema.json`"
@@ -389,7 +389,7 @@ def test_checked_in_schema_matches_model():
 def test_expanded_output_validates_against_published_schema(golden):
     import jsonschema
 
-    from omni_pd.parse import to_plain
+    from omni_pd.compile.parse import to_plain
 
     schema = json.loads((ROOT / "schemas" / "omni-pd-deploy.schema.json").read_text())
     data = to_plain(parse_text((GOLDEN / golden).read_text()).tree)

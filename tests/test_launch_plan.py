@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from omni_pd.compiler import expand_document
+from omni_pd.compile.expand import expand_document
 from omni_pd.diagnostics import OmniPdError
 from omni_pd.io import load_file, parse_text
 from omni_pd.launch.plan import LaunchOptions, engine_flags, plan_document
 from omni_pd.launch.spec import LaunchPlan
-from omni_pd.passes.pd_split import ExpandOptions
+from omni_pd.compile.passes.pd_split import ExpandOptions
 from omni_pd.resources import preset_path
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,8 +7,8 @@ import copy
 import sys
 
 from omni_pd.io import copy_tree, dump, parse_text
-from omni_pd.rules.topology import _has_cycle
-from omni_pd.validate import validate_text
+from omni_pd.check.rules.topology import _has_cycle
+from omni_pd.check.validate import validate_text
 
 TRICKY = """\
 # top comment

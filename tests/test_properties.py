@@ -23,15 +23,15 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from conftest import example_budget
-from omni_pd import connectors
-from omni_pd.compiler import ExpandResult, expand_document
+from omni_pd.compile import connectors
+from omni_pd.compile.expand import ExpandResult, expand_document
 from omni_pd.diagnostics import OmniPdError
 from omni_pd.io import parse_text
-from omni_pd.parse import parse_config, to_plain
-from omni_pd.passes.pd_split import ExpandOptions
-from omni_pd.pipelines import IdMap
-from omni_pd.targets import target as make_target
-from omni_pd.topology import resolve
+from omni_pd.compile.parse import parse_config, to_plain
+from omni_pd.compile.passes.pd_split import ExpandOptions
+from omni_pd.compile.pipelines import IdMap
+from omni_pd.compile.targets import target as make_target
+from omni_pd.compile.topology import resolve
 
 VERSIONS = ("0.11", "0.13", "0.18", "0.24", "0.30", "0.32", "0.33")
 PLATFORMS = ("npu", "xpu", "rocm", "cuda")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from omni_pd.diagnostics import Severity
-from omni_pd.rules import FAMILIES, registry
-from omni_pd.validate import ValidateOptions, options_from_example, validate_text
+from omni_pd.check.rules import FAMILIES, registry
+from omni_pd.check.validate import ValidateOptions, options_from_example, validate_text
 
 RULES = registry()
 
@@ -19,7 +19,7 @@ def test_registry_has_every_family_and_stable_codes() -> None:
         assert code == r.code and code.startswith("OPD") and len(code) == 6
         assert r.family == {"1": "schema", "2": "topology", "3": "pd_pair", "4": "devices", "5": "ports",
                             "6": "capability", "7": "runtime"}[code[3]]
-        assert r.check.__module__ == f"omni_pd.rules.{r.family}"
+        assert r.check.__module__ == f"omni_pd.check.rules.{r.family}"
         assert r.doc and r.summary and r.fail.strip() and r.passing.strip()
         # the doc names its upstream source
         assert "Source" in r.doc, code

@@ -68,8 +68,8 @@ def test_sarif_output_clean_run_is_valid(capsys, sarif_schema) -> None:
 
 
 def test_sarif_info_maps_to_note(capsys, sarif_schema) -> None:
-    from omni_pd.sarif import to_sarif
-    from omni_pd.validate import validate_text
+    from omni_pd.check.sarif import to_sarif
+    from omni_pd.check.validate import validate_text
 
     res = validate_text("stages:\n  - stage_id: 0\n  - stage_id: 1\n", "t.yaml")
     doc = to_sarif(res.diagnostics)

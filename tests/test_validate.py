@@ -12,7 +12,7 @@ import pytest
 from omni_pd.cli import main
 from omni_pd.diagnostics import Severity
 from omni_pd.io import load_file
-from omni_pd.validate import ValidateOptions, validate_document, validate_text
+from omni_pd.check.validate import ValidateOptions, validate_document, validate_text
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = sorted((REPO / "presets").glob("*.yaml"))
@@ -20,8 +20,8 @@ CONNECTORS = ["MooncakeConnector", "NixlConnector"]
 
 
 def _expand(preset: Path, connector: str) -> str:
-    from omni_pd.compiler import expand_document
-    from omni_pd.passes.pd_split import ExpandOptions
+    from omni_pd.compile.expand import expand_document
+    from omni_pd.compile.passes.pd_split import ExpandOptions
 
     return expand_document(load_file(preset), ExpandOptions(connector=connector)).text
 

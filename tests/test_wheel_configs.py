@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
-from omni_pd.compiler import expand_document
+from omni_pd.compile.expand import expand_document
 from omni_pd.io import load_file, parse_text
-from omni_pd.parse import parse_config
-from omni_pd.pipelines import Catalogue, Pipeline, load_catalogue
-from omni_pd.topology import resolve
+from omni_pd.compile.parse import parse_config
+from omni_pd.compile.pipelines import Catalogue, Pipeline, load_catalogue
+from omni_pd.compile.topology import resolve
 
 pytestmark = pytest.mark.wheel
 

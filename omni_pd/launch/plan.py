@@ -25,8 +25,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..topology import StageNode, Topology, format_devices
-from .spec import HealthCheck, LaunchPlan, PortUse, ProcessSpec
+from omni_pd.compile.topology import StageNode, Topology, format_devices
+from omni_pd.launch.spec import HealthCheck, LaunchPlan, PortUse, ProcessSpec
 
 #: platform -> the env var that selects visible devices (None: no device selection)
 DEVICE_ENV: dict[str, str | None] = {
@@ -102,7 +102,7 @@ def _env_str(env: dict[str, Any] | None) -> dict[str, str]:
 
 
 def _connector_ports(node: StageNode, target: Any, host: str) -> tuple[PortUse, ...]:
-    from .. import connectors
+    from omni_pd.compile import connectors
 
     kv = node.kv or {}
     conn = connectors.get(str(kv.get("kv_connector", "")))
@@ -129,7 +129,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
 
     ``topo``: the compiled config resolved for ``opts.platform`` (its pipeline must be
     a PD pipeline). ``config_path``: the compiled file (passed to ``--deploy-config``).
-    ``target``: the vLLM :class:`~omni_pd.targets.Target` (connector port rules).
+    ``target``: the vLLM :class:`~omni_pd.compile.targets.Target` (connector port rules).
     Raises ``ValueError`` when the topology has no prefill/decode pair.
     """
     pair = topo.pd_pair
@@ -220,12 +220,13 @@ def plan_document(doc: Any, config_path: str, opts: LaunchOptions) -> Planned:
     Validation errors leave ``plan`` None (the caller prints them). Raises
     :class:`~omni_pd.diagnostics.OmniPdError` OPD966 when the config is not a PD config.
     """
-    from ..diagnostics import Diagnostic, OmniPdError, Severity
-    from ..parse import parse_config
-    from ..pipelines import load_catalogue
-    from ..targets import target as make_target
-    from ..topology import resolve
-    from ..validate import PLATFORMS, ValidateOptions, validate_document
+    from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
+    from omni_pd.compile.parse import parse_config
+    from omni_pd.compile.pipelines import load_catalogue
+    from omni_pd.compile.targets import target as make_target
+    from omni_pd.compile.topology import resolve
+    from omni_pd.check.validate import ValidateOptions, validate_document
+    from omni_pd.compile.topology import PLATFORMS
 
     overlay = opts.platform if opts.platform in PLATFORMS else None
     res = validate_document(doc, ValidateOptions(platform=overlay))

@@ -19,8 +19,8 @@ import os
 import shutil
 import socket
 import subprocess
-from ..diagnostics import Diagnostic, Severity
-from .spec import LaunchPlan
+from omni_pd.diagnostics import Diagnostic, Severity
+from omni_pd.launch.spec import LaunchPlan
 
 
 def bind_error(host: str, port: int) -> OSError | None:

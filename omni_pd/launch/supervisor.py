@@ -59,9 +59,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, TextIO
 
-from ..io import atomic_write
-from .preflight import bind_error
-from .spec import MASK, LaunchPlan, ProcessSpec, is_secret
+from omni_pd.io import atomic_write
+from omni_pd.launch.preflight import bind_error
+from omni_pd.launch.spec import MASK, LaunchPlan, ProcessSpec, is_secret
 
 EXIT_OK = 0
 EXIT_FAILED = 1

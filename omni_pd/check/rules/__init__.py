@@ -1,0 +1,247 @@
+"""The rule engine of ``omni-pd validate``: Rule, Context and the registry.
+
+One module per rule family (yamllint style): ``schema`` (OPD1xx), ``topology``
+(OPD2xx), ``pd_pair`` (OPD3xx), ``devices`` (OPD4xx), ``ports`` (OPD5xx),
+``capability`` (OPD6xx), ``runtime`` (OPD7xx). A module declares its rules with the
+:func:`rule` decorator; every module of this package is imported by :func:`registry`,
+so adding a rule is one decorated function and nothing here changes.
+
+Each rule carries a stable code, a severity, a one-line summary, a doc paragraph that
+names its upstream source, and one FAILING and one PASSING YAML example. The examples
+are tests (tests/test_rules.py); ``example_context`` gives the options an example
+needs (``inventory``, ``model``, ``env``, ``cli``, ``platform``, ``vllm_version``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from omni_pd.diagnostics import Diagnostic, Location, Severity
+from omni_pd.compile.topology import as_int
+
+if TYPE_CHECKING:
+    from omni_pd.check.context import Inventory, ModelInfo
+    from omni_pd.compile.model import DeployConfig
+    from omni_pd.compile.targets import Target
+    from omni_pd.compile.topology import StageNode, Topology
+
+FAMILIES = {
+    "1": "schema", "2": "topology", "3": "pd_pair", "4": "devices",
+    "5": "ports", "6": "capability", "7": "runtime",
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One check. ``check(ctx)`` yields located :class:`Diagnostic` s with this code."""
+
+    code: str
+    name: str
+    severity: Severity
+    summary: str
+    doc: str
+    fail: str
+    passing: str
+    #: ``check(ctx, rule)`` yields this rule's diagnostics (``rule.diag(...)``)
+    check: Callable[["Context", "Rule"], Iterable[Diagnostic]] = field(repr=False, compare=False)
+    example_context: dict[str, Any] = field(default_factory=dict, compare=False)
+    #: context of the passing example when it differs (None: same as the failing one)
+    pass_context: dict[str, Any] | None = field(default=None, compare=False)
+    #: case-catalogue labels this rule implements (shared/cases/README.md)
+    labels: tuple[str, ...] = ()
+
+    @property
+    def family(self) -> str:
+        return FAMILIES.get(self.code[3], "other")
+
+    def explain(self) -> str:
+        """The text ``omni-pd explain CODE`` prints."""
+        out = [f"{self.code} {self.name} ({self.severity.value}, {self.family})", "",
+               self.summary, "", self.doc.strip(), "", "Fails:", "",
+               _indent(self.fail.strip()), "", "Passes:", "", _indent(self.passing.strip())]
+        if self.example_context:
+            out += ["", "Context of the failing example: " + ", ".join(
+                f"{k}={v!r}" for k, v in self.example_context.items())]
+        if self.pass_context is not None:
+            out += ["Context of the passing example: " + (", ".join(
+                f"{k}={v!r}" for k, v in self.pass_context.items()) or "none")]
+        return "\n".join(out) + "\n"
+
+    def diag(self, message: str, location: Location | None, *, help: str | None = None,
+             related: list[Location] | None = None, notes: list[str] | None = None,
+             label: str | None = None, severity: Severity | None = None) -> Diagnostic:
+        """A diagnostic with this rule's code (and severity unless overridden)."""
+        return Diagnostic(code=self.code, severity=severity or self.severity, message=message,
+                          location=location, help=help, related=list(related or []),
+                          notes=list(notes or []), label=label)
+
+
+def _indent(s: str) -> str:
+    return "\n".join("    " + line for line in s.splitlines())
+
+
+_DECLARED: list[Rule] = []
+
+
+def rule(code: str, name: str, severity: Severity, summary: str, *, fail: str, passing: str,
+         example_context: dict[str, Any] | None = None, pass_context: dict[str, Any] | None = None,
+         labels: tuple[str, ...] = ()):
+    """Declare a rule; the decorated function's docstring is its doc paragraph."""
+
+    def wrap(fn: Callable[["Context", Rule], Iterable[Diagnostic]]):
+        r = Rule(code=code, name=name, severity=severity, summary=summary,
+                 doc=(fn.__doc__ or "").strip(), fail=fail, passing=passing, check=fn,
+                 example_context=dict(example_context or {}),
+                 pass_context=dict(pass_context) if pass_context is not None else None, labels=labels)
+        _DECLARED.append(r)
+        return fn
+
+    return wrap
+
+
+@lru_cache(maxsize=1)
+def registry() -> dict[str, Rule]:
+    """Code -> Rule, discovered by importing every module of this package."""
+    for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if not mod.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{mod.name}")
+    out: dict[str, Rule] = {}
+    for r in _DECLARED:
+        if r.code in out and out[r.code] is not r:
+            raise RuntimeError(f"rule code {r.code} declared twice")
+        out[r.code] = r
+    return dict(sorted(out.items()))
+
+
+def get(code: str) -> Rule | None:
+    return registry().get(code.strip().upper())
+
+
+@dataclass
+class Context:
+    """Everything a rule may read. ``topology`` is resolved for ``platform`` (None = base).
+
+    ``env``: the launcher environment (e.g. CUDA_VISIBLE_DEVICES); ``cli``: global engine
+    flags given on the command line, which vllm-omni broadcasts to every stage;
+    ``raw``: the (base_config-merged) plain tree; ``parse_diagnostics``: OPD101s
+    collected while parsing; ``pipeline_note``: how the pipeline was chosen.
+    """
+
+    doc: Any  # Document or a base_config-merged locator with the same loc() API
+    config: "DeployConfig | None"
+    topology: "Topology | None"
+    target: "Target"
+    platform: str | None = None
+    inventory: "Inventory | None" = None
+    model: "ModelInfo | None" = None
+    env: dict[str, str] = field(default_factory=dict)
+    cli: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+    legacy: bool = False
+    parse_diagnostics: list[Diagnostic] = field(default_factory=list)
+    pipeline_note: Diagnostic | None = None
+    #: False for the second and later platforms of --all-platforms (platform-independent
+    #: rules run once)
+    platform_first: bool = True
+
+    # --- locating -------------------------------------------------------------------
+    def exists(self, path: tuple) -> bool:
+        return self.doc.exists(path)
+
+    def stage_path(self, node: "StageNode", *keys: Any) -> tuple:
+        """Path of ``keys`` inside the stage entry that sets it: the platform overlay
+        entry when it does, else ``engine_args``/``runtime``/flat keys of the stage."""
+        cands: list[tuple] = []
+        if self.platform and keys:
+            ov = self.raw_at(("platforms", self.platform, "stages"))  # any type when OPD101 reported it
+            for j, o in enumerate(ov if isinstance(ov, list) else []):
+                if isinstance(o, dict) and o.get("stage_id") == node.stage_id:
+                    base = ("platforms", self.platform, "stages", j)
+                    cands += [base + ("runtime",) + keys, base + ("engine_args",) + keys, base + keys]
+        if node.index is not None:
+            base = ("stages", node.index)
+            cands += [base + ("runtime",) + keys, base + ("engine_args",) + keys, base + keys]
+            for i in range(len(keys) - 1, 0, -1):  # nearest existing ancestor inside the stage
+                cands += [base + ("engine_args",) + keys[:i], base + keys[:i]]
+            cands.append(base)
+        for c in cands:
+            if self.exists(c):
+                return c
+        return ("stages",) if self.exists(("stages",)) else ()
+
+    def sloc(self, node: "StageNode", *keys: Any, value: bool = False, label: str | None = None) -> Location:
+        """Location of ``keys`` in ``node``'s stage entry (see :meth:`stage_path`)."""
+        path = self.stage_path(node, *keys)
+        loc = self.doc.loc(path, value=value and len(path) >= 2 and path[-1] == (keys[-1] if keys else None))
+        if label:
+            loc = Location(file=loc.file, line=loc.line, column=loc.column, path=loc.path, label=label)
+        return loc
+
+    def loc(self, path: tuple, *, value: bool = False, label: str | None = None) -> Location:
+        loc = self.doc.loc(path, value=value)
+        if label:
+            loc = Location(file=loc.file, line=loc.line, column=loc.column, path=loc.path, label=label)
+        return loc
+
+    def raw_at(self, path: tuple, default: Any = None) -> Any:
+        """The value at ``path`` in the plain (base_config-merged) tree, as written."""
+        from omni_pd.io import get_path
+
+        return get_path(self.raw, path, default)
+
+    # --- facts ----------------------------------------------------------------------
+    def host_of(self, node: "StageNode") -> str:
+        """Host a stage runs on (inventory placement; one implicit host otherwise)."""
+        return self.inventory.host_of(node.stage_id) if self.inventory else "localhost"
+
+    def stage_tp(self, node: "StageNode") -> int:
+        """Tensor parallel size, with a global ``--tensor-parallel-size`` broadcast."""
+        return as_int(self.cli.get("tensor_parallel_size"), node.tp)
+
+    def stage_pp(self, node: "StageNode") -> int:
+        return as_int(self.cli.get("pipeline_parallel_size"), node.pp)
+
+    def stage_dp(self, node: "StageNode") -> int:
+        return as_int(self.cli.get("data_parallel_size"), node.dp)
+
+    def setting(self, node: "StageNode", key: str, default: Any = None) -> Any:
+        if key in self.cli:
+            return self.cli[key]
+        return node.settings.get(key, default)
+
+    @property
+    def catalogued(self) -> bool:
+        """True when the topology's pipeline is one of omni-pd's catalogue (roles known)."""
+        from omni_pd.compile.pipelines import load_catalogue
+
+        return self.topology is not None and load_catalogue().get(self.topology.pipeline.name) is self.topology.pipeline
+
+    def stage_kind_known(self, node: "StageNode") -> bool:
+        """True when the stage is known to be a vLLM LLM engine (defaults apply)."""
+        ps = self.topology.pipeline.stage(node.stage_id) if self.topology is not None else None
+        return ps is not None and ps.execution_type.startswith("LLM")
+
+    @property
+    def pd_pair(self) -> "tuple[StageNode, StageNode] | None":
+        return self.topology.pd_pair if self.topology is not None else None
+
+
+def run_rules(ctx: Context, rules: Iterable[Rule] | None = None) -> list[Diagnostic]:
+    """Run ``rules`` (default: all) over ``ctx``; a rule that crashes yields OPD000."""
+    out: list[Diagnostic] = []
+    for r in (rules if rules is not None else registry().values()):
+        try:
+            out.extend(r.check(ctx, r))
+        except Exception as e:  # a bug in one rule must not hide the others
+            import os
+
+            if os.environ.get("OMNI_PD_DEBUG"):
+                raise
+            out.append(Diagnostic(code="OPD000", severity=Severity.ERROR,
+                                  message=f"internal error in rule {r.code}: {type(e).__name__}: {e}",
+                                  help="this is a bug in omni-pd; rerun with OMNI_PD_DEBUG=1"))
+    return out

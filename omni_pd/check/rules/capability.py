@@ -1,0 +1,442 @@
+"""Connector capability rules (OPD6xx) per (connector, vLLM version, platform).
+
+Facts come from ``presets/targets/vllm.yaml`` (registry, renames, kv fields per
+version) and the connector contracts in ``omni_pd/compile/connectors``; the tables below
+hold what those do not cover yet, each with its source. Sources:
+vllm_kv_connectors.md §1-3, §6, §8 (vLLM 0.11-0.33 wheels), vllm-ascend PD guide
+(seed 004), and the case reports named per rule.
+"""
+
+from __future__ import annotations
+
+from difflib import get_close_matches
+from typing import TYPE_CHECKING, Any, Iterable
+
+from omni_pd.diagnostics import Diagnostic, Severity
+from omni_pd.check.rules import Context, Rule, rule
+
+if TYPE_CHECKING:
+    from omni_pd.compile.topology import StageNode
+
+#: vllm-ascend's connector names (registered by the vllm-ascend plugin, NPU only).
+ASCEND_CONNECTORS = frozenset({"MooncakeConnectorV1", "MooncakeLayerwiseConnector", "MooncakeConnectorStoreV1",
+                               "AscendStoreConnector", "LLMDataDistCMgrConnector"})
+#: MultiConnector child names that resolve to a different class (alias) on a platform.
+ALIASES = {("npu", "OffloadingConnector"): "AscendOffloadingConnector"}
+#: MLA KV layout support. True: supported; False: not; absent: unknown (no finding).
+#: NIXL: MLA needs no head split (vllm_kv_connectors.md §3.1); PyNccl V0 pipe: no MLA
+#: (vllm#14324); MooncakeConnector: added by vllm PR #46807.
+MLA_SUPPORT = {"NixlConnector": True, "NixlPullConnector": True, "NixlPushConnector": True,
+               "PyNcclConnector": False, "LMCacheConnector": False}
+#: Required kv_connector_extra_config keys (vllm_kv_connectors.md §3.3, §3.4, checklist 6).
+REQUIRED_EXTRA = {"MoRIIOConnector": ("http_port", "handshake_port", "notify_port")}
+
+_PD = "pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
+
+
+def _pair_yaml(conn: str, p_extra: str = "", d_extra: str = "", p_kv: str = "", d_kv: str = "") -> str:
+    return (_PD + f"  - {{stage_id: 0, devices: \"0\"{p_extra}, kv_transfer_config: {{kv_connector: {conn}, kv_role: kv_producer, engine_id: p{p_kv}}}}}\n"
+            f"  - {{stage_id: 1, devices: \"1\"{d_extra}, kv_transfer_config: {{kv_connector: {conn}, kv_role: kv_consumer, engine_id: d{d_kv}}}}}\n")
+
+
+def _kv_nodes(ctx: Context) -> list["StageNode"]:
+    return [n for n in ctx.topology.stages if n.kv] if ctx.topology is not None else []
+
+
+def _platform(ctx: Context, node: "StageNode | None" = None) -> str:
+    if ctx.platform:
+        return ctx.platform
+    if ctx.inventory is not None:
+        h = ctx.inventory.host(ctx.host_of(node)) if node is not None else None
+        if h is None and len(ctx.inventory.hosts) == 1:
+            h = next(iter(ctx.inventory.hosts.values()))
+        if h is not None and h.accelerator:
+            return h.accelerator
+    return "cuda"
+
+
+@rule("OPD601", "connector-unknown", Severity.ERROR,
+      "kv_connector is not registered for this vLLM version / platform",
+      fail=_pair_yaml("PyNcclConnector"), passing=_pair_yaml("NixlConnector"), labels=("CAP-REGISTRY",))
+def connector_unknown(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """``kv_connector`` must be a name in the target vLLM's ``KVConnectorFactory`` (or
+    vllm-ascend's, on NPU), unless ``kv_connector_module_path`` loads it. The V0 names
+    ``PyNcclConnector``/``LMCacheConnector`` never were V1 connectors, and
+    ``SharedStorageConnector`` became ``ExampleConnector`` in 0.13; the replacement is
+    suggested. Sources: vLLM kv_connector/factory.py (0.11-0.33);
+    https://github.com/vllm-project/vllm/issues/24152,
+    https://github.com/vllm-project/vllm/issues/22093."""
+    tgt = ctx.target
+    if tgt.version < (0, 11):
+        return  # no registry facts before 0.11
+    registered = tgt.connectors()
+    renames = tgt.connector_renames()
+    for n in _kv_nodes(ctx):
+        kv = n.kv or {}
+        name = kv.get("kv_connector")
+        if not name or kv.get("kv_connector_module_path") or name in registered:
+            continue
+        plat = _platform(ctx, n)
+        if name in ASCEND_CONNECTORS:
+            if plat == "npu":
+                continue
+            yield r.diag(f"stage {n.stage_id}: {name} is a vllm-ascend connector; it exists only on the npu platform",
+                         ctx.sloc(n, "kv_transfer_config", "kv_connector", value=True),
+                         help="on cuda use MooncakeConnector or NixlConnector")
+            continue
+        hist = tgt.connector_history(name)
+        if name in renames:
+            alts = " or ".join(renames[name])
+            why = "is not a V1 connector" if hist is None else f"is not registered in vLLM {tgt.label}"
+            yield r.diag(f"stage {n.stage_id}: {name} {why}; did you mean {alts}?",
+                         ctx.sloc(n, "kv_transfer_config", "kv_connector", value=True),
+                         help=f"write `kv_connector: {renames[name][0]}`")
+        elif hist is not None:
+            when = (f"added in vLLM {hist['since']}" if hist.get("since") and tgt.version < _v(hist["since"])
+                    else f"removed in vLLM {hist.get('removed')}")
+            yield r.diag(f"stage {n.stage_id}: {name} is not available in vLLM {tgt.label} ({when})",
+                         ctx.sloc(n, "kv_transfer_config", "kv_connector", value=True),
+                         help="pick a connector your vLLM has: " + ", ".join(sorted(c for c in registered if "Connector" in c)[:6]))
+        else:
+            close = get_close_matches(name, sorted(registered | ASCEND_CONNECTORS), n=1, cutoff=0.6)
+            low = {c.lower(): c for c in registered}
+            sugg = low.get(name.lower()) or (close[0] if close else None)
+            yield r.diag(f"stage {n.stage_id}: unknown kv_connector `{name}`" + (f"; did you mean {sugg}?" if sugg else ""),
+                         ctx.sloc(n, "kv_transfer_config", "kv_connector", value=True),
+                         help=f"write `kv_connector: {sugg}`" if sugg else "set kv_connector_module_path for an out-of-tree connector")
+
+
+def _v(s: str) -> tuple[int, int]:
+    from omni_pd.compile.targets import parse_version
+
+    return parse_version(s)
+
+
+@rule("OPD602", "multi-connector", Severity.WARNING,
+      "MultiConnector children are malformed or aliases with known crashes",
+      fail=("stages:\n  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MultiConnector, kv_role: kv_producer,"
+            " kv_connector_extra_config: {connectors: [{kv_connector: NixlConnector}]}}}\n"),
+      passing=("stages:\n  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MultiConnector, kv_role: kv_producer,"
+               " kv_connector_extra_config: {connectors: [{kv_connector: NixlConnector, kv_role: kv_producer}]}}}\n"),
+      labels=("CAP-MULTI",))
+def multi_connector(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """``MultiConnector`` needs ``kv_connector_extra_config.connectors``: a non-empty list
+    whose children each set ``kv_connector`` and ``kv_role`` (error otherwise). A child
+    name that resolves to another class on the platform (``OffloadingConnector`` is
+    ``AscendOffloadingConnector`` on vllm-ascend) is flagged: its stats reconstruction
+    crashed EngineCore on unpatched vLLM. Sources: vLLM multi_connector.py;
+    https://github.com/vllm-project/vllm-ascend/issues/16932."""
+    for n in _kv_nodes(ctx):
+        kv = n.kv or {}
+        if kv.get("kv_connector") != "MultiConnector":
+            continue
+        kids = (kv.get("kv_connector_extra_config") or {}).get("connectors")
+        if not isinstance(kids, list) or not kids:
+            yield r.diag(f"stage {n.stage_id}: MultiConnector needs a non-empty kv_connector_extra_config.connectors list",
+                         ctx.sloc(n, "kv_transfer_config", "kv_connector_extra_config"), severity=Severity.ERROR,
+                         help="list the child connectors: `connectors: [{kv_connector: NixlConnector, kv_role: kv_producer}]`")
+            continue
+        plat = _platform(ctx, n)
+        for j, c in enumerate(kids):
+            if not isinstance(c, dict):
+                continue
+            path = ("kv_transfer_config", "kv_connector_extra_config", "connectors", j)
+            for key in ("kv_connector", "kv_role"):
+                if not c.get(key):
+                    yield r.diag(f"stage {n.stage_id}: MultiConnector child {j} has no {key}", ctx.sloc(n, *path),
+                                 severity=Severity.ERROR, help=f"add `{key}:` to the child")
+            alias = ALIASES.get((plat, c.get("kv_connector")))
+            if alias:
+                yield r.diag(f"MultiConnector child '{c.get('kv_connector')}' is an alias of {alias} on {plat}; "
+                             "stats reconstruction can crash EngineCore on unpatched vLLM",
+                             ctx.sloc(n, *path, "kv_connector", value=True),
+                             help=f"use a vLLM with the fix, or name `{alias}` and check its stats support")
+
+
+def hetero_tp_problem(ctx: Context, p: "StageNode", d: "StageNode") -> str | None:
+    """Why the connector cannot pair prefill TP with decode TP, or None.
+
+    Connector contracts (Nixl, Mooncake) answer for their versions; P2pNccl and the V0
+    PyNccl pipe pair ranks one to one (equal TP); vllm-ascend's MooncakeConnectorV1 needs
+    P_tp >= D_tp and P_tp % D_tp == 0 (seed 004); with ``num_key_value_heads`` known,
+    differing TPs above the head count fail NIXL's shape check (vllm#45330).
+    """
+    from omni_pd.compile import connectors
+
+    ptp, dtp = ctx.stage_tp(p), ctx.stage_tp(d)
+    name = (p.kv or {}).get("kv_connector") or (d.kv or {}).get("kv_connector")
+    if not name or ptp == dtp or ptp < 1 or dtp < 1:
+        return None  # a TP below 1 (engine_args, --serve-arg) is OPD401's finding, not a TP ratio
+    if name in ("P2pNcclConnector", "PyNcclConnector"):
+        return f"{name} pairs ranks one to one and needs equal TP on prefill and decode (got P={ptp}, D={dtp}; it hangs otherwise)"
+    if name in ASCEND_CONNECTORS:
+        if ptp < dtp or ptp % dtp:
+            return f"vllm-ascend {name} needs prefill TP >= decode TP and divisible by it (got P={ptp}, D={dtp})"
+        return None
+    c = connectors.get(name)
+    if c is not None:
+        if name == "NixlConnector" and ctx.target.version < (0, 18) and dtp % ptp:
+            return f"NixlConnector on vLLM {ctx.target.label} allows decode TP >= prefill TP only, as a multiple (got P={ptp}, D={dtp})"
+        msg = c.hetero_tp_error(ptp, dtp, ctx.target)
+        if msg:
+            return msg
+    m = ctx.model
+    if m is not None and m.num_kv_heads and not m.is_mla and max(ptp, dtp) > m.num_kv_heads:
+        side, tp = ("decode", dtp) if dtp > ptp else ("prefill", ptp)
+        return (f"{side} TP {tp} > num_key_value_heads {m.num_kv_heads} with the other side at TP {min(ptp, dtp)}: "
+                "KV heads are replicated and the heterogeneous-TP shape check fails")
+    if m is not None and m.is_hybrid and name.startswith("Nixl"):
+        return f"hybrid-attention models need equal TP over NIXL (got P={ptp}, D={dtp})"
+    return None
+
+
+@rule("OPD603", "hetero-tp", Severity.ERROR,
+      "the connector cannot pair these prefill and decode tensor parallel sizes",
+      fail=_pair_yaml("NixlConnector", ", tensor_parallel_size: 4", ", tensor_parallel_size: 2").replace(
+          'devices: "0"', 'devices: "0,1,2,3"').replace('devices: "1"', 'devices: "4,5"'),
+      passing=_pair_yaml("NixlConnector", ", tensor_parallel_size: 2", ", tensor_parallel_size: 2").replace(
+          'devices: "0"', 'devices: "0,1"').replace('devices: "1"', 'devices: "2,3"'),
+      example_context={"vllm_version": "0.13"}, labels=("CAP-HETERO-TP",))
+def hetero_tp(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """Heterogeneous TP per connector and version: NIXL 0.11-0.13 decode TP a multiple
+    of prefill TP, 0.18+ either way if divisible; Mooncake equal TP before 0.22, then
+    divisible; P2pNccl equal; vllm-ascend MooncakeConnectorV1 P_tp >= D_tp and
+    P_tp % D_tp == 0; differing TPs above ``num_key_value_heads`` fail (needs
+    ``--model-info``). Sources: vllm_kv_connectors.md §3, §6; seed 004;
+    https://github.com/ai-dynamo/dynamo/issues/2295,
+    https://github.com/vllm-project/vllm/issues/14952,
+    https://github.com/vllm-project/vllm/issues/45330."""
+    pair = ctx.pd_pair
+    if pair is None or not (pair[0].kv and pair[1].kv):
+        return
+    p, d = pair
+    msg = hetero_tp_problem(ctx, p, d)
+    if msg:
+        ptp = ctx.stage_tp(p)
+        yield r.diag(msg, ctx.sloc(d, "tensor_parallel_size", value=True),
+                     related=[ctx.sloc(p, "tensor_parallel_size", value=True, label=f"prefill TP {ptp}")],
+                     help=f"give decode `tensor_parallel_size: {ptp}` (or pick TPs the connector pairs)")
+
+
+@rule("OPD604", "mla-unsupported", Severity.ERROR,
+      "the model uses MLA and the connector has no MLA KV layout support",
+      fail=_pair_yaml("PyNcclConnector"), passing=_pair_yaml("NixlConnector"),
+      example_context={"model": {"attention": "MLA"}, "vllm_version": "0.30"}, labels=("CAP-MLA",))
+def mla_unsupported(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """MLA keeps one latent KV per token (one fewer dimension); a connector without MLA
+    support fails its shape check ("'DeepseekV2Model' object has no attribute
+    'config'"). Needs ``--model-info``. Sources:
+    https://github.com/vllm-project/vllm/issues/14324; vLLM PR #14824, #46807."""
+    if ctx.model is None or not ctx.model.is_mla:
+        return
+    for n in _kv_nodes(ctx):
+        name = (n.kv or {}).get("kv_connector")
+        if MLA_SUPPORT.get(name) is False:
+            yield r.diag(f"stage {n.stage_id}: {name} has no MLA KV layout support and the model uses MLA",
+                         ctx.sloc(n, "kv_transfer_config", "kv_connector", value=True),
+                         help="use NixlConnector (MLA needs no head split)")
+
+
+@rule("OPD605", "kv-dtype-mismatch", Severity.ERROR,
+      "kv_cache_dtype differs between prefill and decode",
+      fail=_pair_yaml("NixlConnector", ", kv_cache_dtype: fp8", ", kv_cache_dtype: auto"),
+      passing=_pair_yaml("NixlConnector", ", kv_cache_dtype: auto", ", kv_cache_dtype: auto"), labels=("XS-DTYPE",))
+def kv_dtype_mismatch(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """Prefill and decode must store KV in the same ``kv_cache_dtype``: NIXL hashes it
+    into the handshake compatibility check (0.13+), Mooncake copies raw bytes. Sources:
+    vllm_kv_connectors.md §6 and checklist 7; https://github.com/vllm-project/vllm/issues/42179."""
+    pair = ctx.pd_pair
+    if pair is None:
+        return
+    p, d = pair
+    pv, dv = ctx.setting(p, "kv_cache_dtype", "auto"), ctx.setting(d, "kv_cache_dtype", "auto")
+    if str(pv) != str(dv):
+        yield r.diag(f"kv_cache_dtype {pv} (prefill) != {dv} (decode)", ctx.sloc(d, "kv_cache_dtype", value=True),
+                     related=[ctx.sloc(p, "kv_cache_dtype", value=True, label=f"prefill uses {pv}")],
+                     help=f"write `kv_cache_dtype: {pv}` on both stages")
+
+
+@rule("OPD606", "fp8-kv-over-nixl", Severity.WARNING,
+      "fp8 KV cache over a NIXL PD pair has been reported to corrupt output",
+      fail=_pair_yaml("NixlConnector", ", kv_cache_dtype: fp8", ", kv_cache_dtype: fp8"),
+      passing=_pair_yaml("NixlConnector"), labels=("CAP-DTYPE",))
+def fp8_kv(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """fp8 KV transferred over NIXL between P and D produced garbage output for the
+    Qwen3 MoE family in vllm#42179 (same dtype on both sides). Validate the output of a
+    few prompts against a single-instance run before serving. Source:
+    https://github.com/vllm-project/vllm/issues/42179."""
+    pair = ctx.pd_pair
+    if pair is None:
+        return
+    p, _d = pair
+    name = str((p.kv or {}).get("kv_connector") or "")
+    if name.startswith("Nixl") and str(ctx.setting(p, "kv_cache_dtype", "")).startswith("fp8"):
+        yield r.diag("fp8 KV cache over NIXL P/D has been reported to corrupt output for this model family",
+                     ctx.sloc(p, "kv_cache_dtype", value=True),
+                     help="use `kv_cache_dtype: auto` on both stages, or compare outputs against a non-PD run first")
+
+
+@rule("OPD607", "block-size", Severity.ERROR,
+      "block sizes of prefill and decode are not compatible for the connector",
+      fail=_pair_yaml("MooncakeConnector", ", block_size: 16", ", block_size: 32"),
+      passing=_pair_yaml("MooncakeConnector", ", block_size: 16", ", block_size: 16"), labels=("XS-BLOCK",))
+def block_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """``block_size`` must be equal on both sides, except NIXL 0.13+ where decode's may
+    be a multiple of prefill's (not with ``kv_buffer_device: cpu``). For a hybrid model
+    (``--model-info``) with different P/D layouts and no pinned ``block_size`` the
+    physical block size may differ (observed 16 vs 32): warning. Sources:
+    vllm_kv_connectors.md §3.1, §6, checklist 9; https://github.com/vllm-project/vllm/issues/42895."""
+    pair = ctx.pd_pair
+    if pair is None or not (pair[0].kv and pair[1].kv):
+        return
+    p, d = pair
+    pb, db = ctx.setting(p, "block_size"), ctx.setting(d, "block_size")
+    name = str(p.kv.get("kv_connector") or "")  # type: ignore[union-attr]
+    if pb is not None and db is not None and str(pb) != str(db):
+        ok = False
+        try:
+            nixl_multiple = name.startswith("Nixl") and ctx.target.version >= (0, 13) and int(db) % int(pb) == 0
+            ok = nixl_multiple and str((p.kv or {}).get("kv_buffer_device")) != "cpu"
+        except (TypeError, ValueError, ZeroDivisionError):
+            ok = False
+        if not ok:
+            yield r.diag(f"block_size {pb} (prefill) and {db} (decode) are not compatible for {name}",
+                         ctx.sloc(d, "block_size", value=True),
+                         related=[ctx.sloc(p, "block_size", value=True, label=f"prefill block_size {pb}")],
+                         help=f"write `block_size: {pb}` on both stages")
+        return
+    if ctx.model is not None and ctx.model.is_hybrid and (pb is None or db is None):
+        layouts = (ctx.stage_tp(p), ctx.stage_dp(p), p.settings.get("enable_expert_parallel")) != \
+                  (ctx.stage_tp(d), ctx.stage_dp(d), d.settings.get("enable_expert_parallel"))
+        if layouts:
+            yield r.diag("hybrid model with different P/D layouts: the physical block size may differ (observed 16 vs 32)",
+                         ctx.sloc(d, "block_size") if db is None else ctx.sloc(p, "block_size"),
+                         severity=Severity.WARNING, related=[ctx.sloc(p, label="prefill")],
+                         help="pin the same `block_size:` on both stages")
+
+
+@rule("OPD608", "extra-config-required", Severity.ERROR,
+      "kv_connector_extra_config lacks a key the connector requires",
+      fail=_pair_yaml("MoRIIOConnector", p_kv=", kv_connector_extra_config: {http_port: 8100}",
+                      d_kv=", kv_connector_extra_config: {http_port: 8200, handshake_port: 6301, notify_port: 6401}"),
+      passing=_pair_yaml("MoRIIOConnector", p_kv=", kv_connector_extra_config: {http_port: 8100, handshake_port: 6300, notify_port: 6400}",
+                         d_kv=", kv_connector_extra_config: {http_port: 8200, handshake_port: 6301, notify_port: 6401}"),
+      example_context={"vllm_version": "0.18"}, labels=("SCH-EXTRA-REQUIRED",))
+def extra_required(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """Per connector required ``kv_connector_extra_config`` keys: P2pNcclConnector with a
+    proxy (``proxy_ip``/``proxy_port``) needs ``http_port`` (= the instance's API port);
+    MoRIIOConnector needs ``http_port``, ``handshake_port`` and ``notify_port`` (KeyError
+    at start otherwise). Sources: vllm_kv_connectors.md §3.3, §3.4, checklist 6;
+    https://github.com/vllm-project/vllm/pull/26628."""
+    for n in _kv_nodes(ctx):
+        kv = n.kv or {}
+        name = kv.get("kv_connector")
+        extra = kv.get("kv_connector_extra_config") or {}
+        need: tuple[str, ...] = REQUIRED_EXTRA.get(name, ())
+        if name == "P2pNcclConnector" and (extra.get("proxy_ip") or extra.get("proxy_port")):
+            need = ("http_port",)
+        for key in need:
+            if extra.get(key) in (None, ""):
+                yield r.diag(f"stage {n.stage_id}: {name} requires kv_connector_extra_config.{key}",
+                             ctx.sloc(n, "kv_transfer_config", "kv_connector_extra_config"),
+                             help=f"add `{key}: <port>`" + (" (the instance's API --port)" if key == "http_port" else ""))
+
+
+@rule("OPD609", "kv-field-unsupported", Severity.ERROR,
+      "a kv_transfer_config key is not accepted by the target vLLM",
+      fail=_pair_yaml("NixlConnector", p_kv=", kv_buffer_size: 1.0e9", d_kv=", kv_buffer_size: 1.0e9"),
+      passing=_pair_yaml("NixlConnector"), example_context={"vllm_version": "0.32"})
+def kv_field(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """From vLLM 0.18 KVTransferConfig forbids unknown keys (hard error at start); 0.32
+    removed ``kv_ip``, ``kv_rank``, ``kv_parallel_size`` and ``kv_buffer_size``. On older
+    versions unknown keys are silently ignored (warning). Sources: vLLM
+    config/kv_transfer.py, config/utils.py (vllm_kv_connectors.md §1.1-1.2, checklist 2)."""
+    tgt = ctx.target
+    if tgt.version < (0, 11):
+        return
+    allowed = tgt.kv_fields()
+    sev = Severity.ERROR if tgt.rejects_unknown_kv_keys else Severity.WARNING
+    for n in _kv_nodes(ctx):
+        for key in (n.kv or {}):
+            if key in allowed:
+                continue
+            if tgt.kv_field_known(key):
+                msg = f"stage {n.stage_id}: `{key}` was removed from KVTransferConfig in vLLM 0.32 (target {tgt.label})"
+                help_ = f"remove `{key}`" + (" (vllm-omni reads the Mooncake address from kv_connector_extra_config / env)" if key == "kv_ip" else "")
+            else:
+                close = get_close_matches(str(key), sorted(allowed), n=1)
+                msg = f"stage {n.stage_id}: `{key}` is not a KVTransferConfig field"
+                help_ = f"did you mean `{close[0]}`?" if close else "move connector options under kv_connector_extra_config"
+            yield r.diag(msg, ctx.sloc(n, "kv_transfer_config", key), severity=sev, help=help_)
+
+
+@rule("OPD610", "vllm-kv-config", Severity.ERROR,
+      "vLLM's own KVTransferConfig rejects this kv_transfer_config (only when vLLM is installed)",
+      fail=_pair_yaml("NixlConnector", p_kv=", kv_load_failure_policy: sometimes"),
+      passing=_pair_yaml("NixlConnector"))
+def vllm_kv_config(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """When ``vllm`` is importable, each ``kv_transfer_config`` is also built with
+    ``vllm.config.KVTransferConfig(**kv)``; its validation error is shown at the stage's
+    ``kv_transfer_config``. Without vLLM this rule does nothing (the example test is
+    skipped). Source: vLLM config/kv_transfer.py."""
+    kv_cls = _vllm_kv_class()
+    if kv_cls is None:
+        return
+    for n in _kv_nodes(ctx):
+        try:
+            kv_cls(**dict(n.kv or {}))
+        except Exception as e:  # pydantic ValidationError, ValueError, TypeError
+            first = str(e).strip().splitlines()
+            yield r.diag(f"stage {n.stage_id}: vLLM rejects kv_transfer_config: {first[0] if first else type(e).__name__}",
+                         ctx.sloc(n, "kv_transfer_config"), notes=first[1:4],
+                         help="fix the field vLLM names (see `omni-pd explain OPD609` for removed fields)")
+
+
+def _vllm_kv_class() -> Any:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        from vllm.config import KVTransferConfig  # type: ignore[import-not-found]
+    except Exception:
+        return None
+    return KVTransferConfig
+
+
+#: kv_buffer_device values a connector accepts, per platform and from which vLLM version
+#: (vllm_kv_connectors.md §3.1, checklist 4). Connectors not listed are not checked.
+BUFFER_DEVICES = {
+    "NixlConnector": [
+        ("cuda", (0, 11), ("cuda",)), ("cuda", (0, 13), ("cuda", "cpu")),
+        ("rocm", (0, 11), ("cuda",)), ("rocm", (0, 13), ("cuda", "cpu")),
+        ("xpu", (0, 11), ("cpu",)), ("xpu", (0, 18), ("cpu", "xpu")),
+    ],
+}
+
+
+@rule("OPD611", "kv-buffer-device", Severity.ERROR,
+      "kv_buffer_device is not one the connector supports on this platform and vLLM version",
+      fail=_pair_yaml("NixlConnector", p_kv=", kv_buffer_device: cpu", d_kv=", kv_buffer_device: cpu"),
+      passing=_pair_yaml("NixlConnector", p_kv=", kv_buffer_device: cuda", d_kv=", kv_buffer_device: cuda"),
+      example_context={"vllm_version": "0.11"})
+def kv_buffer_device(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """NixlConnector's ``kv_buffer_device``: on CUDA/ROCm ``cuda`` only in vLLM 0.11,
+    ``cuda`` or ``cpu`` (host staging) from 0.13; on XPU ``cpu``, and ``xpu`` too from
+    0.18. Source: vLLM v1/nixl_connector.py (vllm_kv_connectors.md §3.1, checklist 4)."""
+    for n in _kv_nodes(ctx):
+        kv = n.kv or {}
+        dev = kv.get("kv_buffer_device")
+        table = BUFFER_DEVICES.get(str(kv.get("kv_connector")))
+        if dev is None or table is None:
+            continue
+        plat = _platform(ctx, n)
+        allowed = None
+        for p, since, vals in table:
+            if p == plat and ctx.target.version >= since:
+                allowed = vals
+        if allowed is not None and str(dev) not in allowed:
+            yield r.diag(f"stage {n.stage_id}: {kv.get('kv_connector')} on {plat} with vLLM {ctx.target.label} "
+                         f"accepts kv_buffer_device {' or '.join(allowed)}, not {dev}",
+                         ctx.sloc(n, "kv_transfer_config", "kv_buffer_device", value=True),
+                         help=f"write `kv_buffer_device: {allowed[0]}`")

@@ -1,0 +1,250 @@
+"""Device rules (OPD4xx): world size, device existence, PD isolation, memory budget.
+
+Run after the platform overlay (``--platform`` / ``--all-platforms``). Logical device
+indices map to physical ones through the launcher's visibility variable
+(``CUDA_VISIBLE_DEVICES`` ...) when given. Sources: vllm-omni 0.30.0
+``set_stage_devices`` and stage_init_utils (world size = TP x PP x local DP), vLLM
+``gpu_memory_utilization`` (fraction of one device's memory, default 0.9).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+from omni_pd.diagnostics import Diagnostic, Location, Severity
+from omni_pd.check.rules import Context, Rule, rule
+from omni_pd.check.rules.schema import VISIBILITY_VARS
+
+if TYPE_CHECKING:
+    from omni_pd.compile.topology import StageNode
+
+#: vLLM's default gpu_memory_utilization (EngineArgs), a fraction of one device.
+DEFAULT_GPU_UTIL = 0.9
+
+
+def _visible(ctx: Context, node: "StageNode") -> list[str] | None:
+    """Physical ids visible to the launcher on the stage's host, or None if unknown."""
+    plat = ctx.platform or _host_accel(ctx, node) or "cuda"
+    var = VISIBILITY_VARS.get(plat)
+    raw = ctx.env.get(var) if var else None
+    if raw is not None and str(raw).strip():
+        return [p.strip() for p in str(raw).split(",") if p.strip()]
+    return None
+
+
+def _host_accel(ctx: Context, node: "StageNode") -> str | None:
+    if ctx.inventory is None:
+        return None
+    h = ctx.inventory.host(ctx.host_of(node))
+    return h.accelerator if h else None
+
+
+def _count(ctx: Context, node: "StageNode") -> tuple[int | None, str]:
+    vis = _visible(ctx, node)
+    if vis is not None:
+        return len(vis), "the launcher's visibility variable lists"
+    if ctx.inventory is not None:
+        h = ctx.inventory.host(ctx.host_of(node))
+        if h is not None and h.count is not None:
+            return h.count, f"host {h.name} has"
+    return None, ""
+
+
+def _physical(ctx: Context, node: "StageNode", i: int) -> str:
+    vis = _visible(ctx, node)
+    return vis[i] if vis is not None and i < len(vis) else str(i)
+
+
+def _accel_word(ctx: Context, node: "StageNode") -> str:
+    acc = ctx.platform or _host_accel(ctx, node) or "cuda"
+    return "NPU" if acc == "npu" else "GPU"
+
+
+@rule("OPD401", "world-size", Severity.ERROR,
+      "a stage's device list does not match TP x PP x DP",
+      fail="stages:\n  - {stage_id: 0, devices: \"0\", tensor_parallel_size: 2}\n",
+      passing="stages:\n  - {stage_id: 0, devices: \"0,1\", tensor_parallel_size: 2}\n", labels=("DEV-WORLD",))
+def world_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """``len(devices)`` must equal the stage's local world size, TP x PP x local DP
+    (x ``num_replicas`` in pool mode); a global ``--tensor-parallel-size`` counts for
+    every stage. Otherwise workers fail with "DP adjusted local rank 1 is out of bounds
+    for 1 devices". Sources: vllm-omni stage_init_utils;
+    https://github.com/vllm-project/vllm-omni/issues/5003."""
+    if ctx.topology is None:
+        return
+    for n in ctx.topology.stages:
+        if not isinstance(n.devices, tuple):
+            continue
+        tp, pp, dp = ctx.stage_tp(n), ctx.stage_pp(n), ctx.stage_dp(n)
+        world = tp * pp * dp
+        have = len(n.devices)
+        if have == world or (n.num_replicas > 1 and have == world * n.num_replicas):
+            continue
+        if have > world and not ctx.stage_kind_known(n):
+            continue  # e.g. a diffusion stage: its own parallel_config may use the extra devices
+        src = " (from the global --tensor-parallel-size)" if "tensor_parallel_size" in ctx.cli else ""
+        yield r.diag(f"stage {n.stage_id}: tensor_parallel_size {tp} x pipeline_parallel_size {pp} x data_parallel_size {dp} "
+                     f"= {world} devices{src}, but devices has {have} entr{'y' if have == 1 else 'ies'}",
+                     ctx.sloc(n, "devices", value=True),
+                     help=_world_help(world) if world != have else None)
+
+
+def _world_help(world: int) -> str:
+    """What to write for ``world`` devices; the example list only for a plausible count
+    (``tensor_parallel_size: 10**20`` must not build a 10**20-entry string)."""
+    if 1 <= world <= 64:
+        return f"list {world} devices here, e.g. devices: \"{','.join(str(i) for i in range(world))}\""
+    return f"list {world} devices here, or lower the parallel sizes" if world > 64 else \
+        "parallel sizes must be at least 1"
+
+
+@rule("OPD402", "device-exists", Severity.ERROR,
+      "a stage uses a device index the host does not have",
+      fail="stages:\n  - {stage_id: 0, devices: \"0\"}\n  - {stage_id: 1, devices: \"1\"}\n",
+      passing="stages:\n  - {stage_id: 0, devices: \"0\", gpu_memory_utilization: 0.4}\n  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.4}\n",
+      example_context={"inventory": {"hosts": {"host-a": {"accelerator": "cuda", "count": 1, "memory_gib": 80}}}},
+      labels=("DEV-EXISTS", "DEV-MAP", "DEV-OVERLAY"))
+def device_exists(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """Every logical device index must be below the number of visible devices: the
+    launcher's visibility variable (``CUDA_VISIBLE_DEVICES``, ``ASCEND_RT_VISIBLE_DEVICES``
+    ...) when given, else the host's ``count`` in ``--inventory``. Checked after the
+    platform overlay, which often moves stages (``platforms.npu`` puts Qwen3-Omni on
+    three NPUs). Inventory format (``--inventory FILE``)::
+
+        hosts:
+          host-a: {accelerator: cuda, count: 8, memory_gib: 80, address: 10.0.0.1}
+        placement: {all: host-a, 1: host-b}    # stage id (or `all`) -> host
+        router: {relays_kv_transfer_params: true}   # optional
+        allow_shared_devices: false                 # optional (OPD403)
+
+    Sources: https://github.com/vllm-project/vllm-omni/issues/363,
+    https://github.com/vllm-project/vllm-omni/issues/2898."""
+    if ctx.topology is None:
+        return
+    for n in ctx.topology.stages:
+        if not isinstance(n.devices, tuple):
+            continue
+        count, how = _count(ctx, n)
+        if count is None:
+            continue
+        bad = [i for i in n.devices if i >= count]
+        if bad:
+            word = _accel_word(ctx, n)
+            plat = f"{ctx.platform} overlay places" if ctx.platform and ctx.exists(("platforms", ctx.platform)) else "uses"
+            yield r.diag(f"stage {n.stage_id} {plat} device {', '.join(map(str, bad))}, but only {count} {word}{'s' if count != 1 else ''} "
+                         f"{'are' if count != 1 else 'is'} visible ({how} {count})",
+                         ctx.sloc(n, "devices", value=True),
+                         help=f"use device indices 0..{count - 1}, or run on a host with more {word}s")
+
+
+def _pair_shared(ctx: Context) -> tuple[set, "StageNode", "StageNode"] | None:
+    pair = ctx.pd_pair
+    if pair is None:
+        return None
+    p, d = pair
+    if not (isinstance(p.devices, tuple) and isinstance(d.devices, tuple)) or ctx.host_of(p) != ctx.host_of(d):
+        return None
+    shared = {_physical(ctx, p, i) for i in p.devices} & {_physical(ctx, d, i) for i in d.devices}
+    return (shared, p, d) if shared else None
+
+
+@rule("OPD403", "pd-shared-device", Severity.WARNING,
+      "prefill and decode share a device: disaggregation gives no isolation",
+      fail=("pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
+            "  - {stage_id: 0, devices: \"0\", gpu_memory_utilization: 0.4, kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer}}\n"
+            "  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.4, kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer}}\n"),
+      passing=("pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
+               "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer}}\n"
+               "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer}}\n"),
+      labels=("DEV-SHARED",))
+def pd_shared_device(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """Prefill and decode on the same physical device compete for compute and memory,
+    which is what disaggregation exists to avoid; it also makes the memory budget
+    (OPD404) tight. A warning, silenced by ``allow_shared_devices: true`` in the
+    inventory (for a single-GPU smoke test). Source:
+    https://github.com/vllm-project/vllm/issues/25759."""
+    if ctx.inventory is not None and ctx.inventory.allow_shared_devices:
+        return
+    found = _pair_shared(ctx)
+    if found is None:
+        return
+    shared, p, d = found
+    word = _accel_word(ctx, p)
+    yield r.diag(f"prefill (stage {p.stage_id}) and decode (stage {d.stage_id}) share {word} {', '.join(sorted(shared))}; "
+                 "disaggregation gives no isolation", ctx.sloc(d, "devices", value=True),
+                 related=[ctx.sloc(p, "devices", value=True, label="prefill devices")],
+                 help="give decode its own devices, or set `allow_shared_devices: true` in the inventory for a smoke test")
+
+
+@rule("OPD404", "memory-budget", Severity.ERROR,
+      "the gpu_memory_utilization of the stages on one device sums above 1.0",
+      fail="stages:\n  - {stage_id: 0, devices: \"0\", gpu_memory_utilization: 0.8}\n  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.8}\n",
+      passing="stages:\n  - {stage_id: 0, devices: \"0\", gpu_memory_utilization: 0.6}\n  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.3}\n",
+      labels=("DEV-MEM-SUM",))
+def memory_budget(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """Per physical device (per host): the sum of ``gpu_memory_utilization`` (a fraction
+    of the device; vLLM default 0.9) of every stage that has a rank there (each TP rank
+    counts on its own device) plus device-side connector buffers (P2pNccl
+    ``kv_buffer_size`` bytes, when ``memory_gib`` is known) must not exceed 1.0. Each
+    engine reserves its fraction of the *total* memory, so two stages at 0.8 on one GPU
+    cannot both start. Sources: https://github.com/vllm-project/vllm-omni/issues/363,
+    https://github.com/vllm-project/vllm-omni/issues/276,
+    https://github.com/vllm-project/vllm/issues/25759."""
+    if ctx.topology is None:
+        return
+    use: dict[tuple[str, str], list[tuple["StageNode", float, str]]] = {}
+    for n in ctx.topology.stages:
+        if not isinstance(n.devices, tuple):
+            continue
+        util = ctx.setting(n, "gpu_memory_utilization")
+        if util is None and not ctx.stage_kind_known(n):
+            continue  # not a vLLM engine we know: its default budget is not vLLM's 0.9
+        try:
+            u = float(util) if util is not None else DEFAULT_GPU_UTIL
+        except (TypeError, ValueError):
+            continue
+        why = f"{u:g}" + (" (vLLM default)" if util is None else "")
+        extra = _buffer_fraction(ctx, n)
+        world = ctx.stage_tp(n) * ctx.stage_pp(n) * ctx.stage_dp(n)
+        pool = n.num_replicas > 1 and len(n.devices) == world * n.num_replicas
+        for k, i in enumerate(n.devices):
+            rank = f", replica {k // world}" if pool else ""
+            if world > 1:
+                rank += f", {'TP rank' if world == ctx.stage_tp(n) else 'rank'} {k % world}"
+            tag = f"stage {n.stage_id}" + rank
+            use.setdefault((ctx.host_of(n), _physical(ctx, n, i)), []).append((n, u + extra, f"{why} ({tag})"
+                                                                                 + (f" + {extra:.2f} connector buffer" if extra else "")))
+    for (host, dev), items in sorted(use.items()):
+        total = sum(u for _, u, _ in items)
+        if total <= 1.0 + 1e-9 or len(items) < 1:
+            continue
+        # point at the key in the file being validated when one contributor is set there
+        mine = [n for n, _, _ in items if ctx.sloc(n, "gpu_memory_utilization").file == ctx.doc.name]
+        last = mine[-1] if mine else items[-1][0]
+        word = _accel_word(ctx, last)
+        hostword = f"{host}: " if host != "localhost" else ""
+        parts = " + ".join(t for _, _, t in items)
+        yield r.diag(f"{hostword}physical {word} {dev}: {parts} = {total:.2f} > 1.0",
+                     ctx.sloc(last, "gpu_memory_utilization", value=True),
+                     related=[ctx.sloc(n, "gpu_memory_utilization", value=True, label=f"stage {n.stage_id} reserves {u:g}")
+                              for n, u, _ in items if n is not last],
+                     help="lower gpu_memory_utilization so the stages on this device sum to at most 1.0, or move one to another device")
+
+
+def _buffer_fraction(ctx: Context, n: "StageNode") -> float:
+    """P2pNccl's device-side ``kv_buffer_size`` (bytes) as a fraction of the device."""
+    kv = n.kv or {}
+    if kv.get("kv_connector") != "P2pNcclConnector" or kv.get("kv_buffer_size") is None:
+        return 0.0
+    if str(kv.get("kv_buffer_device") or "cuda") == "cpu" or ctx.inventory is None:
+        return 0.0
+    h = ctx.inventory.host(ctx.host_of(n))
+    if h is None or not h.memory_gib:
+        return 0.0
+    try:
+        return float(kv["kv_buffer_size"]) / (h.memory_gib * 2**30)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+_ = Location

@@ -1,0 +1,344 @@
+"""PD pair rules (OPD3xx): the invariants vllm-omni checks at engine init, and more.
+
+Upstream source: vllm-omni ``entrypoints/pd_utils.py`` ``_validate_pd_separation_config``
+(rules 1-6 of vllm_omni_deploy_schema.md §e2), docs ``features/pd_disaggregation.md``
+(seed 000), vLLM ``config/kv_transfer.py`` (role sets), and the case reports named
+in each rule.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from omni_pd.diagnostics import Diagnostic, Severity
+from omni_pd.check.rules import Context, Rule, rule
+
+PRODUCERS = ("kv_producer", "kv_both")
+CONSUMERS = ("kv_consumer", "kv_both")
+ROLES = ("kv_producer", "kv_consumer", "kv_both")
+
+_PD = "pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
+
+
+def _pd_yaml(p_kv: str, d_kv: str, p_extra: str = "", d_extra: str = "") -> str:
+    return (_PD + f"  - {{stage_id: 0, devices: \"0\"{p_extra}, kv_transfer_config: {p_kv}}}\n"
+            f"  - {{stage_id: 1, devices: \"1\"{d_extra}, kv_transfer_config: {d_kv}}}\n")
+
+
+OK_P = "{kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}"
+OK_D = "{kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}"
+
+
+@rule("OPD301", "pd-kv-missing", Severity.ERROR,
+      "a stage of the PD pair has no kv_transfer_config",
+      fail=_PD + "  - {stage_id: 0, devices: \"0\"}\n  - {stage_id: 1, devices: \"1\"}\n",
+      passing=_pd_yaml(OK_P, OK_D), labels=("SCH-REQ-KVCFG",))
+def kv_missing(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """Both stages of the prefill/decode pair need a ``kv_transfer_config``; without it
+    vllm-omni fails at engine init, or (outside vllm-omni) decode silently recomputes
+    every prompt. Source: vllm-omni pd_utils.py ``_validate_pd_separation_config``
+    rule 1; https://github.com/ai-dynamo/aiconfigurator/pull/522,
+    https://github.com/kserve/kserve/issues/5987."""
+    pair = ctx.pd_pair
+    if pair is None:
+        return
+    p, d = pair
+    missing = [n for n in (p, d) if not n.kv]
+    if len(missing) == 2:
+        yield r.diag(f"stages {p.stage_id} (prefill) and {d.stage_id} (decode) form a PD pair but neither has a kv_transfer_config",
+                     ctx.sloc(p), related=[ctx.sloc(d, label=f"decode (stage {d.stage_id}) has none either")],
+                     help="add `kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer}` to prefill "
+                          "and the same with `kv_role: kv_consumer` to decode (or run `omni-pd expand` on the three-stage config)")
+    elif missing:
+        n = missing[0]
+        other = d if n is p else p
+        side = "prefill" if n is p else "decode"
+        role = "kv_producer" if n is p else "kv_consumer"
+        conn = (other.kv or {}).get("kv_connector") or "MooncakeConnector"
+        yield r.diag(f"{side} stage {n.stage_id} has no kv_transfer_config", ctx.sloc(n),
+                     related=[ctx.sloc(other, "kv_transfer_config", label=f"the other side (stage {other.stage_id}) has one")],
+                     help=f"add `kv_transfer_config: {{kv_connector: {conn}, kv_role: {role}}}`")
+
+
+@rule("OPD302", "pd-kv-role", Severity.ERROR,
+      "kv_role is missing, invalid, or reversed on the PD pair",
+      fail=_pd_yaml("{kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: p}",
+                    "{kv_connector: NixlConnector, kv_role: kv_producer, engine_id: d}"),
+      passing=_pd_yaml(OK_P, OK_D), labels=("SCH-KVROLE",))
+def kv_role(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """Prefill must be ``kv_producer`` (or ``kv_both``), decode ``kv_consumer`` (or
+    ``kv_both``); a ``kv_connector`` without a ``kv_role``, or a role outside the three
+    values, is rejected by vLLM's KVTransferConfig. Sources: vllm-omni pd_utils.py
+    rule 2; vLLM config/kv_transfer.py ``__post_init__``."""
+    if ctx.topology is None:
+        return
+    for n in ctx.topology.stages:
+        kv = n.kv or {}
+        role = kv.get("kv_role")
+        if kv.get("kv_connector") and role is None:
+            yield r.diag(f"stage {n.stage_id}: kv_connector is set but kv_role is not", ctx.sloc(n, "kv_transfer_config"),
+                         help="add `kv_role: kv_producer` (prefill) or `kv_role: kv_consumer` (decode)")
+        elif role is not None and role not in ROLES:
+            yield r.diag(f"stage {n.stage_id}: unsupported kv_role `{role}`",
+                         ctx.sloc(n, "kv_transfer_config", "kv_role", value=True),
+                         help="kv_role is one of kv_producer, kv_consumer, kv_both")
+    pair = ctx.pd_pair
+    if pair is None:
+        return
+    p, d = pair
+    pr, dr = (p.kv or {}).get("kv_role"), (d.kv or {}).get("kv_role")
+    if not (p.kv and d.kv):
+        return
+    reversed_ = pr == "kv_consumer" and dr == "kv_producer"
+    for n, role, want, side, other in ((p, pr, PRODUCERS, "prefill", d), (d, dr, CONSUMERS, "decode", p)):
+        if role in ROLES and role not in want:
+            yield r.diag(f"{side} stage {n.stage_id} has kv_role {role}" + (" (roles are reversed)" if reversed_ else ""),
+                         ctx.sloc(n, "kv_transfer_config", "kv_role", value=True),
+                         related=[ctx.sloc(other, "kv_transfer_config", "kv_role", value=True,
+                                           label=f"{'decode' if side == 'prefill' else 'prefill'} (stage {other.stage_id}) is {(other.kv or {}).get('kv_role')}")],
+                         help=f"write `kv_role: {want[0]}` on the {side} stage")
+
+
+@rule("OPD303", "kv-both", Severity.WARNING,
+      "kv_both on a PD stage: deprecated (NIXL) and misroutes (Mooncake)",
+      fail=_pd_yaml("{kv_connector: NixlConnector, kv_role: kv_both, engine_id: p}", OK_D),
+      passing=_pd_yaml(OK_P, OK_D), example_context={"vllm_version": "0.30"})
+def kv_both(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """``kv_both`` makes a stage both send and receive. vLLM 0.24+ NixlConnector warns
+    that it is deprecated (use producer on prefill, consumer on decode); Mooncake
+    asserts when a request is routed the wrong way. Sources: vLLM
+    v1/nixl_connector.py (0.24); vllm_kv_connectors.md §3, checklist 10."""
+    pair = ctx.pd_pair
+    if pair is None:
+        return
+    for n, side, want in ((pair[0], "prefill", "kv_producer"), (pair[1], "decode", "kv_consumer")):
+        kv = n.kv or {}
+        if kv.get("kv_role") == "kv_both":
+            why = (f"deprecated for {kv.get('kv_connector')} since vLLM 0.24" if ctx.target.kv_both_deprecated
+                   and "nixl" in str(kv.get("kv_connector", "")).lower() else "the stage then also accepts the other direction")
+            yield r.diag(f"{side} stage {n.stage_id} uses kv_role kv_both ({why})",
+                         ctx.sloc(n, "kv_transfer_config", "kv_role", value=True), help=f"write `kv_role: {want}`")
+
+
+@rule("OPD304", "pd-connector-mismatch", Severity.ERROR,
+      "prefill and decode use different (or no) KV connectors",
+      fail=_pd_yaml(OK_P, "{kv_connector: MooncakeConnector, kv_role: kv_consumer, engine_id: d}"),
+      passing=_pd_yaml(OK_P, OK_D))
+def connector_mismatch(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """``kv_connector`` must be set and equal on both sides: a NIXL producer and a
+    Mooncake consumer never exchange a block. Source: vllm-omni pd_utils.py rule 4;
+    vllm_kv_connectors.md checklist 7."""
+    pair = ctx.pd_pair
+    if pair is None or not (pair[0].kv and pair[1].kv):
+        return
+    p, d = pair
+    pc, dc = p.kv.get("kv_connector"), d.kv.get("kv_connector")  # type: ignore[union-attr]
+    for n, c in ((p, pc), (d, dc)):
+        if not c:
+            other = d if n is p else p
+            yield r.diag(f"stage {n.stage_id}: kv_transfer_config has no kv_connector", ctx.sloc(n, "kv_transfer_config"),
+                         help=f"add `kv_connector: {(other.kv or {}).get('kv_connector') or 'MooncakeConnector'}`")
+    if pc and dc and pc != dc:
+        yield r.diag("prefill and decode use different KV connectors",
+                     ctx.sloc(d, "kv_transfer_config", "kv_connector", value=True), label=f"decode uses {dc}",
+                     related=[ctx.sloc(p, "kv_transfer_config", "kv_connector", value=True,
+                                       label=f"prefill (stage {p.stage_id}) uses {pc}")],
+                     help="use the same kv_connector on both stages of the PD pair")
+
+
+@rule("OPD305", "pd-buffer-mismatch", Severity.ERROR,
+      "kv_buffer_device or kv_buffer_size differ between prefill and decode",
+      fail=_pd_yaml("{kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p, kv_buffer_device: cpu}",
+                    "{kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d, kv_buffer_device: cuda}"),
+      passing=_pd_yaml("{kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p, kv_buffer_device: cuda}",
+                       "{kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d, kv_buffer_device: cuda}"))
+def buffer_mismatch(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """When both sides set ``kv_buffer_device`` (or ``kv_buffer_size``, bytes), the
+    values must be equal. Source: vllm-omni pd_utils.py rule 5."""
+    pair = ctx.pd_pair
+    if pair is None or not (pair[0].kv and pair[1].kv):
+        return
+    p, d = pair
+    for key in ("kv_buffer_device", "kv_buffer_size"):
+        pv, dv = p.kv.get(key), d.kv.get(key)  # type: ignore[union-attr]
+        if pv is not None and dv is not None and _norm(pv) != _norm(dv):
+            yield r.diag(f"{key} differs: prefill {pv!r}, decode {dv!r}",
+                         ctx.sloc(d, "kv_transfer_config", key, value=True),
+                         related=[ctx.sloc(p, "kv_transfer_config", key, value=True, label=f"prefill sets {pv!r}")],
+                         help=f"write the same {key} on both stages (or drop it from both)")
+
+
+def _norm(v: Any) -> Any:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+@rule("OPD306", "pd-tp-unequal", Severity.ERROR,
+      "prefill and decode TP differ; vllm-omni's PD validator requires equal TP",
+      fail=_pd_yaml(OK_P, OK_D, ", tensor_parallel_size: 2", "").replace('devices: "0"', 'devices: "0,2"', 1),
+      passing=_pd_yaml(OK_P, OK_D))
+def tp_unequal(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """vllm-omni 0.30 rejects a PD pair whose ``tensor_parallel_size`` differ, whatever
+    the connector (rule 6, explained as MooncakeConnector lacking heterogeneous TP).
+    Reported only when the connector itself would accept the pair; otherwise OPD603
+    (connector heterogeneous-TP rule) reports it. Source: vllm-omni pd_utils.py
+    ``_validate_pd_separation_config`` rule 6."""
+    from omni_pd.check.rules.capability import hetero_tp_problem
+
+    pair = ctx.pd_pair
+    if pair is None or not (pair[0].kv and pair[1].kv):
+        return
+    p, d = pair
+    ptp, dtp = ctx.stage_tp(p), ctx.stage_tp(d)
+    if ptp == dtp or hetero_tp_problem(ctx, p, d) is not None:
+        return
+    yield r.diag(f"tensor_parallel_size differs: prefill {ptp}, decode {dtp}; vllm-omni's PD validator requires them equal",
+                 ctx.sloc(d, "tensor_parallel_size", value=True),
+                 related=[ctx.sloc(p, "tensor_parallel_size", value=True, label=f"prefill TP {ptp}")],
+                 help=f"set `tensor_parallel_size: {ptp}` on decode (and give it {ptp} devices)")
+
+
+@rule("OPD307", "decode-input", Severity.ERROR,
+      "decode does not take its input from the prefill stage",
+      fail=_PD + ("  - {stage_id: 0, devices: \"0\", kv_transfer_config: " + OK_P + "}\n"
+                  "  - {stage_id: 1, devices: \"1\", kv_transfer_config: " + OK_D + "}\n"
+                  "edges:\n  - {from: 1, to: 2}\n  - {from: 2, to: 3}\n"),
+      passing=_PD + ("  - {stage_id: 0, devices: \"0\", kv_transfer_config: " + OK_P + "}\n"
+                     "  - {stage_id: 1, devices: \"1\", kv_transfer_config: " + OK_D + "}\n"
+                     "edges:\n  - {from: 0, to: 1}\n  - {from: 1, to: 2}\n  - {from: 2, to: 3}\n"))
+def decode_input(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """Decode's inputs must contain prefill (the orchestrator pairs them by decode's
+    ``engine_input_source``); with explicit ``edges:`` the edge prefill -> decode must
+    be there. Source: vllm-omni pd_utils.py rule 3 and
+    ``detect_pd_separation_from_stage_configs``."""
+    pair = ctx.pd_pair
+    if pair is None or ctx.config is None:
+        return
+    p, d = pair
+    if p.stage_id not in d.input_sources:
+        yield r.diag(f"decode stage {d.stage_id} does not list prefill stage {p.stage_id} as an input",
+                     ctx.sloc(d), related=[ctx.sloc(p, label="prefill")], help=f"decode's input is [{p.stage_id}]")
+    if ctx.config.edges and not any(e.from_ == p.stage_id and e.to == d.stage_id for e in ctx.config.edges):
+        yield r.diag(f"`edges:` has no edge from prefill (stage {p.stage_id}) to decode (stage {d.stage_id})",
+                     ctx.loc(("edges",)), related=[ctx.sloc(d, label="decode")],
+                     help=f"add `- {{from: {p.stage_id}, to: {d.stage_id}}}` to `edges:`")
+
+
+@rule("OPD308", "pd-pair-count", Severity.ERROR,
+      "more than one prefill/decode pair, or kv roles on a pipeline that is not PD",
+      fail=("pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 0, devices: \"0\", kv_transfer_config: " + OK_P + "}\n"
+            "  - {stage_id: 1, devices: \"1\", kv_transfer_config: " + OK_D + "}\n"),
+      passing=_pd_yaml(OK_P, OK_D))
+def pair_count(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """vllm-omni supports exactly one PD pair (1P1D): a second producer or consumer
+    raises "only a single PD pair per pipeline". KV roles under a pipeline without a
+    prefill/decode split (``qwen3_omni_moe`` instead of ``qwen3_omni_moe_pd``) are never
+    detected: PD is silently off. Source: vllm-omni pd_utils.py
+    ``detect_pd_separation_from_stage_configs``."""
+    topo = ctx.topology
+    if topo is None:
+        return
+    prod = [n for n in topo.stages if (n.kv or {}).get("kv_role") == "kv_producer"]
+    cons = [n for n in topo.stages if (n.kv or {}).get("kv_role") == "kv_consumer"]
+    if not topo.pipeline.is_pd:
+        if prod and cons and ctx.catalogued:
+            name = topo.pipeline.name
+            yield r.diag(f"stages {prod[0].stage_id} and {cons[0].stage_id} are a KV producer/consumer pair, "
+                         f"but pipeline {name} has no prefill/decode split: PD stays off",
+                         ctx.loc(("pipeline",), value=True) if ctx.exists(("pipeline",)) else ctx.sloc(prod[0], "kv_transfer_config"),
+                         related=[ctx.sloc(cons[0], "kv_transfer_config", "kv_role", value=True, label="consumer")],
+                         help=f"use `pipeline: {name}_pd`" if not name.startswith("<") else "add `pipeline: <name>_pd`")
+        return
+    for group, kind in ((prod, "kv_producer"), (cons, "kv_consumer")):
+        for extra in group[1:]:
+            yield r.diag(f"stage {extra.stage_id} is a second {kind}; vllm-omni supports exactly one PD pair",
+                         ctx.sloc(extra, "kv_transfer_config", "kv_role", value=True),
+                         related=[ctx.sloc(group[0], "kv_transfer_config", "kv_role", value=True, label=f"first {kind}")],
+                         help="remove the kv_transfer_config from stages outside the prefill/decode pair")
+
+
+@rule("OPD309", "engine-id-unique", Severity.ERROR,
+      "two stages share a KV engine_id",
+      fail=_pd_yaml("{kv_connector: NixlConnector, kv_role: kv_producer, engine_id: thinker}",
+                    "{kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: thinker}"),
+      passing=_pd_yaml(OK_P, OK_D), labels=("ID-ENGINE-UNIQUE",))
+def engine_id_unique(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """``engine_id`` names an engine in transfers (NIXL handshakes, Mooncake bootstrap
+    ``remote_engine_id``); two engines with one id confuse the peer lookup. vllm-omni's
+    PD recipe sets ``omni-thinker-prefill`` / ``omni-thinker-decode``. Sources: vllm-omni
+    docs features/pd_disaggregation.md; vllm-ascend PD tutorial (seed 004)."""
+    if ctx.topology is None:
+        return
+    seen: dict[str, Any] = {}
+    for n in ctx.topology.stages:
+        eid = (n.kv or {}).get("engine_id")
+        if eid is None:
+            continue
+        if str(eid) in seen:
+            first = seen[str(eid)]
+            yield r.diag(f"stages {first.stage_id} and {n.stage_id} share engine_id `{eid}`",
+                         ctx.sloc(n, "kv_transfer_config", "engine_id", value=True),
+                         related=[ctx.sloc(first, "kv_transfer_config", "engine_id", value=True, label="first used here")],
+                         help=f"give each engine its own id, e.g. `engine_id: {eid}-{n.pd_role or n.stage_id}`")
+        else:
+            seen[str(eid)] = n
+
+
+@rule("OPD310", "async-chunk-kv", Severity.ERROR,
+      "async_chunk is on while a PD pair / KV connector is configured",
+      fail=_pd_yaml(OK_P, OK_D).replace("async_chunk: false", "async_chunk: true"),
+      passing=_pd_yaml(OK_P, OK_D))
+def async_chunk_kv(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """With ``async_chunk`` on (vllm-omni's default), the orchestrator pre-submits every
+    downstream stage at request start with a zero-filled placeholder prompt; decode then
+    gets a bogus prompt instead of prefill's routing, so PD needs ``async_chunk: false``.
+    Source: vllm-omni 0.30.0 engine/orchestrator.py (vllm_omni_deploy_schema.md §e4.3)."""
+    topo = ctx.topology
+    if topo is None or not topo.async_chunk:
+        return
+    kv_nodes = [n for n in topo.stages if n.kv and n.kv.get("kv_connector")]
+    if topo.pd_pair is None or not kv_nodes:
+        return
+    where = ctx.loc(("async_chunk",), value=True) if ctx.exists(("async_chunk",)) else ctx.loc(())
+    yield r.diag("async_chunk is on (vllm-omni's default) with a prefill/decode pair: decode would get a placeholder prompt",
+                 where, related=[ctx.sloc(kv_nodes[0], "kv_transfer_config", label="KV connector here")],
+                 help="set `async_chunk: false` at the top level")
+
+
+@rule("OPD311", "peer-topology", Severity.ERROR,
+      "kv_connector_extra_config declares a peer TP/DP that is not the real one",
+      fail=_PD + ("  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p,"
+                  " kv_connector_extra_config: {prefill: {tp_size: 1, dp_size: 1}, decode: {tp_size: 2, dp_size: 1}}}}\n"
+                  "  - {stage_id: 1, devices: \"1\", kv_transfer_config: " + OK_D + "}\n"),
+      passing=_PD + ("  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p,"
+                     " kv_connector_extra_config: {prefill: {tp_size: 1, dp_size: 1}, decode: {tp_size: 1, dp_size: 1}}}}\n"
+                     "  - {stage_id: 1, devices: \"1\", kv_transfer_config: " + OK_D + "}\n"),
+      labels=("XS-PEER-TOPO",))
+def peer_topology(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """vllm-ascend's MooncakeConnector(V1) takes ``kv_connector_extra_config.prefill``
+    and ``.decode`` blocks (``tp_size``, ``dp_size``) describing both sides; they must
+    equal the stages' real parallel sizes or the rank mapping reads the wrong blocks.
+    Generate them from the stages. Sources:
+    https://github.com/vllm-project/vllm-ascend/issues/8442,
+    https://github.com/vllm-project/vllm-ascend/issues/8344; seed 004."""
+    pair = ctx.pd_pair
+    if pair is None:
+        return
+    real = {"prefill": pair[0], "decode": pair[1]}
+    for n in pair:
+        extra = (n.kv or {}).get("kv_connector_extra_config") or {}
+        for side, peer in real.items():
+            blk = extra.get(side)
+            if not isinstance(blk, dict):
+                continue
+            for key, actual in (("tp_size", ctx.stage_tp(peer)), ("dp_size", ctx.stage_dp(peer))):
+                v = blk.get(key)
+                if v is not None and str(v) != str(actual):
+                    yield r.diag(f"stage {n.stage_id}: kv_connector_extra_config.{side}.{key}={v} but stage {peer.stage_id} "
+                                 f"({side}) runs {'tensor' if key == 'tp_size' else 'data'}_parallel_size={actual}",
+                                 ctx.sloc(n, "kv_transfer_config", "kv_connector_extra_config", side, key, value=True),
+                                 related=[ctx.sloc(peer, "tensor_parallel_size" if key == "tp_size" else "data_parallel_size",
+                                                   label=f"{side} stage {peer.stage_id}")],
+                                 help=f"write `{key}: {actual}`")

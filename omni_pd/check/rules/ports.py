@@ -1,0 +1,265 @@
+"""Port rules (OPD5xx), per host: unique bound ranges, env/extra-config agreement,
+routable addresses across hosts, valid port numbers.
+
+What each connector binds comes from its contract (``omni_pd/compile/connectors``: NIXL side
+channel ``[base, base + span)`` with the span per vLLM version, Mooncake bootstrap) plus
+the connectors listed here. Sources: vllm_kv_connectors.md §3 and checklist 13-16;
+vllm_omni_deploy_schema.md §e3; the case reports named per rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable
+
+from omni_pd.diagnostics import Diagnostic, Location, Severity
+from omni_pd.check.rules import Context, Rule, rule
+
+if TYPE_CHECKING:
+    from omni_pd.compile.topology import StageNode
+
+#: P2pNcclConnector's kv_port default (vLLM KVTransferConfig).
+DEFAULT_KV_PORT = 14579
+#: HCCL host-socket base port when HCCL_IF_BASE_PORT is unset (Ascend CANN default).
+HCCL_DEFAULT_BASE = 60000
+LOCAL = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "")
+
+
+@dataclass(frozen=True)
+class Bound:
+    node: "StageNode"
+    port: int
+    span: int
+    purpose: str
+    loc: Location
+
+
+def _as_port(v: Any) -> int | None:
+    try:
+        return int(str(v).strip())
+    except (TypeError, ValueError):
+        return None
+
+
+def _side(n: "StageNode") -> str:
+    if n.pd_role:
+        return n.pd_role
+    return "decode" if (n.kv or {}).get("kv_role") == "kv_consumer" else "prefill"
+
+
+def bound_ports(ctx: Context, n: "StageNode") -> list[Bound]:
+    """Every port range stage ``n`` binds on its host (per engine; ranks included)."""
+    from omni_pd.compile import connectors
+
+    out: list[Bound] = []
+    kv = n.kv or {}
+    name = kv.get("kv_connector")
+    tp, pp, dp = ctx.stage_tp(n), ctx.stage_pp(n), ctx.stage_dp(n)
+    c = connectors.get(name) if name else None
+    if c is not None and ctx.target.version >= (0, 11):
+        for pu in c.ports(_side(n), kv, n.env, tp, dp, ctx.target):
+            if pu.span <= 0:
+                continue
+            if pu.env and pu.env in n.env:
+                loc = ctx.sloc(n, "env", pu.env, value=True)
+            elif "mooncake_bootstrap_port" in (kv.get("kv_connector_extra_config") or {}):
+                loc = ctx.sloc(n, "kv_transfer_config", "kv_connector_extra_config", "mooncake_bootstrap_port", value=True)
+            else:
+                loc = ctx.sloc(n, "kv_transfer_config", "kv_connector", value=True)
+            out.append(Bound(n, pu.port, pu.span, f"{pu.purpose} ({pu.env} default)" if pu.env and pu.env not in n.env
+                             else pu.purpose, loc))
+    elif name in ("P2pNcclConnector", "MooncakeConnectorV1", "MooncakeLayerwiseConnector"):
+        port = _as_port(kv.get("kv_port", DEFAULT_KV_PORT))
+        if port is not None:
+            span = tp * pp * (1 if name == "P2pNcclConnector" else dp)
+            out.append(Bound(n, port, max(span, 1), f"kv_port + rank ({name})",
+                             ctx.sloc(n, "kv_transfer_config", "kv_port", value=True)))
+    for key in ("port",):
+        p = _as_port(n.settings.get(key)) if n.settings.get(key) is not None else None
+        if p is not None:
+            out.append(Bound(n, p, 1, "API server --port", ctx.sloc(n, key, value=True)))
+    if name == "P2pNcclConnector":
+        hp = (kv.get("kv_connector_extra_config") or {}).get("http_port")
+        p = _as_port(hp) if hp is not None else None
+        if p is not None and not any(b.purpose.startswith("API") and b.port == p for b in out):
+            out.append(Bound(n, p, 1, "API server (http_port)",
+                             ctx.sloc(n, "kv_transfer_config", "kv_connector_extra_config", "http_port", value=True)))
+    if _on_npu(ctx, n) and isinstance(n.devices, tuple) and tp * pp * dp > 1:
+        raw = n.env.get("HCCL_IF_BASE_PORT")
+        p = _as_port(raw) if raw is not None else HCCL_DEFAULT_BASE
+        if p is not None:
+            loc = ctx.sloc(n, "env", "HCCL_IF_BASE_PORT", value=True) if raw is not None else ctx.sloc(n, "devices")
+            out.append(Bound(n, p, 1, "HCCL listener (HCCL_IF_BASE_PORT" + (")" if raw is not None else " default)"), loc))
+    return out
+
+
+def _on_npu(ctx: Context, n: "StageNode") -> bool:
+    if ctx.platform:
+        return ctx.platform == "npu"
+    if ctx.inventory is not None:
+        h = ctx.inventory.host(ctx.host_of(n))
+        return bool(h and h.accelerator == "npu")
+    return False
+
+
+_PD = "pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
+
+
+@rule("OPD501", "port-conflict", Severity.ERROR,
+      "two stages on one host bind overlapping port ranges",
+      fail=(_PD + "  - {stage_id: 0, devices: \"0\", env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"5600\"}, kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}}\n"
+            "  - {stage_id: 1, devices: \"1\", env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"5600\"}, kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}}\n"),
+      passing=(_PD + "  - {stage_id: 0, devices: \"0\", env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"5600\"}, kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}}\n"
+               "  - {stage_id: 1, devices: \"1\", env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"5601\"}, kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}}\n"),
+      labels=("PORT-UNIQUE", "PORT-RANGE"))
+def port_conflict(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """Per host, every port range a stage binds must be disjoint from every other
+    stage's: NIXL side channel ``[base, base + dp)`` (0.13+; ``dp x tp`` on 0.11),
+    Mooncake bootstrap, P2pNccl ``kv_port + rank`` (each engine's ranks start at 0, so
+    two engines with one ``kv_port`` collide), vllm-ascend ``kv_port`` ranges, HCCL
+    listeners of multi-rank NPU engines (``HCCL_IF_BASE_PORT``), API ports. Without an
+    inventory all stages are taken to share one host. Sources:
+    https://github.com/vllm-project/vllm/issues/44061,
+    https://github.com/vllm-project/vllm/pull/26628,
+    https://github.com/vllm-project/vllm-ascend/issues/4725,
+    https://github.com/vllm-project/vllm-ascend/issues/11968."""
+    if ctx.topology is None:
+        return
+    by_host: dict[str, list[Bound]] = {}
+    for n in ctx.topology.stages:
+        for b in bound_ports(ctx, n):
+            by_host.setdefault(ctx.host_of(n), []).append(b)
+    for host, items in by_host.items():
+        items.sort(key=lambda b: (b.port, b.node.stage_id))
+        reported: set = set()
+        for i, a in enumerate(items):
+            for b in items[i + 1:]:
+                if b.port >= a.port + a.span:
+                    break
+                if a.node.stage_id == b.node.stage_id:
+                    continue
+                key = (a.node.stage_id, b.node.stage_id, a.purpose, b.purpose)
+                if key in reported:
+                    continue
+                reported.add(key)
+                lo = max(a.port, b.port)
+                ra = f"{a.port}" if a.span == 1 else f"{a.port}-{a.port + a.span - 1}"
+                rb = f"{b.port}" if b.span == 1 else f"{b.port}-{b.port + b.span - 1}"
+                hostword = f"host {host}" if host != "localhost" else "the shared host"
+                fix = ("assign distinct HCCL_IF_BASE_PORT per instance (env)" if "HCCL" in b.purpose
+                       else f"move stage {b.node.stage_id}'s range to start at {a.port + a.span} or above")
+                yield r.diag(f"port {lo} on {hostword} bound by stage {a.node.stage_id} ({a.purpose}, {ra}) and stage {b.node.stage_id} ({b.purpose}, {rb})",
+                             b.loc, related=[Location(a.loc.file, a.loc.line, a.loc.column, a.loc.path,
+                                                      label=f"stage {a.node.stage_id} binds {ra}")],
+                             help=fix)
+
+
+@rule("OPD502", "bootstrap-port-disagree", Severity.ERROR,
+      "the same port is given twice (env and extra config) with different values",
+      fail=(_PD + "  - {stage_id: 0, devices: \"0\", env: {VLLM_MOONCAKE_BOOTSTRAP_PORT: \"25201\"}, kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer, engine_id: p, kv_connector_extra_config: {mooncake_bootstrap_port: 25301}}}\n"
+            "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_consumer, engine_id: d}}\n"),
+      passing=(_PD + "  - {stage_id: 0, devices: \"0\", env: {VLLM_MOONCAKE_BOOTSTRAP_PORT: \"25201\"}, kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer, engine_id: p, kv_connector_extra_config: {mooncake_bootstrap_port: 25201}}}\n"
+               "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_consumer, engine_id: d}}\n"),
+      labels=("PORT-BOOTSTRAP-AGREE",))
+def bootstrap_disagree(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """vllm-omni builds prefill's Mooncake bootstrap address twice: ``pd_utils`` from
+    ``kv_connector_extra_config.mooncake_bootstrap_port`` and the engine from its own
+    ``VLLM_MOONCAKE_BOOTSTRAP_PORT``. When both are given they must agree, or decode
+    asks the wrong port. Source: vllm-omni entrypoints/pd_utils.py,
+    engine/async_omni_engine.py (vllm_omni_deploy_schema.md §e3)."""
+    if ctx.topology is None:
+        return
+    for n in ctx.topology.stages:
+        kv = n.kv or {}
+        if "mooncake" not in str(kv.get("kv_connector", "")).lower():
+            continue
+        env_v = n.env.get("VLLM_MOONCAKE_BOOTSTRAP_PORT")
+        ext_v = (kv.get("kv_connector_extra_config") or {}).get("mooncake_bootstrap_port")
+        if env_v is None or ext_v is None or _as_port(env_v) == _as_port(ext_v):
+            continue
+        yield r.diag(f"stage {n.stage_id}: kv_connector_extra_config.mooncake_bootstrap_port is {ext_v} but "
+                     f"env VLLM_MOONCAKE_BOOTSTRAP_PORT is {env_v}",
+                     ctx.sloc(n, "kv_transfer_config", "kv_connector_extra_config", "mooncake_bootstrap_port", value=True),
+                     related=[ctx.sloc(n, "env", "VLLM_MOONCAKE_BOOTSTRAP_PORT", value=True, label=f"env says {env_v}")],
+                     help=f"write the same port in both places, e.g. mooncake_bootstrap_port: {_as_port(env_v)}")
+
+
+@rule("OPD503", "cross-host-localhost", Severity.ERROR,
+      "prefill and decode are on different hosts but prefill advertises localhost",
+      fail=(_PD + "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}}\n"
+            "  - {stage_id: 1, devices: \"0\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}}\n"),
+      passing=(_PD + "  - {stage_id: 0, devices: \"0\", env: {VLLM_NIXL_SIDE_CHANNEL_HOST: 10.0.0.1}, kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}}\n"
+               "  - {stage_id: 1, devices: \"0\", env: {VLLM_NIXL_SIDE_CHANNEL_HOST: 10.0.0.2}, kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}}\n"),
+      example_context={"inventory": {"hosts": {"host-a": {"address": "10.0.0.1"}, "host-b": {"address": "10.0.0.2"}},
+                                     "placement": {0: "host-a", 1: "host-b"}}},
+      labels=("PORT-HOST",))
+def cross_host_localhost(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """When prefill and decode run on different hosts, the address prefill advertises
+    must be routable: NIXL's ``VLLM_NIXL_SIDE_CHANNEL_HOST`` defaults to localhost (it is
+    both the bind address and the ``remote_host`` decode dials), and vllm-omni builds the
+    Mooncake bootstrap address from ``kv_ip`` (default 127.0.0.1). The failure is a
+    handshake error and silent recompute. Sources:
+    https://github.com/vllm-project/vllm/issues/27083; vLLM PR #53018; dynamo PR #1327."""
+    pair = ctx.pd_pair
+    if pair is None:
+        return
+    p, d = pair
+    hp, hd = ctx.host_of(p), ctx.host_of(d)
+    if hp == hd:
+        return
+    name = str((p.kv or {}).get("kv_connector") or "")
+    addr = None
+    if ctx.inventory is not None and ctx.inventory.host(hp) is not None:
+        addr = ctx.inventory.host(hp).address  # type: ignore[union-attr]
+    addr = addr or "<routable IP of " + hp + ">"
+    if name.startswith("Nixl"):
+        v = p.env.get("VLLM_NIXL_SIDE_CHANNEL_HOST")
+        if v is None or str(v).strip() in LOCAL:
+            loc = ctx.sloc(p, "env", "VLLM_NIXL_SIDE_CHANNEL_HOST", value=True) if v is not None else ctx.sloc(p, "env") \
+                if p.env else ctx.sloc(p)
+            yield r.diag(f"stage {p.stage_id} (prefill) on {hp} advertises {v or 'localhost (default)'} as its NIXL side channel; "
+                         f"decode on {hd} cannot reach it", loc,
+                         related=[ctx.sloc(d, label=f"decode (stage {d.stage_id}) on {hd}")],
+                         help=f"set env VLLM_NIXL_SIDE_CHANNEL_HOST: {addr} on the prefill stage")
+    elif "mooncake" in name.lower():
+        v = (p.kv or {}).get("kv_ip")
+        if v is None or str(v).strip() in LOCAL:
+            loc = ctx.sloc(p, "kv_transfer_config", "kv_ip", value=True)
+            yield r.diag(f"stage {p.stage_id} (prefill) on {hp} advertises {v or '127.0.0.1 (default kv_ip)'} as its Mooncake "
+                         f"bootstrap address; decode on {hd} cannot reach it", loc,
+                         related=[ctx.sloc(d, label=f"decode (stage {d.stage_id}) on {hd}")],
+                         help=f"set kv_ip: {addr} (and env VLLM_HOST_IP) on the prefill stage")
+
+
+@rule("OPD504", "port-invalid", Severity.ERROR,
+      "a port is not an integer in 1..65535",
+      fail=(_PD + "  - {stage_id: 0, devices: \"0\", env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"70000\"}, kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}}\n"
+            "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}}\n"),
+      passing=(_PD + "  - {stage_id: 0, devices: \"0\", env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"7000\"}, kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}}\n"
+               "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}}\n"))
+def port_invalid(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """Ports (``kv_port``, ``*_port`` extra-config keys, ``*_PORT`` env vars) must be
+    integers in 1..65535 (P2pNccl rejects ``kv_port`` 0); a range ``[base, base + span)``
+    must also end at or below 65535. Source: vllm_kv_connectors.md §1.2, checklist 6."""
+    if ctx.topology is None:
+        return
+    for n in ctx.topology.stages:
+        kv = n.kv or {}
+        items: list[tuple[tuple, Any]] = []
+        if "kv_port" in kv:
+            items.append((("kv_transfer_config", "kv_port"), kv["kv_port"]))
+        for k, v in (kv.get("kv_connector_extra_config") or {}).items():
+            if isinstance(k, str) and k.endswith("_port"):
+                items.append((("kv_transfer_config", "kv_connector_extra_config", k), v))
+        for k, v in n.env.items():
+            if isinstance(k, str) and k.endswith("_PORT"):
+                items.append((("env", k), v))
+        for keys, v in items:
+            p = _as_port(v)
+            if p is None or not 1 <= p <= 65535:
+                yield r.diag(f"stage {n.stage_id}: {keys[-1]} = {v!r} is not a port (1..65535)",
+                             ctx.sloc(n, *keys, value=True), help="use a free port number between 1024 and 65535")
+        for b in bound_ports(ctx, n):
+            if 1 <= b.port <= 65535 and b.port + b.span - 1 > 65535:
+                yield r.diag(f"stage {n.stage_id}: {b.purpose} range {b.port}-{b.port + b.span - 1} runs past 65535",
+                             b.loc, help="start the range lower")

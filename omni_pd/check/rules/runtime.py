@@ -1,0 +1,118 @@
+"""Runtime-contract rules (OPD7xx): what the request path must do for a PD pair.
+
+Sources: vllm-omni ``engine/orchestrator.py`` ``_prepare_prefill_sampling_params`` and
+``_build_pd_decode_params`` (vllm_omni_deploy_schema.md §e4-e5), connector routing
+fields in ``omni_pd/compile/connectors`` (vllm_kv_connectors.md §3, §4), the case reports
+named per rule.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from omni_pd.diagnostics import Diagnostic, Severity
+from omni_pd.check.rules import Context, Rule, rule
+
+_PD = "pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
+_D = "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_consumer, engine_id: d}}\n"
+
+
+@rule("OPD701", "prefill-sampling", Severity.WARNING,
+      "the prefill stage's sampling keeps stop conditions or min_tokens > 1",
+      fail=(_PD + "  - {stage_id: 0, devices: \"0\", default_sampling_params: {max_tokens: 2048, stop_token_ids: [151645]},"
+            " kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer, engine_id: p}}\n" + _D),
+      passing=(_PD + "  - {stage_id: 0, devices: \"0\", default_sampling_params: {max_tokens: 2048},"
+               " kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer, engine_id: p}}\n" + _D),
+      labels=("RT-PREFILL-SAMPLING",))
+def prefill_sampling(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """The prefill leg must run ``max_tokens: 1``, ``min_tokens <= 1`` and no stop
+    conditions (``stop``, ``stop_token_ids``, ``include_stop_str_in_output``): when the
+    one sampled token is EOS or a stop token the request finishes with reason ``stop``,
+    MooncakeConnector cancels the KV send, and decode reads missing KV. vllm-omni's
+    orchestrator (since PR #2220) overrides these per request, so a prefill stage's
+    ``default_sampling_params`` that sets them only matters to routers that do not; the
+    warning says so. Sources: https://github.com/vllm-project/vllm-omni/pull/1303,
+    https://github.com/vllm-project/vllm-omni/pull/2220."""
+    pair = ctx.pd_pair
+    if pair is None:
+        return
+    p = pair[0]
+    sp = p.settings.get("default_sampling_params") or {}
+    for key in ("stop", "stop_token_ids"):
+        if sp.get(key):
+            yield r.diag(f"prefill stage {p.stage_id} sets {key}: a stop on the one prefill token ends it with reason `stop` "
+                         "and the KV send is cancelled", ctx.sloc(p, "default_sampling_params", key, value=True),
+                         help=f"remove `{key}` from the prefill stage; the prefill leg runs max_tokens=1, min_tokens<=1, "
+                              "stop=[], stop_token_ids=[], include_stop_str_in_output=false (decode keeps the originals)")
+    if sp.get("include_stop_str_in_output"):
+        yield r.diag(f"prefill stage {p.stage_id} sets include_stop_str_in_output", ctx.sloc(
+            p, "default_sampling_params", "include_stop_str_in_output", value=True), help="remove it from the prefill stage")
+    mt = sp.get("min_tokens")
+    try:
+        bad = mt is not None and int(mt) > 1
+    except (TypeError, ValueError):
+        bad = False
+    if bad:
+        yield r.diag(f"prefill stage {p.stage_id} sets min_tokens {mt}; the prefill leg generates one token",
+                     ctx.sloc(p, "default_sampling_params", "min_tokens", value=True),
+                     help="remove `min_tokens` from the prefill stage (or set it to 1)")
+
+
+@rule("OPD702", "routing-params", Severity.ERROR,
+      "the router does not carry the connector's kv_transfer_params from prefill to decode",
+      fail=(_PD + "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer, engine_id: p}}\n" + _D),
+      passing=(_PD + "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer, engine_id: p}}\n" + _D),
+      example_context={"inventory": {"hosts": {"host-a": {"accelerator": "cuda", "count": 2}},
+                                     "router": {"relays_kv_transfer_params": False}}},
+      pass_context={"inventory": {"hosts": {"host-a": {"accelerator": "cuda", "count": 2}}}},
+      labels=("RT-PROXY-PARAMS",))
+def routing_params(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """Decode only skips the prompt when the request it gets carries prefill's
+    ``kv_transfer_params``: NIXL needs ``remote_engine_id``, ``remote_block_ids``,
+    ``remote_host``, ``remote_port`` ... with ``do_remote_prefill: true``; Mooncake needs
+    ``transfer_id``, ``remote_bootstrap_addr`` and ``remote_engine_id`` (vllm-omni sends the
+    last one only when prefill's ``engine_id`` is set: warning when it is not). An
+    inventory ``router:`` that does not relay them is an error: answers stay correct but
+    decode recomputes every prompt (the passing example is the same YAML without that
+    router). Sources: https://github.com/vllm-project/vllm/issues/26896,
+    https://github.com/vllm-project/vllm/pull/42703."""
+    from omni_pd.compile import connectors
+
+    pair = ctx.pd_pair
+    if pair is None or not (pair[0].kv and pair[1].kv):
+        return
+    p, d = pair
+    name = str(p.kv.get("kv_connector") or "")  # type: ignore[union-attr]
+    c = connectors.get(name) if name else None
+    fields = c.routing_fields if c is not None else ()
+    router = ctx.inventory.router if ctx.inventory is not None else None
+    if router is not None and router.get("relays_kv_transfer_params") is False:
+        yield r.diag(f"the router in the inventory does not relay kv_transfer_params; with {name} decode would recompute every prompt",
+                     ctx.sloc(p, "kv_transfer_config", "kv_connector", value=True),
+                     related=[ctx.sloc(d, "kv_transfer_config", label="decode expects them")],
+                     notes=[f"{name} routing fields: {', '.join(fields)}"] if fields else [],
+                     help=f"router for {name} must send do_remote_decode to P and forward P's kv_transfer_params "
+                          "(with do_remote_prefill: true) to D; use vllm-omni's orchestrator or a PD-aware proxy")
+    if "mooncake" in name.lower() and not p.kv.get("engine_id"):  # type: ignore[union-attr]
+        yield r.diag(f"prefill stage {p.stage_id} has no engine_id: vllm-omni cannot send remote_engine_id to decode",
+                     ctx.sloc(p, "kv_transfer_config"), severity=Severity.WARNING,
+                     help="add `engine_id: omni-thinker-prefill` to the prefill kv_transfer_config")
+
+
+@rule("OPD703", "verify-transfer", Severity.INFO,
+      "gate readiness on one successful prefill -> decode KV transfer",
+      fail=(_PD + "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer, engine_id: p}}\n" + _D),
+      passing="stages:\n  - {stage_id: 0, devices: \"0\"}\n", labels=("RT-VERIFY-TRANSFER",))
+def verify_transfer(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """A misconfigured PD pair often fails silently: answers are right, decode just
+    recomputes. Before reporting the deployment ready, send one request and check that
+    decode reports external (transferred) KV tokens > 0. Informational, on every PD
+    config. Sources: https://github.com/vllm-project/vllm/issues/42895,
+    https://github.com/vllm-project/vllm/issues/26896."""
+    pair = ctx.pd_pair
+    if pair is None or not ctx.platform_first:
+        return
+    p, d = pair
+    yield r.diag(f"PD pair stage {p.stage_id} -> {d.stage_id}: do not report ready until one prefill -> decode handshake and transfer succeed",
+                 ctx.sloc(d, "kv_transfer_config"),
+                 help="after start, send one request and check decode's external prefix-cache hits (KV tokens received) > 0")

@@ -1,0 +1,277 @@
+"""Schema rules (OPD1xx): types, legacy files, unknown keys, env names, CLI scope.
+
+Upstream sources: vllm-omni 0.30.0 ``vllm_omni/config/stage_config.py``
+(``DeployConfig``, ``load_deploy_config``), docs ``configuration/stage_configs.md``
+(CLI precedence), and the case reports named in each rule.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from difflib import get_close_matches
+from typing import Any, Iterable
+
+from omni_pd.diagnostics import Diagnostic, Location, Severity
+from omni_pd.check.rules import Context, Rule, rule
+
+#: Accelerator visibility variables per platform (launchers and vLLM platforms).
+VISIBILITY_VARS = {
+    "cuda": "CUDA_VISIBLE_DEVICES", "rocm": "HIP_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES",
+    "xpu": "ZE_AFFINITY_MASK", "musa": "MUSA_VISIBLE_DEVICES",
+}
+KNOWN_ENV = frozenset(VISIBILITY_VARS.values()) | {
+    "ROCR_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES", "VLLM_NIXL_SIDE_CHANNEL_HOST",
+    "VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_MOONCAKE_BOOTSTRAP_PORT", "VLLM_HOST_IP",
+    "HCCL_IF_BASE_PORT", "VLLM_KV_CACHE_LAYOUT", "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
+    "VLLM_WORKER_MULTIPROC_METHOD", "VLLM_USE_V1", "VLLM_ATTENTION_BACKEND", "VLLM_LOGGING_LEVEL",
+    "PYTORCH_CUDA_ALLOC_CONF", "NCCL_DEBUG", "UCX_TLS", "UCX_NET_DEVICES", "MOONCAKE_CONFIG_PATH",
+    "VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT", "LMCACHE_CONFIG_FILE", "PYTHONHASHSEED",
+}
+#: Engine flags that are per stage in a multi-stage pipeline (stage_configs.md).
+STAGE_SCOPED_FLAGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+                      "max_model_len", "dtype", "gpu_memory_utilization", "quantization",
+                      "max_num_seqs", "kv_cache_dtype", "block_size")
+
+
+@rule("OPD101", "wrong-type", Severity.ERROR, "a key has a value of the wrong type",
+      fail="stages:\n  - stage_id: 0\n    tensor_parallel_size: two\n",
+      passing="stages:\n  - stage_id: 0\n    tensor_parallel_size: 2\n")
+def wrong_type(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """Every key the deploy schema types (vllm-omni ``StageDeployConfig``, vLLM
+    ``KVTransferConfig``) must hold a value of that type; the message names the expected
+    type. validate reports every such error, not just the first. Source: vllm-omni
+    0.30.0 config/stage_config.py; vLLM config/kv_transfer.py."""
+    return list(ctx.parse_diagnostics)
+
+
+@rule("OPD102", "legacy-stage-args", Severity.WARNING,
+      "legacy `stage_args` file: no schema defaults are applied",
+      fail="stage_args:\n  - stage_id: 0\n    engine_input_source: []\n",
+      passing="stages:\n  - stage_id: 0\n", labels=("SCH-LEGACY",))
+def legacy_stage_args(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """A file with ``stage_args:`` uses the legacy schema: vllm-omni 0.30's deploy loader
+    (``load_deploy_config``) rejects it, ``--stage-configs-path`` still reads it but
+    applies no defaults (an omitted ``engine_input_source`` crashes the orchestrator,
+    vllm-omni#5434). ``omni-pd expand`` refuses such a file with the same code as a
+    fatal error; validate warns and checks what it can. Source: vllm-omni
+    config/stage_config.py; https://github.com/vllm-project/vllm-omni/issues/5434."""
+    if ctx.legacy:
+        yield r.diag("legacy `stage_args` file: no schema defaults are applied; vllm-omni 0.30's deploy loader only reads `stages:`",
+                     ctx.loc(("stage_args",)),
+                     help="convert it: one `stages:` entry per stage with flat engine keys "
+                          "(engine_args.* -> stage keys, runtime.devices -> devices); topology comes from the pipeline")
+
+
+def _stage_fields() -> frozenset[str]:
+    from omni_pd.compile.model import KVTransferConfig, StageDeploy
+
+    return frozenset(StageDeploy.model_fields) | frozenset(KVTransferConfig.model_fields)
+
+
+@rule("OPD103", "unknown-key", Severity.WARNING,
+      "a key is not a deploy-schema field (nearest match suggested)",
+      fail="pipelne: qwen3_omni_moe\nstages:\n  - stage_id: 0\n",
+      passing="pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n", labels=("SCH-UNKNOWN-KEY",))
+def unknown_key(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """Top-level keys must be ``DeployConfig`` fields; ``platforms:`` keys must be a known
+    platform (cuda, rocm, npu, xpu, musa); a stage key one edit away from a stage field
+    (``tensor_paralel_size``) is almost certainly a typo, because vllm-omni forwards
+    unknown stage keys to the engine as-is and vLLM then fails or ignores them.
+    Source: vllm-omni 0.30.0 config/stage_config.py (DeployConfig, engine_extras)."""
+    from omni_pd.compile.model import TOP_LEVEL_KEYS
+    from omni_pd.compile.topology import PLATFORMS
+
+    if ctx.legacy or ctx.platform_first is False:
+        return
+    for k in ctx.raw:
+        if isinstance(k, str) and k not in TOP_LEVEL_KEYS and not k.startswith("x-"):
+            close = get_close_matches(k, sorted(TOP_LEVEL_KEYS), n=1, cutoff=0.75)
+            yield r.diag(f"unknown top-level key `{k}`", ctx.loc((k,)),
+                         help=f"did you mean `{close[0]}`?" if close else
+                         "top-level keys: " + ", ".join(sorted(TOP_LEVEL_KEYS)))
+    plats = ctx.raw.get("platforms")
+    for p in (plats if isinstance(plats, dict) else {}):  # not a mapping: OPD101
+        if p not in PLATFORMS:
+            close = get_close_matches(str(p), PLATFORMS, n=1, cutoff=0.6)
+            yield r.diag(f"unknown platform `{p}` under `platforms:`", ctx.loc(("platforms", p)),
+                         help=(f"did you mean `{close[0]}`? " if close else "") + "platforms: " + ", ".join(PLATFORMS))
+    fields = sorted(_stage_fields())
+    for i, st in enumerate(ctx.raw.get("stages") or []):
+        if not isinstance(st, dict):
+            continue
+        for k in st:
+            if not isinstance(k, str) or k in fields or k.startswith("x-"):
+                continue
+            close = get_close_matches(k, fields, n=1, cutoff=0.88)
+            if close:
+                yield r.diag(f"unknown stage key `{k}`", ctx.loc(("stages", i, k)),
+                             help=f"did you mean `{close[0]}`?")
+
+
+@rule("OPD104", "port-type", Severity.WARNING,
+      "port fields of the PD pair mix integers and strings",
+      fail=("pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
+            "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, kv_port: 21001}}\n"
+            "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, kv_port: \"22001\"}}\n"),
+      passing=("pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
+               "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, kv_port: 21001}}\n"
+               "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, kv_port: 22001}}\n"),
+      labels=("SCH-TYPES",))
+def port_type(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """Port fields (``kv_port``, ``*_port`` in ``kv_connector_extra_config``) should be
+    written one way. vLLM coerces ``kv_port`` to int, but the extra config is passed
+    through verbatim and connectors compare or concatenate it as strings (P2pNccl
+    builds ``ip:port`` from them), so an int on one side and a string on the other is
+    a latent mismatch. Source: https://github.com/vllm-project/vllm/pull/26628."""
+    if ctx.topology is None or not ctx.platform_first:
+        return
+    seen: list[tuple[str, type, Any, Location]] = []
+    for node in ctx.topology.stages:
+        kv = node.kv or {}
+        items = [(("kv_port",), kv.get("kv_port"))]
+        for k, v in (kv.get("kv_connector_extra_config") or {}).items():
+            if isinstance(k, str) and k.endswith("_port"):
+                items.append((("kv_connector_extra_config", k), v))
+        for keys, v in items:
+            path = ctx.stage_path(node, "kv_transfer_config", *keys)
+            if path[-len(keys):] == keys:
+                v = ctx.raw_at(path, v)  # as written (the model coerced it)
+            if isinstance(v, (int, str)) and not isinstance(v, bool):
+                seen.append((".".join(keys), type(v), v,
+                             ctx.sloc(node, "kv_transfer_config", *keys, value=True)))
+    kinds = {t for _, t, _, _ in seen}
+    if len(kinds) > 1:
+        ints = [s for s in seen if s[1] is int]
+        strs = [s for s in seen if s[1] is str]
+        minority = strs if len(strs) <= len(ints) else ints
+        other = ints if minority is strs else strs
+        for name, t, v, loc in minority:
+            yield r.diag(f"port fields mix int and str: `{name}` is {'a string' if t is str else 'an integer'} ({v!r}) "
+                         f"while other port fields are {'integers' if t is str else 'strings'}", loc,
+                         related=[Location(o[3].file, o[3].line, o[3].column, label=f"`{o[0]}` written as {o[2]!r}")
+                                  for o in other[:2]],
+                         help=f"write every port as an unquoted integer, e.g. {name.split('.')[-1]}: {int(v) if str(v).isdigit() else v}")
+
+
+@rule("OPD105", "env-name", Severity.ERROR,
+      "an environment variable name is a near miss of a known one",
+      fail="stages:\n  - stage_id: 0\n    env: {CUDA_VISIBLE_DEVICE: \"0\"}\n",
+      passing="stages:\n  - stage_id: 0\n    env: {CUDA_VISIBLE_DEVICES: \"0\"}\n", labels=("SCH-ENV-NAME",))
+def env_name(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """Launcher and stage environment names are checked against the visibility
+    variables of every platform (CUDA_VISIBLE_DEVICES, ASCEND_RT_VISIBLE_DEVICES,
+    HIP_VISIBLE_DEVICES, ZE_AFFINITY_MASK, MUSA_VISIBLE_DEVICES) and the connector
+    variables vLLM reads. A name one letter away from one of them is silently ignored
+    by the runtime (vllm-omni#2898: ``ASCEND_RT_VISIBLE_DEVICE`` made every stage see
+    the wrong NPUs). Source: https://github.com/vllm-project/vllm-omni/issues/2898."""
+    if not ctx.platform_first:
+        return
+    known = sorted(KNOWN_ENV)
+
+    def near(name: str) -> str | None:
+        if name in KNOWN_ENV:
+            return None
+        close = get_close_matches(name, known, n=1, cutoff=0.9)
+        return close[0] if close else None
+
+    for name in ctx.env:
+        m = near(str(name))
+        if m:
+            yield r.diag(f"`{name}` is not a known variable; did you mean `{m}`?",
+                         Location(file="<launcher environment>", path=(name,)),
+                         help=f"export {m}=... instead; the misspelt name is ignored")
+    if ctx.topology is None:
+        return
+    for node in ctx.topology.stages:
+        for name in node.env:
+            m = near(str(name))
+            if m:
+                yield r.diag(f"stage {node.stage_id}: `{name}` is not a known variable; did you mean `{m}`?",
+                             ctx.sloc(node, "env", name), help=f"rename it to `{m}`")
+
+
+@rule("OPD106", "cli-scope", Severity.WARNING,
+      "a global engine flag would be broadcast to every stage",
+      fail="stages:\n  - stage_id: 0\n  - stage_id: 1\n",
+      passing="stages:\n  - stage_id: 0\n    tensor_parallel_size: 2\n  - stage_id: 1\n",
+      example_context={"cli": {"tensor_parallel_size": 2}}, pass_context={}, labels=("SCH-CLI-SCOPE",))
+def cli_scope(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """``vllm serve --omni`` applies global engine flags (``-tp``, ``--max-model-len``,
+    ``--dtype``...) to every stage of a multi-stage pipeline: a TP meant for the Thinker
+    lands on the Talker and Code2Wav too (vllm-omni#5003, #2898). Set them per stage in
+    the deploy YAML. (The passing example shows the same flag set per stage with no
+    global flag.) Source: vllm-omni docs configuration/stage_configs.md;
+    https://github.com/vllm-project/vllm-omni/issues/5003."""
+    if not ctx.platform_first or ctx.topology is None or len(ctx.topology.stages) < 2:
+        return
+    flags = [k for k in ctx.cli if k in STAGE_SCOPED_FLAGS]
+    if flags:
+        shown = ", ".join("--" + f.replace("_", "-") for f in flags)
+        yield r.diag(f"global {shown} would be broadcast to all {len(ctx.topology.stages)} stages",
+                     Location(file="<command line>", path=tuple(flags)),
+                     help="drop the flag and set " + ", ".join(f"`{f}`" for f in flags) + " per stage in the deploy YAML")
+
+
+@rule("OPD108", "base-config-missing", Severity.ERROR,
+      "`base_config` names a file that cannot be found",
+      fail="base_config: no_such_file.yaml\nstages:\n  - stage_id: 0\n",
+      passing="base_config: qwen3_omni_moe.yaml\n")
+def base_config_missing(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """``base_config`` is resolved next to the file, then among omni-pd's bundled
+    presets (which mirror vllm-omni's ``vllm_omni/deploy/``). The diagnostic is emitted
+    while loading (validate.py), before the rules run. Source: vllm-omni 0.30.0
+    config/stage_config.py (``load_deploy_config``)."""
+    return []
+
+
+# --- engine-argument ownership (vllm-omni 0.30) -------------------------------------
+
+
+@lru_cache(maxsize=1)
+def stage_keys() -> tuple[str, frozenset[str], frozenset[str]]:
+    """(vllm-omni major.minor, StageDeployConfig fields, owned engine args) from
+    ``presets/targets/vllm_omni_stage_keys.yaml`` (generated from vllm-omni 0.30.0;
+    tests/test_oracle.py checks it against the live package)."""
+    from omni_pd.resources import data_dir, load_data
+
+    d = load_data(data_dir("presets") / "targets" / "vllm_omni_stage_keys.yaml")
+    return str(d["vllm_omni"]), frozenset(d["deploy"]), frozenset(d["owned"])
+
+
+@rule("OPD111", "engine-arg-unowned", Severity.ERROR,
+      "a stage key is neither a deploy field nor an engine argument vllm-omni can place",
+      fail="pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n    max_num_seqz: 8\n",
+      passing="pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n    max_num_seqs: 8\n")
+def engine_arg_unowned(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """vllm-omni 0.30 forwards stage keys that are not ``StageDeployConfig`` fields to
+    the engine, then refuses any that no structured config (model, cache, parallel,
+    scheduler, KV transfer, ...) owns: ``ValueError: Stage N (llm_ar) has explicit
+    engine argument(s) with no structured config owner`` when the server starts.
+    Checked for vLLM 0.30 targets (the list omni-pd ships is vllm-omni 0.30.0's).
+    Source: vllm-omni 0.30.0 config/omni_config.py
+    ``_validate_stage_engine_override_ownership``; config/stage_config.py
+    ``StageDeployConfig``."""
+    from difflib import get_close_matches
+
+    version, deploy, owned = stage_keys()
+    if ctx.legacy or ctx.platform_first is False or ctx.target.label != version:
+        return
+    # only pipelines whose stages omni-pd knows are LLM stages (the list is theirs);
+    # diffusion and other stage types own other keys
+    topo = ctx.topology
+    if topo is None or topo.pipeline.runtime != "vllm-omni" or topo.pipeline.name.startswith("<"):
+        return
+    known = deploy | owned | {"engine_args", "runtime"}
+    for i, st in enumerate(ctx.raw.get("stages") or []):
+        if not isinstance(st, dict):
+            continue
+        inner = st.get("engine_args") if isinstance(st.get("engine_args"), dict) else {}
+        for path, k in [(("stages", i, k), k) for k in st] + [(("stages", i, "engine_args", k), k) for k in inner]:
+            if not isinstance(k, str) or k in known:
+                continue
+            close = get_close_matches(k, sorted(deploy | owned), n=1, cutoff=0.8)
+            yield r.diag(f"vllm-omni {version} has no place for stage key `{k}`: the server would refuse to start",
+                         ctx.loc(path),
+                         help=(f"did you mean `{close[0]}`? " if close else "") +
+                         "remove it, or use a vLLM engine argument (see `vllm serve --help`)")

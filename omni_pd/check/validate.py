@@ -1,0 +1,425 @@
+"""``omni-pd validate``: orchestration only (the caller has loaded the document).
+
+parse (every pydantic error becomes an OPD101, not just the first) -> follow
+``base_config`` -> choose the pipeline -> resolve one Topology per platform
+(``--platform P``; ``--all-platforms`` = the base plus each overlay) -> run every rule
+-> dedupe -> sort. Nothing here prints; the CLI renders the result.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omni_pd.check.context import Inventory, ModelInfo
+from omni_pd.diagnostics import Diagnostic, Location, OmniPdError, Severity, sort_key
+from omni_pd.io import Document, get_path
+from omni_pd.compile.model import DeployConfig
+from omni_pd.compile.pipelines import Catalogue, Pipeline, PipelineStage, load_catalogue
+from omni_pd.compile.topology import PLATFORMS
+
+
+@dataclass
+class ValidateOptions:
+    """What the user told validate. ``env``: launcher environment; ``cli``: global
+    engine flags (vllm-omni broadcasts them to every stage)."""
+
+    platform: str | None = None
+    all_platforms: bool = False
+    inventory: Inventory | None = None
+    model: ModelInfo | None = None
+    vllm_version: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    cli: dict[str, Any] = field(default_factory=dict)
+    pipeline: str | None = None
+    rules: tuple[str, ...] | None = None  # only these codes (None = all)
+
+
+@dataclass
+class ValidateResult:
+    """``diagnostics`` sorted by file/line; ``docs``: every file read (name -> Document);
+    ``pipeline_name``: the catalogue pipeline the stages were checked against (None when
+    none was chosen)."""
+
+    diagnostics: list[Diagnostic]
+    docs: dict[str, Document]
+    pipeline_name: str | None = None
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.severity is Severity.ERROR]
+
+    def codes(self, severity: Severity | None = None) -> set[str]:
+        return {d.code for d in self.diagnostics if severity is None or d.severity is severity}
+
+
+# --- locating keys across a base_config merge ------------------------------------------
+
+class Locator:
+    """``loc``/``exists`` over one document, or over a child merged onto its base_config.
+
+    Merged stage ``i`` maps to the child's and the base's own list positions, so a
+    diagnostic points into the file that actually sets the key.
+    """
+
+    def __init__(self, doc: Document, base: "Locator | None" = None,
+                 stage_map: dict[int, tuple[int | None, int | None]] | None = None):
+        self.doc = doc
+        self.base = base
+        self.stage_map = stage_map or {}
+        self.name = doc.name
+
+    def _split(self, path: tuple) -> list[tuple["Locator | Document", tuple]]:
+        if self.base is None:
+            return [(self.doc, path)]
+        if len(path) >= 2 and path[0] == "stages" and isinstance(path[1], int) and path[1] in self.stage_map:
+            ci, bi = self.stage_map[path[1]]
+            out: list = []
+            if ci is not None:
+                out.append((self.doc, ("stages", ci) + path[2:]))
+            if bi is not None:
+                out.append((self.base, ("stages", bi) + path[2:]))
+            return out
+        return [(self.doc, path), (self.base, path)]
+
+    def exists(self, path: tuple) -> bool:
+        for d, p in self._split(path):
+            if d.exists(p):
+                return True
+        return False
+
+    def loc(self, path: tuple, *, value: bool = False) -> Location:
+        cands = self._split(path)
+        for d, p in cands:
+            if d.exists(p):
+                return d.loc(p, value=value)
+        d, p = cands[0]
+        return d.loc(p, value=value)
+
+    def docs(self) -> dict[str, Document]:
+        out = {self.doc.name: self.doc}
+        if self.base is not None:
+            out.update(self.base.docs())
+        return out
+
+
+def _merge_base(child: Document, plain: dict, depth: int = 0) -> tuple[dict, Locator, list[Diagnostic]]:
+    """Follow ``base_config`` (relative to the file, then the bundled presets).
+
+    Stages merge by ``stage_id`` (child keys win), top-level mappings merge key by key
+    (child wins), other top-level values of the child replace the base's.
+    """
+    from omni_pd.io import load_file
+    from omni_pd.compile.parse import to_plain
+    from omni_pd.resources import data_dir
+
+    name = plain.get("base_config")
+    if not name or depth > 4:
+        return plain, Locator(child), []
+    cands = [Path(child.name).parent / str(name), data_dir("presets") / str(name),
+             data_dir("presets") / os.path.basename(str(name))]
+    path = next((c for c in cands if c.is_file()), None)
+    if path is None:
+        return plain, Locator(child), [Diagnostic(
+            code="OPD108", severity=Severity.ERROR,
+            message=f"base_config `{name}` not found next to this file nor among the bundled presets",
+            location=child.loc(("base_config",), value=True),
+            help="give a path relative to this file, or a bundled preset name such as qwen3_omni_moe.yaml")]
+    try:
+        bdoc = load_file(path)
+    except OmniPdError as e:
+        return plain, Locator(child), [e.diagnostic]
+    bplain, bloc, diags = _merge_base(bdoc, to_plain(bdoc.tree), depth + 1)
+    from omni_pd.compile.topology import _merge as deep_merge
+
+    merged = dict(bplain)
+    for k, v in plain.items():
+        if k not in ("stages", "base_config"):
+            # mappings (connectors, platforms) merge key by key: vllm-omni 0.30's shipped
+            # qwen3_tts_high_concurrency_mrv2.yaml overrides only connectors.<name>.extra
+            merged[k] = deep_merge(merged[k], v) if isinstance(v, dict) and isinstance(merged.get(k), dict) else v
+    merged.pop("base_config", None)
+    bst = list(bplain.get("stages") or [])
+    cst = list(plain.get("stages") or [])
+    out_stages: list = []
+    stage_map: dict[int, tuple[int | None, int | None]] = {}
+    used: set[int] = set()
+    for bi, b in enumerate(bst):
+        ci = next((i for i, c in enumerate(cst) if isinstance(c, dict) and isinstance(b, dict)
+                   and c.get("stage_id") == b.get("stage_id")), None)
+        if ci is not None:
+            used.add(ci)
+            out_stages.append({**b, **cst[ci]})
+        else:
+            out_stages.append(b)
+        stage_map[len(out_stages) - 1] = (ci, bi)
+    for ci, c in enumerate(cst):
+        if ci not in used:
+            out_stages.append(c)
+            stage_map[len(out_stages) - 1] = (ci, None)
+    merged["stages"] = out_stages
+    return merged, Locator(child, bloc, stage_map), diags
+
+
+# --- parsing with every error collected -----------------------------------------------
+
+def _drop(plain: Any, path: tuple) -> bool:
+    """Delete the mapping key at ``path`` (so parsing can go on); False if absent."""
+    node = get_path(plain, path[:-1])
+    if isinstance(node, dict) and path and path[-1] in node:
+        del node[path[-1]]
+        return True
+    return False
+
+
+def parse_all(plain: dict, loc: Locator) -> tuple[DeployConfig | None, list[Diagnostic]]:
+    """Validate ``plain``; every pydantic error is an OPD101 located at its key.
+
+    Offending keys are dropped and validation repeated, so the rules still run on the
+    rest. Returns (None, diags) when the config cannot be repaired that way (e.g. a
+    stage without ``stage_id``).
+    """
+    import copy
+
+    from pydantic import ValidationError
+
+    from omni_pd.compile.parse import _TYPE_WORDS, _show
+
+    work = copy.deepcopy(plain)
+    diags: list[Diagnostic] = []
+    seen: set = set()
+    for _ in range(20):
+        try:
+            return DeployConfig.model_validate(work), diags
+        except ValidationError as e:
+            progress = False
+            for err in e.errors():
+                raw_loc = tuple("from" if p == "from_" else p for p in err.get("loc", ()))
+                # pydantic adds union-member names (str, ConnectorSpec) to the location
+                path = tuple(p for p in raw_loc if isinstance(p, int) or p in _keys_along(work, raw_loc))
+                key = path[-1] if path else ""
+                typ = err.get("type", "")
+                want = _TYPE_WORDS.get(typ)
+                if typ == "missing":
+                    msg = f"missing required key `{raw_loc[-1]}`"
+                    help_ = f"add `{raw_loc[-1]}:` here"
+                elif want:
+                    msg = f"`{key}` must be {want}, found {_show(err.get('input'))}"
+                    help_ = f"write {want} for `{key}`"
+                else:
+                    msg = f"invalid value for `{key}`: {err.get('msg')}"
+                    help_ = None
+                sig = (path, msg)
+                if sig not in seen:
+                    seen.add(sig)
+                    diags.append(Diagnostic(code="OPD101", severity=Severity.ERROR, message=msg,
+                                            location=loc.loc(path, value=typ != "missing"), help=help_))
+                if typ != "missing" and _drop(work, path):
+                    progress = True
+            if not progress:
+                return None, diags
+    return None, diags
+
+
+def _keys_along(tree: Any, loc: tuple) -> set:
+    keys: set = set()
+    node = tree
+    for p in loc:
+        if isinstance(node, dict) and p in node:
+            keys.add(p)
+            node = node[p]
+        elif isinstance(node, list) and isinstance(p, int) and 0 <= p < len(node):
+            node = node[p]
+    return keys
+
+
+# --- choosing the pipeline -------------------------------------------------------------
+
+def _kv_role(stage: dict) -> str | None:
+    from omni_pd.compile.topology import effective_stage
+
+    kv = effective_stage(stage).get("kv_transfer_config")
+    return kv.get("kv_role") if isinstance(kv, dict) else None
+
+
+def _chain(name: str, ids: list[int], pd: tuple[int, int] | None) -> Pipeline:
+    """A linear chain over ``ids``; ``pd`` marks a (prefill, decode) pair."""
+    stages = []
+    for k, sid in enumerate(ids):
+        pd_role = None
+        if pd and sid == pd[0]:
+            pd_role = "prefill"
+        elif pd and sid == pd[1]:
+            pd_role = "decode"
+        last = k == len(ids) - 1
+        stages.append(PipelineStage(
+            stage_id=sid, role="llm" if pd_role else "stage", model_stage="stage",
+            execution_type="LLM_AR" if pd_role else "unknown",
+            input_sources=(ids[k - 1],) if k else (), final_output=last or pd_role == "decode",
+            final_output_type="text" if (last or pd_role == "decode") else None, pd_role=pd_role))
+    return Pipeline(name=name, stages=tuple(stages), runtime="vllm-omni")
+
+
+def choose_pipeline(cfg: DeployConfig, loc: Locator, cat: Catalogue, opts: ValidateOptions,
+                    base_name: str | None = None) -> tuple[Pipeline, list[Diagnostic]]:
+    """``--pipeline``, ``pipeline:``, the deploy file name, the model's ``model_type``,
+    a kv_producer/kv_consumer pair (PD), one stage (``llm``), else a linear chain."""
+    from difflib import get_close_matches
+
+    diags: list[Diagnostic] = []
+    name = opts.pipeline or cfg.pipeline
+    if name:
+        p = cat.get(name)
+        if p is not None:
+            return p, diags
+        close = get_close_matches(name, cat.names(), n=1, cutoff=0.85)
+        diags.append(Diagnostic(
+            code="OPD207", severity=Severity.INFO,
+            message=f"pipeline `{name}` is not in omni-pd's catalogue; its stages are checked as a linear chain",
+            location=loc.loc(("pipeline",), value=True) if not opts.pipeline else None,
+            help=(f"did you mean `{close[0]}`? " if close else "") + "catalogued: " + ", ".join(cat.names())))
+    else:
+        for fname in (os.path.basename(loc.name), os.path.basename(str(base_name or ""))):
+            p = cat.for_deploy_file(fname) if fname else None
+            if p is not None:
+                return p, diags
+        if opts.model is not None and opts.model.model_type and cat.get(opts.model.model_type):
+            return cat.get(opts.model.model_type), diags  # type: ignore[return-value]
+    raw = [s.model_dump(by_alias=True, exclude_unset=True) for s in cfg.stages]
+    ids = sorted({int(s["stage_id"]) for s in raw})
+    prod = [int(s["stage_id"]) for s in raw if _kv_role(s) in ("kv_producer", "kv_both")]
+    cons = [int(s["stage_id"]) for s in raw if _kv_role(s) in ("kv_consumer",)]
+    pair = None
+    if prod and cons:
+        pair = (prod[0], next((c for c in cons if c > prod[0]), cons[0]))
+    elif prod and len(prod) >= 2 and all(_kv_role(s) == "kv_both" for s in raw if int(s["stage_id"]) in prod[:2]):
+        pair = (prod[0], prod[1])
+    if pair and not name:  # a named (uncatalogued) pipeline decides its own KV edges
+        fits = [p.name for p in cat.pipelines.values()
+                if p.is_pd and p.pd_pair == pair and sorted(s.stage_id for s in p.stages) == ids]
+        diags.append(Diagnostic(
+            code="OPD208", severity=Severity.ERROR,
+            message=f"stages {pair[0]} and {pair[1]} are a KV producer/consumer pair but the file names no `pipeline:`",
+            location=loc.loc(("stages",)),
+            notes=["vllm-omni 0.30 then takes the pipeline from the model's `model_type`, which is never a PD "
+                   "pipeline: it merges these stages into the three-stage pipeline, silently drops the last "
+                   "stage and applies the decode entry to the next stage (StageConfigFactory.get_pipeline_config)"],
+            help="add " + " or ".join(f"`pipeline: {f}`" for f in fits) + " (the one for your model)" if fits else "add `pipeline: <name>_pd` (see `omni-pd pipelines`)"))
+        return _chain("<inferred PD chain>", ids, pair), diags
+    if len(ids) <= 1 and not name:
+        return cat.get("llm"), diags  # type: ignore[return-value]
+    if not name:
+        diags.append(Diagnostic(
+            code="OPD207", severity=Severity.INFO,
+            message=f"no `pipeline:` key and none can be inferred; checked as a linear chain of stages {', '.join(map(str, ids))}",
+            location=loc.loc(()),
+            help="add `pipeline: <name>` (see `omni-pd pipelines`) for the checks that need the stage roles"))
+    return _chain(f"<{name}: linear chain>" if name else "<linear chain>", ids, None), diags
+
+
+# --- the entry points -----------------------------------------------------------------
+
+def validate_document(doc: Document, opts: ValidateOptions | None = None) -> ValidateResult:
+    """Check ``doc`` with every rule. Raises :class:`OmniPdError` (exit 2) only for bad
+    usage (an unknown ``--vllm-version`` or ``--platform``)."""
+    from omni_pd.compile.parse import to_plain
+    from omni_pd.check.rules import Context, registry, run_rules
+    from omni_pd.compile.targets import target as make_target
+    from omni_pd.compile.topology import resolve
+
+    opts = opts or ValidateOptions()
+    try:
+        tgt = make_target(opts.vllm_version)
+    except ValueError as e:
+        raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR, message=str(e),
+                                     help="pass --vllm-version MAJOR.MINOR, e.g. 0.30")) from None
+    if opts.platform is not None and opts.platform not in PLATFORMS:
+        raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                     message=f"unknown platform `{opts.platform}`",
+                                     help="one of: " + ", ".join(PLATFORMS)))
+    rules = [r for c, r in registry().items() if opts.rules is None or c in opts.rules]
+    plain = to_plain(doc.tree)
+    legacy = "stage_args" in plain and "stages" not in plain
+    diags: list[Diagnostic] = []
+    if legacy:
+        ctx = Context(doc=Locator(doc), config=None, topology=None, target=tgt, platform=opts.platform,
+                      inventory=opts.inventory, model=opts.model, env=dict(opts.env), cli=dict(opts.cli),
+                      raw=plain, legacy=True)
+        diags = run_rules(ctx, rules)
+        return ValidateResult(_finish(diags), {doc.name: doc})
+    merged, locator, base_diags = _merge_base(doc, plain)
+    diags += base_diags
+    cfg, parse_diags = parse_all(merged, locator)
+    cat = load_catalogue()
+    if cfg is None:
+        ctx = Context(doc=locator, config=None, topology=None, target=tgt, platform=opts.platform,
+                      inventory=opts.inventory, model=opts.model, env=dict(opts.env), cli=dict(opts.cli),
+                      raw=merged, parse_diagnostics=parse_diags)
+        return ValidateResult(_finish(diags + run_rules(ctx, rules)), locator.docs())
+    pipe, pdiags = choose_pipeline(cfg, locator, cat, opts, base_name=plain.get("base_config"))
+    diags += pdiags
+    platforms: list[str | None]
+    if opts.all_platforms:
+        platforms = [None] + [p for p in (cfg.platforms or {})]
+    else:
+        platforms = [opts.platform]
+    first = True
+    for plat in platforms:
+        try:
+            topo = resolve(cfg, pipe, plat, None)
+        except OmniPdError as e:
+            diags.append(e.diagnostic)
+            continue
+        ctx = Context(doc=locator, config=cfg, topology=topo, target=tgt, platform=plat,
+                      inventory=opts.inventory, model=opts.model, env=dict(opts.env), cli=dict(opts.cli),
+                      raw=merged, parse_diagnostics=parse_diags if first else [], platform_first=first)
+        found = run_rules(ctx, rules)
+        if plat is not None and opts.all_platforms:
+            found = [_tag(d, plat) for d in found]
+        diags += found
+        first = False
+    return ValidateResult(_finish(diags), locator.docs(), pipe.name if cat.get(pipe.name) else None)
+
+
+def _tag(d: Diagnostic, platform: str) -> Diagnostic:
+    """Name the platform overlay a diagnostic was found under (for --all-platforms)."""
+    from dataclasses import replace
+
+    note = f"found with the `platforms.{platform}` overlay applied"
+    return replace(d, notes=list(d.notes) + [note]) if note not in d.notes else d
+
+
+def _finish(diags: list[Diagnostic]) -> list[Diagnostic]:
+    """Dedupe (same code, message and location; platform notes merged) and sort."""
+    out: dict[tuple, Diagnostic] = {}
+    for d in diags:
+        loc = d.location
+        k = (d.code, d.severity, d.message, (loc.file, loc.line, loc.column) if loc else None)
+        if k in out:
+            prev = out[k]
+            if not prev.notes or not d.notes or not any(n.startswith("found with") for n in d.notes):
+                # the base (no overlay) finding wins: it is true on every platform
+                if not any(n.startswith("found with") for n in d.notes):
+                    out[k] = d
+            continue
+        out[k] = d
+    return sorted(out.values(), key=sort_key)
+
+
+def validate_text(text: str, name: str = "<string>", opts: ValidateOptions | None = None) -> ValidateResult:
+    """Parse ``text`` and validate it (convenience for tests and rule examples)."""
+    from omni_pd.io import parse_text
+
+    return validate_document(parse_text(text, name), opts)
+
+
+def options_from_example(ctx: dict[str, Any]) -> ValidateOptions:
+    """ValidateOptions from a rule's ``example_context`` mapping."""
+    return ValidateOptions(
+        platform=ctx.get("platform"),
+        inventory=Inventory.from_dict(ctx["inventory"]) if ctx.get("inventory") else None,
+        model=ModelInfo(**ctx["model"]) if ctx.get("model") else None,
+        vllm_version=ctx.get("vllm_version"), env=dict(ctx.get("env") or {}),
+        cli=dict(ctx.get("cli") or {}))

@@ -1,0 +1,41 @@
+"""Registry of KV connector contracts.
+
+Every module in this package that defines ``CONNECTOR`` (a
+:class:`~omni_pd.compile.connectors.base.KVConnector`) is registered under its ``name``.
+Adding a connector is one new module; nothing here changes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from functools import lru_cache
+
+from omni_pd.compile.connectors.base import KVConnector
+
+
+@lru_cache(maxsize=1)
+def registry() -> dict[str, KVConnector]:
+    """Connector name -> contract, discovered from this package's modules."""
+    out: dict[str, KVConnector] = {}
+    for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if mod.name.startswith("_") or mod.name == "base":
+            continue
+        m = importlib.import_module(f"{__name__}.{mod.name}")
+        c = getattr(m, "CONNECTOR", None)
+        if isinstance(c, KVConnector):
+            out[c.name] = c
+    return out
+
+
+def get(name: str) -> KVConnector | None:
+    """The contract for ``name`` (case-insensitive match as a fallback), or None."""
+    reg = registry()
+    if name in reg:
+        return reg[name]
+    low = {k.lower(): v for k, v in reg.items()}
+    return low.get(name.lower())
+
+
+def names() -> list[str]:
+    return sorted(registry())

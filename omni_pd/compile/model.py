@@ -1,0 +1,187 @@
+"""Typed model of the vllm-omni deploy schema (the ``stages:`` YAML).
+
+Mirrors ``DeployConfig`` / ``StageDeployConfig`` in vllm-omni 0.30.0
+``vllm_omni/config/stage_config.py``. Known fields are typed; any other stage key is
+an engine argument that vllm-omni forwards verbatim (its ``engine_extras``), so the
+stage model keeps unknown keys (``extra="allow"``) instead of rejecting them.
+``kv_transfer_config`` is typed here (vLLM ``vllm/config/kv_transfer.py``) although
+vllm-omni treats it as an engine extra, because the PD compiler reasons about it.
+
+The JSON Schema in ``schemas/`` is generated from these classes
+(``omni-pd schema``); a test fails when the two drift.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from omni_pd.resources import SCHEMA_FILENAME  # noqa: F401  (re-exported)
+
+
+def _devices_as_str(v: Any) -> Any:
+    """vllm-omni accepts ``devices: 3`` for ``"3"`` (set_stage_devices). A string must
+    read as device indices (``"0,1"``) or ``"cpu"``: anything else is a located OPD101
+    at parse time, so later passes never meet a malformed device list."""
+    v = str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+    if isinstance(v, str):
+        from pydantic_core import PydanticCustomError
+
+        from omni_pd.compile.devices import parse_devices
+
+        try:
+            parse_devices(v)
+        except ValueError as e:
+            raise PydanticCustomError("devices_format", "{why}", {"why": str(e)}) from None
+    return v
+
+
+class _Open(BaseModel):
+    """Base for models that keep unknown keys verbatim (engine args pass through)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class KVTransferConfig(_Open):
+    """vLLM ``KVTransferConfig`` (union of fields over vLLM 0.11–0.33).
+
+    Which fields a given vLLM accepts is target data (``omni_pd.compile.targets``): 0.32
+    removed ``kv_ip``, ``kv_rank``, ``kv_parallel_size`` and ``kv_buffer_size``, and
+    from 0.18 unknown keys are a hard error. Source: vllm/config/kv_transfer.py.
+    """
+
+    kv_connector: str | None = Field(None, description="KV connector registry name, e.g. MooncakeConnector")
+    engine_id: str | None = Field(None, description="engine identity in transfers (uuid4 when unset)")
+    kv_buffer_device: str | None = Field(None, description="cuda | cpu | xpu (connector-specific)")
+    kv_buffer_size: float | None = Field(None, description="bytes; removed in vLLM 0.32")
+    kv_role: str | None = Field(None, description="kv_producer | kv_consumer | kv_both")
+    kv_rank: int | None = Field(None, description="V0 legacy; removed in vLLM 0.32")
+    kv_parallel_size: int | None = Field(None, description="V0 legacy; removed in vLLM 0.32")
+    kv_ip: str | None = Field(None, description="V0 legacy; vllm-omni reads it for the Mooncake bootstrap address; removed in vLLM 0.32")
+    kv_port: int | None = Field(None, description="base port (P2pNcclConnector: kv_port + rank)")
+    kv_connector_extra_config: dict[str, Any] | None = Field(None, description="per-connector options")
+    kv_connector_module_path: str | None = Field(None, description="import path of an out-of-tree connector")
+    enable_permute_local_kv: bool | None = None
+    kv_load_failure_policy: str | None = Field(None, description="recompute | fail (vLLM >= 0.13)")
+
+
+class ConnectorSpec(_Open):
+    """A named inter-stage (Omni) connector: ``{name, extra}``. Not a vLLM KV connector."""
+
+    name: str
+    extra: dict[str, Any] | None = None
+
+
+ConnectorRef = Union[str, ConnectorSpec]
+
+
+class Runtime(_Open):
+    """Nested ``runtime:`` layout of a stage (takes precedence over flat keys)."""
+
+    devices: str | None = None
+    num_replicas: int | None = Field(None, ge=1)
+    env: dict[str, Any] | None = None
+
+    _devices_str = field_validator("devices", mode="before")(classmethod(lambda cls, v: _devices_as_str(v)))
+
+
+class StageDeploy(_Open):
+    """One entry under ``stages:`` (vllm-omni ``StageDeployConfig``).
+
+    ``devices`` is a comma-separated list of logical device indices ("0,1"), "cpu", or
+    None (default visibility); an int is accepted and read as a one-device list.
+    """
+
+    stage_id: int
+    devices: str | None = None
+    num_replicas: int | None = Field(None, ge=1)
+    env: dict[str, Any] | None = None
+    async_chunk: bool | None = None
+    output_connectors: dict[str, ConnectorRef] | None = None
+    input_connectors: dict[str, ConnectorRef] | None = None
+    default_sampling_params: dict[str, Any] | None = None
+    default_pooling_params: dict[str, Any] | None = None
+    subtalker_sampling_params: dict[str, Any] | None = None
+    # parallel sizes and replica counts are at least 1 (vLLM ParallelConfig); 0 or a
+    # negative size is a located OPD101 instead of a division by zero further on
+    tensor_parallel_size: int | None = Field(None, ge=1)
+    pipeline_parallel_size: int | None = Field(None, ge=1)
+    data_parallel_size: int | None = Field(None, ge=1)
+    enable_expert_parallel: bool | None = None
+    gpu_memory_utilization: float | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    enforce_eager: bool | None = None
+    async_scheduling: bool | None = None
+    disable_hybrid_kv_cache_manager: bool | None = None
+    mm_processor_cache_gb: float | None = None
+    compilation_config: dict[str, Any] | None = None
+    kv_transfer_config: KVTransferConfig | None = None
+    engine_args: dict[str, Any] | None = Field(None, description="nested legacy-ish layout; flattened by vllm-omni")
+    runtime: Runtime | None = None
+    engine_extras: dict[str, Any] | None = None
+
+    _devices_str = field_validator("devices", mode="before")(classmethod(lambda cls, v: _devices_as_str(v)))
+
+
+class StageOverlay(StageDeploy):
+    """A ``platforms.<p>.stages`` entry: same keys as a stage, matched by ``stage_id``."""
+
+
+class PlatformOverlay(_Open):
+    """``platforms.<p>``: per-platform stage overrides (the base YAML is the CUDA default)."""
+
+    stages: list[StageOverlay] | None = None
+    model_runner: Literal["v1", "v2"] | None = None
+
+
+class Edge(_Open):
+    """An explicit stage-graph edge (``edges:`` item)."""
+
+    from_: int = Field(alias="from")
+    to: int
+    window_size: int | None = None
+    max_inflight: int | None = None
+
+
+class DeployConfig(_Open):
+    """A whole deploy YAML (vllm-omni ``DeployConfig``).
+
+    ``stage_args`` (the legacy schema) is not a field: vllm-omni 0.30.0 rejects files
+    that have it, and omni-pd reports it as a located diagnostic.
+    """
+
+    base_config: str | None = None
+    pipeline: str | None = Field(None, description="pipeline registry key; selects structural variants such as qwen3_omni_moe_pd")
+    async_chunk: bool | None = Field(None, description="pipeline-wide chunked streaming (vllm-omni default true)")
+    session_mode: str | None = None
+    model_runner: Literal["v1", "v2"] | None = None
+    active_stream_window: int | None = None
+    duplex_session: dict[str, Any] | None = None
+    connectors: dict[str, ConnectorSpec] | None = None
+    edges: list[Edge] | None = None
+    stages: list[StageDeploy] = Field(default_factory=list)
+    platforms: dict[str, PlatformOverlay | None] | None = None
+    trust_remote_code: bool | None = None
+    distributed_executor_backend: str | None = None
+    dtype: str | None = None
+    quantization: str | None = None
+    enable_prefix_caching: bool | None = None
+    enable_chunked_prefill: bool | None = None
+    data_parallel_size: int | None = Field(None, ge=1)
+    pipeline_parallel_size: int | None = Field(None, ge=1)
+    custom_voice_dir: str | None = None
+
+
+#: Top-level keys vllm-omni 0.30.0 knows (DeployConfig fields + base_config).
+TOP_LEVEL_KEYS = frozenset(DeployConfig.model_fields) | {"base_config"}
+
+
+def json_schema() -> dict[str, Any]:
+    """The published JSON Schema (draft 2020-12) of a deploy YAML."""
+    schema = DeployConfig.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "vllm-omni deploy config (omni-pd)"
+    return schema

@@ -1,0 +1,306 @@
+"""The prefill/decode split, decided as data (a :class:`PDSplitPlan`). Pure.
+
+Input: a three-stage (or any catalogued) topology whose pipeline has a Thinker/LLM
+stage ``t``. Output: what the four-stage deploy must say, without touching YAML:
+
+* ids: ``t`` -> prefill ``t`` and decode ``t+1``; later stages shift by one
+  (:class:`~omni_pd.compile.pipelines.IdMap`); upstream fact: the orchestrator forwards
+  ``src -> src+1``, so ids must stay a chain (vllm-omni engine/orchestrator.py);
+* ``pipeline: <name>_pd``, top-level ``async_chunk: false`` (PD routing runs only
+  without async chunking: orchestrator.py), prefill ``async_scheduling: false``;
+* ``kv_transfer_config`` + env for both sides from the connector contract, with
+  unique ``engine_id`` s and per-host ports that collide with nothing in the input;
+* devices for the base layout and for every platform overlay that places stages.
+
+:func:`apply_pd_split` in ``omni_pd.compile.emit`` writes the plan into the round-trip tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omni_pd.compile import connectors
+from omni_pd.compile.alloc import AllocationError, split_devices, allocate_ports
+from omni_pd.compile.connectors.base import Endpoint, SideConfig
+from omni_pd.diagnostics import Diagnostic, Location, OmniPdError, Severity
+from omni_pd.io import Document
+from omni_pd.compile.pipelines import Catalogue, IdMap, Pipeline
+from omni_pd.compile.targets import Target
+from omni_pd.compile.topology import Devices, Topology, effective_stage, parse_devices, resolve
+
+DEFAULT_CONNECTOR = "MooncakeConnector"
+
+
+@dataclass(frozen=True)
+class ExpandOptions:
+    """User choices for ``omni-pd expand`` (CLI flags). Devices are logical indices."""
+
+    connector: str | None = None          # None: the Thinker's own kv_connector, else Mooncake
+    tp: int | None = None                 # tensor parallel size for both halves
+    prefill_devices: tuple[int, ...] | None = None
+    decode_devices: tuple[int, ...] | None = None
+    downstream_devices: tuple[int, ...] | None = None
+    kv_host: str = "127.0.0.1"            # address each side advertises (single host)
+    kv_buffer_device: str | None = None   # e.g. "cpu" for NIXL host staging
+    port_base: int | None = None          # first connector port to try
+    engine_id_prefix: str | None = None   # default "omni-<role>" ("omni-thinker", "llm")
+
+
+@dataclass(frozen=True)
+class PDSplitPlan:
+    """Everything the rewrite needs. Device maps are keyed by *new* stage id;
+    ``overlay_devices[p]`` lists only the entries that platform ``p`` must spell out."""
+
+    source: Pipeline
+    target_pipeline: Pipeline
+    ids: IdMap
+    connector: str
+    base_devices: dict[int, Devices]
+    overlay_devices: dict[str, dict[int, Devices]]
+    tp: int | None
+    prefill: SideConfig
+    decode: SideConfig
+    prefill_engine_id: str
+    decode_engine_id: str
+    diagnostics: tuple[Diagnostic, ...] = field(default_factory=tuple)
+
+
+#: Most devices one engine (TP x PP x DP) may take: far above any host's accelerator
+#: count, and a bound on the device lists :func:`~omni_pd.compile.alloc.split_devices` builds.
+MAX_ENGINE_DEVICES = 4096
+
+
+def _stage_loc(doc: Document | None, index: int | None, *keys: str, top: tuple[str, ...] = ()) -> Location | None:
+    """Where the Thinker's entry (list position ``index``) sets one of ``keys``, looked
+    up in the order vllm-omni lets them win (``engine_args``, flat, ``engine_extras``);
+    else a top-level key of ``top``; else the stage entry; else the ``stages:`` key.
+    ``keys`` are paths joined by dots (``kv_transfer_config.kv_connector``)."""
+    if doc is None:
+        return None
+    if index is not None:
+        for key in keys:
+            for sub in (("engine_args",), (), ("engine_extras",)):
+                path = ("stages", index) + sub + tuple(key.split("."))
+                if doc.exists(path):
+                    return doc.loc(path, value=True)
+    for key in top:
+        if doc.exists((key,)):
+            return doc.loc((key,), value=True)
+    if index is not None:
+        return doc.loc(("stages", index))
+    return doc.loc(("stages",)) if doc.exists(("stages",)) else doc.loc(())
+
+
+_PARALLEL = ("tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size")
+
+
+def _used_ports(node: Any, out: list[tuple[int, int]]) -> None:
+    """Collect every int-valued key ending in ``port`` (ports the input already claims)."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if isinstance(k, str) and k.lower().endswith("port") and not isinstance(v, (dict, list, bool)):
+                try:
+                    p = int(str(v))
+                except ValueError:
+                    p = -1
+                if 0 < p <= 65535:
+                    out.append((p, 1))
+            _used_ports(v, out)
+    elif isinstance(node, list):
+        for v in node:
+            _used_ports(v, out)
+
+
+def _err(code: str, msg: str, loc: Location | None, help: str | None = None) -> OmniPdError:
+    return OmniPdError(Diagnostic(code=code, severity=Severity.ERROR, message=msg, location=loc, help=help))
+
+
+def check_not_pd(topo: Topology, doc: Document | None) -> None:
+    """Refuse a config that is already split (OPD803): PD pipeline or a producer/consumer pair."""
+    roles = set()
+    for st in topo.config.stages:  # every deploy entry, also ids the pipeline lacks
+        kv = effective_stage(st.model_dump(by_alias=True, exclude_unset=True)).get("kv_transfer_config")
+        if isinstance(kv, dict):
+            roles.add(kv.get("kv_role"))
+    if topo.pipeline.is_pd or (topo.config.pipeline or "").endswith("_pd") or {"kv_producer", "kv_consumer"} <= roles:
+        loc = doc.loc(("pipeline",), value=True) if (doc is not None and "pipeline" in doc.tree) else (
+            doc.loc(()) if doc else None)
+        raise _err("OPD803", "this deploy config is already prefill/decode split; refusing to split it twice",
+                   loc, help="run `omni-pd validate` on it instead, or expand the original three-stage config")
+
+
+def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: ExpandOptions,
+                  doc: Document | None = None) -> PDSplitPlan:
+    """Decide the PD split of ``topo`` (resolved without a platform overlay).
+
+    Raises :class:`OmniPdError` (exit 2): OPD803 already PD, OPD801 no Thinker/LLM
+    stage, OPD804 unknown connector, OPD805 device/port allocation impossible.
+    """
+    check_not_pd(topo, doc)
+    src = topo.pipeline
+    t = src.split_stage
+    if t is None:
+        raise _err("OPD801", f"pipeline `{src.name}` has no Thinker (or single LLM) stage to split",
+                   doc.loc(()) if doc else None,
+                   help="PD disaggregation splits the Thinker; choose a pipeline that has one with --pipeline")
+    target_pipe = catalogue.get(src.name + "_pd")
+    if target_pipe is None:  # catalogue always derives it; defensive for custom catalogues
+        from omni_pd.compile.pipelines import derive_pd
+
+        target_pipe = derive_pd(src)
+    ids = IdMap(t.stage_id)
+    thinker = topo.node(t.stage_id)
+    assert thinker is not None
+    notes: list[Diagnostic] = []
+
+    # connector ---------------------------------------------------------------------
+    own = (thinker.kv or {}).get("kv_connector")
+    cname = opts.connector or own or DEFAULT_CONNECTOR
+    # a connector named in the file is located there; --connector is the command line
+    conn_loc = None if (opts.connector or not own) else _stage_loc(
+        doc, thinker.index, "kv_transfer_config.kv_connector")
+    contract = connectors.get(cname)
+    if contract is None:
+        from difflib import get_close_matches
+
+        close = get_close_matches(cname, connectors.names(), n=1)
+        raise _err("OPD804", f"no connector contract for `{cname}`", conn_loc,
+                   help=(f"did you mean {close[0]}? " if close else "")
+                   + "omni-pd can emit: " + ", ".join(connectors.names()))
+    if contract.name not in target.connectors():
+        raise _err("OPD804", f"{contract.name} is not registered in vLLM {target.label}", conn_loc,
+                   help="pick another --connector or --vllm-version")
+
+    # devices -----------------------------------------------------------------------
+    tp = opts.tp
+    world = (tp * thinker.pp * thinker.dp) if tp else (
+        len(thinker.devices) if isinstance(thinker.devices, tuple) else thinker.world_size)
+    if not 1 <= world <= MAX_ENGINE_DEVICES:
+        # a parallel size from engine_args, the top level or --tp (the model bounds only
+        # stage keys below by 1): refuse before split_devices builds a list that long
+        where = None if opts.tp else _stage_loc(doc, thinker.index, *_PARALLEL, top=_PARALLEL[1:])
+        raise _err("OPD805", f"cannot place prefill and decode: TP x PP x DP = {world} devices per engine"
+                   + (f", more than the {MAX_ENGINE_DEVICES} omni-pd places" if world > 0 else ""),
+                   where, help="parallel sizes must be at least 1 and fit the host's devices")
+    layout = {s.stage_id: s.devices for s in topo.stages}
+    try:
+        base = split_devices(layout, t.stage_id, world, opts.prefill_devices, opts.decode_devices,
+                             opts.downstream_devices)
+    except (ValueError, AllocationError) as e:
+        raise _err("OPD805", f"cannot place prefill and decode: {e}", None) from None
+    base_devices: dict[int, Devices] = {ids.prefill: base.prefill, ids.decode: base.decode}
+    for old, dev in base.others.items():
+        base_devices[ids.shift(old)] = dev
+    if thinker.devices is None and base.prefill is not None:
+        notes.append(Diagnostic(
+            code="OPD902", severity=Severity.INFO,
+            message=f"the Thinker had no `devices`; prefill gets \"{_fmt(base.prefill)}\" and decode \"{_fmt(base.decode)}\"",
+            location=doc.loc(("stages", thinker.index)) if (doc and thinker.index is not None) else None,
+            help="pass --prefill-devices/--decode-devices to choose them"))
+
+    overlay_devices = _plan_overlays(topo, t.stage_id, ids, base_devices)
+
+    # ports and connector config ----------------------------------------------------
+    used: list[tuple[int, int]] = []
+    _used_ports(topo.config.model_dump(by_alias=True, exclude_unset=True), used)
+    prefix = opts.engine_id_prefix or ("omni-" + t.role if t.role != "llm" else "llm")
+    p_id, d_id = f"{prefix}-prefill", f"{prefix}-decode"
+    p_tp = tp or thinker.tp
+    start = opts.port_base or contract.default_port_base(target)
+    # a platform overlay may raise the Thinker's TP/DP: reserve the widest range any
+    # platform binds, so prefill and decode ranges stay disjoint on every platform
+    span_tp, span_dp = p_tp, thinker.dp
+    for pname in topo.config.platforms or {}:
+        node = resolve(topo.config, src, pname).node(t.stage_id)
+        if node is not None:
+            span_tp, span_dp = max(span_tp, node.tp), max(span_dp, node.dp)
+    spans = [contract.port_span("prefill", span_tp, span_dp, target),
+             contract.port_span("decode", span_tp, span_dp, target)]
+    p_port = d_port = None
+    if start is not None and any(spans):
+        try:
+            p_port, d_port = allocate_ports(spans, used, start)
+        except AllocationError as e:
+            raise _err("OPD805", f"cannot allocate {contract.name} ports: {e}", None,
+                       help="pass --port-base with a lower free port") from None
+    kvbd = opts.kv_buffer_device or (thinker.kv or {}).get("kv_buffer_device")
+    p_ep = Endpoint("prefill", p_id, opts.kv_host, p_tp, thinker.dp, p_port, kvbd)
+    d_ep = Endpoint("decode", d_id, opts.kv_host, p_tp, thinker.dp, d_port, kvbd)
+    p_cfg = _merge_user_kv(contract.configure(p_ep, target), thinker.kv, target)
+    d_cfg = _merge_user_kv(contract.configure(d_ep, target), thinker.kv, target)
+
+    # async chunking ----------------------------------------------------------------
+    if topo.async_chunk or (topo.config.async_chunk is None and len(src.stages) == 1):
+        had_stream = topo.async_chunk and len(src.stages) > 1
+        notes.append(Diagnostic(
+            code="OPD901", severity=Severity.INFO,
+            message=("async_chunk set to false: streaming of audio chunks between stages is given up"
+                     if had_stream else "async_chunk set to false (prefill/decode routing needs it off)"),
+            location=doc.loc(("async_chunk",), value=True) if (doc and "async_chunk" in doc.tree) else None,
+            notes=["vllm-omni routes prefill -> decode only when async_chunk is false "
+                   "(engine/orchestrator.py); with it on, decode would get a placeholder prompt"],
+        ))
+    return PDSplitPlan(source=src, target_pipeline=target_pipe, ids=ids, connector=contract.name,
+                       base_devices=base_devices, overlay_devices=overlay_devices, tp=tp,
+                       prefill=p_cfg, decode=d_cfg, prefill_engine_id=p_id, decode_engine_id=d_id,
+                       diagnostics=tuple(notes))
+
+
+def _fmt(d: Devices) -> str:
+    from omni_pd.compile.topology import format_devices
+
+    return format_devices(d) or ""
+
+
+def _merge_user_kv(cfg: SideConfig, user: dict[str, Any] | None, target: Target) -> SideConfig:
+    """Keep what the user already wrote in the Thinker's kv_transfer_config (extra
+    config keys, buffer device, ...) under the contract's fields; role, engine id and
+    connector always come from the contract. Legacy fields the target lacks are dropped."""
+    if not user:
+        return cfg
+    allowed = target.kv_fields()
+    merged: dict[str, Any] = {}
+    for k, v in user.items():
+        if k in ("kv_role", "engine_id", "kv_rank", "kv_parallel_size") or (target.kv_field_known(k) and k not in allowed):
+            continue
+        merged[k] = v
+    for k, v in cfg.kv_transfer_config.items():
+        if isinstance(v, dict) and isinstance(merged.get(k), dict):
+            merged[k] = {**merged[k], **v}
+        else:
+            merged[k] = v
+    ordered = {k: merged[k] for k in cfg.kv_transfer_config}
+    ordered.update({k: v for k, v in merged.items() if k not in ordered})
+    return SideConfig(kv_transfer_config=ordered, env=cfg.env)
+
+
+def _plan_overlays(topo: Topology, t: int, ids: IdMap, base_new: dict[int, Devices]) -> dict[str, dict[int, Devices]]:
+    """Per platform overlay that places stages: the devices each new stage must be given
+    there so that prefill and decode stay disjoint and downstream stages follow.
+
+    Only entries whose devices differ from what the rewritten overlay already implies
+    (its own copied ``devices``, else the new base value) are listed.
+    """
+    cfg = topo.config
+    out: dict[str, dict[int, Devices]] = {}
+    for pname, pov in (cfg.platforms or {}).items():
+        if pov is None or not pov.stages or all(
+                effective_stage(o.model_dump(by_alias=True, exclude_unset=True)).get("devices") is None
+                for o in pov.stages):
+            continue  # inherits the base layout, which is already split
+        ptopo = resolve(cfg, topo.pipeline, pname)
+        layout = {s.stage_id: s.devices for s in ptopo.stages}
+        t_dev = layout.get(t)
+        res = split_devices(layout, t, len(t_dev) if isinstance(t_dev, tuple) else 1)
+        own = {o.stage_id: effective_stage(o.model_dump(by_alias=True, exclude_unset=True)).get("devices")
+               for o in pov.stages}
+        placed = [(ids.prefill, t, res.prefill), (ids.decode, t, res.decode)]
+        placed += [(ids.shift(old), old, dev) for old, dev in res.others.items()]
+        must: dict[int, Devices] = {}
+        for new_id, old, dev in placed:
+            inherited = parse_devices(own[old]) if own.get(old) is not None else base_new.get(new_id)
+            if dev != inherited:
+                must[new_id] = dev
+        out[pname] = must
+    return out

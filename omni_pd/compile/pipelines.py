@@ -1,0 +1,185 @@
+"""The catalogue of frozen pipelines, read from ``presets/pipelines/*.yaml``.
+
+vllm-omni keeps each model's stage topology in code (``PipelineConfig`` /
+``StagePipelineConfig`` registered in ``OMNI_PIPELINES``, vllm_omni/config/
+pipeline_registry.py); the deploy YAML only overrides per-stage engine settings. The
+compiler needs the same facts: which stage is the Thinker (the one split into
+prefill/decode), each stage's role, inputs and final outputs.
+
+:func:`derive_pd` builds the PD variant (``<name>_pd``) of a pipeline the same way
+the vllm-omni plugin does at import time: the Thinker becomes a prefill stage
+(``is_prefill_only``, no final output) and a decode stage (``is_decode_only``, input
+= prefill, keeps the final output); downstream ids and input sources shift by one.
+Shape of the fork that first registered ``qwen3_omni_moe_pd``: Timez-zx/vllm-omni
+@53889919 ``qwen3_omni/pipeline.py`` (reference: vllm_omni_deploy_schema.md §d2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Literal
+
+PD_SUFFIX = "_pd"
+
+#: Roles whose stage is split into a prefill/decode pair.
+SPLITTABLE_ROLES = frozenset({"thinker", "llm"})
+
+PDRole = Literal["prefill", "decode"]
+
+
+@dataclass(frozen=True)
+class PipelineStage:
+    """One frozen stage. ``input_sources`` are stage ids; ``role`` is omni-pd's name."""
+
+    stage_id: int
+    role: str
+    model_stage: str
+    execution_type: str = "LLM_AR"
+    input_sources: tuple[int, ...] = ()
+    final_output: bool = False
+    final_output_type: str | None = None
+    pd_role: PDRole | None = None
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A frozen pipeline: ``name`` is the vllm-omni registry key (``model_type``)."""
+
+    name: str
+    stages: tuple[PipelineStage, ...]
+    model_arch: str | None = None
+    runtime: Literal["vllm-omni", "vllm"] = "vllm-omni"
+    deploy_configs: tuple[str, ...] = ()
+    base: str | None = None  # for a PD variant: the pipeline it was derived from
+
+    @property
+    def is_pd(self) -> bool:
+        return any(s.pd_role for s in self.stages)
+
+    def stage(self, stage_id: int) -> PipelineStage | None:
+        for s in self.stages:
+            if s.stage_id == stage_id:
+                return s
+        return None
+
+    @property
+    def split_stage(self) -> PipelineStage | None:
+        """The stage a PD split applies to (the Thinker, or the only stage of an LLM)."""
+        for s in self.stages:
+            if s.role in SPLITTABLE_ROLES and s.pd_role is None:
+                return s
+        return None
+
+    @property
+    def pd_pair(self) -> tuple[int, int] | None:
+        p = next((s.stage_id for s in self.stages if s.pd_role == "prefill"), None)
+        d = next((s.stage_id for s in self.stages if s.pd_role == "decode"), None)
+        return (p, d) if p is not None and d is not None else None
+
+
+@dataclass(frozen=True)
+class IdMap:
+    """Stage-id renumbering of a PD split around the split stage ``t``.
+
+    ``as_source(k)``: where data *from* old stage k now comes from (``t`` -> decode).
+    ``as_dest(k)``: where data *to* old stage k now goes (``t`` -> prefill).
+    Ids below ``t`` keep their number; ids above shift by one.
+    """
+
+    t: int
+
+    @property
+    def prefill(self) -> int:
+        return self.t
+
+    @property
+    def decode(self) -> int:
+        return self.t + 1
+
+    def shift(self, k: int) -> int:
+        return k if k < self.t else k + 1
+
+    def as_source(self, k: int) -> int:
+        return self.decode if k == self.t else self.shift(k)
+
+    def as_dest(self, k: int) -> int:
+        return self.prefill if k == self.t else self.shift(k)
+
+
+def derive_pd(p: Pipeline) -> Pipeline:
+    """The PD variant of ``p``: split its Thinker/LLM stage in two.
+
+    Raises ValueError if ``p`` has no splittable stage or is already PD.
+    """
+    t = p.split_stage
+    if t is None or p.is_pd:
+        raise ValueError(f"pipeline {p.name!r} has no Thinker/LLM stage to split")
+    m = IdMap(t.stage_id)
+    out: list[PipelineStage] = []
+    for s in p.stages:
+        if s.stage_id == t.stage_id:
+            out.append(replace(s, final_output=False, final_output_type=None, pd_role="prefill"))
+            out.append(replace(s, stage_id=m.decode, input_sources=(m.prefill,), pd_role="decode"))
+        else:
+            out.append(replace(s, stage_id=m.shift(s.stage_id),
+                               input_sources=tuple(m.as_source(k) for k in s.input_sources)))
+    return Pipeline(name=p.name + PD_SUFFIX, stages=tuple(sorted(out, key=lambda s: s.stage_id)),
+                    model_arch=p.model_arch, runtime=p.runtime, deploy_configs=(), base=p.name)
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """All known pipelines by name, PD variants included."""
+
+    pipelines: dict[str, Pipeline] = field(default_factory=dict)
+
+    def get(self, name: str) -> Pipeline | None:
+        return self.pipelines.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self.pipelines)
+
+    def for_deploy_file(self, filename: str) -> Pipeline | None:
+        """The pipeline whose vllm-omni default deploy file is ``filename`` (basename)."""
+        for p in self.pipelines.values():
+            if filename in p.deploy_configs:
+                return p
+        return None
+
+
+def _stage_from_dict(d: dict) -> PipelineStage:
+    return PipelineStage(
+        stage_id=int(d["stage_id"]), role=str(d["role"]), model_stage=str(d.get("model_stage", d["role"])),
+        execution_type=str(d.get("execution_type", "LLM_AR")),
+        input_sources=tuple(int(x) for x in d.get("input_sources", ()) or ()),
+        final_output=bool(d.get("final_output", False)),
+        final_output_type=d.get("final_output_type"),
+    )
+
+
+def pipeline_from_dict(d: dict) -> Pipeline:
+    """Build a :class:`Pipeline` from one catalogue YAML mapping."""
+    return Pipeline(
+        name=str(d["name"]),
+        stages=tuple(_stage_from_dict(s) for s in d["stages"]),
+        model_arch=d.get("model_arch"),
+        runtime=d.get("runtime", "vllm-omni"),
+        deploy_configs=tuple(d.get("deploy_configs", ()) or ()),
+    )
+
+
+@lru_cache(maxsize=1)
+def load_catalogue() -> Catalogue:
+    """Read every ``presets/pipelines/*.yaml`` and add the derived ``*_pd`` variants."""
+    from omni_pd.resources import data_dir, load_data
+
+    pipes: dict[str, Pipeline] = {}
+    for path in sorted((data_dir("presets") / "pipelines").glob("*.yaml")):
+        p = pipeline_from_dict(load_data(path))
+        pipes[p.name] = p
+    for p in list(pipes.values()):
+        if p.split_stage is not None:
+            v = derive_pd(p)
+            pipes[v.name] = v
+    return Catalogue(pipes)

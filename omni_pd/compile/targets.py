@@ -1,0 +1,110 @@
+"""What a given vLLM release accepts and binds: version facts as data.
+
+The facts live in ``presets/targets/vllm.yaml`` (one edit per release, each with its
+source); this module only reads them and answers questions for one version.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+Version = tuple[int, int]
+
+
+def parse_version(text: str) -> Version:
+    """``"0.30"``, ``"0.30.1"``, ``"v0.30.0rc1"`` -> ``(0, 30)``. Raises ValueError."""
+    m = re.fullmatch(r"\s*v?(\d+)\.(\d+)(?:\.\d+)?(?:[.+-]?\w+)*\s*", str(text))
+    if not m:
+        raise ValueError(f"not a vLLM version: {text!r} (expected MAJOR.MINOR, e.g. 0.30)")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _in(v: Version, fact: dict[str, Any]) -> bool:
+    since = parse_version(fact["since"]) if fact.get("since") else (0, 0)
+    removed = parse_version(fact["removed"]) if fact.get("removed") else None
+    return v >= since and (removed is None or v < removed)
+
+
+def _stepped(v: Version, steps: list[dict[str, Any]], key: str) -> Any:
+    out = None
+    for s in steps:
+        if v >= parse_version(s["since"]):
+            out = s[key]
+    return out
+
+
+@lru_cache(maxsize=1)
+def _facts() -> dict[str, Any]:
+    from omni_pd.resources import data_dir, load_data
+
+    return load_data(data_dir("presets") / "targets" / "vllm.yaml")
+
+
+def default_version() -> str:
+    return str(_facts()["default_version"])
+
+
+@dataclass(frozen=True)
+class Target:
+    """The facts for one vLLM ``major.minor``. Build it with :func:`target`."""
+
+    version: Version
+
+    @property
+    def label(self) -> str:
+        return f"{self.version[0]}.{self.version[1]}"
+
+    def kv_fields(self) -> frozenset[str]:
+        """KVTransferConfig keys this version accepts."""
+        return frozenset(k for k, f in _facts()["kv_transfer_config_fields"].items() if _in(self.version, f))
+
+    def kv_field_known(self, name: str) -> bool:
+        """True if ``name`` was a KVTransferConfig field in any version."""
+        return name in _facts()["kv_transfer_config_fields"]
+
+    @property
+    def rejects_unknown_kv_keys(self) -> bool:
+        return self.version >= parse_version(_facts()["unknown_kv_keys_rejected_since"])
+
+    def connectors(self) -> frozenset[str]:
+        """KV connector names registered in vLLM's KVConnectorFactory for this version."""
+        return frozenset(k for k, f in _facts()["kv_connectors"].items() if _in(self.version, f))
+
+    def connector_renames(self) -> dict[str, list[str]]:
+        return dict(_facts()["kv_connector_renames"])
+
+    def connector_history(self, name: str) -> dict[str, Any] | None:
+        return _facts()["kv_connectors"].get(name)
+
+    @property
+    def kv_both_deprecated(self) -> bool:
+        return self.version >= parse_version(_facts()["kv_both_deprecated_since"])
+
+    @property
+    def nixl_side_channel_default_port(self) -> int:
+        return int(_stepped(self.version, _facts()["nixl"]["side_channel_default_port"], "value"))
+
+    def nixl_side_channel_span(self, tp: int, dp: int) -> int:
+        """Side-channel ports one NIXL engine binds from its base (per host)."""
+        per = _stepped(self.version, _facts()["nixl"]["side_channel_span"], "per")
+        return dp * tp if per == "dp_tp" else dp
+
+    @property
+    def mooncake_bootstrap_default_port(self) -> int:
+        return int(_facts()["mooncake"]["bootstrap_default_port"])
+
+    def mooncake_bootstrap_span(self, tp: int, dp: int) -> int:
+        """Bootstrap ports one Mooncake prefill engine binds from its base (per host)."""
+        per = _stepped(self.version, _facts()["mooncake"]["bootstrap_span"], "per")
+        return dp * tp if per == "dp_tp" else 1
+
+
+def target(version: str | None = None) -> Target:
+    """The :class:`Target` for ``version`` (default: presets/targets/vllm.yaml's default).
+
+    Raises ValueError for a malformed version string.
+    """
+    return Target(parse_version(version or default_version()))

@@ -1,0 +1,85 @@
+"""``omni-pd validate --against-vllm-omni``: ask the real vllm-omni about a file.
+
+Side-effect edge: finds an interpreter where vllm-omni is importable and runs
+``python -m omni_pd.upstream.vllm_oracle`` there (see that module for what vllm-omni code it
+calls), then turns its answer into diagnostics:
+
+* OPD950 (info): vllm-omni resolves the file; pipeline, stages and PD pair it found.
+* OPD951 (error): vllm-omni refuses the file; its exception is the message.
+* OPD952 (error, exit 2): vllm-omni cannot be run; the help says how to install it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from omni_pd.diagnostics import Diagnostic, Location, OmniPdError, Severity
+
+INSTALL_HELP = ("install it next to omni-pd: `pip install vllm-omni==0.30.0` (with a matching vLLM), "
+                "or point at an environment that has both: `--vllm-omni-python /path/to/venv/bin/python` "
+                "(on a CPU-only machine, `bash .ci/oracle_venv.sh` in an omni-pd checkout builds one)")
+
+
+def find_python(explicit: str | None) -> str | None:
+    """The interpreter to run vllm-omni in: ``explicit``, else this one when
+    ``vllm_omni`` is importable, else ``$OMNI_PD_ORACLE_PYTHON``; None if none."""
+    if explicit:
+        return explicit
+    if importlib.util.find_spec("vllm_omni") is not None:
+        return sys.executable
+    return os.environ.get("OMNI_PD_ORACLE_PYTHON") or None
+
+
+def _unavailable(message: str) -> OmniPdError:
+    return OmniPdError(Diagnostic(code="OPD952", severity=Severity.ERROR, message=message, help=INSTALL_HELP))
+
+
+def against_vllm_omni(path: Path, *, python: str | None = None, model: str | None = None,
+                      model_type: str = "qwen3_omni_moe", timeout_s: float = 600.0) -> list[Diagnostic]:
+    """Run vllm-omni's resolver and PD checks on ``path``; returns OPD950 or OPD951.
+
+    ``model``: what ``vllm serve`` would get (default: a config-only directory of
+    ``model_type``). Raises :class:`OmniPdError` OPD952 (exit 2) when no interpreter
+    with vllm-omni (and omni-pd, whose plugin registers the ``*_pd`` pipelines) is
+    found or it cannot import them; ``timeout_s`` bounds the run (seconds).
+    """
+    py = find_python(python)
+    if py is None:
+        raise _unavailable("vllm-omni is not importable here and no --vllm-omni-python was given")
+    argv = [py, "-m", "omni_pd.upstream.vllm_oracle", "--model-type", model_type, str(path)]
+    if model:
+        argv[4:4] = ["--model", model]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise _unavailable(f"could not run vllm-omni with {py}: {e}") from None
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    if not lines or "error" in lines[0] or proc.returncode != 0:
+        why = lines[0].get("error") if lines and "error" in lines[0] else (proc.stderr.strip().splitlines() or ["?"])[-1]
+        raise _unavailable(f"vllm-omni could not be loaded by {py}: {why}")
+    header, result = lines[0], lines[1]
+    where = Location(file=str(path), line=1, column=1)
+    ver = header.get("vllm_omni", "?")
+    verdict = result.get("verdict", "?")
+    if verdict.startswith("valid"):
+        stages = result.get("stages") or []
+        roles = ", ".join(f"{s[0]}{' prefill' if s[1] else ''}{' decode' if s[2] else ''}" for s in stages)
+        pair = result.get("pair")
+        msg = (f"vllm-omni {ver} accepts the file: pipeline `{result.get('pipeline')}`, stages {roles}; "
+               + (f"PD pair {pair[0]} -> {pair[1]} passes its PD validation" if pair else "no PD pair"))
+        notes = []
+        if result.get("deploy_stage_ids") and len(result["deploy_stage_ids"]) != len(stages):
+            notes.append(f"the file has stages {result['deploy_stage_ids']} but the pipeline runs "
+                         f"{[s[0] for s in stages]}: the others are silently ignored")
+        if pair and result.get("detect_on_typed") is None:
+            notes.append(f"vllm-omni {ver}'s serve path does not switch PD on by itself: its detector reads fields "
+                         "its typed stage configs lack (see README, vllm-omni 0.30.0 caveat)")
+        return [Diagnostic(code="OPD950", severity=Severity.INFO, message=msg, location=where, notes=notes)]
+    return [Diagnostic(code="OPD951", severity=Severity.ERROR,
+                       message=f"vllm-omni {ver} refuses the file ({result.get('step')}): {verdict}",
+                       location=where, help="the located omni-pd diagnostics above say what to change")]

