@@ -101,6 +101,7 @@ def register() -> None:
         reg = importlib.import_module("vllm_omni.config.pipeline_registry")
     except ImportError:  # vllm-omni not installed: nothing to do
         return
+    install_runtime_compat()
     from omni_pd.compile.pipelines import load_catalogue
 
     for p in load_catalogue().pipelines.values():
@@ -115,6 +116,24 @@ def register() -> None:
             reg.register_pipeline(derive_pd_pipeline(up, p), p.name + "_pd")
         except PipelineShapeError as e:
             logger.error("omni-pd: not registering %s_pd: %s", p.name, e)
+
+
+def install_runtime_compat() -> None:
+    """Install omni-pd's vllm-omni PD compatibility layer
+    (:mod:`omni_pd.upstream.vllm_omni_compat`: gated by release, idempotent, one log
+    line). Runs from both entry points, so it is in place in the API process before
+    the first PD detection: the serve parser loads ``vllm.general_plugins`` before
+    ``AsyncOmni`` exists, and on every path (serve, offline ``Omni``, extra API
+    servers) ``StageRuntime._prepare_stage_plans`` (engine/stage_runtime.py) calls
+    ``prepare_engine_environment`` -> ``load_omni_general_plugins`` before
+    ``OmniEngineBase._detect_pd_config`` and ``OmniBase._init_pd_state`` run. A failure
+    here is logged, never raised: plugin loading must not break vllm-omni."""
+    try:
+        from omni_pd.upstream.vllm_omni_compat import install
+
+        install()
+    except Exception:  # noqa: BLE001 - logged with traceback; PD then stays as upstream has it
+        logger.exception("omni-pd: vllm-omni PD compatibility layer failed to install")
 
 
 def register_if_omni() -> None:

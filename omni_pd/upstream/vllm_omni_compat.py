@@ -1,0 +1,478 @@
+"""Make vllm-omni 0.30.x switch prefill/decode disaggregation on for typed stage configs.
+
+vllm-omni 0.30.0's serve path (``vllm serve M --omni --deploy-config F`` and the
+offline ``Omni`` class) resolves a deploy file into typed stage configs
+(``vllm_omni/config/omni_config.py`` ``VllmOmniARStageConfig`` ...), while its PD code
+reads legacy attributes those objects do not have. Left alone, a four-stage PD deploy
+starts cleanly and runs the Thinker twice per request (docs/upstream/vllm-omni-0.30-pd.md).
+
+This module wraps five upstream functions (the table in
+``presets/targets/vllm_omni_compat.yaml``). Each wrapper calls the original first and
+steps in only on the failure shape that release is known for, so an upstream fix takes
+over by itself:
+
+* ``PDDisaggregationMixin.detect_pd_separation_from_stage_configs`` (staticmethod,
+  ``vllm_omni/entrypoints/pd_utils.py``): when it returns None, it is run again over
+  read-only legacy views of the typed stage configs (:func:`legacy_views`).
+* ``PDDisaggregationMixin._validate_pd_separation_config`` and
+  ``_get_pd_connector_info``: on ``AttributeError`` for ``engine_args`` they are run
+  again with ``self.stage_configs`` replaced by those views (nothing is set on ``self``).
+* ``OmniEngineBase._detect_pd_config`` (``vllm_omni/engine/omni_engine_base.py``): a
+  None ``bootstrap_addr`` is filled from the prefill client's
+  ``kv_transfer_config.kv_connector_extra_config["bootstrap_addr"]``, written by
+  ``vllm_omni/engine/stage_runtime.py`` ``StageRuntime._prepare_replica_vllm_config``.
+* ``OrchestratorBase._build_pd_decode_params`` (``vllm_omni/engine/orchestrator.py``):
+  when it refuses prefill params that carry ``transfer_id`` but no
+  ``remote_request_id`` (vLLM 0.30's Mooncake connector returns none), the request id
+  is supplied and the original runs again.
+
+No attribute is ever added to an upstream class or stage config: about twenty
+``getattr(stage, "engine_args", None)`` fallbacks elsewhere in vllm-omni would change
+behaviour if the typed configs grew legacy attributes.
+
+:func:`install` is called by omni-pd's plugin entry points
+(``omni_pd/upstream/vllm_plugin.py``) in every vllm-omni process. It is gated: only the
+vllm-omni release series listed in the table are patched; a missing wrapped function or
+one whose parameters differ from the recorded signature makes it refuse with one warning
+and patch nothing; ``OMNI_PD_VLLM_OMNI_COMPAT=0`` turns it off; a second call patches
+nothing more. It logs one line saying what it patched and why.
+
+The decision helpers (:func:`legacy_views`, :func:`repair_prefill_kv_params`,
+:func:`prefill_bootstrap_addr`, :func:`plan`) are plain functions, testable without
+vllm-omni.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Environment switch: ``0`` (or ``false``/``off``/``no``) turns the layer off.
+ENV_SWITCH = "OMNI_PD_VLLM_OMNI_COMPAT"
+#: Marker attribute on every wrapper: the patch name (idempotence, introspection).
+MARK = "__omni_pd_compat__"
+
+# vLLM configures the ``vllm`` logger (handler, format); a child of it is visible in
+# ``vllm serve`` output next to vllm-omni's own PD lines.
+logger = logging.getLogger("vllm.omni_pd.compat")
+
+
+# --------------------------------------------------------------------------- table
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One row of ``presets/targets/vllm_omni_compat.yaml`` ``patches``.
+
+    ``target``: ``module:Class.attr``; ``kind``: ``staticmethod`` or ``function``;
+    ``signature``: parameter list as :func:`signature_of` renders it, e.g.
+    ``(self, req_id, sp)``; ``why``/``source``: the upstream fact (file and function)."""
+
+    name: str
+    target: str
+    kind: str
+    signature: str
+    why: str
+    source: str
+    steps_in: str = ""
+
+    @property
+    def module(self) -> str:
+        return self.target.split(":", 1)[0]
+
+    @property
+    def owner_and_attr(self) -> tuple[str, str]:
+        qual = self.target.split(":", 1)[1]
+        owner, _, attr = qual.rpartition(".")
+        return owner, attr
+
+
+@dataclass(frozen=True)
+class CompatTable:
+    """The parsed table: patches by name and, per vllm-omni release series
+    (``"0.30"``), the names of the patches it needs."""
+
+    patches: dict[str, Patch]
+    versions: dict[str, tuple[str, ...]]
+
+    def needed(self, version: str) -> tuple[Patch, ...]:
+        """Patches release ``version`` (``"0.30.0"``, ``"0.30.1.dev3"``) needs; () when
+        its series is not listed. Raises ``KeyError`` for a name missing from ``patches``."""
+        return tuple(self.patches[n] for n in self.versions.get(release_series(version), ()))
+
+
+def release_series(version: str) -> str:
+    """``major.minor`` of a version string: ``"0.30.0rc1"`` -> ``"0.30"``."""
+    parts = version.split(".")
+    minor = "".join(ch for ch in (parts[1] if len(parts) > 1 else "") if ch.isdigit())
+    return f"{parts[0]}.{minor}"
+
+
+def parse_table(data: Mapping[str, Any]) -> CompatTable:
+    """A :class:`CompatTable` from the YAML document's data. Raises ``ValueError`` when a
+    version lists a patch the table does not define."""
+    patches = {name: Patch(name=name, **{k: str(v) for k, v in row.items()})
+               for name, row in (data.get("patches") or {}).items()}
+    versions = {str(k): tuple(v.get("patches") or ()) for k, v in (data.get("versions") or {}).items()}
+    for series, names in versions.items():
+        unknown = [n for n in names if n not in patches]
+        if unknown:
+            raise ValueError(f"vllm_omni_compat.yaml: version {series} lists unknown patches {unknown}")
+    return CompatTable(patches, versions)
+
+
+def load_table() -> CompatTable:
+    """The bundled table (``presets/targets/vllm_omni_compat.yaml``)."""
+    from ..resources import data_dir, load_data
+
+    return parse_table(load_data(data_dir("presets") / "targets" / "vllm_omni_compat.yaml"))
+
+
+def signature_of(fn: Callable[..., Any]) -> str:
+    """``fn``'s parameter list without annotations and defaults: ``(self, req_id, sp)``.
+    Keyword-only and variadic parameters keep their ``*``/``**`` marks."""
+    out: list[str] = []
+    star = False
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind is p.VAR_POSITIONAL:
+            out.append("*" + p.name)
+            star = True
+        elif p.kind is p.VAR_KEYWORD:
+            out.append("**" + p.name)
+        else:
+            if p.kind is p.KEYWORD_ONLY and not star:
+                out.append("*")
+                star = True
+            out.append(p.name)
+    return "(" + ", ".join(out) + ")"
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+@dataclass(frozen=True)
+class EngineArgsView:
+    """What 0.30.0's PD validator reads from ``stage.engine_args``."""
+
+    kv_transfer_config: Any = None
+    tensor_parallel_size: int = 1
+
+
+@dataclass(frozen=True)
+class LegacyStageView:
+    """A read-only legacy-shaped view of one typed stage config, carrying exactly the
+    fields ``vllm_omni/entrypoints/pd_utils.py`` reads: ``is_prefill_only`` /
+    ``is_decode_only`` (from ``stage_pipeline_config.extras``), ``engine_input_source``
+    (from ``input_sources``), ``engine_args.kv_transfer_config`` (from
+    ``connector_config.kv_transfer_config``, the same object, not a copy),
+    ``engine_args.tensor_parallel_size`` (from ``parallel_config``), ``stage_id``."""
+
+    stage_id: int
+    is_prefill_only: bool
+    is_decode_only: bool
+    engine_input_source: tuple[int, ...]
+    engine_args: EngineArgsView = field(default_factory=EngineArgsView)
+
+
+def is_typed_stage(stage: Any) -> bool:
+    """True for a typed stage config (vllm-omni 0.30 ``BaseVllmOmniStageConfig`` shape:
+    ``stage_pipeline_config`` present, no ``engine_args``); False for legacy dicts and
+    OmegaConf stage configs, which the originals already read."""
+    if isinstance(stage, Mapping):
+        return False
+    try:
+        return hasattr(stage, "stage_pipeline_config") and not hasattr(stage, "engine_args")
+    except Exception:  # an OmegaConf node may raise on unknown keys in strict mode
+        return False
+
+
+def legacy_view(stage: Any) -> LegacyStageView:
+    """The :class:`LegacyStageView` of one typed stage config."""
+    extras = getattr(getattr(stage, "stage_pipeline_config", None), "extras", None) or {}
+    kv = getattr(getattr(stage, "connector_config", None), "kv_transfer_config", None)
+    tp = getattr(getattr(stage, "parallel_config", None), "tensor_parallel_size", None) or 1
+    return LegacyStageView(
+        stage_id=int(stage.stage_id),
+        is_prefill_only=bool(extras.get("is_prefill_only", False)),
+        is_decode_only=bool(extras.get("is_decode_only", False)),
+        engine_input_source=tuple(int(i) for i in (getattr(stage, "input_sources", None) or ())),
+        engine_args=EngineArgsView(kv_transfer_config=kv, tensor_parallel_size=int(tp)))
+
+
+def legacy_views(stage_configs: Sequence[Any]) -> list[Any] | None:
+    """Stage list with every typed stage replaced by its :class:`LegacyStageView`
+    (legacy stages kept as they are); None when no stage is typed, i.e. when the
+    original already saw what it reads."""
+    stages = list(stage_configs)
+    if not any(is_typed_stage(s) for s in stages):
+        return None
+    return [legacy_view(s) if is_typed_stage(s) else s for s in stages]
+
+
+def is_engine_args_error(exc: BaseException) -> bool:
+    """An ``AttributeError`` raised because a stage config has no ``engine_args``."""
+    return isinstance(exc, AttributeError) and (
+        getattr(exc, "name", None) == "engine_args" or "'engine_args'" in str(exc))
+
+
+def repair_prefill_kv_params(req_id: str, params: Any) -> dict[str, Any] | None:
+    """Prefill ``kv_transfer_params`` with ``remote_request_id`` = ``req_id`` added, or
+    None when they need no repair (already carry it) or cannot be repaired (no
+    ``transfer_id``: not the Mooncake shape). vllm-omni 0.30's ``OmniARScheduler``
+    (core/sched/omni_ar_scheduler.py) returns ``{transfer_id, num_transfer_tokens}`` for
+    Mooncake; vLLM 0.30's Mooncake decode side reads only ``remote_engine_id``,
+    ``remote_bootstrap_addr`` and ``transfer_id``, so the id is informative only."""
+    if not isinstance(params, Mapping) or "remote_request_id" in params or not params.get("transfer_id"):
+        return None
+    return {**params, "remote_request_id": req_id}
+
+
+def prefill_bootstrap_addr(stage_clients: Sequence[Any], prefill_idx: int) -> str | None:
+    """The Mooncake bootstrap address (``http://ip:port``) the prefill stage's first
+    replica binds: ``kv_transfer_config.kv_connector_extra_config["bootstrap_addr"]`` of
+    its client's ``vllm_config``, as ``StageRuntime._prepare_replica_vllm_config``
+    (engine/stage_runtime.py) writes it for a ``kv_producer`` Mooncake replica. None for
+    other connectors or when the client is absent."""
+    try:
+        client = stage_clients[prefill_idx]
+    except (IndexError, TypeError):
+        return None
+    kv = getattr(getattr(client, "vllm_config", None), "kv_transfer_config", None)
+    extra = getattr(kv, "kv_connector_extra_config", None)
+    if isinstance(kv, Mapping):
+        extra = kv.get("kv_connector_extra_config")
+    addr = extra.get("bootstrap_addr") if isinstance(extra, Mapping) else None
+    return str(addr) if addr else None
+
+
+# --------------------------------------------------------------------------- wrappers
+
+
+class _ViewedSelf:
+    """``self`` for an original method, with ``stage_configs`` replaced by legacy views;
+    every other attribute is the real object's. Refuses writes, so the upstream object
+    is never changed through it."""
+
+    __slots__ = ("_target", "stage_configs")
+
+    def __init__(self, target: Any, views: list[Any]) -> None:
+        object.__setattr__(self, "_target", target)
+        object.__setattr__(self, "stage_configs", views)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_target"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"omni-pd compat view is read-only (tried to set {name!r})")
+
+
+def _wrap_detect(orig: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
+    def detect_pd_separation_from_stage_configs(stage_configs):
+        pair = orig(stage_configs)
+        if pair is not None:
+            return pair
+        views = legacy_views(stage_configs)
+        return orig(views) if views is not None else None
+    return detect_pd_separation_from_stage_configs
+
+
+def _wrap_over_views(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def method(self):
+        try:
+            return orig(self)
+        except AttributeError as e:
+            views = legacy_views(self.stage_configs) if is_engine_args_error(e) else None
+            if views is None:
+                raise
+        return orig(_ViewedSelf(self, views))
+    method.__name__ = orig.__name__
+    return method
+
+
+def _wrap_engine_bootstrap(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def _detect_pd_config(self):
+        cfg = orig(self)
+        if not cfg or cfg.get("bootstrap_addr") or cfg.get("pd_pair") is None:
+            return cfg
+        addr = prefill_bootstrap_addr(getattr(self, "stage_clients", None) or [], cfg["pd_pair"][0])
+        if addr is None:
+            return cfg
+        logger.info("omni-pd compat: PD bootstrap address %s (prefill stage-%d client's kv_connector_extra_config)",
+                    addr, cfg["pd_pair"][0])
+        return {**cfg, "bootstrap_addr": addr}
+    return _detect_pd_config
+
+
+def _wrap_decode_params(orig: Callable[[Any, str, Any], Any]) -> Callable[[Any, str, Any], Any]:
+    def _build_pd_decode_params(self, req_id, sp):
+        stored = getattr(self, "_pd_kv_params", {}).get(req_id)
+        snapshot = dict(stored) if isinstance(stored, Mapping) else stored
+        try:
+            return orig(self, req_id, sp)
+        except RuntimeError as e:
+            repaired = repair_prefill_kv_params(req_id, snapshot) if "remote_request_id" in str(e) else None
+            if repaired is None:
+                raise
+        self._pd_kv_params[req_id] = repaired
+        return orig(self, req_id, sp)
+    return _build_pd_decode_params
+
+
+WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    "pd_detect": _wrap_detect,
+    "pd_validate": _wrap_over_views,
+    "pd_connector_info": _wrap_over_views,
+    "engine_bootstrap_addr": _wrap_engine_bootstrap,
+    "decode_remote_request_id": _wrap_decode_params,
+}
+
+
+# --------------------------------------------------------------------------- install
+
+
+@dataclass
+class InstallReport:
+    """What :func:`install` did. ``status``: ``patched``, ``already`` (an earlier call
+    patched), ``off`` (env switch), ``not-needed`` (release not in the table, or no
+    vllm-omni), ``refused`` (a wrapped function missing or changed; nothing patched).
+    ``patched``: names patched by this call; ``problems``: why it refused."""
+
+    status: str
+    version: str | None = None
+    patched: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+    message: str = ""
+
+
+def env_disabled(environ: Mapping[str, str]) -> bool:
+    """True when ``OMNI_PD_VLLM_OMNI_COMPAT`` is ``0``/``false``/``off``/``no``."""
+    return environ.get(ENV_SWITCH, "").strip().lower() in ("0", "false", "off", "no")
+
+
+def _resolve(p: Patch, importer: Callable[[str], Any]) -> tuple[Any, Any, Any]:
+    """(owner class, raw attribute from its ``__dict__``, plain function) of ``p``.
+    Raises ``LookupError`` with a located reason."""
+    try:
+        mod = importer(p.module)
+    except Exception as e:  # ImportError, or anything the module raises at import
+        raise LookupError(f"{p.module}: cannot import ({type(e).__name__}: {e})") from e
+    owner_name, attr = p.owner_and_attr
+    owner: Any = mod
+    for part in owner_name.split("."):
+        owner = getattr(owner, part, None)
+        if owner is None:
+            raise LookupError(f"{p.target}: {owner_name} is missing")
+    raw = vars(owner).get(attr) if isinstance(owner, type) else None
+    if raw is None:
+        raise LookupError(f"{p.target}: {attr} is missing")
+    if p.kind == "staticmethod":
+        if not isinstance(raw, staticmethod):
+            raise LookupError(f"{p.target}: is no longer a staticmethod")
+        fn = raw.__func__
+    else:
+        if not inspect.isfunction(raw):
+            raise LookupError(f"{p.target}: is no longer a plain method ({type(raw).__name__})")
+        fn = raw
+    return owner, raw, fn
+
+
+def plan(patches: Sequence[Patch], importer: Callable[[str], Any] = importlib.import_module
+         ) -> tuple[list[tuple[Patch, Any, Any]], list[str]]:
+    """Resolve every patch: (``[(patch, owner class, original function)]`` still to
+    patch, problems). A function already wrapped by omni-pd is skipped; a missing one or
+    one whose :func:`signature_of` differs from the recorded ``signature`` is a problem."""
+    todo: list[tuple[Patch, Any, Any]] = []
+    problems: list[str] = []
+    for p in patches:
+        try:
+            owner, _raw, fn = _resolve(p, importer)
+        except LookupError as e:
+            problems.append(str(e))
+            continue
+        if getattr(fn, MARK, None) == p.name:
+            continue
+        got = signature_of(fn)
+        if got != p.signature:
+            problems.append(f"{p.target}: signature {got}, omni-pd expects {p.signature}")
+            continue
+        todo.append((p, owner, fn))
+    return todo, problems
+
+
+def _installed_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vllm-omni")
+    except PackageNotFoundError:
+        return None
+
+
+def install(*, version: str | None = None, table: CompatTable | None = None,
+            environ: Mapping[str, str] | None = None,
+            importer: Callable[[str], Any] = importlib.import_module,
+            log: logging.Logger | None = None) -> InstallReport:
+    """Patch the functions the installed vllm-omni release needs (see the module doc).
+
+    ``version`` defaults to the installed ``vllm-omni`` distribution's, ``table`` to
+    :func:`load_table`, ``environ`` to ``os.environ``; ``importer`` imports a module by
+    name (tests pass fakes). All or nothing: when any needed function is missing or has
+    another signature, nothing is patched and one warning lists why. Logs one line
+    (INFO when it patched, WARNING when it refused). Never raises for an upstream shape
+    it does not know; raises ``ValueError`` only for a broken bundled table."""
+    log = log or logger
+    environ = os.environ if environ is None else environ
+    if env_disabled(environ):
+        msg = f"omni-pd: vllm-omni PD compatibility layer off ({ENV_SWITCH}={environ.get(ENV_SWITCH)})"
+        log.info(msg)
+        return InstallReport("off", version, message=msg)
+    version = version if version is not None else _installed_version()
+    if version is None:
+        return InstallReport("not-needed", None, message="vllm-omni is not installed")
+    table = table if table is not None else load_table()
+    needed = table.needed(version)
+    if not needed:
+        msg = f"omni-pd: vllm-omni {version} needs no PD compatibility patch (not in vllm_omni_compat.yaml)"
+        log.debug(msg)
+        return InstallReport("not-needed", version, message=msg)
+    todo, problems = plan(needed, importer)
+    if problems:
+        msg = (f"omni-pd: vllm-omni {version} PD compatibility layer NOT installed, nothing patched: "
+               + "; ".join(problems) + ". PD may not switch on for *_pd pipelines: check with "
+               "`omni-pd validate --against-vllm-omni` (docs/upstream/vllm-omni-0.30-pd.md)")
+        log.warning(msg)
+        return InstallReport("refused", version, problems=tuple(problems), message=msg)
+    if not todo:
+        return InstallReport("already", version, message="already installed")
+    for p, owner, fn in todo:
+        wrapper = WRAPPERS[p.name](fn)
+        wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+        setattr(wrapper, MARK, p.name)
+        wrapper.__qualname__ = fn.__qualname__
+        wrapper.__doc__ = fn.__doc__
+        setattr(owner, p.owner_and_attr[1], staticmethod(wrapper) if p.kind == "staticmethod" else wrapper)
+    msg = (f"omni-pd: vllm-omni {version} PD compatibility layer on ({ENV_SWITCH}=0 turns it off): "
+           + "; ".join(f"{p.target.split(':')[1]} ({p.why})" for p, _, _ in todo))
+    log.info(msg)
+    return InstallReport("patched", version, patched=tuple(p.name for p, _, _ in todo), message=msg)
+
+
+def installed(importer: Callable[[str], Any] = importlib.import_module,
+              table: CompatTable | None = None) -> dict[str, bool]:
+    """Patch name -> whether omni-pd's wrapper is in place now (every patch in the
+    table, whatever the release)."""
+    table = table if table is not None else load_table()
+    out = {}
+    for name, p in table.patches.items():
+        try:
+            _, _, fn = _resolve(p, importer)
+        except LookupError:
+            out[name] = False
+            continue
+        out[name] = getattr(fn, MARK, None) == name
+    return out
