@@ -61,6 +61,26 @@ def test_passing_example_is_clean_for_the_rule(code: str) -> None:
     assert code not in res.codes(), [(d.code, d.message) for d in res.diagnostics if d.code == code]
 
 
+EXAMPLES = [pytest.param(code, i, id=f"{code}-{e.name}") for code, r in RULES.items() for i, e in enumerate(r.examples)]
+
+
+@pytest.mark.parametrize(("code", "i"), EXAMPLES)
+def test_branch_examples(code: str, i: int) -> None:
+    """Each extra example of a rule (one per branch) fires or stays clean as it says."""
+    r = RULES[code]
+    e = r.examples[i]
+    res = validate_text(e.yaml, "example.yaml", options_from_example(e.context))
+    hits = [d for d in res.diagnostics if d.code == code]
+    if e.fires:
+        want = e.severity or r.severity
+        ok = [d for d in hits if d.severity is want and (e.contains is None or e.contains in d.message)]
+        assert ok, (e.name, [(d.code, d.severity.value, d.message) for d in res.diagnostics])
+        assert all(d.help for d in ok), e.name
+    else:
+        bad = [d for d in hits if d.severity in (Severity.ERROR, Severity.WARNING)]
+        assert not bad, (e.name, [d.message for d in bad])
+
+
 def _one(text: str, code: str, opts: ValidateOptions | None = None):
     res = validate_text(text, "t.yaml", opts)
     hits = [d for d in res.diagnostics if d.code == code]

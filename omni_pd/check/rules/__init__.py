@@ -36,6 +36,24 @@ FAMILIES = {
 
 
 @dataclass(frozen=True)
+class Example:
+    """One more example of a rule, beyond its failing and passing pair; each is a test.
+
+    ``yaml`` validated with ``context`` (same keys as ``Rule.example_context``) must
+    yield this rule's code at ``severity`` (``fires=True``; None = the rule's severity)
+    with ``contains`` in the message when given, or must yield no error/warning of it
+    (``fires=False``). ``name`` says which branch of the rule it covers.
+    """
+
+    name: str
+    yaml: str
+    fires: bool
+    context: dict[str, Any] = field(default_factory=dict)
+    severity: Severity | None = None
+    contains: str | None = None
+
+
+@dataclass(frozen=True)
 class Rule:
     """One check. ``check(ctx)`` yields located :class:`Diagnostic` s with this code."""
 
@@ -53,6 +71,8 @@ class Rule:
     pass_context: dict[str, Any] | None = field(default=None, compare=False)
     #: case-catalogue labels this rule implements (shared/cases/README.md)
     labels: tuple[str, ...] = ()
+    #: more examples, one per branch of the rule (tests/test_rules.py runs them)
+    examples: tuple[Example, ...] = field(default=(), compare=False)
 
     @property
     def family(self) -> str:
@@ -69,6 +89,9 @@ class Rule:
         if self.pass_context is not None:
             out += ["Context of the passing example: " + (", ".join(
                 f"{k}={v!r}" for k, v in self.pass_context.items()) or "none")]
+        if self.examples:
+            out += ["", "More examples (each is a test):"]
+            out += [f"  {'fires' if e.fires else 'passes'}: {e.name}" for e in self.examples]
         return "\n".join(out) + "\n"
 
     def diag(self, message: str, location: Location | None, *, help: str | None = None,
@@ -89,14 +112,15 @@ _DECLARED: list[Rule] = []
 
 def rule(code: str, name: str, severity: Severity, summary: str, *, fail: str, passing: str,
          example_context: dict[str, Any] | None = None, pass_context: dict[str, Any] | None = None,
-         labels: tuple[str, ...] = ()):
+         labels: tuple[str, ...] = (), examples: tuple[Example, ...] = ()):
     """Declare a rule; the decorated function's docstring is its doc paragraph."""
 
     def wrap(fn: Callable[["Context", Rule], Iterable[Diagnostic]]):
         r = Rule(code=code, name=name, severity=severity, summary=summary,
                  doc=(fn.__doc__ or "").strip(), fail=fail, passing=passing, check=fn,
                  example_context=dict(example_context or {}),
-                 pass_context=dict(pass_context) if pass_context is not None else None, labels=labels)
+                 pass_context=dict(pass_context) if pass_context is not None else None, labels=labels,
+                 examples=tuple(examples))
         _DECLARED.append(r)
         return fn
 
