@@ -27,6 +27,22 @@ app = typer.Typer(
 _DOCS: dict[str, object] = {}
 
 
+def _version_cb(value: bool) -> None:
+    if value:
+        from omni_pd.compile.versions import version_text
+
+        sys.stdout.write(version_text())
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version_cb, is_eager=True,
+                                 help="print omni-pd's version and the vLLM / vllm-omni versions it targets, then exit"),
+) -> None:
+    """Compile vllm-omni deploy configs into prefill/decode (PD) disaggregated topologies."""
+
+
 def _line_source(docs: dict):
     """Source line lookup for diagnostics: loaded documents first, else the file on disk."""
     from omni_pd.io import MAX_INPUT_BYTES
@@ -189,8 +205,9 @@ def _pairs(items: Optional[list[str]], name: str) -> dict[str, str]:
 
 @app.command()
 def validate(
-    input: Optional[Path] = typer.Argument(None, help="deploy YAML (default: the bundled Qwen3-Omni preset)",
-                                           show_default=False),
+    inputs: Optional[list[str]] = typer.Argument(
+        None, help="deploy YAML files or directories (walked for *.yaml/*.yml); - reads stdin "
+                   "(default: the bundled Qwen3-Omni preset)", show_default=False),
     platform: Optional[str] = typer.Option(None, "--platform", help="apply platforms.<P> first: cuda, rocm, npu, xpu, musa"),
     all_platforms: bool = typer.Option(False, "--all-platforms", help="check the base config and every platform overlay"),
     inventory: Optional[Path] = typer.Option(None, "--inventory", help="hosts (accelerator, count, memory_gib) and stage placement (YAML)"),
@@ -208,14 +225,16 @@ def validate(
                                                    help="python of an environment with vllm-omni and omni-pd installed"),
     model: Optional[str] = typer.Option(None, "--model", help="with --against-vllm-omni: the model vllm serve gets"),
 ) -> None:
-    """Check a deploy config for every PD invariant; exit 0 clean, 1 errors, 2 unreadable input."""
-    import json
+    """Check deploy configs for every PD invariant; exit 0 clean, 1 errors, 2 unreadable input.
 
+    Many files and directories are checked in one process; the exit status is the worst
+    of all files (0 < 1 < 2 < 3).
+    """
     from omni_pd.check.context import Inventory, ModelInfo
+    from omni_pd.check.inputs import STDIN, collect_inputs
+    from omni_pd.check.validate import ValidateOptions
     from omni_pd.diagnostics import render_json, render_text, summary
-    from omni_pd.io import load_file
     from omni_pd.resources import preset_path
-    from omni_pd.check.validate import ValidateOptions, validate_document
 
     if fmt not in ("text", "json", "sarif"):
         raise typer.BadParameter("use text, json or sarif", param_hint="--format")
@@ -224,54 +243,104 @@ def validate(
     inv = None
     if inventory is not None:
         try:
-            inv = Inventory.from_dict(_load_yaml_option(inventory, "inventory"))
+            inv = Inventory.from_dict(_load_yaml_option(inventory, "--inventory"))
         except ValueError as e:
             raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR, message=f"bad inventory: {e}",
                                          help="see `omni-pd explain OPD402` for the inventory format")) from None
-    model = None
+    model_facts = None
     if model_info is not None:
-        data = _load_yaml_option(model_info, "model info")
+        data = _load_yaml_option(model_info, "--model-info")
         if not isinstance(data, dict):
             raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
                                          message="--model-info must be a config.json mapping"))
-        model = ModelInfo.from_config_json(data)
-    src = input if input is not None else preset_path("qwen3_omni_moe")
-    doc = load_file(src)
-    opts = ValidateOptions(platform=platform, all_platforms=all_platforms, inventory=inv, model=model,
+        model_facts = ModelInfo.from_config_json(data)
+    opts = ValidateOptions(platform=platform, all_platforms=all_platforms, inventory=inv, model=model_facts,
                            vllm_version=vllm_version, env=_pairs(env, "--env"), pipeline=pipeline,
                            cli={k.replace("-", "_").lstrip("_"): v for k, v in _pairs(serve_arg, "--serve-arg").items()})
+    if not inputs:
+        inputs = [str(preset_path("qwen3_omni_moe"))]
+    if inputs.count(STDIN) > 1:
+        raise typer.BadParameter("- (stdin) can be given once", param_hint="INPUTS")
+    found = collect_inputs(list(inputs))
+    single = len(inputs) == 1 and len(found.paths) == 1 and not Path(inputs[0]).is_dir()
+    every: list[Diagnostic] = list(found.problems)
+    docs: dict = {}
+    worst = 2 if found.problems else 0
+    failed = unreadable = 0
+    for name in found.paths:
+        try:
+            diags, file_docs = _validate_one(name, opts, against_vllm_omni, vllm_omni_python, model)
+        except OmniPdError as e:
+            if single and fmt == "text":
+                raise
+            if e.diagnostic.code != "OPD001" and e.diagnostic.code[:5] != "OPD00":
+                raise  # not about this file (e.g. vllm-omni missing): stop the run
+            diags, file_docs, worst = [e.diagnostic], {}, max(worst, e.exit_code)
+            unreadable += 1
+        else:
+            if any(d.severity is Severity.ERROR for d in diags):
+                failed += 1
+                worst = max(worst, 1)
+        shown = [d for d in diags if not (quiet and d.severity is Severity.INFO)]
+        every += shown
+        docs.update(file_docs)
+        if fmt == "text" and not single:
+            text = render_text(shown, _line_source(file_docs))
+            out = sys.stderr if unreadable and shown and shown[0].code.startswith("OPD00") and not file_docs else sys.stdout
+            if text:
+                out.write(text + ("" if text.endswith("\n\n") else "\n"))
+    if fmt == "json":
+        sys.stdout.write(render_json(every) + "\n")
+    elif fmt == "sarif":
+        from omni_pd.check.sarif import render_sarif
+
+        sys.stdout.write(render_sarif(every) + "\n")
+    elif single:
+        text = render_text(every, _line_source(docs))
+        if text:
+            sys.stdout.write(text + ("" if text.endswith("\n") else "\n"))
+        verdict = "FAILED" if failed else "ok"
+        sys.stdout.write(f"{_display_name(found.paths[0])}: {verdict} ({summary(every)})\n")
+    else:
+        if found.problems:
+            sys.stderr.write(render_text(list(found.problems)) + "\n")
+        n = len(found.paths)
+        ok = n - failed - unreadable
+        parts = [f"{failed} failed", f"{unreadable} unreadable"] if unreadable else [f"{failed} failed"]
+        sys.stdout.write(f"validate: {n} file{'s' if n != 1 else ''}, {ok} ok, {', '.join(parts)} "
+                         f"({summary(every)})\n")
+    if worst:
+        sys.stdout.flush()
+        raise SystemExit(worst)  # main() maps SystemExit to its code (typer.Exit is swallowed by click here)
+
+
+def _display_name(name: str) -> str:
+    return "<stdin>" if name == "-" else name
+
+
+def _validate_one(name: str, opts, against: bool, python: Optional[str], model: Optional[str]):
+    """Load and validate one input (``-`` = stdin): its diagnostics and the documents read.
+    Raises OmniPdError for an unreadable input (OPD001..OPD005, exit 2)."""
+    from omni_pd.check.validate import validate_document
+    from omni_pd.io import load_file, load_stream
+
+    doc = load_stream(sys.stdin.buffer, "<stdin>") if name == "-" else load_file(name)
     res = validate_document(doc, opts)
     found = list(res.diagnostics)
-    if against_vllm_omni:
+    if against:
         from omni_pd.upstream.against import against_vllm_omni as run_against
 
         base = (res.pipeline_name or "qwen3_omni_moe").removesuffix("_pd")
-        if Path(src).is_file():  # vllm-omni reads the file itself (base_config resolves beside it)
-            found += run_against(Path(src), python=vllm_omni_python, model=model, model_type=base)
-        else:  # a pipe (/dev/stdin) is already consumed: hand vllm-omni the text omni-pd read
+        if name != "-" and Path(name).is_file():  # vllm-omni reads the file itself (base_config resolves beside it)
+            found += run_against(Path(name), python=python, model=model, model_type=base)
+        else:  # a pipe (/dev/stdin, -) is already consumed: hand vllm-omni the text omni-pd read
             import tempfile
 
             with tempfile.TemporaryDirectory(prefix="omni-pd-against-") as tmp:
                 copy = Path(tmp) / "stdin.yaml"
                 copy.write_text(doc.text, encoding="utf-8")
-                found += run_against(copy, python=vllm_omni_python, model=model, model_type=base)
-    diags = [d for d in found if not (quiet and d.severity is Severity.INFO)]
-    if fmt == "json":
-        sys.stdout.write(render_json(diags) + "\n")
-    elif fmt == "sarif":
-        from omni_pd.check.sarif import render_sarif
-
-        sys.stdout.write(render_sarif(diags) + "\n")
-    else:
-        text = render_text(diags, _line_source(res.docs))
-        if text:
-            sys.stdout.write(text + ("" if text.endswith("\n") else "\n"))
-        verdict = "FAILED" if any(d.severity is Severity.ERROR for d in diags) else "ok"
-        sys.stdout.write(f"{doc.name}: {verdict} ({summary(diags)})\n")
-    _ = json
-    if any(d.severity is Severity.ERROR for d in diags):
-        sys.stdout.flush()
-        raise SystemExit(1)  # main() maps SystemExit to its code (typer.Exit is swallowed by click here)
+                found += run_against(copy, python=python, model=model, model_type=base)
+    return found, res.docs
 
 
 @app.command("rules")
@@ -402,7 +471,7 @@ def _print_plan(plan) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app, turning every failure into a diagnostic and exit code."""
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv, prog_name="omni-pd", standalone_mode=False)
         return 0
     except OmniPdError as e:
         _emit_diags([e.diagnostic])

@@ -414,13 +414,31 @@ def load_file(path: str | os.PathLike[str]) -> Document:
             raise too_big
     except FileNotFoundError:
         raise _load_error("OPD001", name, "file not found",
-                          help="check the path; `omni-pd expand` with no argument uses the bundled Qwen3-Omni preset") from None
+                          help="check the path") from None
     except IsADirectoryError:
         raise _load_error("OPD001", name, "is a directory, expected a YAML file") from None
     except PermissionError:
         raise _load_error("OPD001", name, "permission denied") from None
     except OSError as e:
         raise _load_error("OPD001", name, f"cannot read file: {e.strerror or e}") from None
+    return parse_bytes(data, name)
+
+
+def load_stream(stream: Any, name: str = "<stdin>") -> Document:
+    """Read and parse YAML from a binary stream (``sys.stdin.buffer``), at most
+    :data:`MAX_INPUT_BYTES` bytes. Raises :class:`OmniPdError` (exit 2) like :func:`load_file`."""
+    data = stream.read(MAX_INPUT_BYTES + 1)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    if len(data) > MAX_INPUT_BYTES:
+        raise _load_error("OPD001", name, f"input is larger than {MAX_INPUT_BYTES} bytes; larger inputs are refused",
+                          help="a deploy config is a few KiB; check that this is the right input")
+    return parse_bytes(data, name)
+
+
+def parse_bytes(data: bytes, name: str) -> Document:
+    """Decode ``data`` as UTF-8 (a leading BOM dropped) and parse it. Raises
+    :class:`OmniPdError` OPD001 (located at the bad byte) for text that is not UTF-8."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -1,0 +1,82 @@
+"""Which vLLM and vllm-omni releases omni-pd targets: read from presets/targets data.
+
+``presets/targets/vllm.yaml`` gives the default vLLM ``major.minor`` (``default_version``)
+and the first and last release its facts were read from (``known_versions``);
+``presets/targets/vllm_omni_stage_keys.yaml`` gives the vllm-omni release whose stage
+keys and pipelines omni-pd checks against (``vllm_omni``). ``omni-pd --version`` and the
+``--vllm-version`` option read them here, so a new release is one data edit.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from omni_pd.compile.targets import Target, parse_version, target
+
+
+@lru_cache(maxsize=1)
+def _vllm_facts() -> dict[str, Any]:
+    from omni_pd.resources import data_dir, load_data
+
+    return load_data(data_dir("presets") / "targets" / "vllm.yaml")
+
+
+def default_vllm_version() -> str:
+    """The vLLM ``major.minor`` used when ``--vllm-version`` is not given (e.g. ``"0.30"``)."""
+    return str(_vllm_facts()["default_version"])
+
+
+def known_vllm_versions() -> list[str]:
+    """Every vLLM ``major.minor`` omni-pd has facts for, oldest first: each minor from
+    ``known_versions.first`` to ``known_versions.last`` of presets/targets/vllm.yaml.
+
+    Raises ValueError when the two bounds have different major versions (the data
+    covers major 0 only)."""
+    k = _vllm_facts()["known_versions"]
+    first, last = parse_version(k["first"]), parse_version(k["last"])
+    if first[0] != last[0]:
+        raise ValueError("presets/targets/vllm.yaml known_versions must stay within one major version")
+    return [f"{first[0]}.{m}" for m in range(first[1], last[1] + 1)]
+
+
+def known_target(version: str | None) -> Target:
+    """The :class:`~omni_pd.compile.targets.Target` for ``version`` (None: the default)
+    when omni-pd has facts for it.
+
+    Raises ValueError naming the known range for a malformed or unknown version
+    (``"9.9"``, ``"0.5"``), so no ``--vllm-version`` is accepted silently."""
+    t = target(version)
+    known = known_vllm_versions()
+    if t.label not in known:
+        raise ValueError(f"omni-pd has no facts for vLLM {t.label}; known versions: "
+                         f"{known[0]} to {known[-1]} (presets/targets/vllm.yaml)")
+    return t
+
+
+@lru_cache(maxsize=1)
+def default_vllm_omni_version() -> str:
+    """The vllm-omni ``major.minor`` whose stage keys and pipelines omni-pd checks
+    against (``vllm_omni`` in presets/targets/vllm_omni_stage_keys.yaml, e.g. ``"0.30"``)."""
+    from omni_pd.resources import data_dir, load_data
+
+    return str(load_data(data_dir("presets") / "targets" / "vllm_omni_stage_keys.yaml")["vllm_omni"])
+
+
+def omni_pd_version() -> str:
+    """The installed omni-pd distribution's version (``importlib.metadata``); ``"unknown"``
+    when run from a source tree that was never installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("omni-pd")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def version_text() -> str:
+    """What ``omni-pd --version`` prints (two lines, newline-terminated)."""
+    known = known_vllm_versions()
+    return (f"omni-pd {omni_pd_version()}\n"
+            f"targets vLLM {default_vllm_version()} (--vllm-version {known[0]} to {known[-1]}), "
+            f"vllm-omni {default_vllm_omni_version()}\n")
