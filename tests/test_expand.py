@@ -10,7 +10,7 @@ import pytest
 
 from omni_pd.cli import main
 from omni_pd.compile.expand import expand_document
-from omni_pd.diagnostics import OmniPdError
+from omni_pd.diagnostics import OmniPdError, Severity
 from omni_pd.io import load_file, parse_text
 from omni_pd.compile.passes.pd_split import ExpandOptions
 from omni_pd.resources import preset_path
@@ -261,7 +261,9 @@ stages:
 """
     res = expand(text, pipeline="qwen2_5_omni")
     assert [s.devices for s in res.config.stages] == ["0", "1", "2", "0"]
-    assert res.diagnostics == ()  # async_chunk was already false: nothing given up
+    # async_chunk was already false: nothing given up; the Talker loses its prompt rows under PD
+    assert [(d.code, d.severity, d.location.line if d.location else None) for d in res.diagnostics] == [
+        ("OPD704", Severity.WARNING, 4)]
 
 
 def test_single_stage_llm_becomes_prefill_decode_pair():
@@ -278,7 +280,7 @@ def test_thinker_without_devices_gets_some():
     res = expand("pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 1\n    devices: \"0\"\n")
     assert [s.stage_id for s in res.config.stages] == [0, 1, 2]
     assert [s.devices for s in res.config.stages] == ["1", "2", "0"]
-    assert sorted(d.code for d in res.diagnostics) == ["OPD901", "OPD902"]
+    assert sorted(d.code for d in res.diagnostics) == ["OPD704", "OPD901", "OPD902"]
 
 
 # --- YAML round trip ---------------------------------------------------------------------------

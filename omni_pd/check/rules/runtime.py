@@ -116,3 +116,45 @@ def verify_transfer(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     yield r.diag(f"PD pair stage {p.stage_id} -> {d.stage_id}: do not report ready until one prefill -> decode handshake and transfer succeed",
                  ctx.sloc(d, "kv_transfer_config"),
                  help="after start, send one request and check decode's external prefix-cache hits (KV tokens received) > 0")
+
+
+_AUDIO_PD = ("pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
+             "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer, engine_id: p}}\n"
+             + _D + "  - {stage_id: 2, devices: \"2\"}\n  - {stage_id: 3, devices: \"3\"}\n")
+
+
+@rule("OPD704", "talker-pd-conditioning", Severity.WARNING,
+      "under PD, vllm-omni's Talker gets no prompt rows from the Thinker (audio output is wrong or fails)",
+      fail=_AUDIO_PD,
+      passing=_AUDIO_PD.replace("qwen3_omni_moe_pd", "qwen3_omni_moe_thinker_only_pd").split("  - {stage_id: 2")[0])
+def talker_pd_conditioning(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """vllm-omni 0.30 builds the Talker's conditioning (Thinker embeddings and hidden states
+    of every prompt and answer token) in the Thinker engine from the rows that engine
+    computed. Under PD that engine is decode, which loads the prompt's KV and computes only
+    the last prompt token, so the Talker gets no prompt rows while its token ids still
+    count the whole prompt: Qwen3-Omni's Talker raises when the answer is shorter than the
+    prompt and is conditioned on the wrong rows otherwise; Qwen2.5-Omni's Talker gets no
+    payload or shifted rows. The orchestrator keeps prefill's rows but nothing reads them.
+    Text answers are not affected. Fires on every vllm-omni PD pipeline whose Talker reads
+    the decode stage (the passing example has no Talker). Checked on vllm-omni 0.30.0;
+    drop the rule when tests/test_oracle_talker_pd.py (vllm-omni's own payload builders and
+    Talker prefill, run in the oracle venv) shows upstream merges prefill's rows. Sources:
+    vllm-omni ``model_executor/stage_input_processors/qwen3_omni.py`` and ``qwen2_5_omni.py``
+    ``thinker2talker_full_payload``, ``models/qwen3_omni/qwen3_omni.py``
+    ``_thinker_to_talker_prefill``, ``engine/orchestrator.py`` ``pd_prefill_multimodal_output``;
+    vLLM ``v1/core/sched/scheduler.py`` ``_update_waiting_for_remote_kv``; details in
+    omni_pd/upstream/talker_pd.py."""
+    from omni_pd.upstream import talker_pd
+
+    pair = ctx.pd_pair
+    if pair is None or ctx.topology is None or not ctx.platform_first:
+        return
+    found = talker_pd.talker_after_decode(ctx.topology.pipeline)
+    if found is None:
+        return
+    decode, talker = found
+    t_node = ctx.topology.node(talker.stage_id)
+    yield r.diag(talker_pd.message(decode.stage_id, talker.stage_id),
+                 ctx.loc(("pipeline",), value=True) if ctx.exists(("pipeline",)) else ctx.sloc(pair[1], "kv_transfer_config"),
+                 related=[ctx.sloc(t_node, label="Talker")] if t_node is not None and t_node.index is not None else [],
+                 notes=list(talker_pd.NOTES), help=talker_pd.HELP)

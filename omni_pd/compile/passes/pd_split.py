@@ -241,10 +241,32 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
             notes=["vllm-omni routes prefill -> decode only when async_chunk is false "
                    "(engine/orchestrator.py); with it on, decode would get a placeholder prompt"],
         ))
+    notes.extend(_talker_note(target_pipe, topo, doc))
     return PDSplitPlan(source=src, target_pipeline=target_pipe, ids=ids, connector=contract.name,
                        base_devices=base_devices, overlay_devices=overlay_devices, tp=tp,
                        prefill=p_cfg, decode=d_cfg, prefill_engine_id=p_id, decode_engine_id=d_id,
                        diagnostics=tuple(notes))
+
+
+def _talker_note(target_pipe: Pipeline, topo: Topology, doc: Document | None) -> list[Diagnostic]:
+    """OPD704 (warning) when the PD pipeline's Talker reads the decode stage: on vllm-omni
+    0.30 it gets no prompt rows (facts and sources: omni_pd/upstream/talker_pd.py).
+    Located at the input's ``pipeline:`` key, else the Talker's entry of the input."""
+    from omni_pd.upstream import talker_pd
+
+    found = talker_pd.talker_after_decode(target_pipe)
+    if found is None:
+        return []
+    decode, talker = found
+    where = None
+    if doc is not None and doc.exists(("pipeline",)):
+        where = doc.loc(("pipeline",), value=True)
+    else:
+        node = topo.node(next((s.stage_id for s in topo.pipeline.stages if s.role == "talker"), -1))
+        where = _stage_loc(doc, node.index) if node is not None else None
+    return [Diagnostic(code=talker_pd.CODE, severity=Severity.WARNING,
+                       message=talker_pd.message(decode.stage_id, talker.stage_id), location=where,
+                       notes=list(talker_pd.NOTES), help=talker_pd.HELP)]
 
 
 def _fmt(d: Devices) -> str:
