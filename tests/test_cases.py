@@ -67,7 +67,7 @@ CASE_RULES: dict[str, str | tuple[str, ...] | None] = {
     "CAP-PP": "OPD612",
     "CAP-LMCACHE-PD": None,
     "CAP-EC-REGISTRY": None,
-    "SCH-PARALLEL-CONFLICT": None,
+    "SCH-PARALLEL-CONFLICT": "OPD112",
 }
 
 def codes_of(label: str) -> tuple[str, ...]:
@@ -95,8 +95,6 @@ XFAIL = {
     ("BR-39", "fix"): "CAP-LMCACHE-PD: a shared LMCACHE_REMOTE_URL must count as the transport (no contract yet)",
     ("BR-42", "main"): "SCH-CLI-SCOPE: serve flags are not checked against vLLM's serve parser yet "
                        "(stage_N_devices is not a flag)",
-    ("BR-43", "main"): "SCH-PARALLEL-CONFLICT: the nested parallel_config of diffusion stages is not read yet",
-    ("BR-43", "fix"): "DEV-WORLD: world size counts flat TP x PP x DP only, not CFG/sequence parallel",
 }
 
 #: model ids in the cases -> the model_type their config.json declares

@@ -86,6 +86,37 @@ class Runtime(_Open):
     _devices_str = field_validator("devices", mode="before")(classmethod(lambda cls, v: _devices_as_str(v)))
 
 
+class ParallelConfig(_Open):
+    """A stage's nested ``parallel_config:`` block (vllm-omni 0.30 ``_build_parallel_config``).
+
+    Merged *over* the flat parallel keys of the same stage (the nested value wins), for
+    LLM and diffusion stages alike. Sizes are counts of ranks (>= 1). The diffusion
+    fields (``cfg_parallel_size``, ``ulysses_degree``, ``ring_degree``,
+    ``allgather_degree``, HSDP) come from ``OmniStageDiffusionParallelConfig``; the
+    others are vLLM ``ParallelConfig`` fields. Other keys are kept (vllm-omni's
+    ownership check decides them). Source: vllm-omni 0.30.0 config/omni_config.py.
+    """
+
+    tensor_parallel_size: int | None = Field(None, ge=1)
+    pipeline_parallel_size: int | None = Field(None, ge=1)
+    data_parallel_size: int | None = Field(None, ge=1)
+    prefill_context_parallel_size: int | None = Field(None, ge=1)
+    decode_context_parallel_size: int | None = Field(None, ge=1)
+    enable_expert_parallel: bool | None = None
+    cfg_parallel_size: int | None = Field(None, ge=1, description="classifier-free-guidance branches in parallel (diffusion)")
+    ulysses_degree: int | None = Field(None, ge=1, description="Ulysses sequence parallel degree (diffusion)")
+    ring_degree: int | None = Field(None, ge=1, description="ring attention sequence parallel degree (diffusion)")
+    allgather_degree: int | None = Field(None, ge=1, description="all-gather sequence parallel degree; excludes ulysses/ring > 1")
+    sequence_parallel_size: int | None = Field(None, ge=1, description="derived by vllm-omni (allgather or ulysses x ring); not an input")
+    vae_patch_parallel_size: int | None = Field(None, ge=1)
+    text_encoder_tp_size: int | None = Field(None, ge=1)
+    use_hsdp: bool | None = None
+    hsdp_shard_size: int | None = Field(None, description="-1: derived from the other sizes")
+    hsdp_replicate_size: int | None = Field(None, ge=1)
+    ulysses_mode: Literal["strict", "advanced_uaa"] | None = None
+    vae_parallel_mode: Literal["tile", "spatial_shard_height", "spatial_shard_width"] | None = None
+
+
 class StageDeploy(_Open):
     """One entry under ``stages:`` (vllm-omni ``StageDeployConfig``).
 
@@ -109,6 +140,20 @@ class StageDeploy(_Open):
     pipeline_parallel_size: int | None = Field(None, ge=1)
     data_parallel_size: int | None = Field(None, ge=1)
     enable_expert_parallel: bool | None = None
+    prefill_context_parallel_size: int | None = Field(None, ge=1)
+    # diffusion-stage parallel sizes, flat (vllm-omni 0.30 StageDeployConfig); a nested
+    # parallel_config of the same stage wins over them
+    cfg_parallel_size: int | None = Field(None, ge=1)
+    ulysses_degree: int | None = Field(None, ge=1)
+    ring_degree: int | None = Field(None, ge=1)
+    allgather_degree: int | None = Field(None, ge=1)
+    sequence_parallel_size: int | None = Field(None, ge=1)
+    vae_patch_parallel_size: int | None = Field(None, ge=1)
+    text_encoder_tp_size: int | None = Field(None, ge=1)
+    use_hsdp: bool | None = None
+    hsdp_shard_size: int | None = None
+    hsdp_replicate_size: int | None = Field(None, ge=1)
+    parallel_config: ParallelConfig | None = Field(None, description="nested parallel sizes; win over the flat keys")
     gpu_memory_utilization: float | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None

@@ -29,6 +29,12 @@ if TYPE_CHECKING:
     from omni_pd.compile.targets import Target
     from omni_pd.compile.topology import StageNode, Topology
 
+#: Parallel sizes a stage may set flat or under ``parallel_config`` (vllm-omni 0.30
+#: OmniStageParallelConfig / OmniStageDiffusionParallelConfig size fields).
+PARALLEL_SIZE_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+                      "prefill_context_parallel_size", "cfg_parallel_size", "ulysses_degree", "ring_degree",
+                      "allgather_degree", "hsdp_replicate_size", "hsdp_shard_size")
+
 FAMILIES = {
     "1": "schema", "2": "topology", "3": "pd_pair", "4": "devices",
     "5": "ports", "6": "capability", "7": "runtime",
@@ -222,8 +228,59 @@ class Context:
         """Host a stage runs on (inventory placement; one implicit host otherwise)."""
         return self.inventory.host_of(node.stage_id) if self.inventory else "localhost"
 
+    def parallel(self, node: "StageNode") -> dict[str, int]:
+        """The stage's effective parallel sizes (ints >= 1 where valid), by field name.
+
+        Precedence, as vllm-omni 0.30 builds a stage's parallel config
+        (config/omni_config.py ``_build_parallel_config``): a global CLI flag, then the
+        nested ``parallel_config`` block, then the flat stage keys (and the
+        pipeline-wide ``pipeline_parallel_size``/``data_parallel_size``)."""
+        flat = {k: node.settings.get(k) for k in PARALLEL_SIZE_KEYS}
+        flat["tensor_parallel_size"], flat["pipeline_parallel_size"] = node.tp, node.pp
+        flat["data_parallel_size"] = node.dp
+        nested = node.settings.get("parallel_config")
+        out: dict[str, int] = {}
+        for k in PARALLEL_SIZE_KEYS:
+            v = self.cli.get(k)
+            if v is None and isinstance(nested, dict):
+                v = nested.get(k)
+            if v is None:
+                v = flat.get(k)
+            out[k] = as_int(v, 1)
+        return out
+
+    def world_size(self, node: "StageNode") -> tuple[int, str]:
+        """Devices one replica of the stage needs, and how (``"TP 4 x CFG 1"``).
+
+        TP x PP x DP x PCP x SP x CFG, SP = allgather_degree if > 1 else ulysses x ring
+        (vllm-omni 0.30 ``OmniStageDiffusionParallelConfig.__post_init__``,
+        engine/stage_init_utils.py); with ``use_hsdp`` and the other sizes all 1, the
+        HSDP replicate x shard product."""
+        p = self.parallel(node)
+        sp = p["allgather_degree"] if p["allgather_degree"] > 1 else p["ulysses_degree"] * p["ring_degree"]
+        dims = [("TP", p["tensor_parallel_size"]), ("PP", p["pipeline_parallel_size"]),
+                ("DP", p["data_parallel_size"]), ("PCP", p["prefill_context_parallel_size"]),
+                ("SP", sp), ("CFG", p["cfg_parallel_size"])]
+        world = 1
+        for _, v in dims:
+            world *= v
+        shown = [f"{n} {v}" for n, v in dims if n in ("TP", "PP", "DP") or v > 1]
+        nested = node.settings.get("parallel_config")
+        hsdp = self.cli.get("use_hsdp", (nested or {}).get("use_hsdp") if isinstance(nested, dict) else None)
+        if hsdp is None:
+            hsdp = node.settings.get("use_hsdp")
+        if hsdp is True and world == 1:
+            shard = p["hsdp_shard_size"]
+            if shard > 0:
+                world = p["hsdp_replicate_size"] * shard
+                shown = [f"HSDP {p['hsdp_replicate_size']} x {shard}"]
+        return world, " x ".join(shown)
+
     def stage_tp(self, node: "StageNode") -> int:
-        """Tensor parallel size, with a global ``--tensor-parallel-size`` broadcast."""
+        """Tensor parallel size, with a global ``--tensor-parallel-size`` broadcast.
+
+        The flat stage key only: rules that must see a nested ``parallel_config``
+        (world size, OPD112, OPD612) use :meth:`parallel`."""
         return as_int(self.cli.get("tensor_parallel_size"), node.tp)
 
     def stage_pp(self, node: "StageNode") -> int:

@@ -570,7 +570,7 @@ def pp_unsupported(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         return
     bad: dict[str, list[tuple["StageNode", str, int, dict]]] = {}
     for n, side in _pd_sides(ctx):
-        pp = ctx.stage_pp(n)
+        pp = ctx.parallel(n)["pipeline_parallel_size"]
         if pp <= 1:
             continue
         for name in _pp_children(n.kv or {}):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Location, Severity
-from omni_pd.check.rules import Context, Rule, rule
+from omni_pd.check.rules import Context, Example, Rule, rule
 from omni_pd.check.rules.schema import VISIBILITY_VARS
 
 if TYPE_CHECKING:
@@ -63,30 +63,70 @@ def _accel_word(ctx: Context, node: "StageNode") -> str:
 @rule("OPD401", "world-size", Severity.ERROR,
       "a stage's device list does not match TP x PP x DP",
       fail="stages:\n  - {stage_id: 0, devices: \"0\", tensor_parallel_size: 2}\n",
-      passing="stages:\n  - {stage_id: 0, devices: \"0,1\", tensor_parallel_size: 2}\n", labels=("DEV-WORLD",))
+      passing="stages:\n  - {stage_id: 0, devices: \"0,1\", tensor_parallel_size: 2}\n", labels=("DEV-WORLD",),
+      examples=(
+          Example("nested parallel_config wins over flat sizes",
+                  "stages:\n  - {stage_id: 0, devices: \"0,1\", tensor_parallel_size: 1, cfg_parallel_size: 2,"
+                  " parallel_config: {tensor_parallel_size: 4, cfg_parallel_size: 1}}\n", True,
+                  contains="needs 4 devices (TP 4 x PP 1 x DP 1)"),
+          Example("TP 1 x CFG 2 on two devices (flat)",
+                  "stages:\n  - {stage_id: 0, devices: \"0,1\", tensor_parallel_size: 1, cfg_parallel_size: 2}\n", False),
+          Example("TP 1 x CFG 2 on two devices (nested)",
+                  "stages:\n  - {stage_id: 0, devices: \"0,1\", parallel_config: {tensor_parallel_size: 1, cfg_parallel_size: 2}}\n",
+                  False),
+          Example("ulysses x ring count as sequence parallel",
+                  "stages:\n  - {stage_id: 0, devices: \"0,1\", parallel_config: {ulysses_degree: 2, ring_degree: 2}}\n",
+                  True, contains="SP 4"),
+          Example("allgather replaces ulysses x ring",
+                  "stages:\n  - {stage_id: 0, devices: \"0,1\", parallel_config: {allgather_degree: 2}}\n", False),
+          Example("CFG with PP on the flat keys",
+                  "stages:\n  - {stage_id: 0, devices: \"0,1\", pipeline_parallel_size: 2, cfg_parallel_size: 2}\n", True,
+                  contains="CFG 2"),
+          Example("HSDP replicate x shard when the other sizes are 1",
+                  "stages:\n  - {stage_id: 0, devices: \"0,1,2,3\", parallel_config: {use_hsdp: true, hsdp_replicate_size: 2,"
+                  " hsdp_shard_size: 2}}\n", False),
+          Example("global --tensor-parallel-size counts",
+                  "stages:\n  - {stage_id: 0, devices: \"0\"}\n", True, {"cli": {"tensor_parallel_size": 2}}),
+          Example("pool mode: world x num_replicas",
+                  "stages:\n  - {stage_id: 0, devices: \"0,1,2,3\", num_replicas: 2, tensor_parallel_size: 2}\n", False),
+      ))
 def world_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
-    """``len(devices)`` must equal the stage's local world size, TP x PP x local DP
-    (x ``num_replicas`` in pool mode); a global ``--tensor-parallel-size`` counts for
-    every stage. Otherwise workers fail with "DP adjusted local rank 1 is out of bounds
-    for 1 devices". Sources: vllm-omni stage_init_utils;
-    https://github.com/vllm-project/vllm-omni/issues/5003."""
+    """``len(devices)`` must equal the stage's local world size (x ``num_replicas`` in
+    pool mode): TP x PP x local DP x prefill-context parallel, and for diffusion stages
+    x CFG parallel x sequence parallel (``allgather_degree`` if > 1, else
+    ``ulysses_degree`` x ``ring_degree``), or the HSDP replicate x shard product. The
+    sizes come from the nested ``parallel_config`` when it sets them (it wins over the
+    flat keys, see OPD112), else from the flat keys; a global
+    ``--tensor-parallel-size`` counts for every stage. Otherwise workers fail with "DP
+    adjusted local rank 1 is out of bounds for 1 devices" or "Stage 0 requires 8
+    device(s) based on parallel_config". Sources: vllm-omni 0.30.0
+    engine/stage_init_utils.py, config/omni_config.py ``_build_parallel_config``,
+    ``OmniStageDiffusionParallelConfig``; https://github.com/vllm-project/vllm-omni/issues/5003,
+    https://github.com/vllm-project/vllm-omni/issues/3911,
+    https://github.com/vllm-project/vllm-omni/issues/7778."""
     if ctx.topology is None:
         return
     for n in ctx.topology.stages:
         if not isinstance(n.devices, tuple):
             continue
-        tp, pp, dp = ctx.stage_tp(n), ctx.stage_pp(n), ctx.stage_dp(n)
-        world = tp * pp * dp
+        par = ctx.parallel(n)
+        tp, pp, dp = par["tensor_parallel_size"], par["pipeline_parallel_size"], par["data_parallel_size"]
+        world, how = ctx.world_size(n)
         have = len(n.devices)
         if have == world or (n.num_replicas > 1 and have == world * n.num_replicas):
             continue
         if have > world and not ctx.stage_kind_known(n):
-            continue  # e.g. a diffusion stage: its own parallel_config may use the extra devices
+            continue  # a stage type omni-pd does not know may use the extra devices
         src = " (from the global --tensor-parallel-size)" if "tensor_parallel_size" in ctx.cli else ""
-        yield r.diag(f"stage {n.stage_id}: tensor_parallel_size {tp} x pipeline_parallel_size {pp} x data_parallel_size {dp} "
-                     f"= {world} devices{src}, but devices has {have} entr{'y' if have == 1 else 'ies'}",
-                     ctx.sloc(n, "devices", value=True),
-                     help=_world_help(world) if world != have else None)
+        nested = isinstance(n.settings.get("parallel_config"), dict) and bool(n.settings.get("parallel_config"))
+        entries = f"devices has {have} entr{'y' if have == 1 else 'ies'}"
+        if nested or world != tp * pp * dp:
+            what = "the effective parallel_config" if nested else "the stage's parallel sizes"
+            msg = f"stage {n.stage_id}: {what} needs {world} devices ({how}){src}, but {entries}"
+        else:
+            msg = (f"stage {n.stage_id}: tensor_parallel_size {tp} x pipeline_parallel_size {pp} x data_parallel_size {dp} "
+                   f"= {world} devices{src}, but {entries}")
+        yield r.diag(msg, ctx.sloc(n, "devices", value=True), help=_world_help(world) if world != have else None)
 
 
 def _world_help(world: int) -> str:

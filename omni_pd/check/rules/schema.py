@@ -13,7 +13,7 @@ from difflib import get_close_matches
 from typing import Any, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Location, Severity
-from omni_pd.check.rules import Context, Rule, rule
+from omni_pd.check.rules import Context, Example, Rule, rule
 
 #: Accelerator visibility variables per platform (launchers and vLLM platforms).
 VISIBILITY_VARS = {
@@ -107,6 +107,13 @@ def unknown_key(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             if close:
                 yield r.diag(f"unknown stage key `{k}`", ctx.loc(("stages", i, k)),
                              help=f"did you mean `{close[0]}`?")
+        pc = st.get("parallel_config")
+        for k in (pc if isinstance(pc, dict) else {}):
+            if isinstance(k, str) and k not in PARALLEL_CONFIG_KEYS:
+                close = get_close_matches(k, sorted(PARALLEL_CONFIG_KEYS), n=1, cutoff=0.6)
+                yield r.diag(f"`{k}` is not a parallel_config key", ctx.loc(("stages", i, "parallel_config", k)),
+                             help=(f"did you mean `{close[0]}`? " if close else "") +
+                             "vllm-omni refuses it (\"no structured config owner\")")
 
 
 @rule("OPD104", "port-type", Severity.WARNING,
@@ -275,3 +282,87 @@ def engine_arg_unowned(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                          ctx.loc(path),
                          help=(f"did you mean `{close[0]}`? " if close else "") +
                          "remove it, or use a vLLM engine argument (see `vllm serve --help`)")
+
+
+# --- one parallel size from two sources (vllm-omni 0.30) ----------------------------
+
+_DIT = "stages:\n  - {{stage_id: 0, devices: \"{dev}\"{flat}, parallel_config: {{{nested}}}}}\n"
+
+
+@rule("OPD112", "parallel-config-conflict", Severity.ERROR,
+      "a stage sets a parallel size flat and in its nested parallel_config with different values",
+      fail=_DIT.format(dev="0,1,2,3", flat=", tensor_parallel_size: 1, cfg_parallel_size: 2",
+                       nested="tensor_parallel_size: 4, cfg_parallel_size: 1"),
+      passing=_DIT.format(dev="0,1", flat="", nested="tensor_parallel_size: 1, cfg_parallel_size: 2"),
+      labels=("SCH-PARALLEL-CONFLICT",),
+      examples=(
+          Example("same value in both places", _DIT.format(dev="0,1", flat=", tensor_parallel_size: 2",
+                                                            nested="tensor_parallel_size: 2"), False),
+          Example("flat key the nested block does not set", _DIT.format(
+              dev="0,1", flat=", cfg_parallel_size: 2", nested="tensor_parallel_size: 1"), False),
+          Example("engine_args layout", "stages:\n  - stage_id: 0\n    devices: \"0\"\n    engine_args: {tensor_parallel_size: 2,"
+                  " parallel_config: {tensor_parallel_size: 1}}\n", True, contains="tensor_parallel_size 2"),
+          Example("a platform overlay's flat size under the base's nested block",
+                  "stages:\n  - {stage_id: 0, devices: \"0\", parallel_config: {tensor_parallel_size: 1}}\n"
+                  "platforms:\n  npu:\n    stages:\n      - {stage_id: 0, tensor_parallel_size: 2}\n", True,
+                  {"platform": "npu"}, contains="parallel_config.tensor_parallel_size 1"),
+      ))
+def parallel_config_conflict(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """vllm-omni 0.30 builds a stage's parallel config from its flat keys and then
+    updates it with the nested ``parallel_config`` block, so where both set a size
+    the nested value wins, silently: editing ``tensor_parallel_size: 1,
+    cfg_parallel_size: 2`` next to a bundled ``parallel_config: {tensor_parallel_size:
+    4, cfg_parallel_size: 1}`` changes nothing (vllm-omni#3911). Checked after the
+    platform overlay (an overlay's flat key loses to the base's nested block too).
+    Write each size once. Sources: vllm-omni 0.30.0 config/omni_config.py
+    ``_build_parallel_config``; https://github.com/vllm-project/vllm-omni/issues/3911."""
+    from omni_pd.check.rules import PARALLEL_SIZE_KEYS
+
+    if ctx.topology is None:
+        return
+    for n in ctx.topology.stages:
+        nested = n.settings.get("parallel_config")
+        if not isinstance(nested, dict):
+            continue
+        flat = {"tensor_parallel_size": n.settings.get("tensor_parallel_size"),
+                "pipeline_parallel_size": n.settings.get("pipeline_parallel_size"),
+                "data_parallel_size": n.settings.get("data_parallel_size")}
+        clash = []
+        for k in PARALLEL_SIZE_KEYS + ("use_hsdp",):
+            fv = flat.get(k, n.settings.get(k))
+            nv = nested.get(k)
+            if fv is not None and nv is not None and str(fv) != str(nv):
+                clash.append((k, fv, nv))
+        if not clash:
+            continue
+        fl = " / ".join(f"{k} {fv}" for k, fv, _ in clash)
+        ne = " / ".join(f"{'parallel_config.' if i == 0 else ''}{k} {nv}" for i, (k, _, nv) in enumerate(clash))
+        k0 = clash[0][0]
+        yield r.diag(f"stage {n.stage_id} sets {fl} and {ne}; vllm-omni uses parallel_config",
+                     ctx.sloc(n, k0, value=True),
+                     related=[ctx.sloc(n, "parallel_config", k, value=True, label=f"wins: {k} {nv}") for k, _, nv in clash],
+                     help="write each size once: edit parallel_config (or drop it and keep the flat keys)")
+
+
+#: Keys a nested ``parallel_config`` may hold in vllm-omni 0.30 (LLM stages: vLLM
+#: ParallelConfig fields owned by OmniStageParallelConfig; diffusion stages:
+#: OmniStageDiffusionParallelConfig). Source: vllm-omni 0.30.0 config/omni_config.py
+#: ``_PARALLEL_CONFIG_FIELDS_BY_EXECUTION_TYPE`` (read in the oracle venv).
+PARALLEL_CONFIG_KEYS = frozenset({
+    "pipeline_parallel_size", "tensor_parallel_size", "prefill_context_parallel_size", "data_parallel_size",
+    "data_parallel_size_local", "data_parallel_rank", "data_parallel_master_ip", "data_parallel_address",
+    "data_parallel_rpc_port", "dp_sync_interval", "data_parallel_backend", "data_parallel_external_lb",
+    "data_parallel_hybrid_lb", "enable_expert_parallel", "enable_batch_sharded_sampling", "enable_ep_weight_filter",
+    "enable_eplb", "eplb_config", "expert_placement_strategy", "all2all_backend", "max_parallel_loading_workers",
+    "disable_custom_all_reduce", "enable_elastic_ep", "elastic_ep_max_dp_size", "enable_dbo", "ubatch_size",
+    "dbo_decode_token_threshold", "dbo_prefill_token_threshold", "disable_nccl_for_dp_synchronization",
+    "ray_workers_use_nsight", "worker_extension_cls", "master_addr", "master_port", "node_rank", "nnodes",
+    "numa_bind", "numa_bind_nodes", "numa_bind_cpus", "distributed_timeout_seconds",
+    "cpu_distributed_timeout_seconds", "decode_context_parallel_size", "dcp_kv_cache_interleave_size",
+    "dcp_comm_backend", "dcp_q_replicate", "cp_kv_cache_interleave_size", "enable_fault_tolerance",
+    "fault_tolerance_config",
+    # diffusion
+    "allgather_degree", "cfg_parallel_size", "hsdp_replicate_size", "hsdp_shard_size", "mask_sp_padding",
+    "ring_degree", "sequence_parallel_size", "text_encoder_tp_size", "ulysses_a2a_permute", "ulysses_degree",
+    "ulysses_mode", "use_hsdp", "vae_parallel_mode", "vae_patch_parallel_size",
+})
