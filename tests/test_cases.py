@@ -65,7 +65,8 @@ CASE_RULES: dict[str, str | tuple[str, ...] | None] = {
     "RT-VERIFY-TRANSFER": "OPD703",
     "ID-ENGINE-UNIQUE": "OPD309",
     "CAP-PP": "OPD612",
-    "CAP-LMCACHE-PD": None,
+    "CAP-LMCACHE-PD": "OPD613",
+    "RT-TALKER-PD": "OPD704",
     "CAP-EC-REGISTRY": None,
     "SCH-PARALLEL-CONFLICT": "OPD112",
 }
@@ -89,10 +90,6 @@ XFAIL = {
     # issue 11, in progress: each reason says how the model must grow
     ("BR-37", "main"): "CAP-EC-REGISTRY: ec_transfer_config is not modelled (EC connectors per target version: "
                        "issue 12, encoder disaggregation)",
-    ("BR-39", "main"): "CAP-LMCACHE-PD: LMCacheConnectorV1 has no connector contract (PD mode or shared remote "
-                       "backend as its transport)",
-    ("BR-39", "variant"): "CAP-LMCACHE-PD: as the main case",
-    ("BR-39", "fix"): "CAP-LMCACHE-PD: a shared LMCACHE_REMOTE_URL must count as the transport (no contract yet)",
     ("BR-42", "main"): "SCH-CLI-SCOPE: serve flags are not checked against vLLM's serve parser yet "
                        "(stage_N_devices is not a flag)",
 }

@@ -11,9 +11,12 @@ from __future__ import annotations
 from typing import Iterable
 
 from omni_pd.diagnostics import Diagnostic, Severity
-from omni_pd.check.rules import Context, Rule, rule
+from omni_pd.check.rules import Context, Example, Rule, rule
 
 _PD = "pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
+_LMC = ("pipeline: llm_pd\nasync_chunk: false\nstages:\n"
+        "  - {{stage_id: 0, devices: \"0\"{e}, kv_transfer_config: {{kv_connector: LMCacheConnectorV1, kv_role: kv_producer}}}}\n"
+        "  - {{stage_id: 1, devices: \"1\"{e}, kv_transfer_config: {{kv_connector: LMCacheConnectorV1, kv_role: kv_consumer}}}}\n")
 _D = "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_consumer, engine_id: d}}\n"
 
 
@@ -65,7 +68,17 @@ def prefill_sampling(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
       example_context={"inventory": {"hosts": {"host-a": {"accelerator": "cuda", "count": 2}},
                                      "router": {"relays_kv_transfer_params": False}}},
       pass_context={"inventory": {"hosts": {"host-a": {"accelerator": "cuda", "count": 2}}}},
-      labels=("RT-PROXY-PARAMS",))
+      labels=("RT-PROXY-PARAMS",),
+      examples=(
+          Example("LMCache shared remote backend needs no relay", _LMC.format(e=", env: {LMCACHE_REMOTE_URL: \"redis://s:6379\"}"),
+                  False, {"inventory": {"hosts": {"host-a": {}}, "router": {"relays_kv_transfer_params": False}}}),
+          Example("LMCache without a transport: disagg_spec, not NIXL fields", _LMC.format(e=""), True,
+                  {"inventory": {"hosts": {"host-a": {}}, "router": {"relays_kv_transfer_params": False}}},
+                  contains="LMCacheConnectorV1"),
+          Example("Mooncake prefill without engine_id", _PD + "  - {stage_id: 0, devices: \"0\", kv_transfer_config: "
+                  "{kv_connector: MooncakeConnector, kv_role: kv_producer}}\n" + _D, True, severity=Severity.WARNING,
+                  contains="no engine_id"),
+      ))
 def routing_params(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Decode only skips the prompt when the request it gets carries prefill's
     ``kv_transfer_params``: NIXL needs ``remote_engine_id``, ``remote_block_ids``,
@@ -86,6 +99,24 @@ def routing_params(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     c = connectors.get(name) if name else None
     fields = c.routing_fields if c is not None else ()
     router = ctx.inventory.router if ctx.inventory is not None else None
+    from omni_pd.check.rules.capability import lmcache_verdict
+
+    lmc = lmcache_verdict(ctx)
+    if lmc is not None:
+        # LMCache: store mode needs no request fields (decode looks the prefix up);
+        # PD mode needs the proxy to hand prefill LMCache's disagg_spec
+        if lmc.transport in ("store", "unknown") or router is None or router.get("relays_kv_transfer_params") is not False:
+            return
+        from omni_pd.compile.connectors.lmcache import PD_ROUTING_FIELDS
+
+        yield r.diag(f"the router in the inventory does not carry kv_transfer_params; with {name} decode would recompute every prompt",
+                     ctx.sloc(p, "kv_transfer_config", "kv_connector", value=True),
+                     related=[ctx.sloc(d, "kv_transfer_config", label="decode")],
+                     notes=[f"LMCache PD mode routing field: {', '.join(PD_ROUTING_FIELDS)} (receiver_host, receiver_init_port, "
+                            "receiver_alloc_port, req_id), sent to prefill"],
+                     help="in LMCache PD mode use LMCache's disaggregated-prefill proxy, which sends disagg_spec to prefill; "
+                          "a shared remote backend (same LMCACHE_REMOTE_URL on both sides) needs no relay")
+        return
     if router is not None and router.get("relays_kv_transfer_params") is False:
         yield r.diag(f"the router in the inventory does not relay kv_transfer_params; with {name} decode would recompute every prompt",
                      ctx.sloc(p, "kv_transfer_config", "kv_connector", value=True),
