@@ -34,7 +34,7 @@ CASE_RULES: dict[str, str | tuple[str, ...] | None] = {
     "SCH-LEGACY": "OPD102",
     "SCH-ENV-NAME": "OPD105",
     "SCH-CLI-SCOPE": "OPD106",
-    "SCH-UNKNOWN-KEY": "OPD103",
+    "SCH-UNKNOWN-KEY": ("OPD103", "OPD615"),
     "SCH-REQ-KVCFG": "OPD301",
     "SCH-KVROLE": "OPD302",
     "SCH-EXTRA-REQUIRED": "OPD608",
@@ -67,7 +67,7 @@ CASE_RULES: dict[str, str | tuple[str, ...] | None] = {
     "CAP-PP": "OPD612",
     "CAP-LMCACHE-PD": "OPD613",
     "RT-TALKER-PD": "OPD704",
-    "CAP-EC-REGISTRY": None,
+    "CAP-EC-REGISTRY": "OPD614",
     "SCH-PARALLEL-CONFLICT": "OPD112",
 }
 
@@ -88,8 +88,6 @@ XFAIL = {
                        "the prefill-leg sampling rewrite is the orchestrator's, validate warns instead (OPD701, "
                        "see test_br32_prefill_sampling_is_flagged)",
     # issue 11, in progress: each reason says how the model must grow
-    ("BR-37", "main"): "CAP-EC-REGISTRY: ec_transfer_config is not modelled (EC connectors per target version: "
-                       "issue 12, encoder disaggregation)",
     ("BR-42", "main"): "SCH-CLI-SCOPE: serve flags are not checked against vLLM's serve parser yet "
                        "(stage_N_devices is not a flag)",
 }

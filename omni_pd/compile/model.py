@@ -66,6 +66,27 @@ class KVTransferConfig(_Open):
     kv_load_failure_policy: str | None = Field(None, description="recompute | fail (vLLM >= 0.13)")
 
 
+class ECTransferConfig(_Open):
+    """vLLM ``ECTransferConfig``: encoder-cache transfer for encoder disaggregation (E -> PD).
+
+    Union of fields over vLLM 0.13-0.33; which ones a release accepts, its EC
+    connectors and their extra keys are target data (``presets/targets/ec_connectors.yaml``,
+    rules OPD614/OPD615). Source: vllm/config/ec_transfer.py.
+    """
+
+    ec_connector: str | None = Field(None, description="EC connector registry name, e.g. ECCPUConnector")
+    engine_id: str | None = None
+    ec_buffer_device: str | None = None
+    ec_buffer_size: float | None = Field(None, description="bytes")
+    ec_role: str | None = Field(None, description="ec_producer | ec_consumer | ec_both")
+    ec_rank: int | None = Field(None, description="removed in vLLM 0.32")
+    ec_parallel_size: int | None = Field(None, description="removed in vLLM 0.32")
+    ec_ip: str | None = None
+    ec_port: int | None = None
+    ec_connector_extra_config: dict[str, Any] | None = None
+    ec_connector_module_path: str | None = None
+
+
 class ConnectorSpec(_Open):
     """A named inter-stage (Omni) connector: ``{name, extra}``. Not a vLLM KV connector."""
 
@@ -164,6 +185,8 @@ class StageDeploy(_Open):
     mm_processor_cache_gb: float | None = None
     compilation_config: dict[str, Any] | None = None
     kv_transfer_config: KVTransferConfig | None = None
+    ec_transfer_config: ECTransferConfig | None = Field(None, description="encoder-cache transfer (encoder disaggregation)")
+    mm_encoder_only: bool | None = Field(None, description="run only the multimodal encoder (EC producer)")
     engine_args: dict[str, Any] | None = Field(None, description="nested legacy-ish layout; flattened by vllm-omni")
     runtime: Runtime | None = None
     engine_extras: dict[str, Any] | None = None
