@@ -433,12 +433,11 @@ def launch(
     rd = run_dir or Path("omni-pd-runs") / time.strftime("%Y%m%d-%H%M%S")
     on_ready = None
     if smoke:
-        from omni_pd.launch.smoke import smoke_check
+        from omni_pd.launch.smoke import smoke_check, smoke_target
 
-        decode = next((p for p in plan.processes if p.role == "decode"), None)
-        metrics = decode.health.url.rsplit("/", 1)[0] + "/metrics" if decode and decode.health else None
-        served = served_model_name or model
-        on_ready = lambda: smoke_check(plan.entrypoint, served, metrics, sys.stdout)  # noqa: E731
+        pair = topo.pd_pair
+        target = smoke_target(plan, served_model_name or model, pair[1].stage_id if pair else None)
+        on_ready = lambda: smoke_check(target, sys.stdout)  # noqa: E731
     sys.stdout.write(f"omni-pd launch: {plan.runtime} runtime, {len(plan.processes)} processes, "
                      f"entrypoint {plan.entrypoint}, run dir {rd}\n")
     sys.stdout.flush()

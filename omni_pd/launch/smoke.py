@@ -2,8 +2,26 @@
 
 Silent recompute is the classic PD failure: decode answers correctly but computed the
 prompt itself because the transfer never happened. So the smoke check reads decode's
-Prometheus ``/metrics`` before and after one greedy completion and requires a counter
-that only grows when KV arrives from prefill (:data:`KV_RECEIVED`). stdlib only.
+Prometheus counters before and after one greedy request and requires one that only grows
+when KV arrives from prefill (:data:`KV_RECEIVED`). stdlib only.
+
+Where decode's counters are, per runtime (:func:`smoke_target`):
+
+* ``vllm`` (one ``vllm serve`` per instance + omni-pd's router): decode's own ``/metrics``;
+  vLLM's ``PrometheusStatLogger`` (vllm/v1/metrics/loggers.py) labels every series
+  ``engine="0"``, so every matching series on that page is decode's.
+* ``vllm-omni`` (one ``vllm serve --omni`` server): the server's ``/metrics``. Its
+  orchestrator thread records each stage engine's stats through
+  ``OmniPrometheusStatLogger`` (vllm_omni/metrics/stat_logger.py), which replaces vLLM's
+  ``engine`` label by ``stage`` + ``replica``; ``stage`` is the stage's index in the
+  orchestrator's ``stage_pools`` (engine/orchestrator.py ``_init_metrics_state``), which
+  is its ``stage_id`` in an ``expand`` output. Only series with decode's ``stage`` count:
+  prefill's and the Talker's counters grow on every request. The series exist only when
+  stats are on (``--disable-log-stats`` unset, the default); a page without them cannot
+  prove anything and fails the check. vllm-omni's own ``vllm_omni:kv_wait_s`` measures its
+  stage-to-stage KV channel, not the vLLM KV connector between prefill and decode, and is
+  not used. The request goes to ``/v1/chat/completions`` with ``modalities: ["text"]``
+  (Qwen3-Omni refuses ``/v1/completions``; text stops at the decode stage).
 """
 
 from __future__ import annotations
@@ -13,31 +31,95 @@ import re
 import time
 import urllib.request
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
-#: decode-side counters that grow only with KV received from a remote prefill
-#: (vLLM v1 metrics: vllm/v1/metrics/loggers.py `prompt_tokens_by_source`,
-#: NIXL connector stats `nixl_xfer_time_seconds`)
-KV_RECEIVED = (
-    re.compile(r'^vllm:prompt_tokens_by_source_total\{[^}]*source="external_kv_transfer"[^}]*\}\s+(\S+)'),
-    re.compile(r"^vllm:nixl_xfer_time_seconds_count(?:\{[^}]*\})?\s+(\S+)"),
+#: decode-side counters that grow only with KV received from a remote prefill, as
+#: (sample name, labels the sample must carry): vLLM v1 metrics
+#: (vllm/v1/metrics/loggers.py ``vllm:prompt_tokens_by_source`` with
+#: ``source="external_kv_transfer"``, fed by ``PrefillStats.num_external_cached_tokens``)
+#: and the NIXL connector's transfer count (``vllm:nixl_xfer_time_seconds``).
+KV_RECEIVED: tuple[tuple[str, dict[str, str]], ...] = (
+    ("vllm:prompt_tokens_by_source_total", {"source": "external_kv_transfer"}),
+    ("vllm:nixl_xfer_time_seconds_count", {}),
 )
 #: long enough that whole KV blocks move (CPU block size is 128 tokens)
 PROMPT = " ".join(f"def f{i}(x): return x * {i}" for i in range(60))
 
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?\s*$")
+_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"\s*,?')
 
-def kv_received(metrics_text: str) -> float:
-    """Sum of the :data:`KV_RECEIVED` counters in a Prometheus text page."""
-    total = 0.0
+
+def _unescape(v: str) -> str:
+    """A label value as written in the text format (``\\\\``, ``\\"``, ``\\n`` escaped)."""
+    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), v)
+
+
+def samples(metrics_text: str):
+    """``(name, labels, value)`` of every sample line of a Prometheus text page
+    (comments and unparsable lines skipped; label values unescaped)."""
     for line in metrics_text.splitlines():
-        for rx in KV_RECEIVED:
-            m = rx.match(line)
-            if m:
-                try:
-                    total += float(m.group(1))
-                except ValueError:
-                    pass
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        labels = {k: _unescape(v) for k, v in _LABEL.findall(m.group(2) or "")}
+        yield m.group(1), labels, value
+
+
+def kv_received(metrics_text: str, stage: str | None = None) -> float:
+    """Sum of the :data:`KV_RECEIVED` counters in a Prometheus text page.
+
+    ``stage``: count only series labelled ``stage="<stage>"`` (a vllm-omni server's page
+    holds every stage's counters); None: every matching series (decode's own page)."""
+    total = 0.0
+    for name, labels, value in samples(metrics_text):
+        if stage is not None and labels.get("stage") != stage:
+            continue
+        for want, need in KV_RECEIVED:
+            if name == want and all(labels.get(k) == v for k, v in need.items()):
+                total += value
     return total
+
+
+def has_stage_counters(metrics_text: str, stage: str) -> bool:
+    """True when the page carries vLLM's prompt-token counters for ``stage`` (vllm-omni
+    registers them only with stats on)."""
+    return any(name == KV_RECEIVED[0][0] and labels.get("stage") == stage
+               for name, labels, _ in samples(metrics_text))
+
+
+@dataclass(frozen=True)
+class SmokeTarget:
+    """Where the smoke request goes and where decode's counters are.
+
+    ``metrics_url``: decode's counters (None: not measurable); ``decode_stage``: the
+    ``stage`` label of decode's series on a vllm-omni page (None: the page is decode's
+    own); ``chat``: send ``/v1/chat/completions`` with text output (vllm-omni) instead of
+    ``/v1/completions``."""
+
+    entrypoint: str
+    model: str
+    metrics_url: str | None
+    decode_stage: str | None = None
+    chat: bool = False
+
+
+def smoke_target(plan: Any, model: str, decode_stage_id: int | None) -> SmokeTarget:
+    """The :class:`SmokeTarget` of a :class:`~omni_pd.launch.spec.LaunchPlan`.
+
+    ``decode_stage_id``: the decode stage of the compiled config (used on the vllm-omni
+    runtime). Pure."""
+    if plan.runtime == "vllm-omni":
+        return SmokeTarget(plan.entrypoint, model, plan.entrypoint.rstrip("/") + "/metrics",
+                           None if decode_stage_id is None else str(decode_stage_id), chat=True)
+    decode = next((p for p in plan.processes if p.role == "decode"), None)
+    metrics = decode.health.url.rsplit("/", 1)[0] + "/metrics" if decode and decode.health else None
+    return SmokeTarget(plan.entrypoint, model, metrics)
 
 
 def _get(url: str, timeout: float) -> str:
@@ -56,48 +138,65 @@ def _post(url: str, body: dict, timeout: float) -> dict:
 @dataclass
 class SmokeResult:
     """``text``: the completion; ``kv_before``/``kv_after``: :func:`kv_received` of
-    decode's metrics; ``seconds``: request latency."""
+    decode's metrics; ``seconds``: request latency; ``counters_seen``: decode's counters
+    were on the page (False only on a vllm-omni page without decode's stage)."""
 
     text: str
     kv_before: float
     kv_after: float
     seconds: float
+    counters_seen: bool = True
 
     @property
     def kv_moved(self) -> bool:
         return self.kv_after > self.kv_before
 
 
-def smoke(entrypoint: str, model: str, decode_metrics: str | None, *, max_tokens: int = 8,
-          timeout_s: float = 300.0) -> SmokeResult:
-    """One greedy completion through ``entrypoint`` and decode's KV counters around it.
+def smoke(target: SmokeTarget, *, max_tokens: int = 8, timeout_s: float = 300.0) -> SmokeResult:
+    """One greedy request through ``target.entrypoint`` and decode's KV counters around it.
 
     Raises ``OSError``/``urllib.error.URLError`` when a server does not answer."""
-    before = kv_received(_get(decode_metrics, 30)) if decode_metrics else 0.0
+    page = _get(target.metrics_url, 30) if target.metrics_url else ""
+    before = kv_received(page, target.decode_stage)
     t0 = time.monotonic()
-    r = _post(entrypoint.rstrip("/") + "/v1/completions",
-              {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0}, timeout_s)
+    base = target.entrypoint.rstrip("/")
+    if target.chat:
+        r = _post(base + "/v1/chat/completions",
+                  {"model": target.model, "messages": [{"role": "user", "content": PROMPT}],
+                   "max_tokens": max_tokens, "temperature": 0, "modalities": ["text"]}, timeout_s)
+        text = ((r.get("choices") or [{}])[0].get("message") or {}).get("content") or ""
+    else:
+        r = _post(base + "/v1/completions",
+                  {"model": target.model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0}, timeout_s)
+        text = (r.get("choices") or [{}])[0].get("text", "")
     dt = time.monotonic() - t0
-    text = (r.get("choices") or [{}])[0].get("text", "")
-    after = kv_received(_get(decode_metrics, 30)) if decode_metrics else 0.0
-    return SmokeResult(text=text, kv_before=before, kv_after=after, seconds=dt)
+    page = _get(target.metrics_url, 30) if target.metrics_url else ""
+    seen = target.decode_stage is None or has_stage_counters(page, target.decode_stage)
+    return SmokeResult(text=text, kv_before=before, kv_after=kv_received(page, target.decode_stage), seconds=dt,
+                       counters_seen=seen)
 
 
-def smoke_check(entrypoint: str, model: str, decode_metrics: str | None, out: TextIO) -> int:
-    """:func:`smoke` as a readiness callback: 0 when the KV moved (or cannot be
-    measured: no decode metrics URL), 1 otherwise; prints one line either way."""
+def smoke_check(target: SmokeTarget, out: TextIO) -> int:
+    """:func:`smoke` as a readiness callback: 0 when the KV moved (or cannot be measured:
+    no decode metrics URL on the plain-vLLM runtime), 1 otherwise; prints one line either way."""
     try:
-        res = smoke(entrypoint, model, decode_metrics)
+        res = smoke(target)
     except Exception as e:  # any failure of the request is a failed smoke test
         out.write(f"smoke: request failed: {type(e).__name__}: {e}\n")
         return 1
-    if decode_metrics is None:
+    if target.metrics_url is None:
         out.write(f"smoke: completion in {res.seconds:.2f} s: {res.text!r} (KV transfer not measurable here)\n")
         return 0
+    where = f"decode stage {target.decode_stage} on {target.metrics_url}" if target.decode_stage else target.metrics_url
+    if not res.counters_seen:
+        out.write(f"smoke: FAILED: decode answered {res.text!r} but {where} has no vllm:prompt_tokens_by_source "
+                  "series, so whether it recomputed the prompt cannot be told (is --disable-log-stats set?)\n")
+        return 1
     if not res.kv_moved:
         out.write(f"smoke: FAILED: decode answered {res.text!r} but its KV-received counters did not grow "
-                  f"({res.kv_before:g} -> {res.kv_after:g}): it recomputed the prompt instead of using prefill's KV\n")
+                  f"({res.kv_before:g} -> {res.kv_after:g}, {where}): it recomputed the prompt instead of "
+                  "using prefill's KV\n")
         return 1
     out.write(f"smoke: ok in {res.seconds:.2f} s: {res.text!r}; decode received KV from prefill "
-              f"(counters {res.kv_before:g} -> {res.kv_after:g})\n")
+              f"(counters {res.kv_before:g} -> {res.kv_after:g}, {where})\n")
     return 0

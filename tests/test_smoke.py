@@ -1,0 +1,218 @@
+"""``launch --smoke`` proves PD from decode's counters, on both runtimes (issue 10).
+
+The ``/metrics`` pages in tests/fixtures/metrics/ were rendered by vLLM 0.30's
+``PrometheusStatLogger`` (plain decode engine, ``engine`` label) and vllm-omni 0.30's
+``OmniPrometheusStatLogger`` (``vllm serve --omni``: every stage on one page, ``stage`` +
+``replica`` labels) through ``prometheus_client.generate_latest``: see
+tests/oracle/metrics_pages.py, and tests/test_oracle_metrics.py, which regenerates them in
+the oracle venv and compares. A fake server (stdlib ``http.server``) answers the smoke
+request and flips its ``/metrics`` page from the "before" to the "after" page when the
+request arrives, so :func:`smoke_check` runs its real HTTP path.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from omni_pd.compile.expand import expand_document
+from omni_pd.compile.passes.pd_split import ExpandOptions
+from omni_pd.io import load_file, parse_text
+from omni_pd.launch.plan import LaunchOptions, plan_document
+from omni_pd.launch.smoke import SmokeTarget, has_stage_counters, kv_received, samples, smoke_check, smoke_target
+from omni_pd.resources import preset_path
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = ROOT / "tests" / "fixtures" / "metrics"
+OMNI_MODEL = "Qwen/Qwen3-Omni-30B-A3B-Instruct"
+
+
+def page(name: str) -> str:
+    with gzip.open(PAGES / f"{name}.prom.gz", "rt", encoding="utf-8") as f:
+        return f.read()
+
+
+def without_vllm_families(text: str) -> str:
+    """The page of a vllm-omni server with stats off: the orchestrator builds no
+    ``OmniPrometheusStatLogger`` (engine/orchestrator.py ``_init_metrics_state``), so no
+    ``vllm:*`` family is registered; the ``vllm_omni:*`` ones stay."""
+    return "\n".join(line for line in text.splitlines()
+                     if not line.startswith(("vllm:", "# HELP vllm:", "# TYPE vllm:"))) + "\n"
+
+
+# --- counters on the real pages ------------------------------------------------------------------
+
+def test_plain_decode_page_counts_the_prompt_received_from_prefill():
+    assert kv_received(page("vllm_decode_before")) == 0.0
+    assert kv_received(page("vllm_decode_after_pd")) == 126.0  # 127-token prompt, last token recomputed
+
+
+def test_omni_page_counts_only_the_decode_stage():
+    after = page("omni_after_pd")
+    assert kv_received(page("omni_before"), "1") == 0.0
+    assert kv_received(after, "1") == 126.0
+    assert kv_received(after, "0") == 0.0  # prefill computed it: its local_compute grew, not counted
+    assert kv_received(after, "2") == 0.0
+    local = {lb["stage"]: v for n, lb, v in samples(after)
+             if n == "vllm:prompt_tokens_by_source_total" and lb["source"] == "local_compute"}
+    assert local == {"0": 127.0, "1": 1.0, "2": 40.0, "3": 0.0}
+
+
+def test_omni_page_after_a_recompute_shows_no_growth_for_decode():
+    assert kv_received(page("omni_after_recompute"), "1") == kv_received(page("omni_after_pd"), "1")
+
+
+def test_stage_counters_present_only_with_stats_on():
+    assert has_stage_counters(page("omni_before"), "1")
+    assert not has_stage_counters(page("omni_before"), "7")
+    assert not has_stage_counters(without_vllm_families(page("omni_before")), "1")
+    assert "vllm_omni:" in without_vllm_families(page("omni_before"))
+
+
+def test_created_gauges_and_comments_are_not_counted():
+    text = page("vllm_decode_after_pd")
+    created = [v for n, lb, v in samples(text) if n == "vllm:prompt_tokens_by_source_created"]
+    assert created and all(v > 1e9 for v in created)  # unix timestamps, would swamp the sum
+    assert kv_received(text) == 126.0
+
+
+# --- where the smoke request goes ----------------------------------------------------------------
+
+def _plan(tmp_path, src: Path, opts: ExpandOptions, pipeline: str | None, model: str):
+    res = expand_document(parse_text(src.read_text(), src.name), opts, pipeline=pipeline)
+    cfg = tmp_path / "pd.yaml"
+    cfg.write_text(res.text)
+    planned = plan_document(load_file(cfg), str(cfg), LaunchOptions(model=model, port=8000, engine_port_base=8100))
+    assert planned.plan is not None
+    return planned
+
+
+def test_smoke_target_of_the_vllm_omni_runtime_is_the_servers_metrics_and_decodes_stage(tmp_path):
+    planned = _plan(tmp_path, preset_path("qwen3_omni_moe"), ExpandOptions(), None, OMNI_MODEL)
+    t = smoke_target(planned.plan, OMNI_MODEL, planned.topology.pd_pair[1].stage_id)
+    assert t == SmokeTarget("http://127.0.0.1:8000", OMNI_MODEL, "http://127.0.0.1:8000/metrics", "1", chat=True)
+
+
+def test_smoke_target_of_the_vllm_runtime_is_decodes_own_metrics(tmp_path):
+    planned = _plan(tmp_path, ROOT / "tests" / "fixtures" / "llm.yaml", ExpandOptions(connector="NixlConnector"),
+                    "llm", "tiny")
+    t = smoke_target(planned.plan, "tiny", planned.topology.pd_pair[1].stage_id)
+    assert t == SmokeTarget("http://127.0.0.1:8000", "tiny", "http://127.0.0.1:8200/metrics", None, chat=False)
+
+
+# --- the check over HTTP ---------------------------------------------------------------------------
+
+class FakeServer:
+    """``/metrics`` returns ``before`` until a completion request arrived, then ``after``."""
+
+    def __init__(self, before: str, after: str, status: int = 200):
+        self.before, self.after, self.status = before, after, status
+        self.requests: list[tuple[str, dict]] = []
+        srv = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):  # quiet
+                pass
+
+            def _send(self, code: int, body: bytes, ctype: str) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                if self.path != "/metrics":
+                    return self._send(404, b"", "text/plain")
+                text = srv.after if srv.requests else srv.before
+                self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                srv.requests.append((self.path, body))
+                if srv.status != 200:
+                    return self._send(srv.status, b'{"error": "boom"}', "application/json")
+                if self.path == "/v1/chat/completions":
+                    out = {"choices": [{"message": {"role": "assistant", "content": "x * 3"}}]}
+                else:
+                    out = {"choices": [{"text": " x * 3"}]}
+                self._send(200, json.dumps(out).encode(), "application/json")
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def run_check(before: str, after: str, *, omni: bool, status: int = 200):
+    with FakeServer(before, after, status) as srv:
+        target = (SmokeTarget(srv.url, OMNI_MODEL, srv.url + "/metrics", "1", chat=True) if omni
+                  else SmokeTarget(srv.url, "tiny", srv.url + "/metrics"))
+        out = io.StringIO()
+        rc = smoke_check(target, out)
+    return rc, out.getvalue(), srv.requests
+
+
+def test_omni_pd_request_passes_and_sends_a_text_only_chat_request():
+    rc, out, reqs = run_check(page("omni_before"), page("omni_after_pd"), omni=True)
+    assert rc == 0, out
+    assert out.startswith("smoke: ok in ") and "'x * 3'" in out and "counters 0 -> 126, decode stage 1 on " in out
+    [(path, body)] = reqs
+    assert path == "/v1/chat/completions"
+    assert body["modalities"] == ["text"] and body["temperature"] == 0 and body["model"] == OMNI_MODEL
+    assert body["messages"][0]["role"] == "user" and len(body["messages"][0]["content"]) > 1000
+
+
+def test_omni_recompute_fails_with_recomputed():
+    rc, out, _ = run_check(page("omni_after_pd"), page("omni_after_recompute"), omni=True)
+    assert rc == 1
+    assert out.startswith("smoke: FAILED: decode answered 'x * 3' but its KV-received counters did not grow (126 -> 126")
+    assert "recomputed the prompt" in out
+
+
+def test_omni_without_stats_fails_instead_of_passing_blind():
+    blind = without_vllm_families(page("omni_before"))
+    rc, out, _ = run_check(blind, blind, omni=True)
+    assert rc == 1
+    assert "has no vllm:prompt_tokens_by_source series" in out and "--disable-log-stats" in out
+
+
+def test_plain_vllm_pd_request_passes():
+    rc, out, reqs = run_check(page("vllm_decode_before"), page("vllm_decode_after_pd"), omni=False)
+    assert rc == 0, out
+    assert "counters 0 -> 126" in out
+    [(path, body)] = reqs
+    assert path == "/v1/completions" and body["max_tokens"] == 8 and body["temperature"] == 0
+
+
+@pytest.mark.parametrize("name", ["vllm_decode_after_pd", "vllm_decode_before"])
+def test_plain_vllm_counters_that_do_not_grow_fail_with_recomputed(name):
+    """Equal before/after counters are a failure (a `>=` in place of `>` would pass them)."""
+    rc, out, _ = run_check(page(name), page(name), omni=False)
+    assert rc == 1
+    assert "did not grow" in out and "recomputed the prompt instead of using prefill's KV" in out
+
+
+def test_a_failing_request_fails_the_smoke_check():
+    rc, out, _ = run_check(page("omni_before"), page("omni_after_pd"), omni=True, status=500)
+    assert rc == 1 and out.startswith("smoke: request failed: HTTPError")
+
+
+def test_no_metrics_url_is_reported_as_not_measurable():
+    with FakeServer("", "") as srv:
+        out = io.StringIO()
+        rc = smoke_check(SmokeTarget(srv.url, "tiny", None), out)
+    assert rc == 0 and "(KV transfer not measurable here)" in out.getvalue()
