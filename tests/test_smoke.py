@@ -216,3 +216,25 @@ def test_no_metrics_url_is_reported_as_not_measurable():
         out = io.StringIO()
         rc = smoke_check(SmokeTarget(srv.url, "tiny", None), out)
     assert rc == 0 and "(KV transfer not measurable here)" in out.getvalue()
+
+
+# --- the CLI wires it ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("verdict", [0, 1])
+def test_cli_launch_smoke_on_the_vllm_omni_runtime_checks_decodes_stage(tmp_path, monkeypatch, verdict):
+    """`omni-pd launch --smoke` hands the supervisor a readiness callback that checks decode's
+    stage on the omni server's /metrics; its verdict is the exit status."""
+    import omni_pd.launch.smoke as smoke_mod
+    import omni_pd.launch.supervisor as supervisor
+    from omni_pd.cli import main
+
+    res = expand_document(parse_text(preset_path("qwen3_omni_moe").read_text(), "qwen3_omni_moe.yaml"))
+    cfg = tmp_path / "pd.yaml"
+    cfg.write_text(res.text)
+    seen: list[SmokeTarget] = []
+    monkeypatch.setattr(smoke_mod, "smoke_check", lambda target, out: seen.append(target) or verdict)
+    monkeypatch.setattr(supervisor, "run", lambda plan, rd, on_ready=None, stay=True, grace_s=10.0: on_ready())
+    rc = main(["launch", str(cfg), "--model", OMNI_MODEL, "--smoke", "--once", "--no-preflight",
+               "--port", "8123", "--run-dir", str(tmp_path / "run")])
+    assert rc == verdict
+    assert seen == [SmokeTarget("http://127.0.0.1:8123", OMNI_MODEL, "http://127.0.0.1:8123/metrics", "1", chat=True)]
