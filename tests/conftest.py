@@ -129,3 +129,20 @@ def omni_wheel_deploy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not any(out.glob("*.yaml")):
         pytest.fail(f"{wheel} has no vllm_omni/deploy/*.yaml files", pytrace=False)
     return out
+
+
+# --- tiny models for the CPU end-to-end tests -------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """``tiny_model(name) -> Path``: a tiny random-weight model (``qwen2`` or
+    ``qwen3_omni``, tests/e2e/) built by the e2e venv's python (``OMNI_PD_E2E_PYTHON``),
+    once per builder version, in ``<repo>/.cache/e2e-models`` (tests/e2e/harness.py
+    ``tiny_model_dir``). Skips when ``OMNI_PD_E2E_PYTHON`` is unset."""
+    from e2e.harness import tiny_model_dir
+
+    python = os.environ.get("OMNI_PD_E2E_PYTHON")
+    if not python:
+        pytest.skip("OMNI_PD_E2E_PYTHON not set (build it with .ci/e2e_venv.sh)")
+    return lambda name: tiny_model_dir(name, python)

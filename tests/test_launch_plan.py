@@ -176,3 +176,36 @@ def test_preflight_device_checks_use_the_gpu_inventory(tmp_path):
     assert [(d.code, d.message) for d in diags] == [
         ("OPD963", "decode-0 is given GPU 3, this machine has [0]"),
         ("OPD964", "GPU 0: engines ask 72.0 GiB, 10.0 GiB of 80.0 GiB is free")]
+
+
+def test_thinker_only_pipelines_launch_plain_vllm_engines_behind_the_router(tmp_path):
+    # vLLM maps Qwen3OmniMoeForConditionalGeneration / Qwen2_5OmniForConditionalGeneration to their
+    # Thinker classes (vllm/model_executor/models/registry.py), so a thinker-only PD pair is two plain
+    # `vllm serve` engines + the router; the pipeline stays vllm-omni's (its `_pd` variant is registered)
+    from omni_pd.compile.pipelines import load_catalogue
+
+    cat = load_catalogue()
+    for name in ("qwen3_omni_moe_thinker_only", "qwen2_5_omni_thinker_only"):
+        for p in (cat.get(name), cat.get(name + "_pd")):
+            assert (p.runtime, p.launcher) == ("vllm-omni", "vllm"), p.name
+    assert cat.get("qwen3_omni_moe_pd").launcher == "vllm-omni"
+    src = ROOT / "tests" / "fixtures" / "qwen3_omni_moe_thinker_only_cpu.yaml"
+    cfg = compiled(tmp_path, src, ExpandOptions(connector="NixlConnector", kv_buffer_device="cpu"))
+    plan = plan_of(cfg, model="/models/q3o", platform="cpu", served_model_name="tiny")
+    assert plan.runtime == "vllm" and plan.entrypoint == "http://127.0.0.1:8000"
+    pre, dec, router = plan.processes
+    assert pre.argv == ("vllm", "serve", "/models/q3o", "--host", "127.0.0.1", "--port", "8100",
+                        "--served-model-name", "tiny", "--kv-transfer-config",
+                        '{"kv_connector":"NixlConnector","engine_id":"omni-thinker-prefill","kv_buffer_device":"cpu",'
+                        '"kv_role":"kv_producer"}',
+                        "--max-num-seqs", "4", "--max-model-len", "2048", "--enforce-eager", "--no-async-scheduling",
+                        "--dtype", "float32")
+    assert dec.argv[:11] == ("vllm", "serve", "/models/q3o", "--host", "127.0.0.1", "--port", "8200",
+                             "--served-model-name", "tiny", "--kv-transfer-config",
+                             '{"kv_connector":"NixlConnector","engine_id":"omni-thinker-decode",'
+                             '"kv_buffer_device":"cpu","kv_role":"kv_consumer"}')
+    assert dict(pre.env) == {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600"}
+    assert pre.modules == dec.modules == ("vllm", "nixl")  # no vllm_omni needed in the engines' env
+    assert router.argv[2:] == ("omni_pd.launch.router", "--connector", "NixlConnector", "--host", "127.0.0.1",
+                               "--port", "8000", "--prefill", "http://127.0.0.1:8100",
+                               "--decode", "http://127.0.0.1:8200")

@@ -44,7 +44,17 @@ class PipelineStage:
 
 @dataclass(frozen=True)
 class Pipeline:
-    """A frozen pipeline: ``name`` is the vllm-omni registry key (``model_type``)."""
+    """A frozen pipeline: ``name`` is the vllm-omni registry key (``model_type``).
+
+    ``runtime``: whose pipeline it is (``vllm-omni``: registered in vllm-omni's
+    ``OMNI_PIPELINES``, so the plugin registers its ``_pd`` variant and deploy files
+    name it; ``vllm``: a plain vLLM model). ``launch_runtime``: how ``omni-pd launch``
+    serves its PD pair when that differs from ``runtime`` (catalogue key
+    ``launch_runtime``): ``vllm`` = one plain ``vllm serve`` per prefill and decode
+    engine behind omni-pd's router, for thinker-only pipelines whose architecture vLLM
+    itself maps to the Thinker class (vllm/model_executor/models/registry.py:
+    ``Qwen3OmniMoeForConditionalGeneration`` -> ``Qwen3OmniMoeThinkerForConditionalGeneration``).
+    """
 
     name: str
     stages: tuple[PipelineStage, ...]
@@ -52,6 +62,12 @@ class Pipeline:
     runtime: Literal["vllm-omni", "vllm"] = "vllm-omni"
     deploy_configs: tuple[str, ...] = ()
     base: str | None = None  # for a PD variant: the pipeline it was derived from
+    launch_runtime: Literal["vllm-omni", "vllm"] | None = None
+
+    @property
+    def launcher(self) -> Literal["vllm-omni", "vllm"]:
+        """The runtime ``omni-pd launch`` starts: ``launch_runtime``, else ``runtime``."""
+        return self.launch_runtime or self.runtime
 
     @property
     def is_pd(self) -> bool:
@@ -125,7 +141,8 @@ def derive_pd(p: Pipeline) -> Pipeline:
             out.append(replace(s, stage_id=m.shift(s.stage_id),
                                input_sources=tuple(m.as_source(k) for k in s.input_sources)))
     return Pipeline(name=p.name + PD_SUFFIX, stages=tuple(sorted(out, key=lambda s: s.stage_id)),
-                    model_arch=p.model_arch, runtime=p.runtime, deploy_configs=(), base=p.name)
+                    model_arch=p.model_arch, runtime=p.runtime, deploy_configs=(), base=p.name,
+                    launch_runtime=p.launch_runtime)
 
 
 @dataclass(frozen=True)
@@ -166,6 +183,7 @@ def pipeline_from_dict(d: dict) -> Pipeline:
         model_arch=d.get("model_arch"),
         runtime=d.get("runtime", "vllm-omni"),
         deploy_configs=tuple(d.get("deploy_configs", ()) or ()),
+        launch_runtime=d.get("launch_runtime"),
     )
 
 

