@@ -106,25 +106,33 @@ def expand(
                                            show_default=False),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="write here (atomically) instead of stdout"),
     connector: Optional[str] = typer.Option(None, "--connector", help="KV connector: MooncakeConnector (default) or NixlConnector"),
-    vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="target vLLM major.minor (default 0.30)"),
+    vllm_version: Optional[str] = typer.Option(None, "--vllm-version",
+                                               help="target vLLM major.minor (default and known range: omni-pd --version)"),
     tp: Optional[int] = typer.Option(None, "--tp", min=1, help="tensor parallel size of both prefill and decode"),
     prefill_devices: Optional[str] = typer.Option(None, "--prefill-devices", help='e.g. "0,1"'),
     decode_devices: Optional[str] = typer.Option(None, "--decode-devices", help='e.g. "2,3"'),
     downstream_devices: Optional[str] = typer.Option(None, "--downstream-devices",
                                                      help="devices for every stage after the Thinker (Talker, Code2Wav)"),
     kv_host: str = typer.Option("127.0.0.1", "--kv-host", help="address prefill/decode advertise to each other"),
-    kv_buffer_device: Optional[str] = typer.Option(None, "--kv-buffer-device", help="cuda | cpu (NIXL host staging)"),
+    kv_buffer_device: Optional[str] = typer.Option(None, "--kv-buffer-device", help="KV buffer device: NixlConnector cuda or cpu (host staging); checked per connector and vLLM version"),
     port_base: Optional[int] = typer.Option(None, "--port-base", min=1, max=65535, help="first connector port to try"),
     pipeline: Optional[str] = typer.Option(None, "--pipeline", help="pipeline name when the file does not say"),
     schema_ref: Optional[str] = typer.Option(None, "--schema-ref", help="$schema value for the header"),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="hide info diagnostics"),
 ) -> None:
-    """Split the Thinker of a deploy config into a prefill/decode pair (three stages -> four)."""
+    """Split the Thinker of a deploy config into a prefill/decode pair (three stages -> four).
+
+    Every option value is checked first, the input must pass the schema checks, and the
+    output must pass `omni-pd validate` before it is written (else exit 3: a bug).
+    """
+    from omni_pd import cli_options
     from omni_pd.compile.expand import expand_document
-    from omni_pd.io import atomic_write, load_file
     from omni_pd.compile.passes.pd_split import ExpandOptions
+    from omni_pd.io import atomic_write, load_file
     from omni_pd.resources import preset_path
 
+    tgt = cli_options.vllm_version(vllm_version)
+    cli_options.host(kv_host, "--kv-host")
     src = input if input is not None else preset_path("qwen3_omni_moe")
     opts = ExpandOptions(
         connector=connector, tp=tp,
@@ -134,8 +142,12 @@ def expand(
         kv_host=kv_host, kv_buffer_device=kv_buffer_device, port_base=port_base)
     doc = load_file(src)
     _DOCS[doc.name] = doc
+    _require_deploy_config(doc, pipeline, vllm_version)
     res = expand_document(doc, opts, vllm_version=vllm_version, pipeline=pipeline,
                           schema_ref=schema_ref if schema_ref is not None else _schema_ref(output))
+    if kv_buffer_device is not None:
+        cli_options.kv_buffer_device(kv_buffer_device, res.plan.connector, tgt)
+    _self_check(res.text, doc, vllm_version, output)
     diags = [d for d in res.diagnostics if not (quiet and d.severity is Severity.INFO)]
     _emit_diags(diags)
     if output is None:
@@ -144,6 +156,66 @@ def expand(
         atomic_write(output, res.text, protect=[str(src)])
         if not quiet:
             sys.stderr.write(f"wrote {output} ({res.plan.target_pipeline.name}, {len(res.topology.stages)} stages)\n")
+
+
+def _require_deploy_config(doc, pipeline: Optional[str], vllm_version: Optional[str]) -> None:
+    """expand's gate: the schema rules (OPD1xx) on the input. A file that is not a
+    deploy config gets OPD007 saying what it looks like, then its schema findings
+    (exit 2); a deploy config with schema errors gets those (exit 2)."""
+    from omni_pd.check.inputs import describe
+    from omni_pd.check.rules import registry
+    from omni_pd.check.validate import ValidateOptions, validate_document
+    from omni_pd.compile.parse import to_plain
+
+    looks_like = describe(to_plain(doc.tree))
+    schema = tuple(c for c in registry() if c.startswith("OPD1"))
+    res = validate_document(doc, ValidateOptions(rules=schema, pipeline=pipeline, vllm_version=vllm_version))
+    errors = res.errors
+    if looks_like is None and not errors:
+        return
+    found = [d for d in res.diagnostics if d.severity is not Severity.INFO]
+    if looks_like is not None:
+        from omni_pd.diagnostics import summary
+
+        notes = [f"schema checks: {summary(found)}; `omni-pd validate {doc.name}` lists them"]
+        if errors:
+            notes.append(f"first error: {errors[0].message} at {errors[0].location}")
+        found = [Diagnostic(
+            code="OPD007", severity=Severity.ERROR, location=doc.loc(()),
+            message=f"not a deploy config: this looks like {looks_like}", notes=notes,
+            help="expand takes a vllm-omni deploy config (a `stages:` list of per-stage engine settings, "
+                 "like presets/qwen3_omni_moe.yaml); nothing was written")]
+    elif errors and all(d.code == "OPD102" for d in errors):
+        return  # the legacy stage_args layout: expand explains it (OPD102) itself
+    _emit_diags(found, res.docs)
+    raise SystemExit(2)
+
+
+def _self_check(text: str, doc, vllm_version: Optional[str], output: Optional[Path]) -> None:
+    """Validate what expand is about to write. Errors the input already has (the same
+    code in the input's own validation) are the input's: shown where the input sets
+    them, exit 2 (bad input). Any other error is a bug in expand: OPD000, exit 3.
+    Nothing is written in either case."""
+    from omni_pd.check.validate import ValidateOptions, validate_document
+    from omni_pd.io import parse_text
+
+    name = f"{output if output is not None else '<stdout>'} (not written)"
+    out = validate_document(parse_text(text, name, own_output=True), ValidateOptions(vllm_version=vllm_version))
+    if not out.errors:
+        return
+    before = validate_document(doc, ValidateOptions(vllm_version=vllm_version))
+    inherited = {d.code for d in before.errors}
+    new = [d for d in out.errors if d.code not in inherited]
+    if not new:  # show them where the user fixes them: in the input
+        _emit_diags([d for d in before.errors if d.code in {e.code for e in out.errors}], before.docs)
+        sys.stderr.write(f"expand: {doc.name} already has these errors (`omni-pd validate {doc.name}`); "
+                         "fix them first, nothing was written\n")
+        raise SystemExit(2)
+    _emit_diags(out.errors, out.docs)
+    raise OmniPdError(Diagnostic(
+        code="OPD000", severity=Severity.ERROR,
+        message=f"internal error: expand produced a config its own validate rejects ({', '.join(sorted({d.code for d in new}))})",
+        help="this is a bug in omni-pd (nothing was written); please report it with the input and options"), exit_code=3)
 
 
 @app.command()
@@ -212,7 +284,8 @@ def validate(
     all_platforms: bool = typer.Option(False, "--all-platforms", help="check the base config and every platform overlay"),
     inventory: Optional[Path] = typer.Option(None, "--inventory", help="hosts (accelerator, count, memory_gib) and stage placement (YAML)"),
     model_info: Optional[Path] = typer.Option(None, "--model-info", help="the model's config.json (KV heads, MLA, hybrid, sub-configs)"),
-    vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="target vLLM major.minor (default 0.30)"),
+    vllm_version: Optional[str] = typer.Option(None, "--vllm-version",
+                                               help="target vLLM major.minor (default and known range: omni-pd --version)"),
     pipeline: Optional[str] = typer.Option(None, "--pipeline", help="pipeline name when the file does not say"),
     fmt: str = typer.Option("text", "--format", help="text | json | sarif"),
     env: Optional[list[str]] = typer.Option(None, "--env", help="launcher environment KEY=VALUE (repeatable), e.g. CUDA_VISIBLE_DEVICES=4,5"),
@@ -236,8 +309,11 @@ def validate(
     from omni_pd.diagnostics import render_json, render_text, summary
     from omni_pd.resources import preset_path
 
+    from omni_pd import cli_options
+
     if fmt not in ("text", "json", "sarif"):
         raise typer.BadParameter("use text, json or sarif", param_hint="--format")
+    cli_options.vllm_version(vllm_version)
     if platform is not None and all_platforms:
         raise typer.BadParameter("give either --platform or --all-platforms", param_hint="--platform")
     inv = None
@@ -345,26 +421,38 @@ def _validate_one(name: str, opts, against: bool, python: Optional[str], model: 
 
 @app.command("rules")
 def rules_cmd() -> None:
-    """List every validate rule: code, severity, name and summary."""
+    """List every diagnostic code: the validate rules, then the codes of input, usage, expand, launch."""
+    from omni_pd.check.codes import CODES
     from omni_pd.check.rules import registry
 
     for code, r in registry().items():
         sys.stdout.write(f"{code}  {r.severity.value:7}  {r.name:24} {r.summary}\n")
+    for c in CODES:
+        sys.stdout.write(f"{c.code}  {c.severity.value:7}  {c.name:24} {c.summary}\n")
 
 
 @app.command()
-def explain(code: str = typer.Argument(..., help="a rule code, e.g. OPD304")) -> None:
-    """Print one rule's documentation with its failing and passing examples."""
-    from omni_pd.check.rules import get, registry
+def explain(code: str = typer.Argument(..., help="a diagnostic code, e.g. OPD304 (see `omni-pd rules`)")) -> None:
+    """Print one code's documentation (a rule: with its failing and passing examples)."""
+    from omni_pd.check.codes import explainable, lookup
 
-    r = get(code)
-    if r is None:
+    entry = lookup(code)
+    if entry is None:
         from difflib import get_close_matches
 
-        close = get_close_matches(code.upper(), list(registry()), n=1)
-        raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR, message=f"unknown rule code `{code}`",
+        close = get_close_matches(code.strip().upper(), list(explainable()), n=1)
+        raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR, message=f"unknown code `{code}`",
                                      help=(f"did you mean {close[0]}? " if close else "") + "`omni-pd rules` lists them"))
-    sys.stdout.write(r.explain())
+    if sys.stdout.isatty():
+        from rich.console import Console
+
+        from omni_pd.check.explain import print_rich
+
+        print_rich(entry, Console())
+    else:
+        from omni_pd.check.explain import explain_text
+
+        sys.stdout.write(explain_text(entry))
 
 
 @app.command()

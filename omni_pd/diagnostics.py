@@ -107,7 +107,7 @@ def sort_key(d: Diagnostic) -> tuple:
 def render_text(diags: Iterable[Diagnostic], line_source: Callable[[str, int], str | None] | None = None) -> str:
     """rustc-style text::
 
-        error[OPD312]: prefill and decode use different KV connectors
+        error[OPD304]: prefill and decode use different (or no) KV connectors
           --> pd.yaml:41:21
            |
         41 |       kv_connector: NixlConnector

@@ -139,3 +139,200 @@ def test_expand_takes_one_file(capsys):
     assert err == ("Usage: omni-pd expand [OPTIONS] [input]\n"
                    "Try 'omni-pd expand --help' for help.\n\n"
                    "Error: Got unexpected extra argument(s) (presets/qwen3_omni_moe.yaml)\n")
+
+
+# --- 3. explain: every emitted code -----------------------------------------------------
+
+def emitted_codes() -> dict[str, set[str]]:
+    """Every ``"OPDnnn"`` string constant in omni_pd/ (docstrings and prose excluded:
+    only a whole constant counts), with the files that hold it; the catalogue itself
+    (omni_pd/check/codes.py) does not count."""
+    import ast
+    import re
+
+    found: dict[str, set[str]] = {}
+    for p in sorted((ROOT / "omni_pd").rglob("*.py")):
+        if p == ROOT / "omni_pd" / "check" / "codes.py":
+            continue
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"OPD\d{3}", node.value):
+                found.setdefault(node.value, set()).add(str(p.relative_to(ROOT)))
+    return found
+
+
+def test_every_emitted_code_is_explainable_and_listed(capsys):
+    from omni_pd.check.codes import CODES, explainable
+
+    emitted = emitted_codes()
+    known = explainable()
+    missing = {c: sorted(f) for c, f in emitted.items() if c not in known}
+    assert missing == {}, "give these codes an entry in omni_pd/check/codes.py (or a rule)"
+    # the catalogue holds nothing stale either
+    assert sorted(c.code for c in CODES if c.code not in emitted) == []
+    # the codes outside the rule engine the issue names are among them
+    assert {"OPD000", "OPD001", "OPD006", "OPD801", "OPD805", "OPD901", "OPD950", "OPD952",
+            "OPD960", "OPD966"} <= set(emitted)
+    assert main(["rules"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert sorted(listed) == sorted(known) and len(listed) == len(set(listed))
+    for code in sorted(emitted):
+        assert main(["explain", code]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(f"{code} {known[code].name} (") and "``" not in out
+
+
+def test_explain_catalogued_code_exact(capsys):
+    assert main(["explain", "opd952"]) == 0
+    assert capsys.readouterr().out == (
+        "OPD952 vllm-omni-unavailable (error, against)\n\n"
+        "vllm-omni cannot be run\n\n"
+        "`validate --against-vllm-omni` found no interpreter with vllm-omni and omni-pd\n"
+        "importable (this one, `--vllm-omni-python` or `$OMNI_PD_ORACLE_PYTHON`), or it\n"
+        "failed to start. The help says how to install it.\n\n"
+        "Emitted by: omni_pd/upstream/against.py against_vllm_omni()\n\n"
+        "Exit status: 2\n")
+
+
+def test_explain_rule_doc_is_dedented_and_literals_rendered(capsys):
+    from omni_pd.check.rules import get
+
+    rule = get("OPD304")
+    assert "\n    " in rule.doc and "``kv_connector``" in rule.doc  # the raw docstring: indented, reST
+    assert main(["explain", "OPD304"]) == 0
+    out = capsys.readouterr().out
+    doc = out.split("\n\n")[2]
+    assert doc.startswith("`kv_connector` must be set and equal on both sides")
+    assert all(not line.startswith(" ") for line in doc.splitlines())
+    assert "\nFails:\n\n    pipeline: qwen3_omni_moe_pd\n" in out
+
+
+def test_explain_on_a_terminal_uses_rich_markup():
+    from rich.console import Console
+
+    from omni_pd.check.codes import lookup
+    from omni_pd.check.explain import print_rich, rich_literals
+
+    assert rich_literals("set ``kv_role: [a]`` here") == "set [bold cyan]kv_role: \\[a][/] here"
+    buf = io.StringIO()
+    print_rich(lookup("OPD304"), Console(file=buf, force_terminal=True, color_system="standard", width=100))
+    text = buf.getvalue()
+    assert "\x1b[1;36mkv_connector\x1b[0m must be set" in text and "``" not in text
+
+
+def test_explain_unknown_code_suggests(capsys):
+    assert main(["explain", "OPD9666"]) == 2
+    assert capsys.readouterr().err == ("error[OPD006]: unknown code `OPD9666`\n"
+                                       "  = help: did you mean OPD966? `omni-pd rules` lists them\n")
+
+
+# --- 4. option values checked where they are parsed; expand checks its own output ------
+
+@pytest.mark.parametrize("args, message, help", [
+    (["--connector", "NixlConnector", "--kv-buffer-device", "gpu"],
+     "--kv-buffer-device gpu: NixlConnector with vLLM 0.30 on cuda accepts cuda or cpu",
+     "pass --kv-buffer-device cuda (or cpu for host staging)"),
+    (["--connector", "NixlConnector", "--kv-buffer-device", "cpu", "--vllm-version", "0.11"],
+     "--kv-buffer-device cpu: NixlConnector with vLLM 0.11 on cuda accepts cuda",
+     "pass --kv-buffer-device cuda"),
+    (["--kv-buffer-device", "banana"],
+     "--kv-buffer-device banana: vLLM's KVTransferConfig (vllm/config/kv_transfer.py) accepts cuda, cpu or xpu",
+     "pass --kv-buffer-device cuda"),
+    (["--vllm-version", "9.9"],
+     "--vllm-version 9.9: omni-pd has no facts for vLLM 9.9; known versions: 0.11 to 0.33 (presets/targets/vllm.yaml)",
+     "give a vLLM major.minor from 0.11 to 0.33"),
+    (["--vllm-version", "latest"],
+     "--vllm-version latest: not a vLLM version: 'latest' (expected MAJOR.MINOR, e.g. 0.30)",
+     "give a vLLM major.minor from 0.11 to 0.33"),
+    (["--kv-host", "bad_host!"],
+     "--kv-host 'bad_host!': not an IP address or host name",
+     "pass --kv-host with an address the other engine can reach, e.g. 10.0.0.1 or host-a"),
+])
+def test_expand_refuses_option_values_nothing_accepts(tmp_path, capsys, args, message, help):
+    out_file = tmp_path / "pd.yaml"
+    rc, out, err = run_cli(["expand", "-o", str(out_file), *args], capsys)
+    assert (rc, out) == (2, "")
+    assert err == f"error[OPD006]: {message}\n  = help: {help}\n"
+    assert not out_file.exists()
+
+
+def test_validate_refuses_an_unknown_vllm_version(capsys):
+    rc, out, err = run_cli(["validate", "tests/fixtures/llm.yaml", "--vllm-version", "0.5"], capsys)
+    assert (rc, out) == (2, "")
+    assert err.startswith("error[OPD006]: --vllm-version 0.5: omni-pd has no facts for vLLM 0.5;")
+
+
+@pytest.mark.parametrize("args", [["--connector", "NixlConnector", "--kv-buffer-device", "cpu"],
+                                  ["--kv-buffer-device", "cuda", "--vllm-version", "0.33"],
+                                  ["--kv-host", "10.0.0.7"], ["--kv-host", "host-a.cluster"]])
+def test_expand_accepts_good_option_values(capsys, args):
+    rc, out, err = run_cli(["expand", "-q", *args], capsys)
+    assert rc == 0, err
+    assert out.startswith("# yaml-language-server: $schema=")
+
+
+def test_expand_output_that_validate_rejects_is_a_bug_and_not_written(tmp_path, capsys, monkeypatch):
+    """Fault injection: let `--kv-buffer-device gpu` through the option check; the
+    output then carries OPD611 and expand must refuse to write it (exit 3)."""
+    from omni_pd import cli_options
+
+    monkeypatch.setattr(cli_options, "kv_buffer_device", lambda value, *a, **k: value)
+    out_file = tmp_path / "pd.yaml"
+    rc, out, err = run_cli(["expand", "-q", "--connector", "NixlConnector", "--kv-buffer-device", "gpu",
+                            "-o", str(out_file)], capsys)
+    assert (rc, out) == (3, "")
+    assert not out_file.exists()
+    assert err.count("error[OPD611]: stage 0: NixlConnector on cuda with vLLM 0.30 accepts kv_buffer_device "
+                     "cuda or cpu, not gpu") == 1
+    assert f" --> {out_file} (not written):" in err
+    assert err.endswith("error[OPD000]: internal error: expand produced a config its own validate rejects (OPD611)\n"
+                        "  = help: this is a bug in omni-pd (nothing was written); please report it with the "
+                        "input and options\n")
+
+
+def test_expand_refuses_input_errors_it_would_carry_over(tmp_path, capsys):
+    src = tmp_path / "qwen3_omni_moe.yaml"  # vllm-omni's file name: the pipeline is known
+    src.write_text((ROOT / "presets" / "qwen3_omni_moe.yaml").read_text()
+                   .replace("gpu_memory_utilization: 0.6", "gpu_memory_utilization: 0.95"))
+    out_file = tmp_path / "pd.yaml"
+    rc, out, err = run_cli(["expand", "-q", str(src), "-o", str(out_file)], capsys, cwd=tmp_path)
+    assert (rc, out) == (2, "")
+    assert not out_file.exists()
+    assert err.startswith("error[OPD404]: physical GPU 1: 0.95 (stage 1) + 0.1 (stage 2) = 1.05 > 1.0\n"
+                          f"  --> {src}:49:29\n")
+    assert err.endswith(f"expand: {src} already has these errors (`omni-pd validate {src}`); "
+                        "fix them first, nothing was written\n")
+
+
+def test_expand_a_pipeline_file_says_what_it_looks_like(tmp_path, capsys):
+    out_file = tmp_path / "pd.yaml"
+    rc, out, err = run_cli(["expand", "presets/pipelines/qwen3_omni_moe.yaml", "-o", str(out_file)], capsys)
+    assert (rc, out) == (2, "")
+    assert not out_file.exists()
+    assert err == (
+        "error[OPD007]: not a deploy config: this looks like an omni-pd pipeline definition (the stage graph, "
+        "like presets/pipelines/*.yaml: stages with role/execution_type/input_sources), not deploy settings\n"
+        " --> presets/pipelines/qwen3_omni_moe.yaml:1:1\n"
+        "  |\n"
+        "1 | # Qwen3-Omni-MoE: the frozen three-stage pipeline vllm-omni registers as\n"
+        "  | ^\n"
+        "  = note: schema checks: 14 errors, 3 warnings, 0 info; "
+        "`omni-pd validate presets/pipelines/qwen3_omni_moe.yaml` lists them\n"
+        "  = note: first error: vllm-omni 0.30 has no place for stage key `role`: the server would refuse to "
+        "start at presets/pipelines/qwen3_omni_moe.yaml:9:19\n"
+        "  = help: expand takes a vllm-omni deploy config (a `stages:` list of per-stage engine settings, "
+        "like presets/qwen3_omni_moe.yaml); nothing was written\n")
+
+
+@pytest.mark.parametrize("tree, looks_like", [
+    ({"hosts": {"a": {}}, "placement": {"all": "a"}}, "a launch inventory (hosts and placement; give it to `validate --inventory`)"),
+    ({"model_type": "qwen3_omni_moe"}, "a Hugging Face config.json (give it to `validate --model-info`)"),
+    ({"$schema": "x", "properties": {}}, "a JSON Schema"),
+    ({"default_version": "0.30"}, "omni-pd target facts (presets/targets/*.yaml)"),
+    ({"a": 1, "b": 2}, "a YAML mapping without `stages:` (top-level keys: a, b)"),
+    ({"stages": [{"stage_id": 0, "devices": "0"}]}, None),
+    ({"stage_args": []}, None),
+])
+def test_describe_input(tree, looks_like):
+    from omni_pd.check.inputs import describe
+
+    assert describe(tree) == looks_like

@@ -59,3 +59,37 @@ def collect_inputs(args: list[str]) -> Inputs:
                 seen.add(key)
                 paths.append(f)
     return Inputs(tuple(paths), tuple(problems))
+
+
+def describe(plain: object) -> str | None:
+    """What a loaded YAML document looks like when it is not a vllm-omni deploy config,
+    or None when it looks like one (a mapping with a ``stages:`` list of stage settings,
+    or the legacy ``stage_args:`` layout). Pure; used by ``expand`` to say why it refuses
+    a file (OPD007).
+
+    Recognised: omni-pd pipeline definitions (presets/pipelines: ``stages[]`` with
+    ``role``/``execution_type``/``model_stage``, top-level ``model_arch``/``deploy_configs``),
+    launch inventories (``hosts``/``placement``), Hugging Face config.json
+    (``model_type``/``architectures``), JSON Schemas, omni-pd target facts
+    (presets/targets), and any other mapping without ``stages:``."""
+    if not isinstance(plain, dict):
+        return None
+    stages = plain.get("stages")
+    graph_keys = {"role", "execution_type", "model_stage", "input_sources", "final_output_type"}
+    if isinstance(stages, list) and any(isinstance(s, dict) and graph_keys & set(s) for s in stages) \
+            or ({"model_arch", "deploy_configs"} & set(plain) and "stages" in plain):
+        return ("an omni-pd pipeline definition (the stage graph, like presets/pipelines/*.yaml: "
+                "stages with role/execution_type/input_sources), not deploy settings")
+    if "stages" in plain or "stage_args" in plain:
+        return None
+    keys = set(plain)
+    if "hosts" in keys or "placement" in keys:
+        return "a launch inventory (hosts and placement; give it to `validate --inventory`)"
+    if "model_type" in keys or "architectures" in keys:
+        return "a Hugging Face config.json (give it to `validate --model-info`)"
+    if "$schema" in keys and ("properties" in keys or "$defs" in keys or "type" in keys):
+        return "a JSON Schema"
+    if {"default_version", "kv_transfer_config_fields", "kv_connectors", "patches", "runtimes", "owned"} & keys:
+        return "omni-pd target facts (presets/targets/*.yaml)"
+    shown = ", ".join(sorted(map(str, keys))[:6]) + (", ..." if len(keys) > 6 else "")
+    return f"a YAML mapping without `stages:` (top-level keys: {shown})"

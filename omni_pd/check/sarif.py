@@ -44,19 +44,19 @@ def to_sarif(diags: Iterable[Diagnostic], version: str | None = None) -> dict[st
 
 
 def _log(diags: Iterable[Diagnostic], version: str | None) -> dict[str, Any]:
-    from omni_pd.check.rules import registry
+    from omni_pd.check.codes import explainable
+    from omni_pd.check.explain import explain_text, plain_literals
 
-    rules = registry()
     descriptors = []
     index: dict[str, int] = {}
-    for code, r in rules.items():
+    for code, r in explainable().items():  # every code omni-pd emits: each result has a ruleIndex
         index[code] = len(descriptors)
         descriptors.append({
             "id": code, "name": r.name,
             "shortDescription": {"text": r.summary},
-            "fullDescription": {"text": " ".join(r.doc.split())},
+            "fullDescription": {"text": plain_literals(" ".join(r.doc.split()))},
             "defaultConfiguration": {"level": _LEVEL[r.severity.value]},
-            "help": {"text": r.explain()},
+            "help": {"text": explain_text(r)},
         })
     results = []
     for d in diags:

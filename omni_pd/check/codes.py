@@ -1,0 +1,184 @@
+"""Every diagnostic code omni-pd emits, explainable: the validate rules plus the codes
+emitted outside the rule engine (reading input, bad usage, ``expand``, ``--against-vllm-omni``,
+``launch``, internal errors).
+
+Rules document themselves (``omni_pd/check/rules``); the other codes are catalogued
+here, each with a summary, a doc paragraph (what triggers it, what to do) and where it
+is emitted. ``omni-pd rules`` lists :func:`explainable`, ``omni-pd explain CODE`` prints
+one entry. tests/test_cli.py scans the source for every ``"OPDnnn"`` string constant and
+fails when one is missing here or in the rule registry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from omni_pd.diagnostics import Severity
+from omni_pd.io import MAX_DEPTH, MAX_INPUT_BYTES, MAX_NODES
+
+
+@dataclass(frozen=True)
+class CodeDoc:
+    """A code emitted outside the rule engine. ``family``: which part of omni-pd emits
+    it (input, usage, expand, against, launch, internal); ``emitted_by``: the module(s);
+    ``exit``: the exit status it causes on its own (None: it is a finding among others)."""
+
+    code: str
+    name: str
+    severity: Severity
+    family: str
+    summary: str
+    doc: str
+    emitted_by: str
+    exit: int | None = None
+
+
+_E, _W, _I = Severity.ERROR, Severity.WARNING, Severity.INFO
+
+CODES: tuple[CodeDoc, ...] = (
+    CodeDoc("OPD000", "internal-error", _E, "internal", "a bug in omni-pd (an exception it did not expect)",
+            """Any command that hits an unexpected exception reports it as OPD000 and exits 3
+            instead of printing a traceback; a rule that crashes yields OPD000 and the other
+            rules still run. ``expand`` also reports OPD000 when the config it is about to write
+            fails its own ``validate`` (nothing is written). Rerun with ``OMNI_PD_DEBUG=1`` for the
+            traceback and report it.""",
+            "omni_pd/cli.py main(), omni_pd/check/rules/__init__.py run_rules()", exit=3),
+    CodeDoc("OPD001", "input-unreadable", _E, "input", "an input file cannot be read",
+            f"""The file is missing, a directory (or a directory without ``*.yaml``/``*.yml`` files
+            given to ``validate``), unreadable, larger than {MAX_INPUT_BYTES} bytes, or not UTF-8 (located at the
+            first bad byte). Option files (``--inventory``, ``--model-info``) name their option.""",
+            "omni_pd/io.py load_file(), omni_pd/check/inputs.py collect_inputs(), omni_pd/cli.py", exit=2),
+    CodeDoc("OPD002", "invalid-yaml", _E, "input", "the input is not valid YAML or exceeds the loader's limits",
+            f"""A YAML syntax error (located by ruamel.yaml), a value that cannot be read as its
+            tag, a non-scalar mapping key, more than {MAX_NODES} nodes, nesting deeper than
+            {MAX_DEPTH} levels or an alias that expands past those limits (a "billion laughs"
+            document).""",
+            "omni_pd/io.py parse_text()", exit=2),
+    CodeDoc("OPD003", "duplicate-key", _E, "input", "a mapping has the same key twice",
+            """YAML requires unique keys; PyYAML (which vllm-omni uses) silently keeps the last one,
+            so a duplicated ``devices:`` or ``kv_role:`` hides a mistake. Both locations are shown.""",
+            "omni_pd/io.py parse_text()", exit=2),
+    CodeDoc("OPD004", "not-a-mapping", _E, "input", "the document is empty or not a mapping",
+            """A deploy config is a YAML mapping with a ``stages:`` list; an empty file, a list or
+            a scalar at the top level is refused.""",
+            "omni_pd/io.py parse_text()", exit=2),
+    CodeDoc("OPD005", "output-unwritable", _E, "input", "the output file cannot be written",
+            """``-o`` names an input file (omni-pd never overwrites its input), a directory, or a
+            place the user cannot write. Writes are atomic: a failed write leaves no partial file.""",
+            "omni_pd/io.py atomic_write()", exit=2),
+    CodeDoc("OPD006", "bad-usage", _E, "usage", "an option value omni-pd cannot use",
+            """A malformed or unknown ``--vllm-version`` (omni-pd knows the releases listed by
+            ``omni-pd --version``), an unknown ``--platform``, a ``--kv-buffer-device`` the chosen
+            connector does not accept, a bad inventory, a ``--model-info`` that is not a
+            config.json mapping, or an unknown code given to ``explain``. The message names the
+            option and the help lists what it accepts.""",
+            "omni_pd/cli.py, omni_pd/check/validate.py, omni_pd/compile/expand.py", exit=2),
+    CodeDoc("OPD007", "not-a-deploy-config", _E, "input", "expand was given a file that is not a deploy config",
+            """``expand`` runs the schema checks (OPD1xx) on its input first. When they fail it
+            says what the file looks like instead (an omni-pd pipeline definition from
+            ``presets/pipelines/``, a legacy ``stage_args`` config, a launch inventory, a Hugging
+            Face config.json, a JSON Schema) and writes nothing; the schema findings follow.""",
+            "omni_pd/cli.py expand", exit=2),
+    CodeDoc("OPD208", "pd-pair-without-pipeline", _E, "topology",
+            "a KV producer/consumer pair in a file that names no `pipeline:`",
+            """Without ``pipeline:`` vllm-omni 0.30 takes the pipeline from the model's
+            ``model_type``, which is never a PD pipeline: the stages merge into the three-stage
+            pipeline, the last stage is dropped and the decode entry configures the wrong
+            stage. Add ``pipeline: <name>_pd``. Source: vllm-omni
+            ``config/stage_config.py StageConfigFactory.get_pipeline_config``.""",
+            "omni_pd/check/validate.py choose_pipeline()"),
+    CodeDoc("OPD801", "no-thinker", _E, "expand", "the pipeline has no Thinker (or single LLM) stage to split",
+            """PD disaggregation splits the Thinker (or the only stage of an LLM pipeline) into a
+            prefill and a decode engine; choose a pipeline that has one with ``--pipeline``.""",
+            "omni_pd/compile/passes/pd_split.py plan_pd_split()", exit=2),
+    CodeDoc("OPD802", "unknown-pipeline", _E, "expand", "the pipeline is unknown or cannot be told",
+            """The ``pipeline:`` value (or ``--pipeline``) is not in omni-pd's catalogue
+            (``omni-pd pipelines``), or the file names none and its stages do not identify one.""",
+            "omni_pd/compile/topology.py select_pipeline()", exit=2),
+    CodeDoc("OPD803", "already-pd", _E, "expand", "the config is already prefill/decode split",
+            """Splitting twice would make a second producer/consumer pair; run ``validate`` on it,
+            or expand the original three-stage config.""",
+            "omni_pd/compile/passes/pd_split.py plan_pd_split()", exit=2),
+    CodeDoc("OPD804", "connector-unavailable", _E, "expand", "omni-pd has no contract for the KV connector",
+            """``--connector`` (or the Thinker's ``kv_connector``) is not one omni-pd can emit
+            (``omni-pd connectors``), or is not registered in the target vLLM version
+            (``vllm/distributed/kv_transfer/kv_connector/factory.py``).""",
+            "omni_pd/compile/passes/pd_split.py plan_pd_split()", exit=2),
+    CodeDoc("OPD805", "cannot-place", _E, "expand", "prefill and decode cannot be given devices or ports",
+            """The device options overlap or do not match the tensor parallel size, the engine
+            needs more devices than omni-pd places, or no free connector port range is left
+            below 65536 (pass a lower ``--port-base``).""",
+            "omni_pd/compile/passes/pd_split.py plan_pd_split()", exit=2),
+    CodeDoc("OPD901", "async-chunk-off", _I, "expand", "expand set async_chunk to false",
+            """vllm-omni's orchestrator routes prefill -> decode only when ``async_chunk`` is false
+            (``vllm_omni/engine/orchestrator.py``); with it on, decode would get a placeholder
+            prompt. Streaming audio chunks between stages is given up.""",
+            "omni_pd/compile/passes/pd_split.py plan_pd_split()"),
+    CodeDoc("OPD902", "devices-chosen", _I, "expand", "expand chose devices for a Thinker that had none",
+            """The Thinker had no ``devices``; prefill gets the first free device and decode the
+            next. Pass ``--prefill-devices``/``--decode-devices`` to choose them.""",
+            "omni_pd/compile/passes/pd_split.py plan_pd_split()"),
+    CodeDoc("OPD950", "vllm-omni-resolved", _I, "against", "what the real vllm-omni resolved the file to",
+            """``validate --against-vllm-omni``: vllm-omni's serve-path resolver accepted the file;
+            the message gives the pipeline, the stages and the PD pair it found.""",
+            "omni_pd/upstream/against.py against_vllm_omni()"),
+    CodeDoc("OPD951", "vllm-omni-refused", _E, "against", "the real vllm-omni refuses the file",
+            """``validate --against-vllm-omni``: vllm-omni's resolver or its PD checks raised; the
+            message quotes the exception.""",
+            "omni_pd/upstream/against.py against_vllm_omni()"),
+    CodeDoc("OPD952", "vllm-omni-unavailable", _E, "against", "vllm-omni cannot be run",
+            """``validate --against-vllm-omni`` found no interpreter with vllm-omni and omni-pd
+            importable (this one, ``--vllm-omni-python`` or ``$OMNI_PD_ORACLE_PYTHON``), or it
+            failed to start. The help says how to install it.""",
+            "omni_pd/upstream/against.py against_vllm_omni()", exit=2),
+    CodeDoc("OPD960", "port-unbindable", _E, "launch", "a planned port cannot be bound",
+            """Preflight try-binds every port of the launch plan on its host (TCP, no listen,
+            SO_REUSEADDR as uvicorn and ZMQ set it); a port held by another process, or planned
+            twice, stops the launch.""",
+            "omni_pd/launch/preflight.py preflight()"),
+    CodeDoc("OPD961", "executable-missing", _E, "launch", "an executable of the plan is missing",
+            """The ``vllm`` executable (``--vllm``) or the python of a process is not found or not
+            executable.""",
+            "omni_pd/launch/preflight.py preflight()"),
+    CodeDoc("OPD962", "module-missing", _E, "launch", "a Python module a process needs is not importable",
+            """``vllm``, the connector's package (``nixl``, ``mooncake``), ``vllm_omni`` or
+            ``omni_pd`` (its plugin) is not importable by the engines' interpreter.""",
+            "omni_pd/launch/preflight.py preflight()"),
+    CodeDoc("OPD963", "device-missing", _E, "launch", "a process is given a device this machine does not have",
+            """A stage's ``devices`` names a GPU ``nvidia-smi`` does not list.""",
+            "omni_pd/launch/preflight.py preflight()"),
+    CodeDoc("OPD964", "device-memory", _E, "launch", "the engines ask more device memory than is free",
+            """Per device, the sum of ``gpu_memory_utilization`` x total memory of the engines on
+            it exceeds the free memory ``nvidia-smi`` reports.""",
+            "omni_pd/launch/preflight.py preflight()"),
+    CodeDoc("OPD965", "check-skipped", _I, "launch", "a preflight check could not run here",
+            """E.g. no ``nvidia-smi`` on the machine: devices and device memory are not checked.""",
+            "omni_pd/launch/preflight.py preflight()"),
+    CodeDoc("OPD966", "not-pd", _E, "launch", "launch was given a config that is not prefill/decode split",
+            """``launch`` starts a compiled PD config; compile it first with ``omni-pd expand``.""",
+            "omni_pd/launch/plan.py plan_document()", exit=2),
+)
+
+#: code -> CodeDoc
+BY_CODE: dict[str, CodeDoc] = {c.code: c for c in CODES}
+
+Entry = Union["Rule", CodeDoc]  # noqa: F821
+
+
+def explainable() -> dict[str, "Entry"]:
+    """Every code ``omni-pd explain`` knows, sorted: the rule registry plus :data:`CODES`.
+
+    Raises RuntimeError when a code is both a rule and catalogued here."""
+    from omni_pd.check.rules import registry
+
+    rules = registry()
+    both = sorted(set(rules) & set(BY_CODE))
+    if both:
+        raise RuntimeError(f"codes both registered as rules and catalogued in codes.py: {', '.join(both)}")
+    return dict(sorted({**rules, **BY_CODE}.items()))
+
+
+def lookup(code: str) -> "Entry | None":
+    """The rule or catalogued code for ``code`` (case and surrounding spaces ignored)."""
+    return explainable().get(code.strip().upper())

@@ -1,0 +1,84 @@
+"""Option values checked where the command line is parsed: one function per option kind.
+
+Each raises :class:`~omni_pd.diagnostics.OmniPdError` OPD006 (exit 2) whose message names
+the option and whose help lists what it accepts, so a value nothing downstream would
+accept (``--vllm-version 9.9``, ``--kv-buffer-device banana``) never reaches a file.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from omni_pd.compile.targets import Target
+from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
+
+#: the choices vLLM's KVTransferConfig documents for ``kv_buffer_device``
+#: (vllm/config/kv_transfer.py, KVTransferConfig.kv_buffer_device); the field is a plain
+#: ``str`` there and only connectors that stage through a buffer check it
+KV_BUFFER_DEVICES = ("cuda", "cpu", "xpu")
+
+#: the platform a deploy file's base section (no ``platforms:`` overlay) runs on
+BASE_PLATFORM = "cuda"
+
+_HOSTNAME = re.compile(r"(?=.{1,253}$)([A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+
+
+def _bad(option: str, value: object, why: str, help: str) -> OmniPdError:
+    return OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                  message=f"{option} {value}: {why}", help=help))
+
+
+def vllm_version(value: str | None, option: str = "--vllm-version") -> Target:
+    """The :class:`Target` for ``value`` (None: the default) when omni-pd has facts for
+    it (presets/targets/vllm.yaml ``known_versions``). Raises OPD006 otherwise."""
+    from omni_pd.compile.versions import known_target, known_vllm_versions
+
+    try:
+        return known_target(value)
+    except ValueError as e:
+        known = known_vllm_versions()
+        raise _bad(option, value, str(e), f"give a vLLM major.minor from {known[0]} to {known[-1]}") from None
+
+
+def kv_buffer_device(value: str, connector: str, target: Target, option: str = "--kv-buffer-device") -> str:
+    """``value`` when ``connector`` at ``target`` accepts it as ``kv_buffer_device`` on
+    the base platform (CUDA); raises OPD006 otherwise.
+
+    NixlConnector: the per-version, per-platform table of validate's OPD611
+    (vLLM ``kv_connector/v1/nixl/utils.py _NIXL_SUPPORTED_DEVICE``: ``cuda`` only in 0.11,
+    ``cuda`` or ``cpu`` from 0.13). Other connectors (MooncakeConnector in vLLM 0.30 does
+    not read the field: ``v1/mooncake/mooncake_connector.py`` registers the device KV
+    cache itself): the choices KVTransferConfig documents, :data:`KV_BUFFER_DEVICES`."""
+    from omni_pd.check.rules.capability import BUFFER_DEVICES
+
+    table = BUFFER_DEVICES.get(connector)
+    allowed: tuple[str, ...] = KV_BUFFER_DEVICES
+    where = "vLLM's KVTransferConfig (vllm/config/kv_transfer.py)"
+    if table is not None:
+        rows = [vals for plat, since, vals in table if plat == BASE_PLATFORM and target.version >= since]
+        if rows:
+            allowed = rows[-1]
+            where = f"{connector} with vLLM {target.label} on {BASE_PLATFORM}"
+    if value not in allowed:
+        staging = table is not None and "cpu" in allowed[1:]
+        raise _bad(option, value, f"{where} accepts {_either(allowed)}",
+                   f"pass {option} {allowed[0]}" + (" (or cpu for host staging)" if staging else ""))
+    return value
+
+
+def _either(values: tuple[str, ...]) -> str:
+    return values[0] if len(values) == 1 else ", ".join(values[:-1]) + " or " + values[-1]
+
+
+def host(value: str, option: str) -> str:
+    """``value`` when it is an IPv4/IPv6 address or a DNS host name; raises OPD006."""
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    if not _HOSTNAME.fullmatch(value) or value.replace(".", "").isdigit():
+        raise _bad(option, repr(value), "not an IP address or host name",
+                   f"pass {option} with an address the other engine can reach, e.g. 10.0.0.1 or host-a")
+    return value
