@@ -256,12 +256,30 @@ def connectors() -> None:
         sys.stdout.write(f"{name:20} {c.summary}\n")  # type: ignore[union-attr]
 
 
-def _load_yaml_option(path: Path, what: str):
-    """Read a small YAML/JSON option file (inventory, model info); OPD001/OPD006 on failure."""
-    from omni_pd.io import load_file
-    from omni_pd.compile.parse import to_plain
+#: what each option file is, for the help of a diagnostic about it
+_OPTION_FILE_HELP = {
+    "--inventory": "--inventory takes a YAML file of hosts and stage placement "
+                   "(README, section `omni-pd validate`: Inventory)",
+    "--model-info": "--model-info takes the model's Hugging Face config.json (the file next to the weights, "
+                    "e.g. <model dir>/config.json; README, section `omni-pd validate`)",
+}
 
-    doc = load_file(path)
+
+def _load_yaml_option(path: Path, option: str):
+    """Read a small YAML/JSON option file (``--inventory``, ``--model-info``) as plain data.
+    A file that cannot be read or parsed is OPD001..OPD004 naming ``option`` with that
+    option's help (exit 2)."""
+    from dataclasses import replace
+
+    from omni_pd.compile.parse import to_plain
+    from omni_pd.io import load_file
+
+    try:
+        doc = load_file(path)
+    except OmniPdError as e:
+        d = e.diagnostic
+        raise OmniPdError(replace(d, message=f"{option} {path}: {d.message}",
+                                  help=_OPTION_FILE_HELP.get(option, d.help)), e.exit_code) from None
     return to_plain(doc.tree)
 
 
@@ -326,10 +344,14 @@ def validate(
     model_facts = None
     if model_info is not None:
         data = _load_yaml_option(model_info, "--model-info")
-        if not isinstance(data, dict):
+        try:
+            if not isinstance(data, dict):
+                raise ValueError("not a mapping")
+            model_facts = ModelInfo.from_config_json(data)
+        except (ValueError, TypeError) as e:
             raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
-                                         message="--model-info must be a config.json mapping"))
-        model_facts = ModelInfo.from_config_json(data)
+                                         message=f"--model-info {model_info}: not a usable config.json ({e})",
+                                         help=_OPTION_FILE_HELP["--model-info"])) from None
     opts = ValidateOptions(platform=platform, all_platforms=all_platforms, inventory=inv, model=model_facts,
                            vllm_version=vllm_version, env=_pairs(env, "--env"), pipeline=pipeline,
                            cli={k.replace("-", "_").lstrip("_"): v for k, v in _pairs(serve_arg, "--serve-arg").items()})

@@ -363,7 +363,7 @@ def parse_text(text: str, name: str = "<string>", *, own_output: bool = False) -
                           1, 1, help="a deploy config starts with top-level keys such as `stages:`")
     if not isinstance(tree, CommentedMap):
         raise _load_error("OPD004", name,
-                          f"expected a mapping at the top level, found {type(tree).__name__}",
+                          f"expected a mapping at the top level, found {_value_kind(tree)}",
                           1, 1, help="a deploy config starts with top-level keys such as `stages:`")
     _check_alias_expansion(tree, name, node_limit=not own_output)
     return Document(name=name, text=text, tree=tree, source_map=build_source_map(tree))
@@ -394,6 +394,19 @@ def _check_alias_expansion(tree: Any, name: str, *, node_limit: bool = True) -> 
                 except (TypeError, IndexError):
                     child = pos
                 stack.append((v, depth + 1, child))
+
+
+def _value_kind(value: Any) -> str:
+    """A YAML value's kind in words (``a list``, ``a string``), for messages."""
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "null" if value is None else type(value).__name__
 
 
 def load_file(path: str | os.PathLike[str]) -> Document:

@@ -38,6 +38,11 @@ HYPOTHESIS_PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "dev")
 settings.load_profile(HYPOTHESIS_PROFILE)
 
 
+# --- skip reasons: short, no path outside the project (the hooks live in skip_policy.py) --
+
+from skip_policy import pytest_make_collect_report, pytest_runtest_makereport  # noqa: E402,F401
+
+
 def example_budget(dev_examples: int) -> int:
     """Examples for one property: ``dev_examples`` under the ``dev`` profile, else the
     loaded profile's ``max_examples`` (never fewer than ``dev_examples``).
@@ -105,7 +110,8 @@ def omni_wheel_deploy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     wheel = _cached_wheel(cache) if cache.is_dir() else None
     if wheel is None:
         if _offline():
-            pytest.skip(f"OMNI_PD_OFFLINE=1 and no {_WHEEL_GLOB} in {cache}")
+            where = "$OMNI_PD_CACHE" if os.environ.get("OMNI_PD_CACHE") else os.path.relpath(cache, REPO)
+            pytest.skip(f"OMNI_PD_OFFLINE=1 and no {_WHEEL_GLOB} in {where}")
         try:
             cache.mkdir(parents=True, exist_ok=True)
         except OSError as e:

@@ -336,3 +336,76 @@ def test_describe_input(tree, looks_like):
     from omni_pd.check.inputs import describe
 
     assert describe(tree) == looks_like
+
+
+# --- 5. option files: the error names the option and says what the file is ---------------
+
+@pytest.mark.parametrize("option, help", [
+    ("--inventory", "--inventory takes a YAML file of hosts and stage placement "
+                    "(README, section `omni-pd validate`: Inventory)"),
+    ("--model-info", "--model-info takes the model's Hugging Face config.json (the file next to the weights, "
+                     "e.g. <model dir>/config.json; README, section `omni-pd validate`)"),
+])
+def test_missing_option_file_names_the_option(tmp_path, capsys, option, help):
+    rc, out, err = run_cli(["validate", "tests/fixtures/llm.yaml", option, "hosts.yaml"], capsys, cwd=tmp_path)
+    assert (rc, out) == (2, "")
+    assert err == f"error[OPD001]: {option} hosts.yaml: file not found\n --> hosts.yaml\n  = help: {help}\n"
+
+
+def test_model_info_that_is_not_a_config_json(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("[1, 2]\n")
+    rc, _, err = run_cli(["validate", str(FIX / "llm.yaml"), "--model-info", "config.json"], capsys, cwd=tmp_path)
+    assert rc == 2
+    assert err.startswith("error[OPD004]: --model-info config.json: expected a mapping at the top level, found a list\n")
+    (tmp_path / "config.json").write_text('{"num_key_value_heads": "four"}\n')
+    rc, _, err = run_cli(["validate", str(FIX / "llm.yaml"), "--model-info", "config.json"], capsys, cwd=tmp_path)
+    assert rc == 2
+    assert err.startswith("error[OPD006]: --model-info config.json: not a usable config.json "
+                          "(invalid literal for int() with base 10: 'four')\n")
+
+
+def test_readme_config_json_fragment_is_read(tmp_path, capsys):
+    import json
+    import re
+
+    from omni_pd.check.context import ModelInfo
+
+    frag = re.search(r"```json\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    info = ModelInfo.from_config_json(json.loads(frag))
+    assert (info.model_type, info.num_kv_heads, info.attention) == ("qwen3_omni_moe", 4, "GQA")
+    assert info.subconfigs == frozenset({"thinker_config", "talker_config", "code2wav_config"})
+    (tmp_path / "config.json").write_text(frag)
+    rc, out, _ = run_cli(["validate", "--model-info", str(tmp_path / "config.json"), "-q"], capsys)
+    assert rc == 0 and "error[" not in out  # the sub-configs match the preset's stages: no OPD206
+
+
+# --- issue item 10: skip reasons are short and name no path outside the project -----------
+
+def test_skip_reason_policy():
+    from skip_policy import MAX_REASON, reason_problems
+
+    assert reason_problems("OMNI_PD_OFFLINE=1 and no vllm_omni-0.30.0-*.whl in .cache/wheels", ROOT) == []
+    assert reason_problems(f"cached in {ROOT}/.cache/wheels; /dev/zero missing", ROOT) == []
+    assert reason_problems("shared cases folder /work/shared/cases is absent", ROOT) == [
+        "skip reason names a path outside the project: /work/shared/cases"]
+    assert reason_problems("x" * (MAX_REASON + 1), ROOT) == [
+        f"skip reason is {MAX_REASON + 1} characters (at most {MAX_REASON})"]
+
+
+def test_a_long_skip_reason_fails_the_run(tmp_path):
+    """The conftest hooks (tests/skip_policy.py) loaded as a plugin into a separate pytest run."""
+    import subprocess
+
+    (tmp_path / "test_x.py").write_text(
+        "import pytest\n"
+        "def test_ok():\n    pytest.skip('vLLM is not installed')\n"
+        "def test_long():\n    pytest.skip('x' * 300)\n"
+        "def test_path():\n    pytest.skip('no model in /home/someone/models')\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "tests"))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "skip_policy", "-p", "no:cacheprovider",
+                           "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path / "test_x.py")],
+                          capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout
+    assert "2 failed, 1 skipped" in proc.stdout
+    assert "skip reason is 300 characters (at most 200)" in proc.stdout
+    assert "skip reason names a path outside the project: /home/someone/models" in proc.stdout
