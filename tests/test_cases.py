@@ -33,7 +33,7 @@ CASE_RULES: dict[str, str | tuple[str, ...] | None] = {
     "SCH-INPUT-SRC": "OPD201",
     "SCH-LEGACY": "OPD102",
     "SCH-ENV-NAME": "OPD105",
-    "SCH-CLI-SCOPE": "OPD106",
+    "SCH-CLI-SCOPE": ("OPD106", "OPD107"),
     "SCH-UNKNOWN-KEY": ("OPD103", "OPD615"),
     "SCH-REQ-KVCFG": "OPD301",
     "SCH-KVROLE": "OPD302",
@@ -88,8 +88,6 @@ XFAIL = {
                        "the prefill-leg sampling rewrite is the orchestrator's, validate warns instead (OPD701, "
                        "see test_br32_prefill_sampling_is_flagged)",
     # issue 11, in progress: each reason says how the model must grow
-    ("BR-42", "main"): "SCH-CLI-SCOPE: serve flags are not checked against vLLM's serve parser yet "
-                       "(stage_N_devices is not a flag)",
 }
 
 #: model ids in the cases -> the model_type their config.json declares

@@ -1,7 +1,6 @@
 """Build a :class:`~omni_pd.launch.spec.LaunchPlan` from a compiled PD deploy config (pure).
 
-Two runtimes, chosen from the pipeline (``presets/pipelines/*.yaml`` ``launch_runtime:``,
-else ``runtime:``):
+Two runtimes, chosen from the pipeline (``presets/pipelines/*.yaml`` ``runtime:``):
 
 * ``vllm-omni`` (Qwen3-Omni and other multi-stage pipelines): one
   ``vllm serve MODEL --omni --deploy-config FILE --host H --port P`` process; vllm-omni
@@ -10,10 +9,9 @@ else ``runtime:``):
   ``P2PHANDSHAKE`` metadata mode and each prefill runs its own bootstrap server
   (vllm/distributed/kv_transfer/kv_connector/v1/mooncake; shared/reference
   vllm_kv_connectors.md §3.2).
-* ``vllm`` (plain LLMs, and thinker-only pipelines: their catalogue entries set
-  ``launch_runtime: vllm``): one ``vllm serve`` per prefill and per decode instance with
-  ``--kv-transfer-config`` (JSON) and the connector's env, plus the PD router
-  (:mod:`omni_pd.launch.router`) in front, started once both are healthy.
+* ``vllm`` (plain LLMs, thinker-only pipelines): one ``vllm serve`` per prefill and per
+  decode instance with ``--kv-transfer-config`` (JSON) and the connector's env, plus
+  the PD router (:mod:`omni_pd.launch.router`) in front, started once both are healthy.
 
 Argv is always a list; env values are strings passed as data; nothing here touches
 processes, files or the network.
@@ -143,7 +141,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
     env_all = dict(opts.env)
     engine_py = opts.python or _python_of(opts.vllm)
     mods = ("vllm",) + ((CONNECTOR_MODULES[conn],) if conn in CONNECTOR_MODULES else ())
-    if topo.pipeline.launcher == "vllm-omni":
+    if topo.pipeline.runtime == "vllm-omni":
         ports = [PortUse(opts.port, "http", opts.host)]
         for s in topo.stages:
             if s.pd_role:
@@ -231,7 +229,11 @@ def plan_document(doc: Any, config_path: str, opts: LaunchOptions) -> Planned:
     from omni_pd.compile.topology import PLATFORMS
 
     overlay = opts.platform if opts.platform in PLATFORMS else None
-    res = validate_document(doc, ValidateOptions(platform=overlay))
+    from omni_pd.check.serve_flags import parse_argv
+
+    # --engine-arg flags go to every engine: the rules see them as global flags (OPD107
+    # refuses one vllm serve would not accept, before anything starts)
+    res = validate_document(doc, ValidateOptions(platform=overlay, cli=parse_argv(opts.extra_args)))
     if any(d.severity is Severity.ERROR for d in res.diagnostics):
         return Planned(None, res, None)
     pipe = load_catalogue().get(res.pipeline_name or "")

@@ -208,10 +208,14 @@ def cli_scope(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     ``--dtype``...) to every stage of a multi-stage pipeline: a TP meant for the Thinker
     lands on the Talker and Code2Wav too (vllm-omni#5003, #2898). Set them per stage in
     the deploy YAML. (The passing example shows the same flag set per stage with no
-    global flag.) Source: vllm-omni docs configuration/stage_configs.md;
+    global flag.) Pipelines launched as one plain ``vllm serve`` per engine (``llm_pd``,
+    the thinker-only pipelines) are not checked: there the flag is meant for every
+    engine. Source: vllm-omni docs configuration/stage_configs.md;
     https://github.com/vllm-project/vllm-omni/issues/5003."""
     if not ctx.platform_first or ctx.topology is None or len(ctx.topology.stages) < 2:
         return
+    if _launcher(ctx) != "vllm-omni":
+        return  # one `vllm serve` per engine: a flag for every engine is what the user asked for
     flags = [k for k in ctx.cli if k in STAGE_SCOPED_FLAGS]
     if flags:
         shown = ", ".join("--" + f.replace("_", "-") for f in flags)
@@ -366,3 +370,110 @@ PARALLEL_CONFIG_KEYS = frozenset({
     "ring_degree", "sequence_parallel_size", "text_encoder_tp_size", "ulysses_a2a_permute", "ulysses_degree",
     "ulysses_mode", "use_hsdp", "vae_parallel_mode", "vae_patch_parallel_size",
 })
+
+
+# --- flags checked against the real `vllm serve` parser ----------------------------
+
+
+def _launcher(ctx: Context) -> str:
+    """``vllm-omni`` (one ``vllm serve --omni``) or ``vllm`` (one ``vllm serve`` per engine).
+
+    Only a file that names its pipeline (``pipeline: llm_pd``) is taken to be launched
+    as plain ``vllm serve`` engines; a one-stage file without ``pipeline:`` (checked as
+    ``llm``) may well be a vllm-omni diffusion or TTS deploy."""
+    topo = ctx.topology
+    if topo is None or ctx.config is None or not ctx.config.pipeline:
+        return "vllm-omni"
+    return str(getattr(topo.pipeline, "launcher", None) or topo.pipeline.runtime)
+
+
+_TWO = "stages:\n  - {stage_id: 0, devices: \"0\"}\n  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.4}\n"
+_LLM_PD = ("pipeline: llm_pd\nasync_chunk: false\nstages:\n"
+           "  - {{stage_id: 0, devices: \"0\"{x}, kv_transfer_config: {{kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}}}}\n"
+           "  - {{stage_id: 1, devices: \"1\", kv_transfer_config: {{kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}}}}\n")
+
+
+@rule("OPD107", "serve-flag-unknown", Severity.ERROR,
+      "a `vllm serve` flag (or a stage key that becomes one) is not a flag the target vllm serve accepts",
+      fail=_TWO, passing=_TWO, example_context={"cli": {"stage_0_devices": "0"}, "vllm_version": "0.30"},
+      pass_context={"cli": {"max_model_len": 4096}, "vllm_version": "0.30"}, labels=("SCH-CLI-SCOPE",),
+      examples=(
+          Example("stage-scoped flag on a release without a flag list", _TWO, True,
+                  {"cli": {"stage_1_devices": "0"}, "vllm_version": "0.22"}, contains="--stage-1-devices"),
+          Example("misspelt flag: nearest flag named", _TWO, True,
+                  {"cli": {"max_model_length": 4096}, "vllm_version": "0.30"}, contains="--max-model-length"),
+          Example("--omni flag under vllm serve --omni", _TWO, False,
+                  {"cli": {"stage_overrides": '{"0": {"devices": "0"}}'}, "vllm_version": "0.30"}),
+          Example("--omni-only flag on a plain vllm serve pair", _LLM_PD.format(x=""), True,
+                  {"cli": {"stage_overrides": "{}"}, "vllm_version": "0.30"}, contains="--stage-overrides"),
+          Example("short flag", _TWO, False, {"cli": {"tp": 1}, "vllm_version": "0.30"}),
+          Example("stage key that becomes an unknown flag (plain vllm serve)", _LLM_PD.format(x=", max_num_seq: 8"),
+                  True, {"vllm_version": "0.30"}, contains="max_num_seq"),
+          Example("stage key that is a flag (plain vllm serve)", _LLM_PD.format(x=", max_num_seqs: 8"),
+                  False, {"vllm_version": "0.30"}),
+          Example("no flag list for the release: info", _TWO, True,
+                  {"cli": {"max_model_len": 4096}, "vllm_version": "0.22"}, severity=Severity.INFO),
+      ))
+def serve_flag_unknown(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """Global flags (``validate --serve-arg``, ``launch --engine-arg``) must be flags the
+    target ``vllm serve`` accepts (plus the ones ``--omni`` adds for vllm-omni
+    pipelines), else the server stops with "unrecognized arguments" before anything
+    starts. Checked against vLLM's own serve parser when vLLM of the target release is
+    importable, else against ``presets/targets/serve_flags.yaml`` (generated from those
+    parsers); the nearest flag is suggested. A per-stage flag such as
+    ``--stage-0-devices`` is never a ``vllm serve`` flag on any release: a stage's
+    devices go in ``stages[N].devices`` (or ``--stage-overrides`` under ``--omni``). For
+    pipelines launched as one ``vllm serve`` per engine, each stage key becomes a flag
+    too and is checked the same way. Sources: vLLM vllm/entrypoints/cli/serve.py
+    (``ServeSubcommand.subparser_init``), vllm-omni 0.30.0 entrypoints/cli/serve.py
+    (``OmniServeCommand``); https://github.com/vllm-project/vllm-omni/issues/4508."""
+    from omni_pd.check.serve_flags import DEPLOY_ONLY_KEYS, STAGE_SCOPED, flag_name, flags_for, releases
+
+    if not ctx.platform_first or ctx.legacy:
+        return
+    omni = _launcher(ctx) == "vllm-omni"
+    fs = flags_for(ctx.target.label)
+    cmd = "vllm serve --omni" if omni else "vllm serve"
+    unchecked = []
+    for key in ctx.cli:
+        flag = flag_name(str(key))
+        loc = Location(file="<command line>", path=(key,))
+        m = STAGE_SCOPED.match(str(key))
+        if m:
+            sid, what = m.group(1), m.group(2)
+            val = ctx.cli[key]
+            where = f"stages[{sid}].{what}" if what in _stage_fields() else f"the stage {sid} entry of the deploy YAML"
+            over = f"; or --stage-overrides '{{\"{sid}\": {{\"{what}\": \"{val}\"}}}}'" if omni else ""
+            yield r.diag(f"{flag} is not a `{cmd}` flag (unrecognized arguments): it is per stage", loc,
+                         help=f"set {where} in the deploy YAML{over}")
+            continue
+        if fs is None:
+            unchecked.append(flag)
+            continue
+        if not fs.accepts(str(key), omni):
+            near = fs.nearest(str(key), omni)
+            only_omni = not omni and fs.accepts(str(key), True)
+            why = " (a `vllm serve --omni` flag; this pipeline runs plain `vllm serve` engines)" if only_omni else ""
+            yield r.diag(f"{flag} is not a `{cmd}` flag in vLLM {fs.release}{why}", loc,
+                         help=f"did you mean {near}?" if near and not only_omni else
+                         "remove it" if only_omni else "see `vllm serve --help` for the flags of this release")
+    if unchecked:
+        yield r.diag(f"no `vllm serve` flag list for vLLM {ctx.target.label} (omni-pd has {', '.join(releases()) or 'none'}; "
+                     f"vLLM is not importable here): {', '.join(unchecked)} not checked",
+                     Location(file="<command line>", path=tuple(unchecked)), severity=Severity.INFO,
+                     help="regenerate presets/targets/serve_flags.yaml in an environment with that vLLM "
+                          "(python -m omni_pd.check.serve_flags -o ...), or validate where it is installed")
+    if omni or fs is None or ctx.topology is None:
+        return
+    for n in ctx.topology.stages:  # plain `vllm serve` engines: every engine key becomes --key
+        if n.index is None:
+            continue
+        st = ctx.raw_at(("stages", n.index)) or {}
+        inner = st.get("engine_args") if isinstance(st.get("engine_args"), dict) else {}
+        for path, k in [(("stages", n.index, k), k) for k in st] + [(("stages", n.index, "engine_args", k), k) for k in inner]:
+            if not isinstance(k, str) or k in DEPLOY_ONLY_KEYS or k.startswith("x-") or fs.accepts(k, False):
+                continue
+            near = fs.nearest(k, False)
+            yield r.diag(f"stage {n.stage_id}: `{k}` becomes `{flag_name(k)}` on this engine's `vllm serve` command line, "
+                         f"which vLLM {fs.release} does not accept", ctx.loc(path),
+                         help=(f"did you mean `{near[2:].replace('-', '_')}`?" if near else "remove it"))
