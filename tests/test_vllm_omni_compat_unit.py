@@ -248,3 +248,5 @@ def test_env_switch_turns_the_layer_off(caplog, value):
     assert rep.status == "off" and dict(vars(mod.Mixin)) == before
     assert [r.getMessage() for r in logs] == [f"omni-pd: vllm-omni PD compatibility layer off "
                                               f"(OMNI_PD_VLLM_OMNI_COMPAT={value})"]
+    rep2, logs2 = run_install(mod, caplog, environ={c.ENV_SWITCH: value})  # plugins load again: no second line
+    assert rep2.status == "off" and logs2 == []

@@ -349,6 +349,17 @@ class InstallReport:
     message: str = ""
 
 
+_SAID: set[tuple[str, str]] = set()
+
+
+def _once(log: logging.Logger, level: int, msg: str) -> None:
+    """Log ``msg`` once per process and logger: vllm-omni loads plugins several times
+    (vLLM's group, its own group, every ``OmniEngineArgs``), the log line is one."""
+    if (log.name, msg) not in _SAID:
+        _SAID.add((log.name, msg))
+        log.log(level, msg)
+
+
 def env_disabled(environ: Mapping[str, str]) -> bool:
     """True when ``OMNI_PD_VLLM_OMNI_COMPAT`` is ``0``/``false``/``off``/``no``."""
     return environ.get(ENV_SWITCH, "").strip().lower() in ("0", "false", "off", "no")
@@ -429,7 +440,7 @@ def install(*, version: str | None = None, table: CompatTable | None = None,
     environ = os.environ if environ is None else environ
     if env_disabled(environ):
         msg = f"omni-pd: vllm-omni PD compatibility layer off ({ENV_SWITCH}={environ.get(ENV_SWITCH)})"
-        log.info(msg)
+        _once(log, logging.INFO, msg)
         return InstallReport("off", version, message=msg)
     version = version if version is not None else _installed_version()
     if version is None:
@@ -438,14 +449,14 @@ def install(*, version: str | None = None, table: CompatTable | None = None,
     needed = table.needed(version)
     if not needed:
         msg = f"omni-pd: vllm-omni {version} needs no PD compatibility patch (not in vllm_omni_compat.yaml)"
-        log.debug(msg)
+        _once(log, logging.DEBUG, msg)
         return InstallReport("not-needed", version, message=msg)
     todo, problems = plan(needed, importer)
     if problems:
         msg = (f"omni-pd: vllm-omni {version} PD compatibility layer NOT installed, nothing patched: "
                + "; ".join(problems) + ". PD may not switch on for *_pd pipelines: check with "
                "`omni-pd validate --against-vllm-omni` (docs/upstream/vllm-omni-0.30-pd.md)")
-        log.warning(msg)
+        _once(log, logging.WARNING, msg)
         return InstallReport("refused", version, problems=tuple(problems), message=msg)
     if not todo:
         return InstallReport("already", version, message="already installed")
