@@ -1,6 +1,7 @@
 """Build a :class:`~omni_pd.launch.spec.LaunchPlan` from a compiled PD deploy config (pure).
 
-Two runtimes, chosen from the pipeline (``presets/pipelines/*.yaml`` ``runtime:``):
+Two runtimes, chosen from the pipeline (``presets/pipelines/*.yaml`` ``launch_runtime:``,
+else ``runtime:``):
 
 * ``vllm-omni`` (Qwen3-Omni and other multi-stage pipelines): one
   ``vllm serve MODEL --omni --deploy-config FILE --host H --port P`` process; vllm-omni
@@ -9,9 +10,10 @@ Two runtimes, chosen from the pipeline (``presets/pipelines/*.yaml`` ``runtime:`
   ``P2PHANDSHAKE`` metadata mode and each prefill runs its own bootstrap server
   (vllm/distributed/kv_transfer/kv_connector/v1/mooncake; shared/reference
   vllm_kv_connectors.md §3.2).
-* ``vllm`` (plain LLMs, thinker-only pipelines): one ``vllm serve`` per prefill and per
-  decode instance with ``--kv-transfer-config`` (JSON) and the connector's env, plus
-  the PD router (:mod:`omni_pd.launch.router`) in front, started once both are healthy.
+* ``vllm`` (plain LLMs, and thinker-only pipelines: their catalogue entries set
+  ``launch_runtime: vllm``): one ``vllm serve`` per prefill and per decode instance with
+  ``--kv-transfer-config`` (JSON) and the connector's env, plus the PD router
+  (:mod:`omni_pd.launch.router`) in front, started once both are healthy.
 
 Argv is always a list; env values are strings passed as data; nothing here touches
 processes, files or the network.
@@ -141,7 +143,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
     env_all = dict(opts.env)
     engine_py = opts.python or _python_of(opts.vllm)
     mods = ("vllm",) + ((CONNECTOR_MODULES[conn],) if conn in CONNECTOR_MODULES else ())
-    if topo.pipeline.runtime == "vllm-omni":
+    if topo.pipeline.launcher == "vllm-omni":
         ports = [PortUse(opts.port, "http", opts.host)]
         for s in topo.stages:
             if s.pd_role:
