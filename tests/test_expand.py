@@ -142,16 +142,78 @@ def test_downstream_stages_untouched_except_id_devices_sources():
 # --- kv_transfer_config, env, ports ------------------------------------------------------------
 
 def test_mooncake_contract_on_both_sides():
+    # vllm-omni 0.30 reads kv_connector_extra_config.bootstrap_port on kv_producer replicas and
+    # overwrites their env with it (stage_runtime.py _prepare_replica_vllm_config); decode binds none
     res = expand()
     p, d = stage(res, 0), stage(res, 1)
     assert p.kv_transfer_config.model_dump(exclude_none=True) == {
         "kv_connector": "MooncakeConnector", "kv_role": "kv_producer", "engine_id": "omni-thinker-prefill",
-        "kv_ip": "127.0.0.1", "kv_connector_extra_config": {"mooncake_bootstrap_port": 25201}}
+        "kv_ip": "127.0.0.1", "kv_connector_extra_config": {"bootstrap_port": 25201}}
     assert d.kv_transfer_config.model_dump(exclude_none=True) == {
         "kv_connector": "MooncakeConnector", "kv_role": "kv_consumer", "engine_id": "omni-thinker-decode",
-        "kv_ip": "127.0.0.1", "kv_connector_extra_config": {"mooncake_bootstrap_port": 25202}}
+        "kv_ip": "127.0.0.1"}
     assert p.env == {"VLLM_MOONCAKE_BOOTSTRAP_PORT": "25201"}
-    assert d.env == {"VLLM_MOONCAKE_BOOTSTRAP_PORT": "25202"}
+    assert d.env is None
+    assert "mooncake_bootstrap_port" not in res.text
+
+
+LLM = Path(__file__).resolve().parent / "fixtures" / "llm.yaml"
+
+
+@pytest.mark.parametrize("src,pipeline,version,extra", [
+    (PRESET, None, "0.30", {"bootstrap_port": 25201}),   # vllm-omni 0.30: the extra-config key decides
+    (PRESET, None, "0.33", {"bootstrap_port": 25201}),   # newest facts carry forward
+    (PRESET, None, "0.28", None),                        # vllm-omni 0.18-0.28: the env decides
+    (LLM, "llm", "0.30", None),                          # plain vllm serve: only the env is read
+    (LLM, "llm", "0.33", None),
+])
+def test_emitted_bootstrap_key_per_target(src, pipeline, version, extra):
+    res = expand(src, pipeline=pipeline, vllm_version=version)
+    p, d = stage(res, 0), stage(res, 1)
+    assert p.env == {"VLLM_MOONCAKE_BOOTSTRAP_PORT": "25201"}
+    assert p.kv_transfer_config.model_dump(exclude_none=True).get("kv_connector_extra_config") == extra
+    assert d.env is None and d.kv_transfer_config.kv_connector_extra_config is None
+    assert "mooncake_bootstrap_port" not in res.text
+
+
+def test_unread_bootstrap_keys_in_the_thinker_are_not_copied():
+    text = PRESET.read_text().replace(
+        "    devices: \"0\"\n",
+        "    devices: \"0\"\n    env: {VLLM_MOONCAKE_BOOTSTRAP_PORT: \"25201\"}\n    kv_transfer_config: {kv_connector: "
+        "MooncakeConnector, kv_connector_extra_config: {mooncake_bootstrap_port: 25201, num_workers: 4}}\n", 1)
+    res = expand(text)
+    p, d = stage(res, 0), stage(res, 1)
+    # the Thinker's own 25201 is taken in the input, so the allocation moves on; the recipe key
+    # no runtime reads is dropped, other extra keys stay
+    assert p.kv_transfer_config.kv_connector_extra_config == {"bootstrap_port": 25202, "num_workers": 4}
+    assert p.env == {"VLLM_MOONCAKE_BOOTSTRAP_PORT": "25202"}
+    assert d.kv_transfer_config.kv_connector_extra_config == {"num_workers": 4}
+    assert d.env == {}  # the copied bootstrap port is removed from decode (a kv_consumer binds none)
+
+
+@pytest.mark.parametrize("replicas,version,want_port,want_range", [
+    # vllm-omni 0.30 binds bootstrap_port + r for r < num_replicas: 3 replicas need 25201-25203, and the
+    # Talker's API port 25203 pushes the whole range to 25204-25206
+    (3, "0.30", 25204, (25204, 25206)),
+    (1, "0.30", 25201, (25201, 25201)),
+    # vllm-omni 0.28: every replica binds the env port (no range), 25201 is free
+    (3, "0.28", 25201, (25201, 25201)),
+])
+def test_replica_range_is_reserved_clear_of_other_ports(replicas, version, want_port, want_range):
+    text = PRESET.read_text().replace("    devices: \"0\"\n", f"    devices: \"0\"\n    num_replicas: {replicas}\n", 1)
+    text = text.replace("    devices: \"1\"\n", "    devices: \"1\"\n    port: 25203\n", 1)
+    res = expand(text, vllm_version=version)
+    p = stage(res, 0)
+    assert p.env == {"VLLM_MOONCAKE_BOOTSTRAP_PORT": str(want_port)}
+    assert res.plan.prefill.env == {"VLLM_MOONCAKE_BOOTSTRAP_PORT": str(want_port)}
+    from omni_pd.compile import connectors
+    from omni_pd.compile.targets import target
+
+    bound = connectors.get("MooncakeConnector").ports(
+        "prefill", p.kv_transfer_config.model_dump(exclude_none=True), p.env, 1, 1, target(version),
+        runtime="vllm-omni", replicas=replicas)
+    ports = sorted({b.port for b in bound})
+    assert (ports[0], ports[-1]) == want_range and len(bound) == replicas
 
 
 def test_nixl_contract_and_side_channel_ranges_per_dp():
@@ -179,7 +241,8 @@ def test_ports_already_used_in_the_input_are_skipped():
         "    devices: \"1\"\n    env: {VLLM_MOONCAKE_BOOTSTRAP_PORT: \"25201\"}\n    input_connectors:\n      from_stage_0", 1)
     res = expand(text)
     assert stage(res, 0).env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == "25202"
-    assert stage(res, 1).env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == "25203"
+    assert stage(res, 0).kv_transfer_config.kv_connector_extra_config == {"bootstrap_port": 25202}
+    assert stage(res, 1).env is None  # decode (kv_consumer) binds no bootstrap port
     assert stage(res, 2).env == {"VLLM_MOONCAKE_BOOTSTRAP_PORT": "25201"}
 
 

@@ -40,7 +40,7 @@ def ports(p) -> list[tuple[int, str]]:
 
 
 @pytest.mark.parametrize("connector,kv_ports", [
-    ("MooncakeConnector", [(25201, "Mooncake bootstrap"), (25202, "Mooncake bootstrap")]),
+    ("MooncakeConnector", [(25201, "Mooncake bootstrap")]),  # decode (kv_consumer) binds no bootstrap port
     ("NixlConnector", [(5600, "NIXL side channel"), (5601, "NIXL side channel")]),
 ])
 def test_vllm_omni_runtime_is_one_omni_serve_of_the_compiled_file(tmp_path, connector, kv_ports):
@@ -95,13 +95,67 @@ def test_single_llm_1p1d_mooncake_plan_on_cuda(tmp_path):
     plan = plan_of(cfg, model="m", port=9000, engine_port_base=9100)
     pre, dec, router = plan.processes
     kv = json.loads(pre.argv[pre.argv.index("--kv-transfer-config") + 1])
+    # plain vLLM reads only the env variable: no extra-config key for the port
     assert kv == {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer", "engine_id": "llm-prefill",
-                  "kv_ip": "127.0.0.1", "kv_connector_extra_config": {"mooncake_bootstrap_port": 25201}}
+                  "kv_ip": "127.0.0.1"}
     assert dict(pre.env) == {"VLLM_MOONCAKE_BOOTSTRAP_PORT": "25201", "CUDA_VISIBLE_DEVICES": "0"}
-    assert dict(dec.env) == {"VLLM_MOONCAKE_BOOTSTRAP_PORT": "25202", "CUDA_VISIBLE_DEVICES": "1"}
+    assert dict(dec.env) == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert ports(dec) == [(9200, "http")]
     assert (pre.devices, dec.devices) == ("0", "1")
     assert ports(pre) == [(9100, "http"), (25201, "Mooncake bootstrap")]
     assert router.argv[-4:] == ("--prefill", "http://127.0.0.1:9100,25201", "--decode", "http://127.0.0.1:9200")
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_vllm_omni_preflight_lists_the_ports_each_prefill_replica_binds(tmp_path, replicas, tp):
+    # vllm-omni 0.30 binds bootstrap_port + r on prefill replica r (stage_runtime.py
+    # _prepare_replica_vllm_config); vLLM >= 0.18 runs one bootstrap server per engine, whatever its TP
+    src = tmp_path / "qwen3_omni_moe.yaml"
+    src.write_text(preset_path("qwen3_omni_moe").read_text().replace(
+        "    devices: \"0\"\n", f"    devices: \"0\"\n    num_replicas: {replicas}\n", 1))
+    cfg = compiled(tmp_path, src, ExpandOptions(tp=tp))
+    (p,) = plan_of(cfg, model="m").processes
+    want = [(25201 + r, "Mooncake bootstrap" + (f" replica {r}" if replicas > 1 else "")) for r in range(replicas)]
+    assert ports(p) == [(8000, "http")] + want
+
+
+def _pd_file(tmp_path, prefill_kv_extra: str, prefill_env: str = "", replicas: int = 1) -> Path:
+    f = tmp_path / "hand.yaml"
+    f.write_text(
+        "pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
+        f"  - {{stage_id: 0, devices: \"0\", num_replicas: {replicas}, async_scheduling: false,{prefill_env}"
+        " kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer, engine_id: p"
+        f"{prefill_kv_extra}}}}}\n"
+        "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_consumer,"
+        " engine_id: d}}\n")
+    return f
+
+
+def test_vllm_omni_preflight_reads_the_key_the_runtime_reads_not_the_env(tmp_path):
+    from omni_pd.io import load_file as lf
+    from omni_pd.compile.parse import parse_config
+    from omni_pd.compile.pipelines import load_catalogue
+    from omni_pd.compile.targets import target
+    from omni_pd.compile.topology import resolve
+    from omni_pd.launch.plan import build_plan
+
+    def plan_ports(f):
+        doc = lf(f)
+        topo = resolve(parse_config(doc), load_catalogue().get("qwen3_omni_moe_pd"), None, doc)
+        (p,) = build_plan(topo, str(f), LaunchOptions(model="m"), target("0.30")).processes
+        return ports(p)[1:]
+
+    # bootstrap_port decides; an env value in the file would be overwritten by vllm-omni
+    assert plan_ports(_pd_file(tmp_path, ", kv_connector_extra_config: {bootstrap_port: 26000}",
+                               " env: {VLLM_MOONCAKE_BOOTSTRAP_PORT: \"25201\"},", replicas=2)) == [
+        (26000, "Mooncake bootstrap replica 0"), (26001, "Mooncake bootstrap replica 1")]
+    # neither set: vllm-omni's default 8998 (not vLLM's env default read from this process)
+    assert plan_ports(_pd_file(tmp_path, "")) == [
+        (8998, "Mooncake bootstrap (kv_connector_extra_config.bootstrap_port default)")]
+    # a recipe key nothing reads does not move the port
+    assert plan_ports(_pd_file(tmp_path, ", kv_connector_extra_config: {mooncake_bootstrap_port: 25201}")) == [
+        (8998, "Mooncake bootstrap (kv_connector_extra_config.bootstrap_port default)")]
 
 
 def test_engine_flags_spelling():

@@ -23,7 +23,6 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from conftest import example_budget
-from omni_pd.compile import connectors
 from omni_pd.compile.expand import ExpandResult, expand_document
 from omni_pd.diagnostics import OmniPdError
 from omni_pd.io import parse_text
@@ -149,6 +148,8 @@ def cases(draw) -> Case:
     if dp > 1:
         thinker["data_parallel_size"] = dp
     thinker.update(draw(_extras))
+    if draw(st.integers(0, 2)) == 0:
+        thinker["num_replicas"] = draw(st.sampled_from([2, 3, 4]))
     if draw(st.booleans()):
         thinker["output_connectors"] = {"to_stage_1": "shm"}
     thinker["default_sampling_params"] = {"temperature": 0.0, "max_tokens": 2048}
@@ -260,21 +261,38 @@ def platforms_of(case: Case) -> list[str | None]:
     return [None, *(case.data.get("platforms") or {})]
 
 
-def _ranges_overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
-    return a[0] < b[0] + b[1] and b[0] < a[0] + a[1]
+def bound_ports(node, version: tuple[int, int], connector: str) -> list[int]:
+    """Every port the engines of one PD stage bind, one entry per (replica, port), recomputed
+    here from the upstream code read, NOT through omni-pd's connector contracts, target facts or
+    allocator (an independent oracle for them). Duplicates mean replicas binding the same port.
 
-
-def connector_ranges(res: ExpandResult, case: Case, platform: str | None) -> list[tuple[int, int]]:
-    """``(port, span)`` ranges the P and D engines bind on ``platform``, from the contract."""
-    cfg = reparse(res)
-    topo = resolve(cfg, res.plan.target_pipeline, platform)
-    tgt = make_target(case.version)
-    contract = connectors.get(res.plan.connector)
-    p, d = topo.stages[0], topo.stages[1]
-    out = []
-    for side, node in (("prefill", p), ("decode", d)):
-        for use in contract.ports(side, node.kv, node.env, node.tp, node.dp, tgt):
-            out.append((use.port, use.span))
+    * vllm-omni starts ``num_replicas`` engines per stage (vllm_omni/engine/stage_runtime.py
+      ``_build_logical_stage_init_plans``), each with the stage's env.
+    * NIXL: ``VLLM_NIXL_SIDE_CHANNEL_PORT`` (5557 on vLLM 0.11, 5600 after) + i, i < dp x tp on
+      0.11, i < dp from 0.13 (v1/nixl_connector.py); vllm-omni never rewrites it.
+    * Mooncake: a kv_consumer binds nothing (MooncakeConnectorWorker starts the bootstrap server
+      only when not a consumer). vllm-omni >= 0.30: replica r binds
+      ``int(kv_connector_extra_config.get("bootstrap_port", 8998)) + r``
+      (``_prepare_replica_vllm_config``). Older: ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` (8998), plus
+      ``dp_rank * tp + tp_rank`` on vLLM 0.13.
+    """
+    kv, env, reps = node.kv or {}, node.env or {}, max(node.num_replicas, 1)
+    out: list[int] = []
+    if connector == "NixlConnector":
+        base = int(env.get("VLLM_NIXL_SIDE_CHANNEL_PORT", 5557 if version < (0, 13) else 5600))
+        per = node.dp * node.tp if version < (0, 13) else node.dp
+        for _ in range(reps):
+            out += [base + i for i in range(per)]
+        return out
+    if kv.get("kv_role") == "kv_consumer":
+        return []
+    if version >= (0, 30):
+        base = int((kv.get("kv_connector_extra_config") or {}).get("bootstrap_port", 8998))
+        return [base + r for r in range(reps)]
+    base = int(env.get("VLLM_MOONCAKE_BOOTSTRAP_PORT", 8998))
+    per = node.dp * node.tp if version < (0, 18) else 1
+    for _ in range(reps):
+        out += [base + i for i in range(per)]
     return out
 
 
@@ -343,9 +361,6 @@ def test_kv_transfer_config_roles_and_version_fields(case: Case) -> None:
         for node in (p, d):
             if legacy_free:
                 assert not set(LEGACY_KV) & set(node.kv), node.kv
-            if res.plan.connector == "MooncakeConnector":
-                extra = node.kv["kv_connector_extra_config"]
-                assert node.env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == str(extra["mooncake_bootstrap_port"])
         for s in topo.stages[2:]:
             assert s.kv is None  # downstream stages get no KV connector
 
@@ -353,15 +368,28 @@ def test_kv_transfer_config_roles_and_version_fields(case: Case) -> None:
 @PROPS
 @given(cases())
 def test_connector_ports_unique_per_host(case: Case) -> None:
+    """What the runtime will bind (recomputed by :func:`bound_ports`) never overlaps between
+    prefill and decode or with any port the input already uses; a Mooncake prefill on vllm-omni
+    >= 0.30 gets one distinct port per replica and the env says replica 0's port."""
     res = expand(case)
+    cfg = reparse(res)
+    version = make_target(case.version).version
     for plat in platforms_of(case):
-        ranges = connector_ranges(res, case, plat)
-        assert ranges, plat
-        for i, a in enumerate(ranges):
-            for b in ranges[i + 1:]:
-                assert not _ranges_overlap(a, b), (plat, ranges)
-            for port in case.extra_ports:
-                assert not _ranges_overlap(a, (port, 1)), (plat, a, port)
+        topo = resolve(cfg, res.plan.target_pipeline, plat)
+        p, d = topo.stages[0], topo.stages[1]
+        pp, dp_ = bound_ports(p, version, res.plan.connector), bound_ports(d, version, res.plan.connector)
+        assert pp, plat
+        assert not set(pp) & set(dp_), (plat, pp, dp_)
+        assert not (set(pp) | set(dp_)) & set(case.extra_ports), (plat, pp, dp_, case.extra_ports)
+        if res.plan.connector == "MooncakeConnector":
+            extra = p.kv.get("kv_connector_extra_config") or {}
+            assert "mooncake_bootstrap_port" not in extra and not d.kv.get("kv_connector_extra_config")
+            assert "VLLM_MOONCAKE_BOOTSTRAP_PORT" not in (d.env or {})  # decode binds none
+            assert p.env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == str(pp[0])   # the env says what replica 0 binds
+            if version >= (0, 30):
+                assert len(set(pp)) == len(pp) == p.num_replicas        # a range, no replica collides
+            else:
+                assert "bootstrap_port" not in extra                    # the env decides there
 
 
 @PROPS

@@ -230,6 +230,116 @@ def test_explain_text_has_both_examples() -> None:
     assert "Fails:" in text and "Passes:" in text and "MooncakeConnector" in text
 
 
+# --- Mooncake bootstrap port: the key the runtime reads, replica ranges (OPD501/502/505) ------
+
+MC = """pipeline: qwen3_omni_moe_pd
+async_chunk: false
+stages:
+  - stage_id: 0
+    devices: "0"
+    num_replicas: 2
+    env:
+      VLLM_MOONCAKE_BOOTSTRAP_PORT: "25301"
+    kv_transfer_config:
+      kv_connector: MooncakeConnector
+      kv_role: kv_producer
+      engine_id: p
+      kv_connector_extra_config:
+        bootstrap_port: 25201
+  - stage_id: 1
+    devices: "1"
+    kv_transfer_config:
+      kv_connector: MooncakeConnector
+      kv_role: kv_consumer
+      engine_id: d
+"""
+
+
+def test_env_bootstrap_port_overwritten_by_vllm_omni_is_an_error() -> None:
+    d = _one(MC, "OPD502")
+    assert d.severity is Severity.ERROR
+    assert d.message == ("stage 0: env VLLM_MOONCAKE_BOOTSTRAP_PORT = 25301 is ignored: vllm-omni 0.30 sets it from "
+                         "kv_connector_extra_config.bootstrap_port plus the replica id, so this stage binds "
+                         "ports 25201-25202 (replicas 0-1)")
+    assert (d.location.line, d.location.column) == (8, 37)
+    assert [(r.line, r.column, r.label) for r in d.related] == [(14, 25, "bootstrap_port 25201")]
+    assert d.help == ('write VLLM_MOONCAKE_BOOTSTRAP_PORT: "25201" (what the runtime sets for replica 0), '
+                      "or set bootstrap_port: 25301 if that is the port you want")
+    # agreeing values, or a runtime where the env is what decides: no OPD502
+    assert "OPD502" not in validate_text(MC.replace('"25301"', '"25201"'), "t.yaml").codes()
+    assert "OPD502" not in validate_text(MC, "t.yaml", ValidateOptions(vllm_version="0.28")).codes()
+    plain = MC.replace("qwen3_omni_moe_pd", "llm_pd")  # plain `vllm serve` engines
+    assert "OPD502" not in validate_text(plain, "t.yaml").codes()
+
+
+def test_env_bootstrap_port_with_bootstrap_port_unset_names_the_default() -> None:
+    text = MC.replace("      kv_connector_extra_config:\n        bootstrap_port: 25201\n", "")
+    d = _one(text, "OPD502")
+    assert d.message == ("stage 0: env VLLM_MOONCAKE_BOOTSTRAP_PORT = 25301 is ignored: vllm-omni 0.30 sets it from "
+                         "kv_connector_extra_config.bootstrap_port (unset, default 8998) plus the replica id, "
+                         "so this stage binds ports 8998-8999 (replicas 0-1)")
+    assert [(r.line, r.label) for r in d.related] == [(10, "bootstrap_port unset: default 8998")]
+
+
+def test_replica_range_hitting_another_port_is_a_conflict() -> None:
+    # 3 replicas bind 25201-25203; decode's API port 25203 is inside the range
+    text = MC.replace('"25301"', '"25201"').replace("num_replicas: 2", "num_replicas: 3") \
+             .replace('devices: "1"\n', 'devices: "1"\n    port: 25203\n')
+    d = _one(text, "OPD501")
+    assert d.message == ("port 25203 on the shared host bound by stage 0 replica 2 (Mooncake bootstrap, 25203) "
+                         "and stage 1 (API server --port, 25203)")
+    assert (d.location.line, d.location.column) == (17, 11)
+    assert [(r.line, r.column, r.label) for r in d.related] == [(14, 25, "stage 0 replica 2 binds 25203")]
+    assert d.help == "move stage 1's range to start at 25204 or above"
+    # one replica fewer and the range ends at 25202
+    assert "OPD501" not in validate_text(text.replace("num_replicas: 3", "num_replicas: 2"), "t.yaml").codes()
+    # vllm-omni 0.28 gives every replica the env port 25201: no range reaching 25203 (the replicas
+    # collide with each other instead, test_replicas_sharing_one_port_collide)
+    old = validate_text(text, "t.yaml", ValidateOptions(vllm_version="0.28"))
+    assert [d.message for d in old.diagnostics if d.code == "OPD501" and "25203" in d.message] == []
+
+
+def test_replicas_sharing_one_port_collide() -> None:
+    # vllm-omni 0.28 (env decides, no replica offset) and NIXL everywhere: every replica binds the same port
+    d = _one(MC.replace('"25301"', '"25201"'), "OPD501", ValidateOptions(vllm_version="0.28"))
+    assert d.message == ("port 25301 on the shared host bound by stage 0 replica 0 (Mooncake bootstrap, 25301) "
+                         "and stage 0 replica 1 (Mooncake bootstrap, 25301)").replace("25301", "25201")
+    assert d.help == ("all 2 replicas of stage 0 get the same Mooncake bootstrap port on this runtime: "
+                      "set num_replicas: 1, or place the replicas on different hosts")
+    nixl = PD.replace('devices: "0"\n', 'devices: "0"\n    num_replicas: 2\n', 1)
+    d = _one(nixl, "OPD501")
+    assert d.message == ("port 5600 on the shared host bound by stage 0 replica 0 (NIXL side channel, 5600) "
+                         "and stage 0 replica 1 (NIXL side channel, 5600)")
+
+
+def test_unread_recipe_key_is_a_warning_naming_the_key_to_use() -> None:
+    text = MC.replace('"25301"', '"25201"').replace("bootstrap_port: 25201", "mooncake_bootstrap_port: 25201")
+    res = validate_text(text, "t.yaml")
+    d = next(x for x in res.diagnostics if x.code == "OPD505")
+    assert d.severity is Severity.WARNING
+    assert d.message == ("stage 0: kv_connector_extra_config.mooncake_bootstrap_port is read by nothing on "
+                         "vllm-omni 0.30; the bootstrap port comes from kv_connector_extra_config.bootstrap_port, "
+                         "so this stage binds ports 8998-8999 (replicas 0-1)")
+    assert (d.location.line, d.location.column) == (14, 9)
+    assert d.help == "rename it to bootstrap_port: 25201"
+    # ... and the env it was meant to agree with is ignored: 8998 is bound, not 25201
+    assert "OPD502" in res.codes()
+    # plain `vllm serve` engines: the env decides, so the fix is the env
+    plain = text.replace("qwen3_omni_moe_pd", "llm_pd")
+    d = _one(plain, "OPD505")
+    assert d.message == ("stage 0: kv_connector_extra_config.mooncake_bootstrap_port is read by nothing on "
+                         "vLLM 0.30; the bootstrap port comes from env VLLM_MOONCAKE_BOOTSTRAP_PORT, "
+                         "so this stage binds port 25201")
+    assert d.help == 'remove mooncake_bootstrap_port and set env VLLM_MOONCAKE_BOOTSTRAP_PORT: "25201"'
+    # on decode (kv_consumer) it is simply noise
+    dec = MC.replace('"25301"', '"25201"').replace("engine_id: d\n",
+                                                   "engine_id: d\n      kv_connector_extra_config: {mooncake_bootstrap_port: 25202}\n")
+    d = _one(dec, "OPD505")
+    assert d.message == ("stage 1: kv_connector_extra_config.mooncake_bootstrap_port is read by nothing on "
+                         "vllm-omni 0.30, and a kv_consumer binds no bootstrap port")
+    assert d.help == "remove mooncake_bootstrap_port"
+
+
 def test_lmcache_routing_advice_is_not_nixl_advice() -> None:
     """OPD702 on an LMCache pair names LMCache's disagg_spec, never NIXL's request fields."""
     r = RULES["OPD702"]

@@ -192,7 +192,10 @@ def _pd_side(stage: CommentedMap, plan: PDSplitPlan, side: str) -> None:
                 before=("devices", "env", "input_connectors", "output_connectors", "default_sampling_params"))
     env_holder = _where(stage, "env")
     env = env_holder.get("env")
-    if not isinstance(env, CommentedMap):
+    if isinstance(env, CommentedMap):
+        for k in cfg.env_remove:
+            env.pop(k, None)
+    if not isinstance(env, CommentedMap) and cfg.env:
         env = CommentedMap()
         _insert(env_holder, "env", env, after=("devices",),
                 before=("input_connectors", "output_connectors", "default_sampling_params"))

@@ -43,6 +43,53 @@ def _facts() -> dict[str, Any]:
     return load_data(data_dir("presets") / "targets" / "vllm.yaml")
 
 
+@lru_cache(maxsize=1)
+def _bootstrap_facts() -> dict[str, Any]:
+    from omni_pd.resources import data_dir, load_data
+
+    return load_data(data_dir("presets") / "targets" / "mooncake_bootstrap.yaml")
+
+
+#: The two runtimes omni-pd launches (``presets/pipelines/*.yaml`` ``runtime:``).
+RUNTIMES = ("vllm", "vllm-omni")
+
+
+@dataclass(frozen=True)
+class MooncakeBootstrap:
+    """Which setting decides the Mooncake bootstrap port on one runtime and version
+    (``presets/targets/mooncake_bootstrap.yaml``; field meanings and upstream sources there).
+
+    ``key``: ``"env"`` (the stage's ``VLLM_MOONCAKE_BOOTSTRAP_PORT``) or a dotted
+    ``kv_transfer_config`` path (``"kv_connector_extra_config.bootstrap_port"``).
+    ``default``: port bound when the key is absent. ``replica_offset``: replica *r* of a
+    stage binds ``port + r``. ``env_overwritten``: the runtime replaces the env value.
+    ``unread_keys``: dotted ``kv_transfer_config`` paths nothing reads on this target.
+    ``runtime``/``label``: what the facts are for (``"vllm-omni"``, ``"0.30"``).
+    """
+
+    runtime: str
+    label: str
+    env: str
+    key: str
+    default: int
+    replica_offset: bool
+    env_overwritten: bool
+    unread_keys: tuple[str, ...]
+    engine_id: str
+    source: str
+
+    @property
+    def extra_key(self) -> str | None:
+        """The ``kv_connector_extra_config`` key that decides the port, or None (env decides)."""
+        prefix = "kv_connector_extra_config."
+        return self.key[len(prefix):] if self.key.startswith(prefix) else None
+
+    @property
+    def where(self) -> str:
+        """The deciding setting as a user writes it (``env VLLM_MOONCAKE_BOOTSTRAP_PORT``)."""
+        return f"env {self.env}" if self.key == "env" else self.key
+
+
 def default_version() -> str:
     return str(_facts()["default_version"])
 
@@ -100,6 +147,26 @@ class Target:
         """Bootstrap ports one Mooncake prefill engine binds from its base (per host)."""
         per = _stepped(self.version, _facts()["mooncake"]["bootstrap_span"], "per")
         return dp * tp if per == "dp_tp" else 1
+
+
+    def mooncake_bootstrap(self, runtime: str = "vllm") -> MooncakeBootstrap:
+        """Bootstrap-port facts for ``runtime`` (``"vllm"`` or ``"vllm-omni"``) at this
+        version (vllm-omni's minor version follows vLLM's). Versions older than every
+        entry get the oldest entry. Raises ValueError for an unknown runtime."""
+        facts = _bootstrap_facts()
+        steps = facts["runtimes"].get(runtime)
+        if steps is None:
+            raise ValueError(f"unknown runtime {runtime!r} (expected one of {', '.join(RUNTIMES)})")
+        chosen = steps[0]
+        for s in steps:
+            if self.version >= parse_version(s["since"]):
+                chosen = s
+        return MooncakeBootstrap(
+            runtime=runtime, label=self.label, env=str(facts["env"]), key=str(chosen["key"]),
+            default=int(chosen["default"]), replica_offset=bool(chosen["replica_offset"]),
+            env_overwritten=bool(chosen["env_overwritten"]),
+            unread_keys=tuple(str(k) for k in chosen.get("unread_keys") or ()),
+            engine_id=str(chosen["engine_id"]), source=" ".join(str(chosen["source"]).split()))
 
 
 def target(version: str | None = None) -> Target:

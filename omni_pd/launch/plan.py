@@ -103,19 +103,41 @@ def _env_str(env: dict[str, Any] | None) -> dict[str, str]:
     return {str(k): str(v) for k, v in (env or {}).items()}
 
 
-def _connector_ports(node: StageNode, target: Any, host: str) -> tuple[PortUse, ...]:
+def _connector_ports(node: StageNode, target: Any, host: str, runtime: str = "vllm") -> tuple[PortUse, ...]:
+    """Every connector port the engines of ``node`` bind on ``host``, one entry per port.
+
+    The same function as ``expand``'s allocation and ``validate``'s OPD501/OPD502
+    (the connector contract's ``ports``, facts from presets/targets), never the env value
+    in the file alone: on vllm-omni 0.30 a Mooncake prefill stage with ``num_replicas`` N
+    binds ``bootstrap_port + r`` for r < N (vllm_omni/engine/stage_runtime.py
+    ``_prepare_replica_vllm_config``). ``runtime``: ``vllm-omni`` starts ``num_replicas``
+    engines per stage, ``vllm`` one per process omni-pd starts.
+    """
     from omni_pd.compile import connectors
+    from omni_pd.compile.connectors.base import launched_replicas
 
     kv = node.kv or {}
     conn = connectors.get(str(kv.get("kv_connector", "")))
     if conn is None or target is None:
         return ()
     side = "prefill" if node.pd_role == "prefill" else "decode"
+    reps = launched_replicas(runtime, node.num_replicas)
     out = []
-    for p in conn.ports(side, kv, node.env or {}, node.tp, node.dp, target):
+    for p in conn.ports(side, kv, node.env or {}, node.tp, node.dp, target, runtime=runtime, replicas=reps):
+        label = p.purpose + (f" replica {p.replica}" if reps > 1 else "")
         for i in range(p.span):
-            out.append(PortUse(p.port + i, f"{p.purpose}" + (f"[{i}]" if p.span > 1 else ""), host))
+            out.append(PortUse(p.port + i, label + (f"[{i}]" if p.span > 1 else ""), host))
     return tuple(out)
+
+
+def _bootstrap_port(node: StageNode, target: Any) -> int | None:
+    """The Mooncake bootstrap port a plain ``vllm serve`` prefill binds (for the router)."""
+    from omni_pd.compile.connectors.mooncake import bootstrap_ports
+
+    if target is None:
+        return None
+    bound = bootstrap_ports(node.kv, node.env, node.tp, node.dp, target, "vllm", 1)
+    return bound[0].port if bound else None
 
 
 def _device_env(opts: LaunchOptions, node: StageNode) -> tuple[str | None, str | None]:
@@ -147,7 +169,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
         ports = [PortUse(opts.port, "http", opts.host)]
         for s in topo.stages:
             if s.pd_role:
-                ports += _connector_ports(s, target, opts.host)
+                ports += _connector_ports(s, target, opts.host, "vllm-omni")
         proc = ProcessSpec(
             name="omni", role="omni",
             argv=(opts.vllm, "serve", opts.model, "--omni", "--deploy-config", config_path,
@@ -184,8 +206,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
             memory_fraction=float(node.settings.get("gpu_memory_utilization") or 0.9)))
         url = f"http://{opts.host}:{port}"
         if role == "prefill" and conn == "MooncakeConnector":
-            bp = (node.env or {}).get("VLLM_MOONCAKE_BOOTSTRAP_PORT") or \
-                (kv.get("kv_connector_extra_config") or {}).get("mooncake_bootstrap_port")
+            bp = _bootstrap_port(node, target)
             if bp is not None:
                 url += f",{bp}"
         urls[role].append(url)

@@ -47,10 +47,9 @@ def _drop_stage(sid):
     return f
 
 
-def _same_port(d):
-    d0 = _stage(d, 1)
-    d0["env"]["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = "25201"
-    d0["kv_transfer_config"]["kv_connector_extra_config"]["mooncake_bootstrap_port"] = 25201
+def _env_port_ignored(d):
+    # vllm-omni 0.30 overwrites the prefill replica's env with bootstrap_port + replica id
+    _stage(d, 0)["env"]["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = "25301"
 
 
 def _unknown_key(d):
@@ -73,7 +72,7 @@ VARIANTS: dict[str, tuple[str, Callable]] = {
     "buffer_device_differs": ("kv_buffer_device cpu on prefill, cuda on decode",
                               _both(_set_kv(0, "kv_buffer_device", "cpu"), _set_kv(1, "kv_buffer_device", "cuda"))),
     "same_engine_id": ("decode engine_id = prefill's", _set_kv(1, "engine_id", "omni-thinker-prefill")),
-    "same_bootstrap_port": ("decode bootstrap port 25201 = prefill's", _same_port),
+    "bootstrap_env_ignored": ("prefill env bootstrap port 25301, bootstrap_port 25201", _env_port_ignored),
     "kv_role_typo": ("prefill kv_role: kv_prod", _set_kv(0, "kv_role", "kv_prod")),
     "unknown_stage_key": ("talker has bogus_stage_key", _unknown_key),
 }
@@ -91,7 +90,7 @@ EXPECTED: dict[str, tuple[tuple[str, ...], str]] = {
     "decode_stage_deleted": (("OPD301",), "ValueError: Stage-1 is marked for PD but has no 'kv_transfer_config'"),
     "buffer_device_differs": (("OPD305",), "ValueError: PD kv_buffer_device mismatch"),
     "same_engine_id": (("OPD309",), "valid"),
-    "same_bootstrap_port": (("OPD501",), "valid"),
+    "bootstrap_env_ignored": (("OPD502",), "valid"),
     "kv_role_typo": (("OPD302",), "ValidationError: 1 validation error for OmniStageConnectorConfig"),
     "unknown_stage_key": (("OPD111",), "ValueError: Stage 2 (llm_ar) has explicit engine argument(s) with no "
                                        "structured config owner"),

@@ -27,11 +27,26 @@ LOCAL = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "")
 
 @dataclass(frozen=True)
 class Bound:
+    """``[port, port + span)`` bound on its host by replica ``replica`` of stage ``node``
+    (``replicas``: how many engines the stage starts)."""
+
     node: "StageNode"
     port: int
     span: int
     purpose: str
     loc: Location
+    replica: int = 0
+    replicas: int = 1
+
+    @property
+    def who(self) -> str:
+        return f"stage {self.node.stage_id}" + (f" replica {self.replica}" if self.replicas > 1 else "")
+
+
+def runtime_of(ctx: Context) -> str:
+    """``vllm-omni`` or ``vllm``: which runtime reads the config (from the pipeline)."""
+    rt = getattr(getattr(ctx.topology, "pipeline", None), "runtime", None)
+    return rt if rt in ("vllm", "vllm-omni") else "vllm-omni"
 
 
 def _as_port(v: Any) -> int | None:
@@ -50,6 +65,7 @@ def _side(n: "StageNode") -> str:
 def bound_ports(ctx: Context, n: "StageNode") -> list[Bound]:
     """Every port range stage ``n`` binds on its host (per engine; ranks included)."""
     from omni_pd.compile import connectors
+    from omni_pd.compile.connectors.base import launched_replicas
 
     out: list[Bound] = []
     kv = n.kv or {}
@@ -57,17 +73,19 @@ def bound_ports(ctx: Context, n: "StageNode") -> list[Bound]:
     tp, pp, dp = ctx.stage_tp(n), ctx.stage_pp(n), ctx.stage_dp(n)
     c = connectors.get(name) if name else None
     if c is not None and ctx.target.version >= (0, 11):
-        for pu in c.ports(_side(n), kv, n.env, tp, dp, ctx.target):
+        runtime = runtime_of(ctx)
+        reps = launched_replicas(runtime, n.num_replicas)
+        for pu in c.ports(_side(n), kv, n.env, tp, dp, ctx.target, runtime=runtime, replicas=reps):
             if pu.span <= 0:
                 continue
-            if pu.env and pu.env in n.env:
-                loc = ctx.sloc(n, "env", pu.env, value=True)
-            elif "mooncake_bootstrap_port" in (kv.get("kv_connector_extra_config") or {}):
-                loc = ctx.sloc(n, "kv_transfer_config", "kv_connector_extra_config", "mooncake_bootstrap_port", value=True)
+            if pu.key and "." in pu.key:
+                loc = ctx.sloc(n, "kv_transfer_config", *pu.key.split("."), value=True)
+            elif pu.key:
+                loc = ctx.sloc(n, "env", pu.key, value=True)
             else:
                 loc = ctx.sloc(n, "kv_transfer_config", "kv_connector", value=True)
-            out.append(Bound(n, pu.port, pu.span, f"{pu.purpose} ({pu.env} default)" if pu.env and pu.env not in n.env
-                             else pu.purpose, loc))
+            purpose = pu.purpose if pu.key or "default" in pu.purpose else f"{pu.purpose} ({pu.env} default)"
+            out.append(Bound(n, pu.port, pu.span, purpose, loc, pu.replica, reps))
     elif name in ("P2pNcclConnector", "MooncakeConnectorV1", "MooncakeLayerwiseConnector"):
         port = _as_port(kv.get("kv_port", DEFAULT_KV_PORT))
         if port is not None:
@@ -136,9 +154,9 @@ def port_conflict(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             for b in items[i + 1:]:
                 if b.port >= a.port + a.span:
                     break
-                if a.node.stage_id == b.node.stage_id:
+                if a.node.stage_id == b.node.stage_id and a.replica == b.replica:
                     continue
-                key = (a.node.stage_id, b.node.stage_id, a.purpose, b.purpose)
+                key = (a.node.stage_id, a.replica, b.node.stage_id, b.replica, a.purpose, b.purpose)
                 if key in reported:
                     continue
                 reported.add(key)
@@ -146,42 +164,130 @@ def port_conflict(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                 ra = f"{a.port}" if a.span == 1 else f"{a.port}-{a.port + a.span - 1}"
                 rb = f"{b.port}" if b.span == 1 else f"{b.port}-{b.port + b.span - 1}"
                 hostword = f"host {host}" if host != "localhost" else "the shared host"
-                fix = ("assign distinct HCCL_IF_BASE_PORT per instance (env)" if "HCCL" in b.purpose
-                       else f"move stage {b.node.stage_id}'s range to start at {a.port + a.span} or above")
-                yield r.diag(f"port {lo} on {hostword} bound by stage {a.node.stage_id} ({a.purpose}, {ra}) and stage {b.node.stage_id} ({b.purpose}, {rb})",
+                if "HCCL" in b.purpose:
+                    fix = "assign distinct HCCL_IF_BASE_PORT per instance (env)"
+                elif a.node.stage_id == b.node.stage_id:
+                    fix = (f"all {b.replicas} replicas of stage {b.node.stage_id} get the same {b.purpose} port on "
+                           f"this runtime: set num_replicas: 1, or place the replicas on different hosts")
+                else:
+                    fix = f"move stage {b.node.stage_id}'s range to start at {a.port + a.span} or above"
+                yield r.diag(f"port {lo} on {hostword} bound by {a.who} ({a.purpose}, {ra}) and {b.who} ({b.purpose}, {rb})",
                              b.loc, related=[Location(a.loc.file, a.loc.line, a.loc.column, a.loc.path,
-                                                      label=f"stage {a.node.stage_id} binds {ra}")],
+                                                      label=f"{a.who} binds {ra}")],
                              help=fix)
 
 
+_MC = "{kv_connector: MooncakeConnector, kv_role: kv_producer, engine_id: p, kv_connector_extra_config: {bootstrap_port: 25201}}"
+_MC_D = "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_consumer, engine_id: d}}\n"
+
+
+def _bootstrap_facts(ctx: Context, n: "StageNode"):
+    """(facts, deciding setting, port replica 0 binds, replicas) for a Mooncake stage that
+    runs a bootstrap server, else None. One source with expand and launch:
+    omni_pd.compile.connectors.mooncake.bootstrap_ports."""
+    from omni_pd.compile.connectors.base import launched_replicas
+    from omni_pd.compile.connectors.mooncake import bootstrap_ports, deciding_setting
+
+    kv = n.kv or {}
+    if kv.get("kv_connector") != "MooncakeConnector" or kv.get("kv_role") not in ("kv_producer", "kv_both"):
+        return None
+    runtime = runtime_of(ctx)
+    reps = launched_replicas(runtime, n.num_replicas)
+    bound = bootstrap_ports(kv, n.env, ctx.stage_tp(n), ctx.stage_dp(n), ctx.target, runtime, reps)
+    if not bound:
+        return None
+    return ctx.target.mooncake_bootstrap(runtime), deciding_setting(kv, ctx.target, runtime), bound
+
+
+def _ports_text(bound) -> str:
+    ports = [b.port for b in bound]
+    if len(ports) == 1:
+        return f"port {ports[0]}"
+    return f"ports {ports[0]}-{ports[-1]} (replicas 0-{len(ports) - 1})"
+
+
 @rule("OPD502", "bootstrap-port-disagree", Severity.ERROR,
-      "the same port is given twice (env and extra config) with different values",
-      fail=(_PD + "  - {stage_id: 0, devices: \"0\", env: {VLLM_MOONCAKE_BOOTSTRAP_PORT: \"25201\"}, kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer, engine_id: p, kv_connector_extra_config: {mooncake_bootstrap_port: 25301}}}\n"
-            "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_consumer, engine_id: d}}\n"),
-      passing=(_PD + "  - {stage_id: 0, devices: \"0\", env: {VLLM_MOONCAKE_BOOTSTRAP_PORT: \"25201\"}, kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer, engine_id: p, kv_connector_extra_config: {mooncake_bootstrap_port: 25201}}}\n"
-               "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_consumer, engine_id: d}}\n"),
+      "the env bootstrap port disagrees with the one the runtime binds (it overwrites the env)",
+      fail=(_PD + "  - {stage_id: 0, devices: \"0\", env: {VLLM_MOONCAKE_BOOTSTRAP_PORT: \"25301\"}, kv_transfer_config: " + _MC + "}\n" + _MC_D),
+      passing=(_PD + "  - {stage_id: 0, devices: \"0\", env: {VLLM_MOONCAKE_BOOTSTRAP_PORT: \"25201\"}, kv_transfer_config: " + _MC + "}\n" + _MC_D),
       labels=("PORT-BOOTSTRAP-AGREE",))
 def bootstrap_disagree(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
-    """vllm-omni builds prefill's Mooncake bootstrap address twice: ``pd_utils`` from
-    ``kv_connector_extra_config.mooncake_bootstrap_port`` and the engine from its own
-    ``VLLM_MOONCAKE_BOOTSTRAP_PORT``. When both are given they must agree, or decode
-    asks the wrong port. Source: vllm-omni entrypoints/pd_utils.py,
-    engine/async_omni_engine.py (vllm_omni_deploy_schema.md §e3)."""
+    """vllm-omni 0.30 decides each Mooncake prefill (``kv_producer``) replica's bootstrap
+    port itself: ``kv_connector_extra_config.bootstrap_port`` (default 8998) plus the
+    replica id, and overwrites the replica's env ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` with it.
+    An env value in the file that differs from what replica 0 gets is ignored, and
+    anything that trusts it (a proxy, a firewall rule, ``launch``'s preflight before this
+    rule) looks at the wrong port. Runtimes where the env decides are not affected.
+    Facts per runtime/version: presets/targets/mooncake_bootstrap.yaml. Source:
+    vllm_omni/engine/stage_runtime.py ``StageRuntime._prepare_replica_vllm_config``."""
     if ctx.topology is None:
         return
     for n in ctx.topology.stages:
+        got = _bootstrap_facts(ctx, n)
+        if got is None:
+            continue
+        facts, setting, bound = got
+        env_v = n.env.get(facts.env)
+        if setting == "env" or env_v is None or _as_port(env_v) == bound[0].port:
+            continue
+        set_here = facts.extra_key in ((n.kv or {}).get("kv_connector_extra_config") or {})
+        where = (ctx.sloc(n, "kv_transfer_config", *setting.split("."), value=True,
+                          label=f"{facts.extra_key} {bound[0].port}") if set_here
+                 else ctx.sloc(n, "kv_transfer_config", "kv_connector", value=True,
+                               label=f"{facts.extra_key} unset: default {facts.default}"))
+        yield r.diag(f"stage {n.stage_id}: env {facts.env} = {env_v} is ignored: vllm-omni {facts.label} sets it from "
+                     f"{setting}{'' if set_here else f' (unset, default {facts.default})'} plus the replica id, "
+                     f"so this stage binds {_ports_text(bound)}",
+                     ctx.sloc(n, "env", facts.env, value=True), related=[where],
+                     help=(f"write {facts.env}: \"{bound[0].port}\" (what the runtime sets for replica 0), "
+                           f"or set {facts.extra_key}: {_as_port(env_v)} if that is the port you want"))
+
+
+@rule("OPD505", "bootstrap-key-unread", Severity.WARNING,
+      "a bootstrap-port key that nothing reads on this runtime and version",
+      fail=(_PD + "  - {stage_id: 0, devices: \"0\", env: {VLLM_MOONCAKE_BOOTSTRAP_PORT: \"25201\"}, kv_transfer_config: "
+            "{kv_connector: MooncakeConnector, kv_role: kv_producer, engine_id: p, kv_connector_extra_config: {mooncake_bootstrap_port: 25201}}}\n" + _MC_D),
+      passing=(_PD + "  - {stage_id: 0, devices: \"0\", env: {VLLM_MOONCAKE_BOOTSTRAP_PORT: \"25201\"}, kv_transfer_config: " + _MC + "}\n" + _MC_D))
+def bootstrap_key_unread(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """``kv_connector_extra_config.mooncake_bootstrap_port`` (vllm-omni's PD recipe key) is
+    read only by ``entrypoints/pd_utils.py _get_pd_connector_info``, whose result feeds
+    ``_prepare_pd_decode_routing``, which no vllm-omni release (0.18-0.30 read) calls; plain
+    vLLM reads no extra-config key for the port at all. Such a key looks like it sets the
+    port and does not: the port is the one in the deciding setting (or its default 8998).
+    Source: vllm_omni/entrypoints/pd_utils.py (0.18.0-0.30.0 wheels); facts per runtime and
+    version, each with its source: presets/targets/mooncake_bootstrap.yaml."""
+    if ctx.topology is None:
+        return
+    runtime = runtime_of(ctx)
+    facts = ctx.target.mooncake_bootstrap(runtime)
+    for n in ctx.topology.stages:
         kv = n.kv or {}
-        if "mooncake" not in str(kv.get("kv_connector", "")).lower():
+        if kv.get("kv_connector") != "MooncakeConnector":
             continue
-        env_v = n.env.get("VLLM_MOONCAKE_BOOTSTRAP_PORT")
-        ext_v = (kv.get("kv_connector_extra_config") or {}).get("mooncake_bootstrap_port")
-        if env_v is None or ext_v is None or _as_port(env_v) == _as_port(ext_v):
+        extra = kv.get("kv_connector_extra_config") or {}
+        if not isinstance(extra, dict):
             continue
-        yield r.diag(f"stage {n.stage_id}: kv_connector_extra_config.mooncake_bootstrap_port is {ext_v} but "
-                     f"env VLLM_MOONCAKE_BOOTSTRAP_PORT is {env_v}",
-                     ctx.sloc(n, "kv_transfer_config", "kv_connector_extra_config", "mooncake_bootstrap_port", value=True),
-                     related=[ctx.sloc(n, "env", "VLLM_MOONCAKE_BOOTSTRAP_PORT", value=True, label=f"env says {env_v}")],
-                     help=f"write the same port in both places, e.g. mooncake_bootstrap_port: {_as_port(env_v)}")
+        got = _bootstrap_facts(ctx, n)
+        for path in facts.unread_keys:
+            top, _, key = path.partition(".")
+            if top != "kv_connector_extra_config" or key not in extra:
+                continue
+            rt = f"vllm-omni {facts.label}" if runtime == "vllm-omni" else f"vLLM {facts.label}"
+            if got is None:
+                msg = (f"stage {n.stage_id}: {path} is read by nothing on {rt}, and a kv_consumer binds no "
+                       f"bootstrap port")
+                fix = f"remove {key}"
+            else:
+                _, setting, bound = got
+                shown = f"env {facts.env}" if setting == "env" else setting
+                msg = (f"stage {n.stage_id}: {path} is read by nothing on {rt}; the bootstrap port comes from "
+                       f"{shown}, so this stage binds {_ports_text(bound)}")
+                v = _as_port(extra[key])
+                if setting == "env":
+                    fix = f"remove {key} and set env {facts.env}: \"{v}\"" if v else f"remove {key}"
+                else:
+                    fix = f"rename it to {setting.split('.', 1)[1]}" + (f": {v}" if v else "")
+            yield r.diag(msg, ctx.sloc(n, "kv_transfer_config", "kv_connector_extra_config", key), help=fix)
 
 
 @rule("OPD503", "cross-host-localhost", Severity.ERROR,

@@ -31,7 +31,9 @@ class Endpoint:
     ``host``: address advertised to the peer (loopback for a single host).
     ``port_base``: first port of this side's connector range (per host), or None if
     the connector binds no fixed port on this side. ``tp``/``dp``: tensor/data
-    parallel sizes of the engine.
+    parallel sizes of the engine. ``runtime``: ``"vllm"`` (plain ``vllm serve``) or
+    ``"vllm-omni"`` (``vllm serve --omni``), which decides where some connectors read
+    their ports (:meth:`omni_pd.compile.targets.Target.mooncake_bootstrap`).
     """
 
     side: Side
@@ -41,24 +43,45 @@ class Endpoint:
     dp: int = 1
     port_base: int | None = None
     kv_buffer_device: str | None = None
+    runtime: str = "vllm"
 
 
 @dataclass(frozen=True)
 class SideConfig:
-    """Connector output for one side: ``kv_transfer_config`` (ordered) and env vars."""
+    """Connector output for one side: ``kv_transfer_config`` (ordered), env vars to set,
+    and env vars to remove from what the side copied from the Thinker (a setting this
+    side does not use, e.g. a bootstrap port on a ``kv_consumer``)."""
 
     kv_transfer_config: dict[str, Any]
     env: dict[str, str]
+    env_remove: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class PortUse:
-    """A contiguous port range ``[port, port + span)`` one engine binds on its host."""
+    """A contiguous port range ``[port, port + span)`` one engine (replica ``replica``
+    of its stage) binds on its host. ``key``: the setting that decided ``port``
+    (an env var name, or a dotted ``kv_transfer_config`` path), None for a default."""
 
     port: int
     span: int
     purpose: str
     env: str | None = None  # the env var that sets it, if any
+    replica: int = 0
+    key: str | None = None
+
+
+def launched_replicas(runtime: str, num_replicas: int | None) -> int:
+    """Engines a stage's deploy entry starts: ``num_replicas`` on vllm-omni (its stage
+    runtime starts one engine per replica: vllm_omni/engine/stage_runtime.py
+    ``_build_logical_stage_init_plans``), always 1 on the ``vllm`` runtime (omni-pd's
+    launcher starts one ``vllm serve`` per side and ignores ``num_replicas``)."""
+    if runtime != "vllm-omni":
+        return 1
+    try:
+        return max(int(num_replicas or 1), 1)
+    except (TypeError, ValueError):
+        return 1
 
 
 class KVConnector:
@@ -80,8 +103,10 @@ class KVConnector:
         """Where allocation starts for this connector's ports, or None (no fixed port)."""
         return None
 
-    def port_span(self, side: Side, tp: int, dp: int, target: Target) -> int:
-        """Consecutive ports bound from the base on ``side`` (0 = none)."""
+    def port_span(self, side: Side, tp: int, dp: int, target: Target, *,
+                  runtime: str = "vllm", replicas: int = 1) -> int:
+        """Consecutive ports to reserve from the base on ``side`` (0 = none) for a stage
+        of ``replicas`` engines on ``runtime``, so that no port it binds is outside."""
         return 0
 
     def configure(self, ep: Endpoint, target: Target) -> SideConfig:
@@ -89,9 +114,15 @@ class KVConnector:
         raise NotImplementedError
 
     def ports(self, side: Side, kv: dict[str, Any], env: dict[str, Any], tp: int, dp: int,
-              target: Target) -> list[PortUse]:
-        """Ports an engine configured with ``kv``/``env`` binds (read back for checks)."""
+              target: Target, *, runtime: str = "vllm", replicas: int = 1) -> list[PortUse]:
+        """Ports the ``replicas`` engines of a stage configured with ``kv``/``env`` bind,
+        one :class:`PortUse` per replica and range (read back for checks and preflight)."""
         return []
+
+    def unread_keys(self, target: Target, runtime: str = "vllm") -> tuple[str, ...]:
+        """Dotted ``kv_transfer_config`` paths (``kv_connector_extra_config.x``) that no
+        code reads on ``runtime`` at ``target``: expand drops them from what it copies."""
+        return ()
 
     def hetero_tp_error(self, p_tp: int, d_tp: int, target: Target) -> str | None:
         """Why (p_tp, d_tp) is unsupported, or None when it is. Default: equal TP only."""

@@ -1,17 +1,21 @@
 """MooncakeConnector (Mooncake Transfer Engine, P2P handshake).
 
-Facts (vllm_kv_connectors.md §3.2; vLLM v1/mooncake/*.py; vllm-omni 0.30.0
-entrypoints/pd_utils.py and engine/omni_engine_base.py):
+Facts (vllm_kv_connectors.md §3.2; vLLM v1/mooncake/*.py; vllm-omni
+engine/stage_runtime.py; ``presets/targets/mooncake_bootstrap.yaml`` per runtime/version):
 
-* Prefill (``kv_producer``) runs an HTTP bootstrap server on
-  ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` (default 8998): one port per engine from vLLM 0.18,
-  ``base + dp_rank*tp + tp_rank`` on 0.13. Decode (``kv_consumer``) binds no fixed port.
-* vllm-omni builds the bootstrap address twice: ``pd_utils`` from
-  ``kv_ip`` + ``kv_connector_extra_config.mooncake_bootstrap_port`` (default 25201) and
-  the engine from ``kv_ip`` + the engine process's ``VLLM_MOONCAKE_BOOTSTRAP_PORT``.
-  Both must name the same port, so omni-pd writes it in both places.
-* Each side gets its own port (the vllm-omni PD recipes use 25201 / 25202), so a side
-  flipped to ``kv_both`` would not collide.
+* An engine whose ``kv_role`` is not ``kv_consumer`` runs an HTTP bootstrap server
+  (vLLM ``MooncakeConnectorWorker.__init__``): one port per engine from vLLM 0.18,
+  ``base + dp_rank*tp + tp_rank`` on 0.13. Decode (``kv_consumer``) binds no fixed port,
+  so omni-pd gives it no bootstrap port.
+* Which setting decides that port depends on the runtime: plain vLLM reads only the env
+  ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` (default 8998). vllm-omni 0.30 computes it for each
+  ``kv_producer`` replica *r* as ``kv_connector_extra_config.bootstrap_port`` (default
+  8998) ``+ r`` and overwrites the replica's env with it
+  (``StageRuntime._prepare_replica_vllm_config``), so a prefill stage with
+  ``num_replicas`` N binds N consecutive ports. ``mooncake_bootstrap_port`` (the key of
+  vllm-omni's PD recipe) feeds no running code path on any release read.
+* omni-pd writes the deciding key and, for vllm-omni, also the env variable with the
+  value the runtime will set for replica 0, so the file says what will be bound.
 * Heterogeneous TP: 0.13–0.18 equal TP only; from 0.22 one must divide the other.
   vllm-omni's PD validator requires equal TP regardless (pd_utils.py).
 """
@@ -23,8 +27,61 @@ from typing import Any
 from omni_pd.compile.connectors.base import ROLE, Endpoint, KVConnector, PortUse, SideConfig, Side
 
 ENV_PORT = "VLLM_MOONCAKE_BOOTSTRAP_PORT"
-#: first port of omni-pd's allocation; vllm-omni's pd_utils default and PD recipes
+#: first port of omni-pd's allocation (vllm-omni's PD recipe value), away from vLLM's
+#: 8998 default so a plain Mooncake engine on the same host does not collide
 BASE_PORT = 25201
+EXTRA = "kv_connector_extra_config"
+
+
+def _int(raw: Any) -> int | None:
+    if isinstance(raw, bool):
+        return None
+    try:
+        return int(str(raw).strip())
+    except (TypeError, ValueError):
+        return None
+
+
+def deciding_setting(kv: dict[str, Any] | None, target, runtime: str) -> str:
+    """Where the engine(s) configured with ``kv`` take the bootstrap port from:
+    ``"env"`` or a dotted ``kv_transfer_config`` path. vllm-omni's rewrite applies only to
+    ``kv_producer`` (``_prepare_replica_vllm_config`` tests ``kv_role == "kv_producer"``);
+    a ``kv_both`` engine reads the env like plain vLLM."""
+    facts = target.mooncake_bootstrap(runtime)
+    if facts.extra_key and (kv or {}).get("kv_role") == "kv_producer":
+        return facts.key
+    return "env"
+
+
+def bootstrap_ports(kv: dict[str, Any] | None, env: dict[str, Any] | None, tp: int, dp: int, target,
+                    runtime: str = "vllm", replicas: int = 1) -> list[PortUse]:
+    """The bootstrap port range each of a stage's ``replicas`` engines binds.
+
+    ``kv``/``env``: the stage's ``kv_transfer_config`` and env as written. Returns [] for
+    a ``kv_consumer`` (no bootstrap server) or a port that is not an integer; else one
+    :class:`PortUse` per replica: ``port + r`` where the runtime adds the replica id,
+    ``port`` for every replica where it does not. Port units: TCP port numbers.
+    Sources: presets/targets/mooncake_bootstrap.yaml (per runtime and version).
+    """
+    kv = kv or {}
+    if kv.get("kv_role") == "kv_consumer":
+        return []
+    facts = target.mooncake_bootstrap(runtime)
+    setting = deciding_setting(kv, target, runtime)
+    if setting == "env":
+        raw, key = (env or {}).get(ENV_PORT), ENV_PORT
+    else:
+        raw, key = (kv.get(EXTRA) or {}).get(facts.extra_key), setting
+    if raw is None:
+        raw, key = facts.default, None
+    port = _int(raw)
+    if port is None:
+        return []
+    offset = setting != "env" and facts.replica_offset
+    span = target.mooncake_bootstrap_span(tp, dp)
+    purpose = "Mooncake bootstrap" if key is not None else f"Mooncake bootstrap ({facts.where} default)"
+    return [PortUse(port + (r if offset else 0), span, purpose, ENV_PORT, replica=r, key=key)
+            for r in range(max(int(replicas), 1))]
 
 
 class MooncakeConnector(KVConnector):
@@ -38,36 +95,44 @@ class MooncakeConnector(KVConnector):
     def default_port_base(self, target):
         return BASE_PORT
 
-    def port_span(self, side: Side, tp: int, dp: int, target) -> int:
-        # decode reserves one port too: the env var is set on both sides
-        return target.mooncake_bootstrap_span(tp, dp) if side == "prefill" else 1
+    def port_span(self, side: Side, tp: int, dp: int, target, *, runtime: str = "vllm", replicas: int = 1) -> int:
+        if side != "prefill":
+            return 0  # kv_consumer binds no bootstrap port
+        engine = target.mooncake_bootstrap_span(tp, dp)
+        facts = target.mooncake_bootstrap(runtime)
+        if facts.extra_key and facts.replica_offset:
+            return engine + max(int(replicas), 1) - 1
+        return engine
 
     def configure(self, ep: Endpoint, target) -> SideConfig:
-        port = ep.port_base if ep.port_base is not None else BASE_PORT
+        port = ep.port_base if ep.port_base is not None else (BASE_PORT if ep.side == "prefill" else None)
+        role = ROLE[ep.side]
+        env: dict[str, str] = {}
+        extra = None
+        if port is not None:
+            env[ENV_PORT] = str(port)  # plain vLLM reads it; vllm-omni sets it to this for replica 0
+            setting = deciding_setting({"kv_role": role}, target, ep.runtime)
+            if setting != "env":
+                extra = {setting.split(".", 1)[1]: port}
         kv = self._kv(
             target,
             kv_connector=self.name,
-            kv_role=ROLE[ep.side],
+            kv_role=role,
             engine_id=ep.engine_id,
             kv_ip=ep.host,
             kv_buffer_device=ep.kv_buffer_device,
-            kv_connector_extra_config={"mooncake_bootstrap_port": port},
+            kv_connector_extra_config=extra,
         )
-        return SideConfig(kv_transfer_config=kv, env={ENV_PORT: str(port)})
+        return SideConfig(kv_transfer_config=kv, env=env, env_remove=() if env else (ENV_PORT,))
 
-    def ports(self, side, kv: dict[str, Any], env: dict[str, Any], tp, dp, target) -> list[PortUse]:
-        raw = (env or {}).get(ENV_PORT)
-        if raw is None:
-            raw = ((kv or {}).get("kv_connector_extra_config") or {}).get("mooncake_bootstrap_port")
-        if raw is None:
-            if side != "prefill":
-                return []
-            raw = target.mooncake_bootstrap_default_port
-        try:
-            port = int(raw)
-        except (TypeError, ValueError):
-            return []
-        return [PortUse(port, self.port_span(side, tp, dp, target), "Mooncake bootstrap", ENV_PORT)]
+    def ports(self, side, kv: dict[str, Any], env: dict[str, Any], tp, dp, target, *,
+              runtime: str = "vllm", replicas: int = 1) -> list[PortUse]:
+        kv = dict(kv or {})
+        kv.setdefault("kv_role", ROLE.get(side, "kv_producer"))
+        return bootstrap_ports(kv, env, tp, dp, target, runtime, replicas)
+
+    def unread_keys(self, target, runtime: str = "vllm") -> tuple[str, ...]:
+        return target.mooncake_bootstrap(runtime).unread_keys
 
     def hetero_tp_error(self, p_tp, d_tp, target):
         if p_tp == d_tp:

@@ -12,6 +12,9 @@ Facts (vllm_kv_connectors.md §3.1; vLLM v1/nixl_connector.py, v1/nixl/*.py):
   CPU-only platform.
 * Heterogeneous TP: 0.11–0.13 decode TP must be a multiple of prefill TP; from 0.18
   either direction, the larger divisible by the smaller.
+* vllm-omni (0.30.0 read) passes a stage's env unchanged to every replica of the stage
+  (nothing in ``vllm_omni/`` sets ``VLLM_NIXL_SIDE_CHANNEL_PORT``), so all replicas of a
+  stage with ``num_replicas`` > 1 bind the same range.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ class NixlConnector(KVConnector):
     def default_port_base(self, target):
         return target.nixl_side_channel_default_port
 
-    def port_span(self, side: Side, tp: int, dp: int, target) -> int:
+    def port_span(self, side: Side, tp: int, dp: int, target, *, runtime: str = "vllm", replicas: int = 1) -> int:
         return target.nixl_side_channel_span(tp, dp)
 
     def configure(self, ep: Endpoint, target) -> SideConfig:
@@ -50,13 +53,17 @@ class NixlConnector(KVConnector):
         )
         return SideConfig(kv_transfer_config=kv, env={ENV_HOST: ep.host, ENV_PORT: str(port)})
 
-    def ports(self, side, kv: dict[str, Any], env: dict[str, Any], tp, dp, target) -> list[PortUse]:
+    def ports(self, side, kv: dict[str, Any], env: dict[str, Any], tp, dp, target, *,
+              runtime: str = "vllm", replicas: int = 1) -> list[PortUse]:
         raw = (env or {}).get(ENV_PORT, target.nixl_side_channel_default_port)
         try:
             port = int(raw)
         except (TypeError, ValueError):
             return []
-        return [PortUse(port, self.port_span(side, tp, dp, target), "NIXL side channel", ENV_PORT)]
+        key = ENV_PORT if ENV_PORT in (env or {}) else None
+        span = self.port_span(side, tp, dp, target)
+        return [PortUse(port, span, "NIXL side channel", ENV_PORT, replica=r, key=key)
+                for r in range(max(int(replicas), 1))]
 
     def hetero_tp_error(self, p_tp, d_tp, target):
         if p_tp == d_tp:

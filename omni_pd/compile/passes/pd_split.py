@@ -22,7 +22,7 @@ from typing import Any
 
 from omni_pd.compile import connectors
 from omni_pd.compile.alloc import AllocationError, split_devices, allocate_ports
-from omni_pd.compile.connectors.base import Endpoint, SideConfig
+from omni_pd.compile.connectors.base import Endpoint, SideConfig, launched_replicas
 from omni_pd.diagnostics import Diagnostic, Location, OmniPdError, Severity
 from omni_pd.io import Document
 from omni_pd.compile.pipelines import Catalogue, IdMap, Pipeline
@@ -110,6 +110,24 @@ def _used_ports(node: Any, out: list[tuple[int, int]]) -> None:
     elif isinstance(node, list):
         for v in node:
             _used_ports(v, out)
+
+
+def _stage_ranges(topo: Topology, split_id: int, target: Target, runtime: str) -> list[tuple[int, int]]:
+    """``(port, span)`` of every connector range the stages other than the split one bind
+    (their own contracts, all replicas), so a new range never overlaps one that is wider
+    than the single port :func:`_used_ports` sees."""
+    out: list[tuple[int, int]] = []
+    for n in topo.stages:
+        kv = n.kv or {}
+        c = connectors.get(str(kv.get("kv_connector") or "")) if n.stage_id != split_id else None
+        if c is None:
+            continue
+        side = "decode" if kv.get("kv_role") == "kv_consumer" else "prefill"
+        for pu in c.ports(side, kv, n.env, n.tp, n.dp, target, runtime=runtime,
+                          replicas=launched_replicas(runtime, n.num_replicas)):
+            if 0 < pu.port <= 65535 and pu.span > 0:
+                out.append((pu.port, pu.span))
+    return out
 
 
 def _err(code: str, msg: str, loc: Location | None, help: str | None = None) -> OmniPdError:
@@ -202,33 +220,42 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
     overlay_devices = _plan_overlays(topo, t.stage_id, ids, base_devices)
 
     # ports and connector config ----------------------------------------------------
+    runtime = src.runtime
     used: list[tuple[int, int]] = []
     _used_ports(topo.config.model_dump(by_alias=True, exclude_unset=True), used)
+    used += _stage_ranges(topo, t.stage_id, target, runtime)
     prefix = opts.engine_id_prefix or ("omni-" + t.role if t.role != "llm" else "llm")
     p_id, d_id = f"{prefix}-prefill", f"{prefix}-decode"
     p_tp = tp or thinker.tp
     start = opts.port_base or contract.default_port_base(target)
-    # a platform overlay may raise the Thinker's TP/DP: reserve the widest range any
-    # platform binds, so prefill and decode ranges stay disjoint on every platform
-    span_tp, span_dp = p_tp, thinker.dp
+    # a platform overlay may raise the Thinker's TP/DP/replicas: reserve the widest range
+    # any platform binds, so prefill and decode ranges stay disjoint on every platform
+    span_tp, span_dp, span_rep = p_tp, thinker.dp, thinker.num_replicas
     for pname in topo.config.platforms or {}:
         node = resolve(topo.config, src, pname).node(t.stage_id)
         if node is not None:
             span_tp, span_dp = max(span_tp, node.tp), max(span_dp, node.dp)
-    spans = [contract.port_span("prefill", span_tp, span_dp, target),
-             contract.port_span("decode", span_tp, span_dp, target)]
-    p_port = d_port = None
-    if start is not None and any(spans):
+            span_rep = max(span_rep, node.num_replicas)
+    replicas = launched_replicas(runtime, span_rep)
+    spans = [contract.port_span(side, span_tp, span_dp, target, runtime=runtime, replicas=replicas)
+             for side in ("prefill", "decode")]
+    bases: list[int | None] = [None, None]
+    wanted = [i for i, sp in enumerate(spans) if sp > 0]
+    if start is not None and wanted:
         try:
-            p_port, d_port = allocate_ports(spans, used, start)
+            got = allocate_ports([spans[i] for i in wanted], used, start)
         except AllocationError as e:
             raise _err("OPD805", f"cannot allocate {contract.name} ports: {e}", None,
                        help="pass --port-base with a lower free port") from None
+        for i, port in zip(wanted, got):
+            bases[i] = port
+    p_port, d_port = bases
     kvbd = opts.kv_buffer_device or (thinker.kv or {}).get("kv_buffer_device")
-    p_ep = Endpoint("prefill", p_id, opts.kv_host, p_tp, thinker.dp, p_port, kvbd)
-    d_ep = Endpoint("decode", d_id, opts.kv_host, p_tp, thinker.dp, d_port, kvbd)
-    p_cfg = _merge_user_kv(contract.configure(p_ep, target), thinker.kv, target)
-    d_cfg = _merge_user_kv(contract.configure(d_ep, target), thinker.kv, target)
+    p_ep = Endpoint("prefill", p_id, opts.kv_host, p_tp, thinker.dp, p_port, kvbd, runtime)
+    d_ep = Endpoint("decode", d_id, opts.kv_host, p_tp, thinker.dp, d_port, kvbd, runtime)
+    unread = contract.unread_keys(target, runtime)
+    p_cfg = _merge_user_kv(contract.configure(p_ep, target), thinker.kv, target, unread)
+    d_cfg = _merge_user_kv(contract.configure(d_ep, target), thinker.kv, target, unread)
 
     # async chunking ----------------------------------------------------------------
     if topo.async_chunk or (topo.config.async_chunk is None and len(src.stages) == 1):
@@ -275,17 +302,27 @@ def _fmt(d: Devices) -> str:
     return format_devices(d) or ""
 
 
-def _merge_user_kv(cfg: SideConfig, user: dict[str, Any] | None, target: Target) -> SideConfig:
+def _merge_user_kv(cfg: SideConfig, user: dict[str, Any] | None, target: Target,
+                   unread: tuple[str, ...] = ()) -> SideConfig:
     """Keep what the user already wrote in the Thinker's kv_transfer_config (extra
     config keys, buffer device, ...) under the contract's fields; role, engine id and
-    connector always come from the contract. Legacy fields the target lacks are dropped."""
+    connector always come from the contract. Legacy fields the target lacks are dropped,
+    and so are ``unread`` paths (``kv_connector_extra_config.mooncake_bootstrap_port``:
+    keys no code reads on this runtime, presets/targets/mooncake_bootstrap.yaml)."""
     if not user:
         return cfg
     allowed = target.kv_fields()
+    drop = {tuple(u.split(".")) for u in unread}
     merged: dict[str, Any] = {}
     for k, v in user.items():
         if k in ("kv_role", "engine_id", "kv_rank", "kv_parallel_size") or (target.kv_field_known(k) and k not in allowed):
             continue
+        if (k,) in drop:
+            continue
+        if isinstance(v, dict) and any(len(p) == 2 and p[0] == k for p in drop):
+            v = {ek: ev for ek, ev in v.items() if (k, ek) not in drop}
+            if not v:
+                continue
         merged[k] = v
     for k, v in cfg.kv_transfer_config.items():
         if isinstance(v, dict) and isinstance(merged.get(k), dict):
@@ -294,7 +331,7 @@ def _merge_user_kv(cfg: SideConfig, user: dict[str, Any] | None, target: Target)
             merged[k] = v
     ordered = {k: merged[k] for k in cfg.kv_transfer_config}
     ordered.update({k: v for k, v in merged.items() if k not in ordered})
-    return SideConfig(kv_transfer_config=ordered, env=cfg.env)
+    return SideConfig(kv_transfer_config=ordered, env=cfg.env, env_remove=cfg.env_remove)
 
 
 def _plan_overlays(topo: Topology, t: int, ids: IdMap, base_new: dict[int, Devices]) -> dict[str, dict[int, Devices]]:
