@@ -157,7 +157,8 @@ _AUDIO_PD = ("pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
 @rule("OPD704", "talker-pd-conditioning", Severity.WARNING,
       "under PD, vllm-omni's Talker gets no prompt rows from the Thinker (audio output is wrong or fails)",
       fail=_AUDIO_PD,
-      passing=_AUDIO_PD.replace("qwen3_omni_moe_pd", "qwen3_omni_moe_thinker_only_pd").split("  - {stage_id: 2")[0])
+      passing=_AUDIO_PD.replace("qwen3_omni_moe_pd", "qwen3_omni_moe_thinker_only_pd").split("  - {stage_id: 2")[0],
+      labels=("RT-TALKER-PD",))
 def talker_pd_conditioning(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """vllm-omni 0.30 builds the Talker's conditioning (Thinker embeddings and hidden states
     of every prompt and answer token) in the Thinker engine from the rows that engine
