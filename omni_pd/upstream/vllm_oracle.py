@@ -51,13 +51,19 @@ STANDINS = Path(__file__).with_name("oracle_standins")
 
 
 def _install_standins() -> list[str]:
-    """Put stand-ins on ``sys.path`` for the heavy packages that are not installed."""
-    missing = [m for m in ("torchvision", "torchaudio", "av") if importlib.util.find_spec(m) is None]
+    """Put stand-ins on ``sys.path`` for the heavy packages that are not installed.
+
+    Returns the names replaced (a subset of torchvision, torchaudio, av, in that order).
+    The installed ones are imported first, so the stand-ins' folder, which holds all
+    three, never shadows a real package (the e2e venv has a real torchvision, .ci/e2e_venv.sh).
+    """
+    names = ("torchvision", "torchaudio", "av")
+    missing = [m for m in names if importlib.util.find_spec(m) is None]
     if missing:
-        sys.path.insert(0, str(STANDINS))
-        for m in ("torchvision", "torchaudio", "av"):  # keep the real ones where present
+        for m in names:  # keep the real ones where present: import them before the path changes
             if m not in missing:
-                sys.modules.setdefault(m, importlib.import_module(m))
+                importlib.import_module(m)
+        sys.path.insert(0, str(STANDINS))
     return missing
 
 
