@@ -441,6 +441,73 @@ def _validate_one(name: str, opts, against: bool, python: Optional[str], model: 
     return found, res.docs
 
 
+@app.command()
+def graph(
+    input: Optional[Path] = typer.Argument(None, help="deploy YAML (default: the bundled Qwen3-Omni preset)",
+                                           show_default=False),
+    fmt: str = typer.Option("tree", "--format", help="tree (rich, default) | mermaid | dot"),
+    platform: Optional[str] = typer.Option(None, "--platform", help="apply platforms.<P> first: cuda, rocm, npu, xpu, musa"),
+    pipeline: Optional[str] = typer.Option(None, "--pipeline", help="pipeline name when the file does not say"),
+    vllm_version: Optional[str] = typer.Option(None, "--vllm-version",
+                                               help="target vLLM major.minor (decides the ports shown)"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the text here (atomically) instead of stdout"),
+) -> None:
+    """Draw the stage graph: roles, devices, KV connectors with kv_role, ports (tree, Mermaid or DOT)."""
+    from omni_pd import cli_options
+    from omni_pd.compile.graph import stage_graph, to_dot, to_mermaid, to_tree_lines, to_tree_text
+    from omni_pd.io import atomic_write, load_file
+    from omni_pd.resources import preset_path
+
+    if fmt not in ("tree", "mermaid", "dot"):
+        raise typer.BadParameter("use tree, mermaid or dot", param_hint="--format")
+    tgt = cli_options.vllm_version(vllm_version)
+    src = input if input is not None else preset_path("qwen3_omni_moe")
+    doc = load_file(src)
+    _DOCS[doc.name] = doc
+    g = stage_graph(*_graph_inputs(doc, pipeline, platform, tgt))
+    if fmt == "tree" and output is None and sys.stdout.isatty():
+        from rich.console import Console
+        from rich.markup import escape
+        from rich.tree import Tree
+
+        rows = to_tree_lines(g)
+        root = Tree(f"[bold]{escape(rows[0][1])}[/]")
+        parents = {0: root}
+        for depth, text in rows[1:]:
+            style = "bold" if depth == 1 else ("magenta" if text.startswith(("->", "=>")) else "")
+            parents[depth] = parents[depth - 1].add(f"[{style}]{escape(text)}[/]" if style else escape(text))
+        Console(highlight=False).print(root)
+        return
+    text = {"mermaid": to_mermaid, "dot": to_dot, "tree": to_tree_text}[fmt](g)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        atomic_write(output, text, protect=[str(src)])
+
+
+def _graph_inputs(doc, pipeline: Optional[str], platform: Optional[str], tgt):
+    """The resolved topology of ``doc`` and each stage's bound ports (validate's own
+    port facts: ``omni_pd/check/rules/ports.py bound_ports``)."""
+    from omni_pd.check.rules import Context
+    from omni_pd.check.rules.ports import bound_ports
+    from omni_pd.check.validate import Locator, ValidateOptions, choose_pipeline
+    from omni_pd.compile.graph import PortRange
+    from omni_pd.compile.parse import parse_config, to_plain
+    from omni_pd.compile.pipelines import load_catalogue
+    from omni_pd.compile.topology import resolve
+
+    cfg = parse_config(doc)
+    plain = to_plain(doc.tree)
+    # the pipeline validate checks against: catalogued, inferred PD pair, or a linear chain
+    pipe, _ = choose_pipeline(cfg, Locator(doc), load_catalogue(), ValidateOptions(pipeline=pipeline),
+                              base_name=plain.get("base_config"))
+    topo = resolve(cfg, pipe, platform, doc)
+    ctx = Context(doc=Locator(doc), config=cfg, topology=topo, target=tgt, platform=platform, raw=plain)
+    ports = {n.stage_id: [PortRange(b.port, b.span, b.purpose + (f" (replica {b.replica})" if b.replica else ""))
+                          for b in bound_ports(ctx, n)] for n in topo.stages}
+    return topo, ports
+
+
 @app.command("rules")
 def rules_cmd() -> None:
     """List every diagnostic code: the validate rules, then the codes of input, usage, expand, launch."""

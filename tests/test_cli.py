@@ -409,3 +409,96 @@ def test_a_long_skip_reason_fails_the_run(tmp_path):
     assert "2 failed, 1 skipped" in proc.stdout
     assert "skip reason is 300 characters (at most 200)" in proc.stdout
     assert "skip reason names a path outside the project: /home/someone/models" in proc.stdout
+
+
+# --- 6. graph --------------------------------------------------------------------------
+
+GRAPH_GOLDEN = ROOT / "tests" / "golden" / "graph"
+
+
+@pytest.fixture()
+def expanded_preset(tmp_path: Path) -> Path:
+    """`omni-pd expand` of the bundled preset (defaults: MooncakeConnector, vLLM 0.30)."""
+    from omni_pd.compile.expand import expand_document
+    from omni_pd.io import load_file
+    from omni_pd.resources import preset_path
+
+    out = tmp_path / "qwen3_omni_moe_pd.yaml"
+    out.write_text(expand_document(load_file(preset_path("qwen3_omni_moe")), schema_ref="s.json").text)
+    return out
+
+
+@pytest.mark.parametrize("fmt, suffix", [("mermaid", "mmd"), ("dot", "dot"), ("tree", "txt")])
+def test_graph_of_the_expanded_preset_golden(expanded_preset, capsys, fmt, suffix):
+    rc, out, err = run_cli(["graph", str(expanded_preset), "--format", fmt], capsys)
+    assert (rc, err) == (0, "")
+    golden = GRAPH_GOLDEN / f"qwen3_omni_moe_pd.{suffix}"
+    if os.environ.get("OMNI_PD_REGEN") == "1":
+        golden.parent.mkdir(exist_ok=True)
+        golden.write_text(out)
+    assert out == golden.read_text()
+
+
+def test_graph_xpyd_nixl_tp2(tmp_path, capsys):
+    from omni_pd.compile.expand import expand_document
+    from omni_pd.compile.passes.pd_split import ExpandOptions
+    from omni_pd.io import load_file
+    from omni_pd.resources import preset_path
+
+    text = expand_document(load_file(preset_path("qwen3_omni_moe")),
+                           ExpandOptions(connector="NixlConnector", kv_buffer_device="cpu", tp=2)).text
+    text = text.replace('    devices: "0,1"\n', '    devices: "0,1"\n    num_replicas: 2\n', 1)
+    text = text.replace('    devices: "2,3"\n', '    devices: "2,3"\n    num_replicas: 3\n', 1)
+    f = tmp_path / "xpyd.yaml"
+    f.write_text(text)
+    rc, out, _ = run_cli(["graph", str(f)], capsys)
+    assert rc == 0
+    assert out.splitlines()[:10] == [
+        "qwen3_omni_moe_pd (vllm-omni runtime, base platform)",
+        "├── stage 0: thinker prefill",
+        "│   ├── devices 0,1, TP 2, 2 replicas",
+        "│   ├── NixlConnector kv_producer, engine_id omni-thinker-prefill",
+        "│   ├── ports 5600 NIXL side channel; 5600 NIXL side channel (replica 1)",
+        "│   └── => stage 1 (KV NixlConnector transfer)",
+        "├── stage 1: thinker decode",
+        "│   ├── devices 2,3, TP 2, 3 replicas",
+        "│   ├── NixlConnector kv_consumer, engine_id omni-thinker-decode",
+        "│   ├── ports 5601 NIXL side channel; 5601 NIXL side channel (replica 1); "
+        "5601 NIXL side channel (replica 2)"]
+
+
+def test_graph_epd_encoder_cache_edge(tmp_path, capsys):
+    f = tmp_path / "epd.yaml"
+    f.write_text("async_chunk: false\nstages:\n"
+                 '  - {stage_id: 0, devices: "0", mm_encoder_only: true, '
+                 "ec_transfer_config: {ec_connector: ECCPUConnector, ec_role: ec_producer}}\n"
+                 '  - {stage_id: 1, devices: "1", ec_transfer_config: {ec_connector: ECCPUConnector, ec_role: ec_consumer}}\n')
+    rc, out, _ = run_cli(["graph", str(f), "--format", "mermaid"], capsys)
+    assert rc == 0
+    assert out == ("%% <linear chain> (vllm-omni runtime, base platform)\n"
+                   "flowchart LR\n"
+                   '  s0["stage 0: stage (encoder only)<br/>devices 0, TP 1<br/>EC ECCPUConnector ec_producer"]\n'
+                   '  s1["stage 1: stage<br/>devices 1, TP 1<br/>EC ECCPUConnector ec_consumer<br/>outputs text"]\n'
+                   '  s0 == "EC ECCPUConnector" ==> s1\n')
+
+
+def test_graph_on_a_terminal_is_a_rich_tree(expanded_preset, monkeypatch, capsys):
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    buf = Tty()
+    monkeypatch.setattr(sys, "stdout", buf)
+    assert main(["graph", str(expanded_preset)]) == 0
+    text = buf.getvalue()
+    assert "\x1b[1m" in text  # bold stage titles: rich rendered it
+    assert "├── " in text and "stage 0: thinker prefill" in text
+
+
+def test_graph_quotes_are_escaped():
+    from omni_pd.compile.graph import GraphStage, StageGraph, to_dot, to_mermaid
+
+    s = GraphStage(0, 'a"b<c>', None, "0", 1, 1, 1, 1, None, None, None, ())
+    g = StageGraph('p"q', "vllm", None, (s,), ())
+    assert 's0 [label="stage 0: a\\"b<c>\\ndevices 0, TP 1"];' in to_dot(g)
+    assert 's0["stage 0: a&quot;b&lt;c&gt;<br/>devices 0, TP 1"]' in to_mermaid(g)
