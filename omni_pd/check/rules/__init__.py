@@ -79,6 +79,10 @@ class Rule:
     labels: tuple[str, ...] = ()
     #: more examples, one per branch of the rule (tests/test_rules.py runs them)
     examples: tuple[Example, ...] = field(default=(), compare=False)
+    #: the runtime whose behaviour the rule models: "vllm-omni" (one `vllm serve --omni`,
+    #: its orchestrator and PD validator), "vllm" (plain `vllm serve` engines), or None
+    #: (both). The pipeline's launcher selects the rules that run (:func:`run_rules`).
+    runtime: str | None = None
 
     @property
     def family(self) -> str:
@@ -87,7 +91,12 @@ class Rule:
     def explain(self) -> str:
         """The text ``omni-pd explain CODE`` prints."""
         out = [f"{self.code} {self.name} ({self.severity.value}, {self.family})", "",
-               self.summary, "", self.doc.strip(), "", "Fails:", "",
+               self.summary, ""]
+        if self.runtime:
+            out += [f"Runtime: {self.runtime} only ("
+                    + ("`vllm serve --omni`; not checked for pipelines launched as plain `vllm serve` engines)"
+                       if self.runtime == "vllm-omni" else "plain `vllm serve` engines)"), ""]
+        out += [self.doc.strip(), "", "Fails:", "",
                _indent(self.fail.strip()), "", "Passes:", "", _indent(self.passing.strip())]
         if self.example_context:
             out += ["", "Context of the failing example: " + ", ".join(
@@ -118,7 +127,7 @@ _DECLARED: list[Rule] = []
 
 def rule(code: str, name: str, severity: Severity, summary: str, *, fail: str, passing: str,
          example_context: dict[str, Any] | None = None, pass_context: dict[str, Any] | None = None,
-         labels: tuple[str, ...] = (), examples: tuple[Example, ...] = ()):
+         labels: tuple[str, ...] = (), examples: tuple[Example, ...] = (), runtime: str | None = None):
     """Declare a rule; the decorated function's docstring is its doc paragraph."""
 
     def wrap(fn: Callable[["Context", Rule], Iterable[Diagnostic]]):
@@ -126,7 +135,7 @@ def rule(code: str, name: str, severity: Severity, summary: str, *, fail: str, p
                  doc=(fn.__doc__ or "").strip(), fail=fail, passing=passing, check=fn,
                  example_context=dict(example_context or {}),
                  pass_context=dict(pass_context) if pass_context is not None else None, labels=labels,
-                 examples=tuple(examples))
+                 examples=tuple(examples), runtime=runtime)
         _DECLARED.append(r)
         return fn
 
@@ -310,11 +319,22 @@ class Context:
     def pd_pair(self) -> "tuple[StageNode, StageNode] | None":
         return self.topology.pd_pair if self.topology is not None else None
 
+    @property
+    def launcher(self) -> str | None:
+        """How the pipeline's engines run: ``vllm-omni`` (one ``vllm serve --omni``) or
+        ``vllm`` (one plain ``vllm serve`` per engine); None without a topology."""
+        if self.topology is None:
+            return None
+        p = self.topology.pipeline
+        return str(getattr(p, "launcher", None) or p.runtime)
+
 
 def run_rules(ctx: Context, rules: Iterable[Rule] | None = None) -> list[Diagnostic]:
     """Run ``rules`` (default: all) over ``ctx``; a rule that crashes yields OPD000."""
     out: list[Diagnostic] = []
     for r in (rules if rules is not None else registry().values()):
+        if r.runtime is not None and ctx.launcher is not None and r.runtime != ctx.launcher:
+            continue  # the rule models another runtime's behaviour
         try:
             out.extend(r.check(ctx, r))
         except Exception as e:  # a bug in one rule must not hide the others

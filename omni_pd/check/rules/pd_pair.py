@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Severity
-from omni_pd.check.rules import Context, Rule, rule
+from omni_pd.check.rules import Context, Example, Rule, rule
 
 PRODUCERS = ("kv_producer", "kv_both")
 CONSUMERS = ("kv_consumer", "kv_both")
@@ -178,12 +178,24 @@ def _norm(v: Any) -> Any:
 @rule("OPD306", "pd-tp-unequal", Severity.ERROR,
       "prefill and decode TP differ; vllm-omni's PD validator requires equal TP",
       fail=_pd_yaml(OK_P, OK_D, ", tensor_parallel_size: 2", "").replace('devices: "0"', 'devices: "0,2"', 1),
-      passing=_pd_yaml(OK_P, OK_D))
+      passing=_pd_yaml(OK_P, OK_D), runtime="vllm-omni",
+      examples=(
+          Example("llm_pd under plain vllm serve: OPD603's table decides, not vllm-omni's validator",
+                  _pd_yaml(OK_P, OK_D, ", tensor_parallel_size: 2", "").replace('devices: "0"', 'devices: "0,2"', 1)
+                  .replace("qwen3_omni_moe_pd", "llm_pd"), False, {"vllm_version": "0.30"}),
+          Example("thinker-only pipelines launch plain vllm serve engines too",
+                  _pd_yaml(OK_P, OK_D, ", tensor_parallel_size: 2", "").replace('devices: "0"', 'devices: "0,2"', 1)
+                  .replace("qwen3_omni_moe_pd", "qwen3_omni_moe_thinker_only_pd"), False, {"vllm_version": "0.30"}),
+          Example("Qwen2.5-Omni PD under vllm-omni", _pd_yaml(OK_P, OK_D, ", tensor_parallel_size: 2", "").replace(
+              'devices: "0"', 'devices: "0,2"', 1).replace("qwen3_omni_moe_pd", "qwen2_5_omni_pd"), True),
+      ))
 def tp_unequal(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """vllm-omni 0.30 rejects a PD pair whose ``tensor_parallel_size`` differ, whatever
     the connector (rule 6, explained as MooncakeConnector lacking heterogeneous TP).
     Reported only when the connector itself would accept the pair; otherwise OPD603
-    (connector heterogeneous-TP rule) reports it. Source: vllm-omni pd_utils.py
+    (connector heterogeneous-TP rule) reports it. A rule of the vllm-omni runtime: a
+    pair served as plain ``vllm serve`` engines (``llm_pd``, thinker-only pipelines)
+    never meets that validator, vLLM pairs unequal TP and OPD603's table decides. Source: vllm-omni pd_utils.py
     ``_validate_pd_separation_config`` rule 6."""
     from omni_pd.check.rules.capability import hetero_tp_problem
 
@@ -207,11 +219,13 @@ def tp_unequal(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                   "edges:\n  - {from: 1, to: 2}\n  - {from: 2, to: 3}\n"),
       passing=_PD + ("  - {stage_id: 0, devices: \"0\", kv_transfer_config: " + OK_P + "}\n"
                      "  - {stage_id: 1, devices: \"1\", kv_transfer_config: " + OK_D + "}\n"
-                     "edges:\n  - {from: 0, to: 1}\n  - {from: 1, to: 2}\n  - {from: 2, to: 3}\n"))
+                     "edges:\n  - {from: 0, to: 1}\n  - {from: 1, to: 2}\n  - {from: 2, to: 3}\n"),
+      runtime="vllm-omni")
 def decode_input(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Decode's inputs must contain prefill (the orchestrator pairs them by decode's
     ``engine_input_source``); with explicit ``edges:`` the edge prefill -> decode must
-    be there. Source: vllm-omni pd_utils.py rule 3 and
+    be there. A vllm-omni orchestrator rule (plain ``vllm serve`` engines are paired by
+    the router, not by edges). Source: vllm-omni pd_utils.py rule 3 and
     ``detect_pd_separation_from_stage_configs``."""
     pair = ctx.pd_pair
     if pair is None or ctx.config is None:
@@ -289,11 +303,16 @@ def engine_id_unique(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
 @rule("OPD310", "async-chunk-kv", Severity.ERROR,
       "async_chunk is on while a PD pair / KV connector is configured",
       fail=_pd_yaml(OK_P, OK_D).replace("async_chunk: false", "async_chunk: true"),
-      passing=_pd_yaml(OK_P, OK_D))
+      passing=_pd_yaml(OK_P, OK_D), runtime="vllm-omni",
+      examples=(
+          Example("llm_pd under plain vllm serve: no orchestrator, async_chunk is not read",
+                  _pd_yaml(OK_P, OK_D).replace("async_chunk: false\n", "").replace("qwen3_omni_moe_pd", "llm_pd"), False),
+      ))
 def async_chunk_kv(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """With ``async_chunk`` on (vllm-omni's default), the orchestrator pre-submits every
     downstream stage at request start with a zero-filled placeholder prompt; decode then
     gets a bogus prompt instead of prefill's routing, so PD needs ``async_chunk: false``.
+    A vllm-omni orchestrator rule (not checked for plain ``vllm serve`` engines).
     Source: vllm-omni 0.30.0 engine/orchestrator.py (vllm_omni_deploy_schema.md §e4.3)."""
     topo = ctx.topology
     if topo is None or not topo.async_chunk:
