@@ -502,3 +502,81 @@ def test_graph_quotes_are_escaped():
     g = StageGraph('p"q', "vllm", None, (s,), ())
     assert 's0 [label="stage 0: a\\"b<c>\\ndevices 0, TP 1"];' in to_dot(g)
     assert 's0["stage 0: a&quot;b&lt;c&gt;<br/>devices 0, TP 1"]' in to_mermaid(g)
+
+
+# --- 7. pre-commit hook, run by pre-commit itself ----------------------------------------
+
+def _precommit() -> list[str]:
+    import importlib.util
+
+    if importlib.util.find_spec("pre_commit") is None:
+        pytest.skip("pre-commit (test extra) is not installed")
+    return [sys.executable, "-m", "pre_commit"]
+
+
+def _sample_repo(root: Path) -> Path:
+    import subprocess
+
+    repo = root / "sample"
+    (repo / "deploy").mkdir(parents=True)
+    (repo / "deploy" / "llm.yaml").write_text(CLEAN)
+    (repo / "deploy" / "broken.yaml").write_text(BAD)
+    (repo / "notes.yml").write_text("- not a deploy config\n")  # outside the hook's files:
+    git = ["git", "-C", str(repo), "-c", "user.email=t@example.com", "-c", "user.name=t"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "."], check=True)
+    subprocess.run(git + ["commit", "-qm", "sample"], check=True)
+    return repo
+
+
+def _hook_env(root: Path) -> dict[str, str]:
+    bindir = str(Path(sys.executable).parent)
+    return dict(os.environ, PRE_COMMIT_HOME=str(root / "pre-commit-home"),
+                PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
+
+
+def test_precommit_runs_the_hook_definition(tmp_path):
+    """pre-commit runs our .pre-commit-hooks.yaml entry (as a local hook, so no
+    environment is built) on a sample repository: one process for every file, the
+    commit fails on an error and passes once it is fixed."""
+    import subprocess
+
+    from ruamel.yaml import YAML
+
+    cmd = _precommit()
+    hooks = YAML(typ="safe").load((ROOT / ".pre-commit-hooks.yaml").read_text())
+    assert [h["id"] for h in hooks] == ["omni-pd-validate"]
+    hook = dict(hooks[0], language="system", files="^deploy/")  # the installed omni-pd, scoped as documented
+    repo = _sample_repo(tmp_path)
+    import json
+
+    (repo / ".pre-commit-config.yaml").write_text(json.dumps({"repos": [{"repo": "local", "hooks": [hook]}]}))
+    env = _hook_env(tmp_path)
+    run = [*cmd, "run", "--all-files", "--color", "never"]
+    proc = subprocess.run(run, cwd=repo, capture_output=True, text=True, env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "omni-pd validate" in proc.stdout and "Failed" in proc.stdout
+    assert BAD_DIAG.format(name="deploy/broken.yaml") in proc.stdout
+    assert "validate: 2 files, 1 ok, 1 failed (1 error, 0 warnings, 0 info)" in proc.stdout
+    assert "notes.yml" not in proc.stdout
+    (repo / "deploy" / "broken.yaml").write_text(BAD.replace("two", "2"))
+    proc = subprocess.run(run, cwd=repo, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Passed" in proc.stdout
+
+
+@pytest.mark.skipif(os.environ.get("OMNI_PD_PRECOMMIT_TRY_REPO") != "1",
+                    reason="set OMNI_PD_PRECOMMIT_TRY_REPO=1 (pre-commit installs omni-pd from PyPI deps, ~1 min)")
+def test_precommit_try_repo_installs_and_runs_the_hook(tmp_path):
+    """`pre-commit try-repo` on this checkout: pre-commit builds the hook's own Python
+    environment (pip install of the project, dependencies from PyPI) and runs it."""
+    import subprocess
+
+    cmd = _precommit()
+    repo = _sample_repo(tmp_path)
+    proc = subprocess.run([*cmd, "try-repo", str(ROOT), "omni-pd-validate", "--files", "deploy/llm.yaml",
+                           "deploy/broken.yaml", "--color", "never"],
+                          cwd=repo, capture_output=True, text=True, env=_hook_env(tmp_path), timeout=900)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert BAD_DIAG.format(name="deploy/broken.yaml") in proc.stdout
+    assert "validate: 2 files, 1 ok, 1 failed (1 error, 0 warnings, 0 info)" in proc.stdout
