@@ -63,6 +63,23 @@ def legacy_stage_args(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                           "(engine_args.* -> stage keys, runtime.devices -> devices); topology comes from the pipeline")
 
 
+def stage_entries(ctx: Context) -> list[tuple[tuple, dict]]:
+    """Every mapping a stage can be written in: ``stages[i]`` (base_config chains already
+    merged, located in the file that sets each key) and every ``platforms.<p>.stages[j]``
+    overlay entry, as (path, mapping)."""
+    out: list[tuple[tuple, dict]] = []
+    for i, st in enumerate(ctx.raw.get("stages") or []):
+        if isinstance(st, dict):
+            out.append((("stages", i), st))
+    plats = ctx.raw.get("platforms")
+    for p, ov in (plats.items() if isinstance(plats, dict) else ()):
+        sts = ov.get("stages") if isinstance(ov, dict) else None
+        for j, st in enumerate(sts if isinstance(sts, list) else []):
+            if isinstance(st, dict):
+                out.append((("platforms", p, "stages", j), st))
+    return out
+
+
 def _stage_fields() -> frozenset[str]:
     from omni_pd.compile.model import KVTransferConfig, StageDeploy
 
@@ -72,12 +89,29 @@ def _stage_fields() -> frozenset[str]:
 @rule("OPD103", "unknown-key", Severity.WARNING,
       "a key is not a deploy-schema field (nearest match suggested)",
       fail="pipelne: qwen3_omni_moe\nstages:\n  - stage_id: 0\n",
-      passing="pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n", labels=("SCH-UNKNOWN-KEY",))
+      passing="pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n", labels=("SCH-UNKNOWN-KEY",),
+      examples=(
+          Example("stage key typo", "stages:\n  - {stage_id: 0, tensor_paralel_size: 2}\n", True,
+                  contains="tensor_paralel_size"),
+          Example("typo in a platform overlay", "stages:\n  - {stage_id: 0}\nplatforms:\n  npu:\n    stages:\n"
+                  "      - {stage_id: 0, gpu_memory_utilisation: 0.5}\n", True, contains="platforms.npu"),
+          Example("typo inside engine_args", "stages:\n  - stage_id: 0\n    engine_args: {max_num_seq: 8}\n", True,
+                  contains="max_num_seq"),
+          Example("typo in a parallel_config key", "stages:\n  - {stage_id: 0, parallel_config: {tensor_parallel: 2}}\n",
+                  True, contains="tensor_parallel"),
+          Example("base_config chain: the child's stage key typo", "base_config: qwen3_omni_moe.yaml\nstages:\n"
+                  "  - {stage_id: 0, max_num_seqz: 8}\n", True, contains="max_num_seqz"),
+          Example("unknown platform name", "stages:\n  - {stage_id: 0}\nplatforms:\n  cuda2: {}\n", True,
+                  contains="cuda2"),
+      ))
 def unknown_key(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Top-level keys must be ``DeployConfig`` fields; ``platforms:`` keys must be a known
     platform (cuda, rocm, npu, xpu, musa); a stage key one edit away from a stage field
     (``tensor_paralel_size``) is almost certainly a typo, because vllm-omni forwards
-    unknown stage keys to the engine as-is and vLLM then fails or ignores them.
+    unknown stage keys to the engine as-is and vLLM then fails or ignores them; a
+    ``parallel_config`` key must be one vllm-omni's parallel configs own. Checked
+    everywhere a stage can be written: ``stages``, ``engine_args``, every
+    ``platforms.<p>.stages`` overlay entry and each file of a ``base_config`` chain.
     Source: vllm-omni 0.30.0 config/stage_config.py (DeployConfig, engine_extras)."""
     from omni_pd.compile.model import TOP_LEVEL_KEYS
     from omni_pd.compile.topology import PLATFORMS
@@ -97,23 +131,24 @@ def unknown_key(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             yield r.diag(f"unknown platform `{p}` under `platforms:`", ctx.loc(("platforms", p)),
                          help=(f"did you mean `{close[0]}`? " if close else "") + "platforms: " + ", ".join(PLATFORMS))
     fields = sorted(_stage_fields())
-    for i, st in enumerate(ctx.raw.get("stages") or []):
-        if not isinstance(st, dict):
-            continue
-        for k in st:
+    for base, st in stage_entries(ctx):
+        where = "" if base[0] == "stages" else f" in the `platforms.{base[1]}` overlay"
+        inner = st.get("engine_args") if isinstance(st.get("engine_args"), dict) else {}
+        for path, k in [(base + (k,), k) for k in st] + [(base + ("engine_args", k), k) for k in inner]:
             if not isinstance(k, str) or k in fields or k.startswith("x-"):
                 continue
             close = get_close_matches(k, fields, n=1, cutoff=0.88)
             if close:
-                yield r.diag(f"unknown stage key `{k}`", ctx.loc(("stages", i, k)),
+                yield r.diag(f"unknown stage key `{k}`{where}", ctx.loc(path),
                              help=f"did you mean `{close[0]}`?")
-        pc = st.get("parallel_config")
-        for k in (pc if isinstance(pc, dict) else {}):
-            if isinstance(k, str) and k not in PARALLEL_CONFIG_KEYS:
-                close = get_close_matches(k, sorted(PARALLEL_CONFIG_KEYS), n=1, cutoff=0.6)
-                yield r.diag(f"`{k}` is not a parallel_config key", ctx.loc(("stages", i, "parallel_config", k)),
-                             help=(f"did you mean `{close[0]}`? " if close else "") +
-                             "vllm-omni refuses it (\"no structured config owner\")")
+        for pc_path, pc in ((base + ("parallel_config",), st.get("parallel_config")),
+                            (base + ("engine_args", "parallel_config"), inner.get("parallel_config"))):
+            for k in (pc if isinstance(pc, dict) else {}):
+                if isinstance(k, str) and k not in PARALLEL_CONFIG_KEYS:
+                    close = get_close_matches(k, sorted(PARALLEL_CONFIG_KEYS), n=1, cutoff=0.6)
+                    yield r.diag(f"`{k}` is not a parallel_config key{where}", ctx.loc(pc_path + (k,)),
+                                 help=(f"did you mean `{close[0]}`? " if close else "") +
+                                 "vllm-omni refuses it (\"no structured config owner\")")
 
 
 @rule("OPD104", "port-type", Severity.WARNING,
@@ -253,13 +288,24 @@ def stage_keys() -> tuple[str, frozenset[str], frozenset[str]]:
 @rule("OPD111", "engine-arg-unowned", Severity.ERROR,
       "a stage key is neither a deploy field nor an engine argument vllm-omni can place",
       fail="pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n    max_num_seqz: 8\n",
-      passing="pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n    max_num_seqs: 8\n")
+      passing="pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n    max_num_seqs: 8\n",
+      examples=(
+          Example("unowned key in a platform overlay", "pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n"
+                  "platforms:\n  rocm:\n    stages:\n      - {stage_id: 0, max_num_seqz: 8}\n", True,
+                  contains="platforms.rocm"),
+          Example("unowned key in a base_config chain child", "base_config: qwen3_omni_moe.yaml\nstages:\n"
+                  "  - {stage_id: 1, max_num_seqz: 8}\n", True, contains="max_num_seqz"),
+          Example("other releases: not checked", "pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n    max_num_seqz: 8\n",
+                  False, {"vllm_version": "0.24"}),
+      ))
 def engine_arg_unowned(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """vllm-omni 0.30 forwards stage keys that are not ``StageDeployConfig`` fields to
     the engine, then refuses any that no structured config (model, cache, parallel,
     scheduler, KV transfer, ...) owns: ``ValueError: Stage N (llm_ar) has explicit
     engine argument(s) with no structured config owner`` when the server starts.
-    Checked for vLLM 0.30 targets (the list omni-pd ships is vllm-omni 0.30.0's).
+    Checked for vLLM 0.30 targets (the list omni-pd ships is vllm-omni 0.30.0's), in
+    every stage entry, its ``engine_args`` and every ``platforms.<p>.stages`` overlay
+    entry (vllm-omni applies the overlay's keys to the stage).
     Source: vllm-omni 0.30.0 config/omni_config.py
     ``_validate_stage_engine_override_ownership``; config/stage_config.py
     ``StageDeployConfig``."""
@@ -274,15 +320,14 @@ def engine_arg_unowned(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     if topo is None or topo.pipeline.runtime != "vllm-omni" or topo.pipeline.name.startswith("<"):
         return
     known = deploy | owned | {"engine_args", "runtime"}
-    for i, st in enumerate(ctx.raw.get("stages") or []):
-        if not isinstance(st, dict):
-            continue
+    for base, st in stage_entries(ctx):
+        where = "" if base[0] == "stages" else f" (`platforms.{base[1]}` overlay)"
         inner = st.get("engine_args") if isinstance(st.get("engine_args"), dict) else {}
-        for path, k in [(("stages", i, k), k) for k in st] + [(("stages", i, "engine_args", k), k) for k in inner]:
+        for path, k in [(base + (k,), k) for k in st] + [(base + ("engine_args", k), k) for k in inner]:
             if not isinstance(k, str) or k in known:
                 continue
             close = get_close_matches(k, sorted(deploy | owned), n=1, cutoff=0.8)
-            yield r.diag(f"vllm-omni {version} has no place for stage key `{k}`: the server would refuse to start",
+            yield r.diag(f"vllm-omni {version} has no place for stage key `{k}`{where}: the server would refuse to start",
                          ctx.loc(path),
                          help=(f"did you mean `{close[0]}`? " if close else "") +
                          "remove it, or use a vLLM engine argument (see `vllm serve --help`)")
