@@ -462,3 +462,20 @@ def test_expanded_output_validates_against_published_schema(golden):
     bad = dict(data, stages=[dict(data["stages"][0], tensor_parallel_size="two")])
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)
+
+
+def test_bootstrap_facts_carry_a_source_per_runtime_and_version():
+    from omni_pd.compile.targets import RUNTIMES, target
+
+    for runtime in RUNTIMES:
+        for v in ("0.13", "0.18", "0.28", "0.30", "0.33"):
+            f = target(v).mooncake_bootstrap(runtime)
+            assert f.source and (f.key == "env" or f.extra_key), (runtime, v)
+            assert f.default == 8998 and "mooncake_bootstrap_port" in "".join(f.unread_keys)
+    new = target("0.30").mooncake_bootstrap("vllm-omni")
+    assert (new.extra_key, new.replica_offset, new.env_overwritten) == ("bootstrap_port", True, True)
+    assert "_prepare_replica_vllm_config" in new.source
+    assert target("0.28").mooncake_bootstrap("vllm-omni").key == "env"
+    assert target("0.30").mooncake_bootstrap("vllm").key == "env"
+    with pytest.raises(ValueError):
+        target("0.30").mooncake_bootstrap("sglang")

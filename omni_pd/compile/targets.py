@@ -139,10 +139,6 @@ class Target:
         per = _stepped(self.version, _facts()["nixl"]["side_channel_span"], "per")
         return dp * tp if per == "dp_tp" else dp
 
-    @property
-    def mooncake_bootstrap_default_port(self) -> int:
-        return int(_facts()["mooncake"]["bootstrap_default_port"])
-
     def mooncake_bootstrap_span(self, tp: int, dp: int) -> int:
         """Bootstrap ports one Mooncake prefill engine binds from its base (per host)."""
         per = _stepped(self.version, _facts()["mooncake"]["bootstrap_span"], "per")
