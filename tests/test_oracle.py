@@ -78,6 +78,8 @@ def test_plugin_registers_the_pd_pipelines_through_vllms_plugin_loader(run):
     header, _, _ = run
     assert header["vllm_omni"] == "0.30.0"
     assert header["pd_pipelines"] == PD_PIPELINES
+    assert header["compat"] == sorted(["pd_detect", "pd_validate", "pd_connector_info", "engine_bootstrap_addr",
+                                       "decode_remote_request_id"])
 
 
 @pytest.mark.parametrize("name,connector,tp", [("expanded_mooncake", "MooncakeConnector", 1),
@@ -95,10 +97,12 @@ def test_expanded_preset_resolves_to_the_pd_pipeline_and_passes_pd_validation(ru
                            [2, False, False, [1], 1, None, None],
                            [3, False, False, [2], 1, None, None]]
     assert r["pair"] == [0, 1]
-    # vllm-omni 0.30.0's detector reads legacy fields the serve path's typed stage
-    # configs lack, so on them it finds no pair (omni_pd/upstream/vllm_oracle.py). When this
-    # fails, upstream fixed it: drop the note in README "vllm-omni 0.30.0 caveat".
-    assert r["detect_on_typed"] is None
+    # the serve path's detector, with omni-pd's compatibility layer, finds the pair
+    assert r["detect_on_typed"] == [0, 1]
+    # Canary: vllm-omni 0.30.0's own detector reads legacy fields the serve path's typed
+    # stage configs lack, so on them it finds no pair. When this fails, upstream fixed
+    # it: see docs/upstream/vllm-omni-0.30-pd.md, "When upstream fixes it".
+    assert r["detect_raw"] is None
 
 
 def agreement_table(results: dict[str, dict]) -> str:
@@ -248,6 +252,8 @@ def test_validate_against_vllm_omni_cli(tmp_path):
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert ("info[OPD950]: vllm-omni 0.30.0 accepts the file: pipeline `qwen3_omni_moe_pd`, stages 0 prefill, "
             "1 decode, 2, 3; PD pair 0 -> 1 passes its PD validation") in ok.stdout
+    assert ("vllm-omni 0.30.0's own detector misses the pair on the serve path's typed stage configs; omni-pd's "
+            "compatibility layer switches PD on") in " ".join(ok.stdout.split())
     bad = write_variants(tmp_path)["tp_differs"]
     no = subprocess.run([sys.executable, "-m", "omni_pd.cli", "validate", "-q", "--against-vllm-omni", str(bad)],
                         capture_output=True, text=True, env=env, timeout=600)

@@ -77,8 +77,12 @@ def against_vllm_omni(path: Path, *, python: str | None = None, model: str | Non
             notes.append(f"the file has stages {result['deploy_stage_ids']} but the pipeline runs "
                          f"{[s[0] for s in stages]}: the others are silently ignored")
         if pair and result.get("detect_on_typed") is None:
-            notes.append(f"vllm-omni {ver}'s serve path does not switch PD on by itself: its detector reads fields "
-                         "its typed stage configs lack (see README, vllm-omni 0.30.0 caveat)")
+            notes.append(f"vllm-omni {ver}'s serve path will not switch PD on: its detector reads fields its typed "
+                         "stage configs lack and omni-pd's compatibility layer is not installed (off, or refused: "
+                         "see the warning vllm-omni logs; docs/upstream/vllm-omni-0.30-pd.md)")
+        elif pair and result.get("detect_raw") is None:
+            notes.append(f"vllm-omni {ver}'s own detector misses the pair on the serve path's typed stage configs; "
+                         "omni-pd's compatibility layer switches PD on (docs/upstream/vllm-omni-0.30-pd.md)")
         return [Diagnostic(code="OPD950", severity=Severity.INFO, message=msg, location=where, notes=notes)]
     return [Diagnostic(code="OPD951", severity=Severity.ERROR,
                        message=f"vllm-omni {ver} refuses the file ({result.get('step')}): {verdict}",

