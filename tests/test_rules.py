@@ -347,3 +347,11 @@ def test_lmcache_routing_advice_is_not_nixl_advice() -> None:
     d = _one(e.yaml, "OPD702", options_from_example(e.context))
     text = " ".join([d.message, d.help or ""] + d.notes)
     assert "disagg_spec" in text and "do_remote" not in text and "NIXL" not in text
+
+
+def test_replica_range_past_the_last_port_is_invalid() -> None:
+    text = MC.replace('"25301"', '"65535"').replace("bootstrap_port: 25201", "bootstrap_port: 65535")
+    d = _one(text, "OPD504")
+    assert d.message == "stage 0 replica 1 would bind Mooncake bootstrap port 65536 (base + replica id), past 65535"
+    assert d.help == "start the range at 65534 or lower"
+    assert "OPD504" not in validate_text(text.replace("num_replicas: 2", "num_replicas: 1"), "t.yaml").codes()

@@ -366,6 +366,9 @@ def port_invalid(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                 yield r.diag(f"stage {n.stage_id}: {keys[-1]} = {v!r} is not a port (1..65535)",
                              ctx.sloc(n, *keys, value=True), help="use a free port number between 1024 and 65535")
         for b in bound_ports(ctx, n):
-            if 1 <= b.port <= 65535 and b.port + b.span - 1 > 65535:
+            if b.replica > 0 and b.port > 65535:
+                yield r.diag(f"{b.who} would bind {b.purpose} port {b.port} (base + replica id), past 65535",
+                             b.loc, help=f"start the range at {65535 - b.replica} or lower")
+            elif 1 <= b.port <= 65535 and b.port + b.span - 1 > 65535:
                 yield r.diag(f"stage {n.stage_id}: {b.purpose} range {b.port}-{b.port + b.span - 1} runs past 65535",
                              b.loc, help="start the range lower")
