@@ -18,7 +18,7 @@ from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
 app = typer.Typer(
     name="omni-pd",
     help="Compile vllm-omni deploy configs into prefill/decode (PD) disaggregated topologies.",
-    add_completion=False,
+    add_completion=True,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
@@ -642,6 +642,18 @@ def _print_plan(plan) -> None:
     c.print(t)
     for n in plan.notes:
         c.print(f"note: {n}")
+
+
+def _full_summaries() -> None:
+    """Give every command its whole first docstring paragraph as ``--help`` summary
+    (click cuts a derived summary at 45 characters with "...")."""
+    for info in app.registered_commands:
+        if info.short_help is None and info.callback is not None and info.callback.__doc__:
+            first = info.callback.__doc__.strip().split("\n\n")[0]
+            info.short_help = " ".join(first.split())
+
+
+_full_summaries()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -580,3 +580,74 @@ def test_precommit_try_repo_installs_and_runs_the_hook(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert BAD_DIAG.format(name="deploy/broken.yaml") in proc.stdout
     assert "validate: 2 files, 1 ok, 1 failed (1 error, 0 warnings, 0 info)" in proc.stdout
+
+
+# --- 8. shell completion (typer's own) and full summaries in --help ----------------------
+
+def _omni_pd_exe() -> str:
+    import shutil
+
+    exe = shutil.which("omni-pd", path=str(Path(sys.executable).parent)) or shutil.which("omni-pd")
+    if exe is None:
+        pytest.skip("the omni-pd console script is not installed (pip install -e .)")
+    return exe
+
+
+def test_bash_completion_script_completes_commands_and_options(tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    exe = _omni_pd_exe()
+    script = (f'source <("{exe}" --show-completion)\n'
+              f'omni-pd() {{ "{exe}" "$@"; }}\n'  # the completion calls the program by its name
+              "complete_at() { COMP_WORDS=(\"$@\"); COMP_CWORD=$(( $# - 1 )); _omni_pd_completion omni-pd; "
+              'echo "${COMPREPLY[*]}"; }\n'
+              "complete_at omni-pd va\n"
+              "complete_at omni-pd expand --kv-b\n"
+              "complete_at omni-pd graph --for\n")
+    env = dict(os.environ, PATH=str(Path(exe).parent) + os.pathsep + os.environ.get("PATH", ""))
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["validate", "--kv-buffer-device", "--format"]
+
+
+def test_install_completion_writes_the_bash_script(tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    exe = _omni_pd_exe()
+    env = dict(os.environ, HOME=str(tmp_path))
+    proc = subprocess.run(["bash", "-c", f'"{exe}" --install-completion'], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "bash completion installed in" in proc.stdout
+    installed = (tmp_path / ".bash_completions" / "omni-pd.sh").read_text()
+    assert "_OMNI_PD_COMPLETE=complete_bash" in installed
+    assert "source " in (tmp_path / ".bashrc").read_text()
+
+
+def test_help_lists_full_command_summaries(capsys):
+    import typer
+
+    from omni_pd.cli import app
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    got: dict[str, str] = {}
+    for line in out.split("Commands:\n", 1)[1].splitlines():  # click wraps at 78 columns
+        if line.startswith("  ") and not line.startswith("   "):
+            name, _, text = line.strip().partition(" ")
+            got[name] = text.strip()
+        elif line.strip():
+            got[name] += ("" if got[name].endswith("-") else " ") + line.strip()
+    want = {}
+    for info in app.registered_commands:
+        name = info.name or info.callback.__name__.removesuffix("_cmd")
+        want[name] = " ".join(info.callback.__doc__.strip().split("\n\n")[0].split())
+    assert got == want
+    assert not any(v.endswith("...") for v in got.values())
+    assert got["validate"] == "Check deploy configs for every PD invariant; exit 0 clean, 1 errors, 2 unreadable input."
+    assert isinstance(app, typer.Typer)
