@@ -265,3 +265,44 @@ def test_without_the_layer_the_thinker_runs_twice(probes, name):
         "the Talker did not get decode's answer",
         f"the client got {[f['twice_text']]}, not decode's answer {f['answer_text']!r}",
     ]
+
+
+# --- the offline `Omni` path -------------------------------------------------------
+
+OFFLINE = """
+import json, logging, sys, tempfile
+from pathlib import Path
+logging.disable(logging.WARNING)
+from omni_pd.upstream.vllm_oracle import _install_standins
+_install_standins()
+from vllm_omni.entrypoints.omni import Omni  # noqa: F401 - what `from vllm_omni import Omni` imports
+from vllm_omni.config.config_factory import StageConfigFactory
+from omni_pd.upstream.vllm_omni_compat import installed
+tmp = tempfile.mkdtemp()
+Path(tmp, "config.json").write_text(json.dumps({"model_type": "qwen3_omni_moe"}))
+def resolve():  # OmniEngineBase.__init__'s first step
+    try:
+        return StageConfigFactory.get_pipeline_config(model=tmp, trust_remote_code=False,
+                                                      deploy_config_path=sys.argv[1]).model_type
+    except Exception as e:
+        return type(e).__name__
+out = {"before": [resolve(), sorted(k for k, v in installed().items() if v)]}
+from vllm_omni.engine.stage_init_utils import prepare_engine_environment
+prepare_engine_environment()  # StageRuntime._prepare_stage_plans' first call, before any PD detection
+out["after_stage_setup"] = [resolve(), sorted(k for k, v in installed().items() if v)]
+print("OFFLINE " + json.dumps(out))
+"""
+
+
+def test_offline_omni_installs_the_layer_before_detection_but_resolves_the_pipeline_too_early():
+    """Offline ``Omni``: nothing loads plugins before ``OmniEngineBase.__init__`` resolves
+    ``pipeline:``, so a ``*_pd`` deploy file needs ``vllm.plugins.load_general_plugins()``
+    first (README, docs/upstream/vllm-omni-0.30-pd.md). Detection runs after
+    ``StageRuntime._prepare_stage_plans`` -> ``prepare_engine_environment`` loads the
+    plugin groups, which installs the layer on every path that starts an engine."""
+    proc = subprocess.run([ORACLE, "-c", OFFLINE, str(ROOT / "tests" / "golden" / "qwen3_omni_moe_pd.yaml")],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("OFFLINE "))[len("OFFLINE "):])
+    assert got == {"before": ["KeyError", []], "after_stage_setup": ["qwen3_omni_moe_pd", sorted(PATCHES)]}
