@@ -810,6 +810,8 @@ _CPU_OK = ", ec_connector_extra_config: {ec_cpu_bytes: 1073741824, ec_enable_nix
                   contains="not registered"),
           Example("misspelt connector", _ec(c="ECExampleConnectr"), True, {"vllm_version": "0.30"},
                   contains="did you mean ECExampleConnector"),
+          Example("pre-release name", _ec(c="ECSharedStorageConnector"), True, {"vllm_version": "0.30"},
+                  contains="it is ECExampleConnector"),
           Example("module path loads an out-of-tree connector", _ec(
               c="MyEC", px=", ec_connector_module_path: my.ec", dx=", ec_connector_module_path: my.ec"), False,
               {"vllm_version": "0.30"}),
@@ -880,6 +882,10 @@ def ec_connector(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                 yield r.diag(f"stage {n.stage_id}: {name} is not registered in vLLM {tgt.label} (added in vLLM {rows[0]['since']})",
                              where, help="pick an EC connector your vLLM has: " + ", ".join(
                                  c for c in known if ec_fact(c, tgt.version)))
+            elif (facts.get("renames") or {}).get(name):
+                new = facts["renames"][name]
+                yield r.diag(f"stage {n.stage_id}: {name} is not registered; it is {new}", where,
+                             help=f"write `ec_connector: {new}`")
             else:
                 close = get_close_matches(str(name), known, n=1, cutoff=0.6)
                 yield r.diag(f"stage {n.stage_id}: unknown ec_connector `{name}`" + (f"; did you mean {close[0]}?" if close else ""),

@@ -121,8 +121,8 @@ def world_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         nested = isinstance(n.settings.get("parallel_config"), dict) and bool(n.settings.get("parallel_config"))
         entries = f"devices has {have} entr{'y' if have == 1 else 'ies'}"
         if nested or world != tp * pp * dp:
-            what = "the effective parallel_config" if nested else "the stage's parallel sizes"
-            msg = f"stage {n.stage_id}: {what} needs {world} devices ({how}){src}, but {entries}"
+            what = "the effective parallel_config needs" if nested else "the stage's parallel sizes need"
+            msg = f"stage {n.stage_id}: {what} {world} devices ({how}){src}, but {entries}"
         else:
             msg = (f"stage {n.stage_id}: tensor_parallel_size {tp} x pipeline_parallel_size {pp} x data_parallel_size {dp} "
                    f"= {world} devices{src}, but {entries}")
