@@ -651,3 +651,26 @@ def test_help_lists_full_command_summaries(capsys):
     assert not any(v.endswith("...") for v in got.values())
     assert got["validate"] == "Check deploy configs for every PD invariant; exit 0 clean, 1 errors, 2 unreadable input."
     assert isinstance(app, typer.Typer)
+
+
+# --- issue item 7: .ci/oracle_venv.sh reuses what is there and says what it does ----------
+
+def test_oracle_venv_script_reuses_the_editable_install():
+    import subprocess
+
+    venv = ROOT / ".cache" / "oracle" / "venv030"
+    if not (venv / ".oracle-base").is_file():
+        pytest.skip("the oracle venv is not built here (bash .ci/oracle_venv.sh)")
+    run = lambda: subprocess.run(["bash", str(ROOT / ".ci" / "oracle_venv.sh")],  # noqa: E731
+                                 capture_output=True, text=True, cwd="/", timeout=1800)
+    first = run()  # installs omni-pd only when the stamp is missing or pyproject.toml changed
+    assert first.returncode == 0, first.stderr
+    second = run()
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == f"{venv}/bin/python\n"
+    assert second.stderr == ("oracle venv: reusing .cache/oracle/venv030 "
+                             "(omni-pd editable install of this checkout is up to date)\n")
+    import hashlib
+
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    assert (venv / ".omni-pd-editable").read_text() == f"{digest} {ROOT}\n"
