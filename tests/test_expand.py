@@ -479,3 +479,11 @@ def test_bootstrap_facts_carry_a_source_per_runtime_and_version():
     assert target("0.30").mooncake_bootstrap("vllm").key == "env"
     with pytest.raises(ValueError):
         target("0.30").mooncake_bootstrap("sglang")
+
+
+def test_a_stage_id_written_as_a_string_is_shifted_like_an_int():
+    # the model reads stage_id '1' as 1 (pydantic lax int); the rewrite must see the same id, or the
+    # Talker keeps id 1 next to decode's 1 (found by tests/test_fuzz.py)
+    res = expand("stages:\n  - stage_id: '1'\n")
+    assert [s.stage_id for s in res.config.stages] == [0, 1, 2]
+    assert "stage_id: 2  # talker (was stage 1)" in res.text
