@@ -136,26 +136,6 @@ def _eol(stage: CommentedMap, text: str, *, replace: bool = False) -> None:
         tok.value = tok.value + "\n" + rest
 
 
-def _eol_flow(seq: CommentedSeq, index: int, text: str, *, replace: bool = False) -> None:
-    """Label the flow-style stage ``seq[index]`` with an end-of-line comment after its
-    closing brace (ruamel keeps it on the sequence item). A user's comment there is
-    kept or folded in as :func:`_eol` does; a copied item (the decode half) starts bare."""
-    item = seq.ca.items.get(index)
-    rest = ""
-    if item and item[0] is not None:
-        if not replace:
-            return
-        first, _, rest = (getattr(item[0], "value", "") or "").partition("\n")
-        user = first.strip().lstrip("#").strip()
-        if user and user.lower() not in text.lower():
-            text = f"{text}; {user}"
-        item[0] = None
-    seq.yaml_add_eol_comment(text, index)
-    if rest:
-        tok = seq.ca.items[index][0]
-        tok.value = tok.value + "\n" + rest
-
-
 def _last_comment(node: Any) -> tuple[Any, Any] | None:
     """(container, key) of the comment slot that follows the last scalar of ``node``
     (where ruamel keeps the blank lines after a block)."""
@@ -285,13 +265,10 @@ def _split_list(seq: CommentedSeq, plan: PDSplitPlan, *, base: bool, platform_de
             present[new_id] = st
         _set_devices(st, dev, force=not base or new_id in (plan.ids.prefill, plan.ids.decode))
     if labels:
-        for i, s in enumerate(seq):
+        for s in seq:
             if isinstance(s, CommentedMap) and s.get("stage_id") in labels:
-                replace = s["stage_id"] in (plan.ids.prefill, plan.ids.decode)
-                if s.fa.flow_style():  # `- {stage_id: 0, ...}  # label`: after the mapping, not inside it
-                    _eol_flow(seq, i, labels[s["stage_id"]], replace=replace)
-                else:
-                    _eol(s, labels[s["stage_id"]], replace=replace)
+                _eol(s, labels[s["stage_id"]],
+                     replace=s["stage_id"] in (plan.ids.prefill, plan.ids.decode))
 
 
 def _lax_int(v: Any) -> Any:
