@@ -674,3 +674,43 @@ def test_oracle_venv_script_reuses_the_editable_install():
 
     digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
     assert (venv / ".omni-pd-editable").read_text() == f"{digest} {ROOT}\n"
+
+
+# --- issue item 4: expand's output reads as if written by hand --------------------------
+
+def test_flow_style_stage_labels_go_after_the_mapping(tmp_path, capsys):
+    src = tmp_path / "flow.yaml"
+    src.write_text("pipeline: qwen3_omni_moe\n"
+                   "stages:\n"
+                   '  - {stage_id: 0, devices: "0"}  # the thinker\n'
+                   "  # the talker and code2wav share a device\n"
+                   '  - {stage_id: 1, devices: "1", gpu_memory_utilization: 0.5}\n'
+                   '  - {stage_id: 2, devices: "1", gpu_memory_utilization: 0.3}\n')
+    rc, out, err = run_cli(["expand", "-q", str(src), "--connector", "NixlConnector"], capsys)
+    assert rc == 0, err
+    stages = out.split("stages:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert [line.split("}  # ", 1)[-1] if "}  # " in line else line for line in stages] == [
+        "thinker prefill (KV producer), split from stage 0; the thinker",
+        "thinker decode (KV consumer), split from stage 0",
+        "  # the talker and code2wav share a device",
+        "talker (was stage 1)",
+        "code2wav (was stage 2)"]
+    assert all(line.startswith("  - {stage_id: ") for line in stages if not line.lstrip().startswith("#"))
+    from omni_pd.io import parse_text
+
+    parse_text(out, "out.yaml")  # still valid YAML
+
+
+def test_input_notes_are_marked_as_the_inputs(tmp_path, capsys):
+    from omni_pd.compile.emit import INPUT_NOTES
+
+    rc, out, _ = run_cli(["expand", "-q"], capsys)
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[3] == f"# {INPUT_NOTES}"
+    assert lines[4] == "# Qwen3-Omni-MoE (Qwen/Qwen3-Omni-30B-A3B-Instruct), three stages:"
+    bare = tmp_path / "llm.yaml"  # no comment of its own: nothing to introduce
+    bare.write_text("".join(l for l in CLEAN.splitlines(True) if not l.startswith("#")))
+    rc, out, _ = run_cli(["expand", "-q", str(bare), "--pipeline", "llm"], capsys)
+    assert rc == 0
+    assert out.splitlines()[3] == "pipeline: llm_pd"

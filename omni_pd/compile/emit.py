@@ -136,6 +136,30 @@ def _eol(stage: CommentedMap, text: str, *, replace: bool = False) -> None:
         tok.value = tok.value + "\n" + rest
 
 
+def _eol_flow(seq: CommentedSeq, index: int, text: str, *, replace: bool = False, carry: str = "",
+              pass_on: bool = False) -> str:
+    """Label the flow-style stage ``seq[index]`` with an end-of-line comment after its
+    closing brace (ruamel keeps it on the sequence item), two spaces before ``#``. A
+    user's comment there is kept or folded in as :func:`_eol` does. Comment lines that
+    followed the item are returned instead of kept when ``pass_on`` (the prefill half:
+    they go after the decode half, ``carry`` of the next call)."""
+    item = seq.ca.items.get(index)
+    rest = ""
+    if item and item[0] is not None:
+        if not replace:
+            return carry
+        first, _, rest = (getattr(item[0], "value", "") or "").partition("\n")
+        user = first.strip().lstrip("#").strip()
+        if user and user.lower() not in text.lower():
+            text = f"{text}; {user}"
+        item[0] = None
+    rest = carry + rest
+    seq.yaml_add_eol_comment(text, index, column=0)
+    tok = seq.ca.items[index][0]
+    tok.value = " " + tok.value + ("\n" + rest if rest and not pass_on else "")
+    return rest if pass_on else ""
+
+
 def _last_comment(node: Any) -> tuple[Any, Any] | None:
     """(container, key) of the comment slot that follows the last scalar of ``node``
     (where ruamel keeps the blank lines after a block)."""
@@ -265,10 +289,17 @@ def _split_list(seq: CommentedSeq, plan: PDSplitPlan, *, base: bool, platform_de
             present[new_id] = st
         _set_devices(st, dev, force=not base or new_id in (plan.ids.prefill, plan.ids.decode))
     if labels:
-        for s in seq:
+        carry = ""  # comment lines that followed a flow-style Thinker: they belong after its decode half
+        for i, s in enumerate(seq):
             if isinstance(s, CommentedMap) and s.get("stage_id") in labels:
-                _eol(s, labels[s["stage_id"]],
-                     replace=s["stage_id"] in (plan.ids.prefill, plan.ids.decode))
+                replace = s["stage_id"] in (plan.ids.prefill, plan.ids.decode)
+                if s.fa.flow_style():  # `- {stage_id: 0, ...}  # label`: after the mapping, not inside it
+                    nxt = seq[i + 1] if i + 1 < len(seq) else None
+                    pass_on = (s["stage_id"] == plan.ids.prefill and isinstance(nxt, CommentedMap)
+                               and nxt.get("stage_id") == plan.ids.decode)
+                    carry = _eol_flow(seq, i, labels[s["stage_id"]], replace=replace, carry=carry, pass_on=pass_on)
+                else:
+                    _eol(s, labels[s["stage_id"]], replace=replace)
 
 
 def _lax_int(v: Any) -> Any:
@@ -366,6 +397,10 @@ def apply_pd_split(tree: CommentedMap, plan: PDSplitPlan) -> CommentedMap:
     return out
 
 
+#: the header line that introduces the input's own top comment in expand's output
+INPUT_NOTES = "Notes from the input follow, written for it before the split; the stage ids and devices in the keys are current."
+
+
 def render(tree: CommentedMap, *, schema_ref: str | None, header: list[str]) -> str:
     """YAML text with the schema modeline and ``header`` comment lines on top.
 
@@ -381,6 +416,10 @@ def render(tree: CommentedMap, *, schema_ref: str | None, header: list[str]) -> 
     if schema_ref:
         top.append(f"# yaml-language-server: $schema={schema_ref}\n")
     top += [f"# {h}\n" if h else "#\n" for h in header]
+    if header and lines and lines[0].startswith("#"):
+        # the input's own top comment follows; it was written for the layout before the
+        # split (stage ids, devices), so say so rather than let it read as current
+        top.append(f"# {INPUT_NOTES}\n")
     return "".join(top + _blank_around(lines, "edges:"))
 
 
