@@ -487,18 +487,3 @@ def test_a_stage_id_written_as_a_string_is_shifted_like_an_int():
     res = expand("stages:\n  - stage_id: '1'\n")
     assert [s.stage_id for s in res.config.stages] == [0, 1, 2]
     assert "stage_id: 2  # talker (was stage 1)" in res.text
-
-
-@pytest.mark.parametrize("connector,version,what", [
-    ("NixlConnector", "0.30", "NIXL side channel port (5600)"),
-    ("MooncakeConnector", "0.28", "Mooncake bootstrap port (25201)"),
-])
-def test_replicas_that_would_share_one_port_are_refused(connector, version, what):
-    # the runtime hands every replica the stage's env unchanged: no port in the file can separate them
-    text = PRESET.read_text().replace("    devices: \"0\"\n", "    devices: \"0\"\n    num_replicas: 2\n", 1)
-    with pytest.raises(OmniPdError) as e:
-        expand(text, ExpandOptions(connector=connector), vllm_version=version)
-    d = e.value.diagnostic
-    assert (d.code, d.message) == ("OPD805", f"cannot place 2 replicas of the prefill stage on one host: "
-                                             f"vllm-omni {version} gives every replica the same {what}")
-    assert (d.location.line, d.location.column) == (25, 19)
