@@ -477,6 +477,8 @@ def serve_flag_unknown(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     if not ctx.platform_first or ctx.legacy:
         return
     omni = _launcher(ctx) == "vllm-omni"
+    if not ctx.cli and (omni or ctx.topology is None):
+        return  # nothing becomes a flag here (building vLLM's parser imports much of vLLM)
     fs = flags_for(ctx.target.label)
     cmd = "vllm serve --omni" if omni else "vllm serve"
     unchecked = []
