@@ -196,8 +196,7 @@ def test_unread_bootstrap_keys_in_the_thinker_are_not_copied():
     # Talker's API port 25203 pushes the whole range to 25204-25206
     (3, "0.30", 25204, (25204, 25206)),
     (1, "0.30", 25201, (25201, 25201)),
-    # vllm-omni 0.28: every replica binds the env port (no range), 25201 is free
-    (3, "0.28", 25201, (25201, 25201)),
+    (1, "0.28", 25201, (25201, 25201)),  # vllm-omni 0.28: the env port, one engine
 ])
 def test_replica_range_is_reserved_clear_of_other_ports(replicas, version, want_port, want_range):
     text = PRESET.read_text().replace("    devices: \"0\"\n", f"    devices: \"0\"\n    num_replicas: {replicas}\n", 1)
@@ -487,3 +486,18 @@ def test_a_stage_id_written_as_a_string_is_shifted_like_an_int():
     res = expand("stages:\n  - stage_id: '1'\n")
     assert [s.stage_id for s in res.config.stages] == [0, 1, 2]
     assert "stage_id: 2  # talker (was stage 1)" in res.text
+
+
+@pytest.mark.parametrize("connector,version,what", [
+    ("NixlConnector", "0.30", "NIXL side channel port (5600)"),
+    ("MooncakeConnector", "0.28", "Mooncake bootstrap port (25201)"),
+])
+def test_replicas_that_would_share_one_port_are_refused(connector, version, what):
+    # the runtime hands every replica the stage's env unchanged: no port in the file can separate them
+    text = PRESET.read_text().replace("    devices: \"0\"\n", "    devices: \"0\"\n    num_replicas: 2\n", 1)
+    with pytest.raises(OmniPdError) as e:
+        expand(text, ExpandOptions(connector=connector), vllm_version=version)
+    d = e.value.diagnostic
+    assert (d.code, d.message) == ("OPD805", f"cannot place 2 replicas of the prefill stage on one host: "
+                                             f"vllm-omni {version} gives every replica the same {what}")
+    assert (d.location.line, d.location.column) == (25, 19)

@@ -30,7 +30,7 @@ ORACLE = os.environ.get("OMNI_PD_ORACLE_PYTHON")
 pytestmark = pytest.mark.skipif(not ORACLE, reason="OMNI_PD_ORACLE_PYTHON not set (build it with .ci/oracle_venv.sh)")
 
 CASES = {f"r{n}_tp{tp}_{c[:4].lower()}": (n, tp, c) for n in (1, 3) for tp in (1, 2)
-         for c in ("MooncakeConnector", "NixlConnector")}
+         for c in ("MooncakeConnector", "NixlConnector") if not (c == "NixlConnector" and n > 1)}
 
 
 @pytest.fixture(scope="module")
@@ -58,13 +58,6 @@ def test_preflighted_bootstrap_ports_are_the_ones_vllm_omni_writes(probed, name)
     assert "error" not in r, r
     planned = plan_document(load_file(files[name]), str(files[name]), LaunchOptions(model="m"))
     written = [int(x["bootstrap_addr"].rsplit(":", 1)[1]) for x in r["replicas"] if x["bootstrap_addr"]]
-    if conn == "NixlConnector" and n > 1:
-        # vllm-omni hands every replica the stage's VLLM_NIXL_SIDE_CHANNEL_PORT unchanged: they collide,
-        # and validate stops the launch
-        assert planned.plan is None and written == []
-        assert [d.message for d in planned.validation.diagnostics if d.code == "OPD501"][0].startswith(
-            "port 5600 on the shared host bound by stage 0 replica 0 (NIXL side channel, 5600) and stage 0 replica 1")
-        return
     assert planned.plan is not None
     preflight = [u.port for u in planned.plan.processes[0].ports if u.purpose.startswith("Mooncake bootstrap")]
     assert written == preflight

@@ -130,6 +130,24 @@ def _stage_ranges(topo: Topology, split_id: int, target: Target, runtime: str) -
     return out
 
 
+def _check_replicas_apart(contract: Any, side: str, cfg: SideConfig, tp: int, dp: int, target: Target,
+                          runtime: str, replicas: int, loc: Location | None) -> None:
+    """Refuse (OPD805) when the ``replicas`` engines of one side would bind the same port on
+    one host: the runtime gives every replica the stage's env unchanged (NIXL side channel,
+    Mooncake on vllm-omni <= 0.28), so no port choice in the file can make them disjoint.
+    Mooncake prefill on vllm-omni 0.30 binds ``bootstrap_port + replica id`` and passes."""
+    uses = contract.ports(side, cfg.kv_transfer_config, cfg.env, tp, dp, target, runtime=runtime, replicas=replicas)
+    seen: dict[int, int] = {}
+    for u in uses:
+        for port in range(u.port, u.port + max(u.span, 1)):
+            if port in seen and seen[port] != u.replica:
+                raise _err("OPD805", f"cannot place {replicas} replicas of the {side} stage on one host: "
+                           f"{runtime} {target.label} gives every replica the same {u.purpose} port ({port})",
+                           loc, help=("set num_replicas: 1 on the Thinker (one engine per side), or serve the "
+                                      "replicas from different hosts"))
+            seen.setdefault(port, u.replica)
+
+
 def _err(code: str, msg: str, loc: Location | None, help: str | None = None) -> OmniPdError:
     return OmniPdError(Diagnostic(code=code, severity=Severity.ERROR, message=msg, location=loc, help=help))
 
@@ -256,6 +274,10 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
     unread = contract.unread_keys(target, runtime)
     p_cfg = _merge_user_kv(contract.configure(p_ep, target), thinker.kv, target, unread)
     d_cfg = _merge_user_kv(contract.configure(d_ep, target), thinker.kv, target, unread)
+    if replicas > 1:
+        for side, cfg in (("prefill", p_cfg), ("decode", d_cfg)):
+            _check_replicas_apart(contract, side, cfg, span_tp, span_dp, target, runtime, replicas,
+                                  _stage_loc(doc, thinker.index, "num_replicas"))
 
     # async chunking ----------------------------------------------------------------
     if topo.async_chunk or (topo.config.async_chunk is None and len(src.stages) == 1):
