@@ -52,7 +52,8 @@ ready() {
     [ "$(cat "$STAMP")" = "$RECIPE" ] &&
     compgen -G "$V/lib/python3*/site-packages/nixl_cu12-$NIXL_VERSION.dist-info" >/dev/null &&
     compgen -G "$V/lib/python3*/site-packages/vllm-$VLLM_VERSION+cpu.dist-info/METADATA" >/dev/null &&
-    compgen -G "$V/lib/python3*/site-packages/torchvision-$TORCHVISION_VERSION.dist-info" >/dev/null
+    compgen -G "$V/lib/python3*/site-packages/torchvision-$TORCHVISION_VERSION.dist-info" >/dev/null &&
+    grep -qs 'omni-pd e2e_venv.sh' "$V"/lib/python3*/site-packages/torchvision/__init__.py
 }
 
 if ! ready; then
