@@ -112,19 +112,59 @@ def _v(s: str) -> tuple[int, int]:
     return parse_version(s)
 
 
+def _multi(children: list[str], side: str = "d") -> str:
+    """A PD pair whose ``side`` (p or d) stage runs MultiConnector over ``children``."""
+    kids = ", ".join(f"{{kv_connector: {c}, kv_role: {'kv_consumer' if side == 'd' else 'kv_producer'}}}" for c in children)
+    multi = (f"{{kv_connector: MultiConnector, kv_role: {'kv_consumer' if side == 'd' else 'kv_producer'}, engine_id: {side}, "
+             f"kv_connector_extra_config: {{connectors: [{kids}]}}}}")
+    first = next((c for c in children if c.startswith(("Nixl", "Mooncake"))), "NixlConnector")  # the other side's
+    plain_p = f"{{kv_connector: {first}, kv_role: kv_producer, engine_id: p}}"
+    plain_d = f"{{kv_connector: {first}, kv_role: kv_consumer, engine_id: d}}"
+    p, d = (plain_p, multi) if side == "d" else (multi, plain_d)
+    return ("pipeline: llm_pd\nasync_chunk: false\nstages:\n"
+            f"  - {{stage_id: 0, devices: \"0\", kv_transfer_config: {p}}}\n"
+            f"  - {{stage_id: 1, devices: \"1\", kv_transfer_config: {d}}}\n")
+
+
 @rule("OPD602", "multi-connector", Severity.WARNING,
-      "MultiConnector children are malformed or aliases with known crashes",
+      "MultiConnector children are malformed, compete for the P->D handoff, are ordered so decode skips it, or clash",
       fail=("stages:\n  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MultiConnector, kv_role: kv_producer,"
             " kv_connector_extra_config: {connectors: [{kv_connector: NixlConnector}]}}}\n"),
       passing=("stages:\n  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MultiConnector, kv_role: kv_producer,"
                " kv_connector_extra_config: {connectors: [{kv_connector: NixlConnector, kv_role: kv_producer}]}}}\n"),
-      labels=("CAP-MULTI",))
+      labels=("CAP-MULTI",),
+      examples=(
+          Example("no connectors list", _multi([]).replace("connectors: []", "other: 1"), True, severity=Severity.ERROR,
+                  contains="non-empty"),
+          Example("two handoff children", _multi(["NixlConnector", "MooncakeConnector"]), True, severity=Severity.ERROR,
+                  contains="Key clash"),
+          Example("cache child before the handoff child on decode", _multi(["OffloadingConnector", "NixlConnector"]), True,
+                  severity=Severity.WARNING, contains="skips the transfer from prefill"),
+          Example("handoff child first", _multi(["NixlConnector", "OffloadingConnector"]), False, {"vllm_version": "0.30"}),
+          Example("order does not matter on prefill", _multi(["OffloadingConnector", "NixlConnector"], side="p"), False),
+          Example("children with different KV layouts", _multi(["NixlConnector", "ExampleHiddenStatesConnector"]), True,
+                  {"vllm_version": "0.30"}, severity=Severity.ERROR, contains="layout"),
+          Example("layouts not pinned before 0.30", _multi(["NixlConnector", "ExampleHiddenStatesConnector"]), False,
+                  {"vllm_version": "0.24"}),
+          Example("vllm-ascend OffloadingConnector alias", _multi(["MooncakeConnectorV1", "OffloadingConnector"]), True,
+                  {"platform": "npu"}, contains="AscendOffloadingConnector"),
+      ))
 def multi_connector(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``MultiConnector`` needs ``kv_connector_extra_config.connectors``: a non-empty list
     whose children each set ``kv_connector`` and ``kv_role`` (error otherwise). A child
     name that resolves to another class on the platform (``OffloadingConnector`` is
     ``AscendOffloadingConnector`` on vllm-ascend) is flagged: its stats reconstruction
-    crashed EngineCore on unpatched vLLM. Sources: vLLM multi_connector.py;
+    crashed EngineCore on unpatched vLLM. One handoff owner: two children that hand KV
+    from prefill to decode (NIXL, Mooncake, MoRIIO, P2pNccl, vllm-ascend's) both return
+    ``kv_transfer_params``, which MultiConnector merges and refuses on a key clash. Child
+    order: MultiConnector loads from the first child reporting hits, so on decode a
+    cache/offload child listed before the handoff child takes the request on a local
+    hit and the transfer is skipped (warning). Children that require different KV cache
+    layouts stop the engine (pinned for 0.30). Facts: ``presets/targets/multi_connector.yaml``.
+    Sources: vLLM 0.30.0 kv_connector/v1/multi_connector.py
+    (``get_num_new_matched_tokens``, ``_aggregate_request_finished``,
+    ``get_required_kvcache_layout``); https://github.com/vllm-project/vllm/pull/50546,
+    https://github.com/vllm-project/vllm/pull/35092,
     https://github.com/vllm-project/vllm-ascend/issues/16932."""
     for n in _kv_nodes(ctx):
         kv = n.kv or {}
@@ -151,6 +191,60 @@ def multi_connector(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                              "stats reconstruction can crash EngineCore on unpatched vLLM",
                              ctx.sloc(n, *path, "kv_connector", value=True),
                              help=f"use a vLLM with the fix, or name `{alias}` and check its stats support")
+        yield from _multi_children(ctx, r, n, [c for c in kids if isinstance(c, dict)])
+
+
+def _multi_facts() -> dict[str, Any]:
+    from omni_pd.resources import data_dir, load_data
+
+    return load_data(data_dir("presets") / "targets" / "multi_connector.yaml")
+
+
+def _multi_children(ctx: Context, r: Rule, n: "StageNode", kids: list[dict]) -> Iterable[Diagnostic]:
+    """One handoff owner, the handoff child first on decode, one KV layout."""
+    facts = _multi_facts()
+    names = [str(c.get("kv_connector") or "") for c in kids]
+    handoff = [i for i, x in enumerate(names) if x in facts["handoff"]]
+    cache = [i for i, x in enumerate(names) if x in facts["cache"]]
+    base = ("kv_transfer_config", "kv_connector_extra_config", "connectors")
+    if len(handoff) > 1:
+        a, b = handoff[0], handoff[1]
+        yield r.diag(f"stage {n.stage_id}: MultiConnector has two P->D handoff children ({names[a]}, {names[b]}): both return "
+                     "kv_transfer_params, which MultiConnector merges and refuses on a key clash (RuntimeError "
+                     "\"Key clash in kv_transfer_params from multiple connectors\"); decode loads from one of them only",
+                     ctx.sloc(n, *base, b, "kv_connector", value=True), severity=Severity.ERROR,
+                     related=[ctx.sloc(n, *base, a, "kv_connector", value=True, label="first handoff child")],
+                     help=f"keep one handoff connector ({names[a]}); use the others as cache/offload children only")
+    role = (n.kv or {}).get("kv_role")
+    pair = ctx.pd_pair
+    is_decode = (pair is not None and n is pair[1]) or role == "kv_consumer"
+    if is_decode and handoff and cache and cache[0] < handoff[0]:
+        c, h = cache[0], handoff[0]
+        yield r.diag(f"stage {n.stage_id}: MultiConnector lists {names[c]} before the handoff child {names[h]}; decode loads "
+                     f"from the first child that reports hits, so a local {names[c]} hit skips the transfer from prefill "
+                     "(the rest of the prompt is recomputed; prefill keeps its blocks until their lease ends)",
+                     ctx.sloc(n, *base, c, "kv_connector", value=True), severity=Severity.WARNING,
+                     related=[ctx.sloc(n, *base, h, "kv_connector", value=True, label="handoff child")],
+                     help=f"list {names[h]} first in `connectors:`")
+    layouts = None
+    for row in facts.get("layouts") or []:
+        if ctx.target.version >= _v(row["since"]):
+            layouts = row["required"]
+    if layouts is None:
+        return
+    mla = ctx.model is not None and ctx.model.is_mla
+    need: dict[str, str] = {}
+    for x in names:
+        f = layouts.get(x)
+        if f is None or (mla and f.get("mla") == "none"):
+            continue
+        need.setdefault(f["layout"], x)
+    if len(need) > 1:
+        shown = ", ".join(f"{x} {lay}" for lay, x in need.items())
+        yield r.diag(f"stage {n.stage_id}: MultiConnector children require different KV cache layouts ({shown}): vLLM "
+                     f"{ctx.target.label} stops with \"KV cache layout mismatch\"",
+                     ctx.sloc(n, "kv_transfer_config", "kv_connector_extra_config", "connectors"), severity=Severity.ERROR,
+                     help="combine children that use the same KV cache layout")
 
 
 def hetero_tp_problem(ctx: Context, p: "StageNode", d: "StageNode") -> str | None:
