@@ -485,27 +485,69 @@ def graph(
         atomic_write(output, text, protect=[str(src)])
 
 
-def _graph_inputs(doc, pipeline: Optional[str], platform: Optional[str], tgt):
-    """The resolved topology of ``doc`` and each stage's bound ports (validate's own
-    port facts: ``omni_pd/check/rules/ports.py bound_ports``)."""
-    from omni_pd.check.rules import Context
-    from omni_pd.check.rules.ports import bound_ports
+def _resolve(doc, pipeline: Optional[str], platform: Optional[str]):
+    """``doc`` resolved against the pipeline validate would check it with (catalogued,
+    an inferred PD pair, or a linear chain). Raises OmniPdError for unparsable input."""
     from omni_pd.check.validate import Locator, ValidateOptions, choose_pipeline
-    from omni_pd.compile.graph import PortRange
     from omni_pd.compile.parse import parse_config, to_plain
     from omni_pd.compile.pipelines import load_catalogue
     from omni_pd.compile.topology import resolve
 
     cfg = parse_config(doc)
     plain = to_plain(doc.tree)
-    # the pipeline validate checks against: catalogued, inferred PD pair, or a linear chain
     pipe, _ = choose_pipeline(cfg, Locator(doc), load_catalogue(), ValidateOptions(pipeline=pipeline),
                               base_name=plain.get("base_config"))
-    topo = resolve(cfg, pipe, platform, doc)
-    ctx = Context(doc=Locator(doc), config=cfg, topology=topo, target=tgt, platform=platform, raw=plain)
+    return resolve(cfg, pipe, platform, doc), plain
+
+
+def _graph_inputs(doc, pipeline: Optional[str], platform: Optional[str], tgt):
+    """The resolved topology of ``doc`` and each stage's bound ports (validate's own
+    port facts: ``omni_pd/check/rules/ports.py bound_ports``)."""
+    from omni_pd.check.rules import Context
+    from omni_pd.check.rules.ports import bound_ports
+    from omni_pd.check.validate import Locator
+    from omni_pd.compile.graph import PortRange
+
+    topo, plain = _resolve(doc, pipeline, platform)
+    ctx = Context(doc=Locator(doc), config=topo.config, topology=topo, target=tgt, platform=platform, raw=plain)
     ports = {n.stage_id: [PortRange(b.port, b.span, b.purpose + (f" (replica {b.replica})" if b.replica else ""))
                           for b in bound_ports(ctx, n)] for n in topo.stages}
     return topo, ports
+
+
+@app.command("diff")
+def diff_cmd(
+    before: Path = typer.Argument(..., help="the deploy config given to `omni-pd expand`"),
+    after: str = typer.Argument(..., help="what expand wrote (- reads stdin)"),
+    pipeline: Optional[str] = typer.Option(None, "--pipeline", help="pipeline of BEFORE when the file does not say"),
+    platform: Optional[str] = typer.Option(None, "--platform", help="compare with platforms.<P> applied to both"),
+    fmt: str = typer.Option("text", "--format", help="text | json"),
+) -> None:
+    """Show what expand changed, stage by stage (each output stage against the input stage it came from)."""
+    import json
+
+    from omni_pd.compile.diff import config_diff, diff_json, diff_text
+    from omni_pd.io import load_file, load_stream
+
+    if fmt not in ("text", "json"):
+        raise typer.BadParameter("use text or json", param_hint="--format")
+    a_doc = load_file(before)
+    b_doc = load_stream(sys.stdin.buffer, "<stdin>") if after == "-" else load_file(after)
+    for d in (a_doc, b_doc):
+        _DOCS[d.name] = d
+    from omni_pd.compile.topology import PLATFORMS
+
+    if platform is not None and platform not in PLATFORMS:
+        raise typer.BadParameter("one of: " + ", ".join(PLATFORMS), param_hint="--platform")
+    a_topo, a_plain = _resolve(a_doc, pipeline, platform)
+    b_topo, b_plain = _resolve(b_doc, None, platform)
+    try:
+        d = config_diff(a_topo, b_topo, a_plain, b_plain)
+    except ValueError as e:
+        raise OmniPdError(Diagnostic(code="OPD008", severity=Severity.ERROR, location=b_doc.loc(()),
+                                     message=f"{b_doc.name} is not a prefill/decode split: {e}",
+                                     help=f"give the output of `omni-pd expand {a_doc.name}` as the second file")) from None
+    sys.stdout.write(json.dumps(diff_json(d), indent=2) + "\n" if fmt == "json" else diff_text(d, a_doc.name, b_doc.name))
 
 
 @app.command("rules")

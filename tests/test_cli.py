@@ -714,3 +714,55 @@ def test_input_notes_are_marked_as_the_inputs(tmp_path, capsys):
     rc, out, _ = run_cli(["expand", "-q", str(bare), "--pipeline", "llm"], capsys)
     assert rc == 0
     assert out.splitlines()[3] == "pipeline: llm_pd"
+
+
+# --- omni-pd diff: what expand changed, stage by stage ------------------------------------
+
+def test_diff_of_the_expanded_preset(expanded_preset, capsys):
+    rc, out, err = run_cli(["diff", "presets/qwen3_omni_moe.yaml", str(expanded_preset)], capsys)
+    assert (rc, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[:5] == ["--- presets/qwen3_omni_moe.yaml", f"+++ {expanded_preset}",
+                         '+ pipeline: "qwen3_omni_moe_pd"', "~ async_chunk: true -> false",
+                         '+ edges: [{"from": 0, "to": 1}, {"from": 1, "to": 2}, {"from": 2, "to": 3}]']
+    blocks = out.split("\nstage ")[1:]
+    assert [b.splitlines()[0] for b in blocks] == [
+        "0 thinker prefill (from input stage 0 thinker)", "1 thinker decode (from input stage 0 thinker)",
+        "2 talker (from input stage 1 talker)", "3 code2wav (from input stage 2 code2wav)"]
+    assert blocks[1].splitlines()[1:] == [
+        '  + kv_transfer_config.kv_connector: "MooncakeConnector"',
+        '  + kv_transfer_config.engine_id: "omni-thinker-decode"',
+        '  + kv_transfer_config.kv_role: "kv_consumer"',
+        '  + kv_transfer_config.kv_ip: "127.0.0.1"',
+        '  ~ devices: "0" -> "1"']
+    assert blocks[3].splitlines()[1:] == [
+        '  ~ devices: "1" -> "2"',
+        '  + input_connectors.from_stage_2: "connector_of_shared_memory"',
+        '  - input_connectors.from_stage_1: "connector_of_shared_memory"']
+
+
+def test_diff_json_and_stdin(expanded_preset, capsys):
+    import json
+
+    rc, out, _ = run_cli(["diff", "presets/qwen3_omni_moe.yaml", "-", "--format", "json"], capsys,
+                         stdin=expanded_preset.read_bytes())
+    assert rc == 0
+    data = json.loads(out)
+    assert [r.get("stage_id") for r in data] == [None, 0, 1, 2, 3]
+    assert [r.get("from") for r in data[1:]] == [0, 0, 1, 2]
+    assert {"kind": "~", "key": "devices", "before": "1", "after": "2"} in data[3]["changes"]
+
+
+def test_diff_refuses_a_second_file_that_is_not_a_split(capsys):
+    rc, out, err = run_cli(["diff", "presets/qwen3_omni_moe.yaml", "tests/fixtures/llm.yaml"], capsys)
+    assert (rc, out) == (2, "")
+    assert err.startswith("error[OPD008]: tests/fixtures/llm.yaml is not a prefill/decode split: it has no "
+                          "prefill/decode pair with consecutive stage ids (not `omni-pd expand` output)\n")
+
+
+def test_flatten_and_changes():
+    from omni_pd.compile.diff import Change, changes, flatten
+
+    assert flatten({"a": {"b": 1, "c": {}}, "d": [1]}) == {"a.b": 1, "a.c": {}, "d": [1]}
+    assert changes({"x": 1, "y": 2, "z": None}, {"y": 3, "w": 4}) == (
+        Change("~", "y", 2, 3), Change("+", "w", None, 4), Change("-", "x", 1, None))

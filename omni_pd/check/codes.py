@@ -80,6 +80,11 @@ CODES: tuple[CodeDoc, ...] = (
             ``presets/pipelines/``, a legacy ``stage_args`` config, a launch inventory, a Hugging
             Face config.json, a JSON Schema) and writes nothing; the schema findings follow.""",
             "omni_pd/cli.py expand", exit=2),
+    CodeDoc("OPD008", "not-a-pd-split", _E, "input", "diff was given a second file that is not a prefill/decode split",
+            """``omni-pd diff IN OUT`` matches each stage of OUT to the stage of IN it came from
+            through the split's id map, so OUT must have a prefill/decode pair with consecutive
+            stage ids (what ``omni-pd expand IN`` writes).""",
+            "omni_pd/cli.py diff", exit=2),
     CodeDoc("OPD208", "pd-pair-without-pipeline", _E, "topology",
             "a KV producer/consumer pair in a file that names no `pipeline:`",
             """Without ``pipeline:`` vllm-omni 0.30 takes the pipeline from the model's
