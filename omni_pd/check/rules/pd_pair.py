@@ -334,10 +334,17 @@ def async_chunk_kv(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
       passing=_PD + ("  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p,"
                      " kv_connector_extra_config: {prefill: {tp_size: 1, dp_size: 1}, decode: {tp_size: 1, dp_size: 1}}}}\n"
                      "  - {stage_id: 1, devices: \"1\", kv_transfer_config: " + OK_D + "}\n"),
-      labels=("XS-PEER-TOPO",))
+      labels=("XS-PEER-TOPO",),
+      examples=(
+          Example("peer block pp_size that is not the stage's PP", _PD + (
+              "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, "
+              "engine_id: p, kv_connector_extra_config: {prefill: {tp_size: 1, dp_size: 1, pp_size: 2}}}}\n"
+              "  - {stage_id: 1, devices: \"1\", kv_transfer_config: " + OK_D + "}\n"), True, contains="pp_size=2"),
+      ))
 def peer_topology(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """vllm-ascend's MooncakeConnector(V1) takes ``kv_connector_extra_config.prefill``
-    and ``.decode`` blocks (``tp_size``, ``dp_size``) describing both sides; they must
+    and ``.decode`` blocks (``tp_size``, ``dp_size``, and ``pp_size`` since vllm-ascend PR
+    #4054) describing both sides; they must
     equal the stages' real parallel sizes or the rank mapping reads the wrong blocks.
     Generate them from the stages. Sources:
     https://github.com/vllm-project/vllm-ascend/issues/8442,
@@ -352,12 +359,13 @@ def peer_topology(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             blk = extra.get(side)
             if not isinstance(blk, dict):
                 continue
-            for key, actual in (("tp_size", ctx.stage_tp(peer)), ("dp_size", ctx.stage_dp(peer))):
+            sizes = (("tp_size", "tensor", ctx.stage_tp(peer)), ("dp_size", "data", ctx.stage_dp(peer)),
+                     ("pp_size", "pipeline", ctx.parallel(peer)["pipeline_parallel_size"]))
+            for key, word, actual in sizes:
                 v = blk.get(key)
                 if v is not None and str(v) != str(actual):
                     yield r.diag(f"stage {n.stage_id}: kv_connector_extra_config.{side}.{key}={v} but stage {peer.stage_id} "
-                                 f"({side}) runs {'tensor' if key == 'tp_size' else 'data'}_parallel_size={actual}",
+                                 f"({side}) runs {word}_parallel_size={actual}",
                                  ctx.sloc(n, "kv_transfer_config", "kv_connector_extra_config", side, key, value=True),
-                                 related=[ctx.sloc(peer, "tensor_parallel_size" if key == "tp_size" else "data_parallel_size",
-                                                   label=f"{side} stage {peer.stage_id}")],
+                                 related=[ctx.sloc(peer, f"{word}_parallel_size", label=f"{side} stage {peer.stage_id}")],
                                  help=f"write `{key}: {actual}`")
