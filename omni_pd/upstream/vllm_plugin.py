@@ -124,9 +124,12 @@ def install_runtime_compat() -> None:
     line). Runs from both entry points, so it is in place in the API process before
     the first PD detection: the serve parser loads ``vllm.general_plugins`` before
     ``AsyncOmni`` exists, and on every path (serve, offline ``Omni``, extra API
-    servers) ``StageRuntime._prepare_stage_plans`` (engine/stage_runtime.py) calls
+    servers, read from the code) ``StageRuntime._prepare_stage_plans`` (engine/stage_runtime.py) calls
     ``prepare_engine_environment`` -> ``load_omni_general_plugins`` before
-    ``OmniEngineBase._detect_pd_config`` and ``OmniBase._init_pd_state`` run. A failure
+    ``OmniEngineBase._detect_pd_config`` and ``OmniBase._init_pd_state`` run. And
+    :func:`register` calls it before registering the ``*_pd`` pipelines, which a process
+    must have done before it can resolve a ``*_pd`` deploy file, so detection (which
+    follows resolution) finds the layer in place in any process. A failure
     here is logged, never raised: plugin loading must not break vllm-omni."""
     try:
         from omni_pd.upstream.vllm_omni_compat import install
