@@ -35,6 +35,11 @@ PARALLEL_SIZE_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "data_pa
                       "prefill_context_parallel_size", "cfg_parallel_size", "ulysses_degree", "ring_degree",
                       "allgather_degree", "hsdp_replicate_size", "hsdp_shard_size")
 
+#: Parallel sizes only diffusion stages have (OmniStageDiffusionParallelConfig).
+DIFFUSION_PARALLEL_KEYS = frozenset({"cfg_parallel_size", "ulysses_degree", "ring_degree", "allgather_degree",
+                                     "use_hsdp", "hsdp_replicate_size", "hsdp_shard_size", "vae_patch_parallel_size",
+                                     "text_encoder_tp_size", "sequence_parallel_size"})
+
 FAMILIES = {
     "1": "schema", "2": "topology", "3": "pd_pair", "4": "devices",
     "5": "ports", "6": "capability", "7": "runtime",
@@ -241,22 +246,38 @@ class Context:
         """The stage's effective parallel sizes (ints >= 1 where valid), by field name.
 
         Precedence, as vllm-omni 0.30 builds a stage's parallel config
-        (config/omni_config.py ``_build_parallel_config``): a global CLI flag, then the
-        nested ``parallel_config`` block, then the flat stage keys (and the
-        pipeline-wide ``pipeline_parallel_size``/``data_parallel_size``)."""
+        (config/omni_config.py ``_build_parallel_config`` merges the nested
+        ``parallel_config`` over the flat keys; ``_stage_engine_values`` moves CLI
+        parallel flags into the nested block for diffusion stages only): diffusion
+        stages: CLI flag, nested, flat; other stages: nested, CLI flag, flat (the
+        pipeline-wide ``pipeline_parallel_size``/``data_parallel_size`` count as flat)."""
         flat = {k: node.settings.get(k) for k in PARALLEL_SIZE_KEYS}
         flat["tensor_parallel_size"], flat["pipeline_parallel_size"] = node.tp, node.pp
         flat["data_parallel_size"] = node.dp
         nested = node.settings.get("parallel_config")
+        nested = nested if isinstance(nested, dict) else {}
+        cli_wins = self.is_diffusion(node)  # LLM stages: the CLI value is flat, and nested wins over flat
         out: dict[str, int] = {}
         for k in PARALLEL_SIZE_KEYS:
-            v = self.cli.get(k)
-            if v is None and isinstance(nested, dict):
+            v = self.cli.get(k) if cli_wins or nested.get(k) is None else None
+            if v is None:
                 v = nested.get(k)
+            if v is None:
+                v = self.cli.get(k)
             if v is None:
                 v = flat.get(k)
             out[k] = as_int(v, 1)
         return out
+
+    def is_diffusion(self, node: "StageNode") -> bool:
+        """True for a diffusion stage: its pipeline says so, or it sets a diffusion-only
+        parallel size (CFG, Ulysses, ring, all-gather, HSDP), flat or nested."""
+        ps = self.topology.pipeline.stage(node.stage_id) if self.topology is not None else None
+        if ps is not None and ps.execution_type.lower() == "diffusion":
+            return True
+        nested = node.settings.get("parallel_config")
+        keys = set(node.settings) | (set(nested) if isinstance(nested, dict) else set())
+        return bool(keys & DIFFUSION_PARALLEL_KEYS)
 
     def world_size(self, node: "StageNode") -> tuple[int, str]:
         """Devices one replica of the stage needs, and how (``"TP 4 x CFG 1"``).

@@ -351,6 +351,12 @@ _DIT = "stages:\n  - {{stage_id: 0, devices: \"{dev}\"{flat}, parallel_config: {
               dev="0,1", flat=", cfg_parallel_size: 2", nested="tensor_parallel_size: 1"), False),
           Example("engine_args layout", "stages:\n  - stage_id: 0\n    devices: \"0\"\n    engine_args: {tensor_parallel_size: 2,"
                   " parallel_config: {tensor_parallel_size: 1}}\n", True, contains="tensor_parallel_size 2"),
+          Example("global flag under an LLM stage's nested block", "pipeline: llm\nstages:\n  - {stage_id: 0, devices: \"0,1\", "
+                  "parallel_config: {tensor_parallel_size: 2}}\n", True, {"cli": {"tensor_parallel_size": 1}},
+                  contains="overridden by parallel_config.tensor_parallel_size 2"),
+          Example("global flag on a diffusion stage wins (vllm-omni moves it into the nested block)",
+                  _DIT.format(dev="0,1", flat="", nested="tensor_parallel_size: 1, cfg_parallel_size: 2"), False,
+                  {"cli": {"tensor_parallel_size": 1}}),
           Example("a platform overlay's flat size under the base's nested block",
                   "stages:\n  - {stage_id: 0, devices: \"0\", parallel_config: {tensor_parallel_size: 1}}\n"
                   "platforms:\n  npu:\n    stages:\n      - {stage_id: 0, tensor_parallel_size: 2}\n", True,
@@ -362,8 +368,10 @@ def parallel_config_conflict(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     the nested value wins, silently: editing ``tensor_parallel_size: 1,
     cfg_parallel_size: 2`` next to a bundled ``parallel_config: {tensor_parallel_size:
     4, cfg_parallel_size: 1}`` changes nothing (vllm-omni#3911). Checked after the
-    platform overlay (an overlay's flat key loses to the base's nested block too).
-    Write each size once. Sources: vllm-omni 0.30.0 config/omni_config.py
+    platform overlay (an overlay's flat key loses to the base's nested block too). On an
+    LLM stage a global ``--tensor-parallel-size`` lands flat as well and loses to the
+    nested block; on a diffusion stage vllm-omni moves CLI parallel flags into the nested
+    block, so they win. Write each size once. Sources: vllm-omni 0.30.0 config/omni_config.py
     ``_build_parallel_config``; https://github.com/vllm-project/vllm-omni/issues/3911."""
     from omni_pd.check.rules import PARALLEL_SIZE_KEYS
 
@@ -382,6 +390,15 @@ def parallel_config_conflict(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             nv = nested.get(k)
             if fv is not None and nv is not None and str(fv) != str(nv):
                 clash.append((k, fv, nv))
+        if not ctx.is_diffusion(n):  # LLM stages: a global flag lands flat, so the nested block beats it too
+            for k in PARALLEL_SIZE_KEYS:
+                cv, nv = ctx.cli.get(k), nested.get(k)
+                if cv is not None and nv is not None and str(cv) != str(nv):
+                    yield r.diag(f"stage {n.stage_id}: the global --{k.replace('_', '-')} {cv} is overridden by "
+                                 f"parallel_config.{k} {nv} (vllm-omni merges the nested block over flat keys and "
+                                 "command-line flags of an LLM stage)",
+                                 ctx.sloc(n, "parallel_config", k, value=True),
+                                 help=f"drop the flag, or set parallel_config.{k}: {cv} in the deploy YAML")
         if not clash:
             continue
         fl = " / ".join(f"{k} {fv}" for k, fv, _ in clash)
