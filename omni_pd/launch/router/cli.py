@@ -1,0 +1,167 @@
+"""Command line of the router: ``python -m omni_pd.launch.router --help``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Sequence
+
+from omni_pd.launch.router.backends import BALANCE_POLICIES, Backend, parse_backend, parse_port
+from omni_pd.launch.router.core import PDRouter, Timeouts
+from omni_pd.launch.router.protocol import (
+    CONNECTORS, DEFAULT_MOONCAKE_BOOTSTRAP_PORT, ConnectorStrategy, MooncakeStrategy, connector_class)
+from omni_pd.launch.router.server import RouterServer
+
+log = logging.getLogger("omni_pd.router")
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Parsed command line. Times in seconds.
+
+    ``timeout``: longest silence of a backend on a request; ``prefill_timeout``: bound on
+    the whole prefill leg (None: none beyond ``timeout``); ``max_concurrency``: generation
+    requests in flight before 503 + Retry-After; ``retries``: other instances a failed
+    leg is tried on; ``balance``: ``least_outstanding`` | ``round_robin``.
+    """
+
+    host: str
+    port: int
+    connector: type[ConnectorStrategy]
+    prefills: tuple[Backend, ...]
+    decodes: tuple[Backend, ...]
+    timeout: float = 3600.0
+    connect_timeout: float = 5.0
+    health_timeout: float = 2.0
+    prefill_timeout: float | None = None
+    health_interval: float = 2.0
+    max_concurrency: int = 1024
+    retries: int = 2
+    balance: str = "least_outstanding"
+    log_level: str = "INFO"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The router's argparse parser."""
+    p = argparse.ArgumentParser(
+        prog="python -m omni_pd.launch.router",
+        description="PD router for single-LLM pipelines: sends each request to a prefill and a "
+                    "decode vllm serve, carrying the KV connector's kv_transfer_params.")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on; 0 = any free (default 8000)")
+    p.add_argument("--connector", required=True,
+                   help=f"KV connector of the P/D engines: {', '.join(CONNECTORS)} (or nixl, mooncake)")
+    p.add_argument("--prefill", action="append", nargs="+", default=[], metavar="URL",
+                   help="prefill base URL, repeatable. MooncakeConnector: URL,BOOTSTRAP_PORT "
+                        f"(or URL BOOTSTRAP_PORT; default port {DEFAULT_MOONCAKE_BOOTSTRAP_PORT})")
+    p.add_argument("--decode", action="append", default=[], metavar="URL",
+                   help="decode base URL, repeatable")
+    p.add_argument("--balance", default="least_outstanding", choices=BALANCE_POLICIES,
+                   help="how an instance is picked per leg (default least_outstanding)")
+    p.add_argument("--max-concurrency", type=int, default=1024,
+                   help="generation requests in flight; more get 503 + Retry-After (default 1024)")
+    p.add_argument("--retries", type=int, default=2,
+                   help="other instances a failed leg is tried on before the client sees it (default 2)")
+    p.add_argument("--timeout", type=float, default=3600.0,
+                   help="seconds a backend may stay silent on a request (default 3600)")
+    p.add_argument("--prefill-timeout", type=float, default=None,
+                   help="seconds the whole prefill leg may take (default: no bound beyond --timeout)")
+    p.add_argument("--connect-timeout", type=float, default=5.0, help="seconds per connect (default 5)")
+    p.add_argument("--health-timeout", type=float, default=2.0,
+                   help="seconds per backend /health probe (default 2)")
+    p.add_argument("--health-interval", type=float, default=2.0,
+                   help="seconds between background /health polls of every backend (default 2)")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> RouterConfig:
+    """Parse the command line into a :class:`RouterConfig`; bad usage exits with status 2
+    and an argparse message."""
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        connector = connector_class(ns.connector)
+    except ValueError as exc:
+        parser.error(str(exc))
+    prefills = []
+    for words in ns.prefill:
+        try:
+            if len(words) > 2:
+                raise ValueError(f"--prefill takes URL[,BOOTSTRAP_PORT] or URL BOOTSTRAP_PORT, got {words}")
+            bp = None
+            if len(words) == 2 and words[1].lower() != "none":
+                bp = parse_port(words[1], what="bootstrap port", text=" ".join(words))
+            backend = parse_backend(words[0], bootstrap_port=bp)
+        except ValueError as exc:
+            parser.error(f"--prefill: {exc}")
+        if backend.bootstrap_port is not None and connector is not MooncakeStrategy:
+            parser.error(f"--prefill {' '.join(words)}: a bootstrap port applies to MooncakeConnector only")
+        prefills.append(backend)
+    decodes = []
+    for text in ns.decode:
+        try:
+            decodes.append(parse_backend(text))
+        except ValueError as exc:
+            parser.error(f"--decode: {exc}")
+    if not prefills or not decodes:
+        parser.error("give at least one --prefill and one --decode")
+    if not 0 <= ns.port <= 65535:
+        parser.error(f"--port {ns.port} is outside 0..65535")
+    for name in ("timeout", "connect_timeout", "health_timeout", "health_interval", "prefill_timeout"):
+        v = getattr(ns, name)
+        if v is not None and v <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+    if ns.max_concurrency < 1 or ns.retries < 0:
+        parser.error("--max-concurrency must be >= 1 and --retries >= 0")
+    return RouterConfig(host=ns.host, port=ns.port, connector=connector, prefills=tuple(prefills),
+                        decodes=tuple(decodes), timeout=ns.timeout, connect_timeout=ns.connect_timeout,
+                        health_timeout=ns.health_timeout, prefill_timeout=ns.prefill_timeout,
+                        health_interval=ns.health_interval, max_concurrency=ns.max_concurrency,
+                        retries=ns.retries, balance=ns.balance, log_level=ns.log_level)
+
+
+def make_server(config: RouterConfig, *, discovery_interval: float = 1.0) -> RouterServer:
+    """Bind the router (raises OSError when the address is taken). Serve with
+    ``serve_forever()`` (or ``await serve()``); stop with ``shutdown()``, then
+    ``server_close()``. ``discovery_interval``: seconds between polls while a prefill's
+    Mooncake ids are unknown or an instance is down."""
+    router = PDRouter(config.prefills, config.decodes, config.connector,
+                      timeouts=Timeouts(read=config.timeout, prefill=config.prefill_timeout,
+                                        connect=config.connect_timeout, health=config.health_timeout),
+                      balance=config.balance, retries=config.retries,
+                      health_interval=config.health_interval, discovery_interval=discovery_interval)
+    return RouterServer((config.host, config.port), router, max_concurrency=config.max_concurrency)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: parse, bind, serve until SIGTERM/SIGINT. Exit status 0 on a clean stop,
+    1 when the address cannot be bound, 2 on bad usage."""
+    config = parse_args(argv)
+    logging.basicConfig(level=config.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        server = make_server(config)
+    except OSError as exc:
+        print(f"error: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
+        return 1
+
+    def started() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, server.request_stop)
+        log.info("listening on %s (connector %s; balance %s; prefill %s; decode %s)", server.url,
+                 config.connector.name, config.balance,
+                 ", ".join(p.url if p.bootstrap_port is None else f"{p.url} bootstrap {p.bootstrap_port}"
+                           for p in server.router.prefills),
+                 ", ".join(d.url for d in config.decodes))
+
+    try:
+        asyncio.run(server.serve(on_started=started))
+    finally:
+        server.server_close()
+    return 0

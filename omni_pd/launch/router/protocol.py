@@ -1,0 +1,288 @@
+"""The P/D protocol of the router: request bodies and the KV connector contracts (pure).
+
+Everything a connector needs to know lives here, one class per connector
+(:data:`CONNECTORS`); the transport (:mod:`.core`) never looks inside
+``kv_transfer_params``. See the package docstring for the rules and their sources.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, ClassVar, Mapping, Sequence
+
+from omni_pd.launch.router.backends import Backend, Instance
+
+log = logging.getLogger("omni_pd.router")
+
+#: vLLM's default ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` (vllm_kv_connectors.md §3.2).
+DEFAULT_MOONCAKE_BOOTSTRAP_PORT = 8998
+
+#: keys removed from the prefill body (see the package docstring for why)
+PREFILL_DROP = ("min_tokens", "min_completion_tokens", "stop", "stop_token_ids", "stream_options")
+
+#: ``get(instance_or_backend, path, port) -> (status, body bytes)``; raises on transport errors
+HttpGet = Callable[[Backend, str, "int | None"], Awaitable[tuple[int, bytes]]]
+
+
+def prefill_request_body(body: Mapping[str, Any], kv_transfer_params: Mapping[str, Any]) -> dict[str, Any]:
+    """The body P receives: a copy of the client's ``body`` (a JSON object, unchanged) with
+    ``max_tokens`` = 1, ``max_completion_tokens`` = 1 if present, ``min_tokens``,
+    ``min_completion_tokens``, ``stop``, ``stop_token_ids`` and ``stream_options`` removed,
+    ``ignore_eos`` = true, ``stream`` = false and ``kv_transfer_params`` (copied).
+
+    Source: vLLM toy_proxy_server.py / mooncake_connector_proxy.py (max_tokens, stream,
+    stream_options, min_tokens); stop conditions: omni-pd, so P ends LENGTH_CAPPED.
+    """
+    out = {k: v for k, v in body.items() if k not in PREFILL_DROP}
+    out["max_tokens"] = 1
+    if "max_completion_tokens" in body:
+        out["max_completion_tokens"] = 1
+    out["ignore_eos"] = True
+    out["stream"] = False
+    out["kv_transfer_params"] = dict(kv_transfer_params)
+    return out
+
+
+def decode_request_body(body: Mapping[str, Any], kv_transfer_params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The body D receives: the client's ``body`` unchanged, with ``kv_transfer_params``
+    replaced by the connector's (a copy). ``None`` leaves the body as the client sent it."""
+    out = dict(body)
+    if kv_transfer_params is not None:
+        out["kv_transfer_params"] = dict(kv_transfer_params)
+    return out
+
+
+def transfer_id_for(request_id: str) -> str:
+    """Mooncake ``transfer_id`` of a request: ``xfer-<request id>`` (upstream proxy format)."""
+    return f"xfer-{request_id}"
+
+
+@dataclass(frozen=True, eq=False)
+class PrefillTarget:
+    """One unit of the prefill rotation: an instance and, for Mooncake, one DP rank of it."""
+
+    instance: Instance
+    dp_rank: int | None = None
+
+    @property
+    def backend(self) -> Backend:
+        return self.instance.backend
+
+    def describe(self) -> str:
+        return self.backend.url if self.dp_rank is None else f"{self.backend.url}[dp{self.dp_rank}]"
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, PrefillTarget) and other.instance is self.instance
+                and other.dp_rank == self.dp_rank)
+
+    def __hash__(self) -> int:
+        return hash((id(self.instance), self.dp_rank))
+
+
+class ConnectorStrategy:
+    """How one KV connector's routing contract is carried between P and D.
+
+    Subclasses set ``name`` (the vLLM ``kv_connector`` name) and ``concurrent`` (P and D
+    dispatched together, or D after P's answer), and override the ``*_kv_params`` methods.
+    ``prefills``: the prefill backends (normalized by the connector, e.g. Mooncake's
+    default bootstrap port); the router builds its prefill pool from this list, in order.
+    """
+
+    name: ClassVar[str]
+    concurrent: ClassVar[bool] = False
+
+    def __init__(self, prefills: Sequence[Backend]):
+        self.prefills = list(prefills)
+        self.instances: list[Instance] = []
+
+    def bind(self, instances: Sequence[Instance]) -> None:
+        """Called once by the router with the prefill pool's instances (same order)."""
+        self.instances = list(instances)
+
+    async def on_healthy(self, inst: Instance, get: HttpGet) -> None:
+        """Called after each ``/health`` 200 of prefill ``inst`` (default: nothing to learn)."""
+
+    def on_down(self, inst: Instance) -> None:
+        """Called when prefill ``inst`` is marked down (default: nothing to forget)."""
+
+    def not_ready_reason(self) -> str | None:
+        """Why generation requests cannot be routed yet, or None when ready."""
+        return None
+
+    def prefill_targets(self) -> list[PrefillTarget]:
+        """The prefill rotation, in order (default: one entry per instance)."""
+        return [PrefillTarget(i) for i in self.instances]
+
+    def prefill_headers(self, target: PrefillTarget) -> dict[str, str]:
+        """Extra headers of the prefill leg (default: none)."""
+        return {}
+
+    def prefill_kv_params(self, request_id: str, target: PrefillTarget) -> dict[str, Any]:
+        """``kv_transfer_params`` of the prefill leg."""
+        raise NotImplementedError
+
+    def decode_kv_params(self, request_id: str, target: PrefillTarget,
+                         prefill_response: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """``kv_transfer_params`` of the decode leg. ``prefill_response`` is P's JSON answer
+        (sequential connectors) or None (concurrent ones, called before P answers). None
+        means "send D the client's body unchanged"."""
+        raise NotImplementedError
+
+    def state(self) -> dict[str, Any]:
+        """Connector state for ``/health`` (JSON-able; no secrets)."""
+        return {}
+
+
+class NixlStrategy(ConnectorStrategy):
+    """NixlConnector, pull mode: P first; D gets P's returned ``kv_transfer_params`` verbatim.
+
+    Source: vLLM ``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py``;
+    vllm_kv_connectors.md §3.1 (P answers ``do_remote_prefill, remote_block_ids,
+    remote_engine_id, remote_host, remote_port, tp_size`` + newer keys per release).
+    """
+
+    name = "NixlConnector"
+    concurrent = False
+
+    def prefill_kv_params(self, request_id, target):
+        return {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                "remote_block_ids": None, "remote_host": None, "remote_port": None}
+
+    def decode_kv_params(self, request_id, target, prefill_response):
+        params = (prefill_response or {}).get("kv_transfer_params")
+        return params if isinstance(params, dict) else None
+
+
+def parse_bootstrap_query(data: Any) -> dict[int, str]:
+    """Engine id per DP rank from a Mooncake bootstrap ``GET /query`` answer.
+
+    Shape (vLLM >= 0.18 ``mooncake_connector.py``): ``{"<dp_rank>": {"engine_id": str,
+    "worker_addr": {...}}, ...}``. Returns ``{dp_rank: engine_id}`` (non-empty). Raises
+    ValueError on any other shape.
+    """
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"expected a non-empty JSON object, found {type(data).__name__}")
+    out: dict[int, str] = {}
+    for key, entry in data.items():
+        try:
+            rank = int(key)
+        except (TypeError, ValueError):
+            raise ValueError(f"dp rank {key!r} is not an integer") from None
+        engine_id = entry.get("engine_id") if isinstance(entry, dict) else None
+        if not isinstance(engine_id, str) or not engine_id:
+            raise ValueError(f"dp rank {rank} has no engine_id")
+        out[rank] = engine_id
+    return dict(sorted(out.items()))
+
+
+@dataclass
+class _BootstrapState:
+    ready: bool = False
+    engine_ids: dict[int, str] = field(default_factory=dict)
+    error: str | None = "waiting for prefill /health"
+    generation: int = -1  # the instance generation the ids were read in
+
+
+class MooncakeStrategy(ConnectorStrategy):
+    """MooncakeConnector, vLLM >= 0.18 protocol: P and D at once, joined by ``transfer_id``.
+
+    Source: vLLM ``examples/disaggregated/mooncake_connector/mooncake_connector_proxy.py``;
+    vllm_kv_connectors.md §3.2 (P answers no kv_transfer_params; D needs all of
+    ``remote_bootstrap_addr``, ``remote_engine_id``, ``transfer_id`` or silently runs
+    without a transfer). Engine ids are read from ``GET <bootstrap>/query`` after P's
+    ``/health`` is 200, and read again whenever P comes back after being marked down (a
+    restarted engine has new ids).
+    """
+
+    name = "MooncakeConnector"
+    concurrent = True
+
+    def __init__(self, prefills: Sequence[Backend]):
+        missing = [p.url for p in prefills if p.bootstrap_port is None]
+        prefills = [p if p.bootstrap_port is not None
+                    else Backend(p.url, p.scheme, p.host, p.port, DEFAULT_MOONCAKE_BOOTSTRAP_PORT)
+                    for p in prefills]
+        super().__init__(prefills)
+        if missing:
+            log.info("MooncakeConnector: no bootstrap port given for %s; using %d",
+                     ", ".join(missing), DEFAULT_MOONCAKE_BOOTSTRAP_PORT)
+        self._state: dict[int, _BootstrapState] = {}
+
+    def bind(self, instances):
+        super().bind(instances)
+        self._state = {id(i): _BootstrapState() for i in self.instances}
+
+    async def on_healthy(self, inst, get):
+        st = self._state[id(inst)]
+        if st.ready and st.generation == inst.generation:
+            return
+        try:
+            status, raw = await get(inst.backend, "/query", inst.backend.bootstrap_port)
+            if status != 200:
+                raise ValueError(f"bootstrap {inst.backend.bootstrap_addr}/query answered {status}")
+            engine_ids = parse_bootstrap_query(json.loads(raw))
+        except (OSError, ValueError) as exc:
+            st.ready, st.error = False, str(exc) or type(exc).__name__
+            return
+        if st.engine_ids and st.engine_ids != engine_ids:
+            log.info("MooncakeConnector: prefill %s came back with new engine ids %s", inst.url, engine_ids)
+        else:
+            log.info("MooncakeConnector: prefill %s engine ids %s", inst.url, engine_ids)
+        st.engine_ids, st.ready, st.error, st.generation = engine_ids, True, None, inst.generation
+
+    def on_down(self, inst):
+        st = self._state[id(inst)]
+        st.ready, st.error = False, f"prefill marked down ({inst.last_error})"
+
+    def not_ready_reason(self):
+        if any(st.ready for st in self._state.values()):
+            return None
+        pending = [f"{i.url} ({self._state[id(i)].error})" for i in self.instances]
+        return "waiting for the Mooncake bootstrap /query of prefill " + ", ".join(pending)
+
+    def prefill_targets(self):
+        return [PrefillTarget(i, rank) for i in self.instances
+                for rank in (self._state[id(i)].engine_ids if self._state[id(i)].ready else ())]
+
+    def prefill_headers(self, target):
+        return {"X-data-parallel-rank": str(target.dp_rank)}
+
+    def prefill_kv_params(self, request_id, target):
+        return {"do_remote_decode": True, "do_remote_prefill": False,
+                "transfer_id": transfer_id_for(request_id)}
+
+    def decode_kv_params(self, request_id, target, prefill_response):
+        engine_id = self._state[id(target.instance)].engine_ids[target.dp_rank]
+        return {"do_remote_decode": False, "do_remote_prefill": True,
+                "remote_bootstrap_addr": target.backend.bootstrap_addr,
+                "remote_engine_id": engine_id, "transfer_id": transfer_id_for(request_id)}
+
+    def state(self):
+        urls = [i.url for i in self.instances]
+        out = {}
+        for i in self.instances:
+            st = self._state[id(i)]
+            key = i.url if urls.count(i.url) == 1 else f"{i.url} [{i.index}]"
+            out[key] = {"addr": i.backend.bootstrap_addr, "ready": st.ready,
+                        "engine_ids": {str(k): v for k, v in st.engine_ids.items()}, "error": st.error}
+        return {"bootstrap": out}
+
+
+#: connector name -> strategy class. Adding a connector is one entry here.
+CONNECTORS: dict[str, type[ConnectorStrategy]] = {
+    NixlStrategy.name: NixlStrategy,
+    MooncakeStrategy.name: MooncakeStrategy,
+}
+
+
+def connector_class(name: str) -> type[ConnectorStrategy]:
+    """The strategy for ``name``: a key of :data:`CONNECTORS`, case-insensitive, with or
+    without the ``Connector`` suffix (``nixl``, ``Mooncake``). Raises ValueError listing the
+    known names."""
+    want = name.strip().lower()
+    for key, cls in CONNECTORS.items():
+        if want in (key.lower(), key.lower().removesuffix("connector")):
+            return cls
+    raise ValueError(f"unknown connector {name!r}; the router knows {', '.join(CONNECTORS)}")
