@@ -30,7 +30,7 @@ PROBE = ROOT / "tests" / "oracle" / "compat_probe.py"
 
 pytestmark = pytest.mark.skipif(not ORACLE, reason="OMNI_PD_ORACLE_PYTHON not set (build it with .ci/oracle_venv.sh)")
 
-PATCHES = ("pd_detect", "pd_validate", "pd_connector_info", "engine_bootstrap_addr", "decode_remote_request_id")
+PATCHES = ("pd_detect", "pd_validate", "pd_connector_info", "engine_bootstrap_addr", "decode_kv_params")
 NONE_PATCHED = dict.fromkeys(PATCHES, False)
 ALL_PATCHED = dict.fromkeys(PATCHES, True)
 ON_LINE = (
@@ -41,7 +41,8 @@ ON_LINE = (
     "(_init_pd_state raises AttributeError 'engine_args' once the pair is detected); "
     "OmniEngineBase._detect_pd_config (orchestrator gets bootstrap_addr None, Mooncake decode has no "
     "remote_bootstrap_addr); OrchestratorBase._build_pd_decode_params (every Mooncake request fails with "
-    "'Missing prefill kv_transfer_params.remote_request_id')")
+    "'Missing prefill kv_transfer_params.remote_request_id', and with num_replicas > 1 on the prefill stage "
+    "decode would pull KV from replica 0)")
 
 #: name -> (connector, TP, pipeline vllm-omni resolves, stage count)
 FILES = {
@@ -52,6 +53,8 @@ FILES = {
     "thinker_only": ("MooncakeConnector", 1, "qwen3_omni_moe_thinker_only_pd", 2),
 }
 FLOWS = ("mooncake", "nixl")
+#: flow name -> (file, prefill replicas, requests sent one after the other)
+MORE_FLOWS = {"mooncake_2p": ("mooncake", 2, 2)}
 
 
 def wheel_deploy_dir() -> Path:
@@ -93,7 +96,10 @@ def probes(tmp_path_factory):
     model_type = {"qwen2_5_omni": "qwen2_5_omni"}
     files = [{"name": n, "path": str(p), "model_type": model_type.get(n, "qwen3_omni_moe")} for n, p in paths.items()]
     spec = d / "spec.json"
-    spec.write_text(json.dumps({"files": files, "flows": [f for f in files if f["name"] in FLOWS]}))
+    flows = [f for f in files if f["name"] in FLOWS]
+    flows += [{**next(f for f in files if f["name"] == src), "name": name, "prefill_replicas": n, "requests": k}
+              for name, (src, n, k) in MORE_FLOWS.items()]
+    spec.write_text(json.dumps({"files": files, "flows": flows}))
     return run_probe(spec), run_probe(spec, OMNI_PD_VLLM_OMNI_COMPAT="0")
 
 
@@ -249,6 +255,22 @@ def test_request_flow_is_prefill_then_decode_with_the_layer(probes, name):
         assert kv["remote_engine_id"] == engine_id and kv["remote_request_id"] == "req-flow-1"
         assert kv["remote_block_ids"] == [0, 1] and kv["remote_host"] == "127.0.0.1"
     assert f["client"][-1]["stage_id"] == 3 and f["client"][-1]["finished"] is True
+
+
+def test_mooncake_decode_pulls_from_the_prefill_replica_that_ran_the_request(probes):
+    """Two prefill replicas (ports bootstrap_port + r, engine ids ...-s0-r{r}, as the
+    runtime writes them): each request's decode params name the replica that ran it."""
+    f = probes[0]["flows"]["mooncake_2p"]
+    reps = f["prefill_replicas"]
+    assert [(r["replica"], r["requests"]) for r in reps] == [(0, ["req-flow-1"]), (1, ["req-flow-2"])]
+    port0 = int(reps[0]["bootstrap_addr"].rsplit(":", 1)[1])
+    assert reps[1]["bootstrap_addr"] == f"http://127.0.0.1:{port0 + 1}"
+    assert reps[1]["engine_id"] == reps[0]["engine_id"][:-1] + "1"
+    got = {d["request_id"]: (d["kv_transfer_params"]["remote_bootstrap_addr"], d["kv_transfer_params"]["remote_engine_id"])
+           for d in f["stages"][1]}
+    assert got == {r["requests"][0]: (r["bootstrap_addr"], r["engine_id"]) for r in reps}
+    for req in f["requests"]:
+        assert [c["text"].strip() for c in req["client"] if c.get("stage_id") == 1] == [req["answer_text"]]
 
 
 @pytest.mark.parametrize("name", FLOWS)

@@ -13,7 +13,7 @@ import pytest
 
 from omni_pd.upstream import vllm_omni_compat as c
 
-ALL = ("pd_detect", "pd_validate", "pd_connector_info", "engine_bootstrap_addr", "decode_remote_request_id")
+ALL = ("pd_detect", "pd_validate", "pd_connector_info", "engine_bootstrap_addr", "decode_kv_params")
 
 
 def typed(stage_id, inputs=(), extras=None, kv=None, tp=1):
@@ -42,9 +42,9 @@ def test_bundled_table_says_0_30_needs_all_five_patches_and_later_releases_none(
     assert tuple(p.name for p in t.needed("0.30.0")) == ALL
     assert tuple(p.name for p in t.needed("0.30.1rc2")) == ALL
     assert t.needed("0.31.0") == () and t.needed("0.29.9") == ()
-    assert t.patches["decode_remote_request_id"].target == (
+    assert t.patches["decode_kv_params"].target == (
         "vllm_omni.engine.orchestrator:OrchestratorBase._build_pd_decode_params")
-    assert t.patches["decode_remote_request_id"].signature == "(self, req_id, sp)"
+    assert t.patches["decode_kv_params"].signature == "(self, req_id, sp)"
     assert all(p.source and p.why for p in t.patches.values())
 
 
@@ -144,6 +144,45 @@ def test_decode_params_wrapper_supplies_remote_request_id_and_reruns_the_origina
     empty = NS(_pd_kv_params={}, _pd_bootstrap_addr=None)
     with pytest.raises(RuntimeError, match="remote_request_id"):  # no transfer_id: upstream's error stands
         c._wrap_decode_params(upstream_build_decode)(empty, "r2", None)
+
+
+def mooncake_client(addr, engine_id, connector="MooncakeConnector"):
+    return NS(vllm_config=NS(kv_transfer_config=NS(kv_connector=connector, engine_id=engine_id,
+                                                    kv_connector_extra_config={"bootstrap_addr": addr})))
+
+
+def test_retarget_decode_params_only_replaces_the_orchestrators_single_defaults():
+    r0, r1 = ("http://h:8998", "e-s0-r0"), ("http://h:8999", "e-s0-r1")
+    moon = {"transfer_id": "x", "remote_bootstrap_addr": r0[0], "remote_engine_id": r0[1]}
+    assert c.retarget_decode_params(moon, r1, *r0) == {**moon, "remote_bootstrap_addr": r1[0],
+                                                       "remote_engine_id": r1[1]}
+    assert c.retarget_decode_params(moon, r0, *r0) is None  # replica 0: nothing to change
+    fixed_upstream = {**moon, "remote_bootstrap_addr": r1[0], "remote_engine_id": r1[1]}
+    assert c.retarget_decode_params(fixed_upstream, r1, *r0) is None
+    nixl = {"remote_engine_id": "n-s0-r1", "remote_host": "h", "remote_port": 5601}
+    assert c.retarget_decode_params(nixl, None, None, "n-s0-r0") is None
+    assert c.mooncake_endpoint(mooncake_client(*r1)) == r1
+    assert c.mooncake_endpoint(mooncake_client(*r1, connector="NixlConnector")) is None
+    assert c.mooncake_endpoint(NS(vllm_config=None)) is None
+
+
+def test_decode_params_wrapper_points_decode_at_the_bound_prefill_replica():
+    pool = NS(clients=[mooncake_client("http://h:8998", "e-s0-r0"), mooncake_client("http://h:8999", "e-s0-r1")],
+              bound={"a": 0, "b": 1})
+    pool.get_bound_replica_id = pool.bound.get
+    orch = NS(_pd_pair=(0, 1), stage_pools=[pool], _pd_bootstrap_addr="http://h:8998",
+              _pd_prefill_engine_id="e-s0-r0",
+              _pd_kv_params={k: {"transfer_id": f"xfer-{k}"} for k in "ab"})
+
+    def orig(self, req_id, sp):
+        kv = upstream_build_decode(self, req_id, sp)
+        return NS(extra_args={"kv_transfer_params": {**kv, "remote_engine_id": self._pd_prefill_engine_id}})
+
+    wrapped = c._wrap_decode_params(orig)
+    a, b = (wrapped(orch, k, None).extra_args["kv_transfer_params"] for k in "ab")
+    assert (a["remote_bootstrap_addr"], a["remote_engine_id"]) == ("http://h:8998", "e-s0-r0")
+    assert (b["remote_bootstrap_addr"], b["remote_engine_id"]) == ("http://h:8999", "e-s0-r1")
+    assert b["remote_request_id"] == "b" and b["transfer_id"] == "xfer-b"
 
 
 def test_engine_bootstrap_wrapper_takes_the_address_the_runtime_wrote():

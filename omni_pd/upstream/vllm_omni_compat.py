@@ -24,7 +24,9 @@ over by itself:
 * ``OrchestratorBase._build_pd_decode_params`` (``vllm_omni/engine/orchestrator.py``):
   when it refuses prefill params that carry ``transfer_id`` but no
   ``remote_request_id`` (vLLM 0.30's Mooncake connector returns none), the request id
-  is supplied and the original runs again.
+  is supplied and the original runs again; when its Mooncake address and engine id are
+  the orchestrator's single (replica 0) ones but the request was prefilled on replica
+  *r* > 0, they are replaced by replica *r*'s.
 
 No attribute is ever added to an upstream class or stage config: about twenty
 ``getattr(stage, "engine_args", None)`` fallbacks elsewhere in vllm-omni would change
@@ -38,7 +40,7 @@ and patch nothing; ``OMNI_PD_VLLM_OMNI_COMPAT=0`` turns it off; a second call pa
 nothing more. It logs one line saying what it patched and why.
 
 The decision helpers (:func:`legacy_views`, :func:`repair_prefill_kv_params`,
-:func:`prefill_bootstrap_addr`, :func:`plan`) are plain functions, testable without
+:func:`prefill_bootstrap_addr`, :func:`retarget_decode_params`, :func:`plan`) are plain functions, testable without
 vllm-omni.
 """
 
@@ -232,6 +234,39 @@ def repair_prefill_kv_params(req_id: str, params: Any) -> dict[str, Any] | None:
     return {**params, "remote_request_id": req_id}
 
 
+def mooncake_endpoint(client: Any) -> tuple[str, str | None] | None:
+    """(bootstrap address, engine id) of one Mooncake prefill replica's client, from its
+    ``vllm_config.kv_transfer_config`` as ``StageRuntime._prepare_replica_vllm_config``
+    wrote it (address ``http://ip:bootstrap_port+r``, engine id ``{id}-s{stage}-r{r}``);
+    None for other connectors or a client without one."""
+    kv = getattr(getattr(client, "vllm_config", None), "kv_transfer_config", None)
+    if kv is None or getattr(kv, "kv_connector", None) != "MooncakeConnector":
+        return None
+    extra = getattr(kv, "kv_connector_extra_config", None)
+    addr = extra.get("bootstrap_addr") if isinstance(extra, Mapping) else None
+    return (str(addr), getattr(kv, "engine_id", None)) if addr else None
+
+
+def retarget_decode_params(params: Mapping[str, Any], endpoint: tuple[str, str | None] | None,
+                           default_addr: str | None, default_engine_id: str | None) -> dict[str, Any] | None:
+    """Decode ``kv_transfer_params`` pointed at the prefill replica that ran the request.
+
+    vllm-omni 0.30's orchestrator keeps one ``_pd_bootstrap_addr``/``_pd_prefill_engine_id``,
+    its prefill stage's replica 0's, so with ``num_replicas`` > 1 a request prefilled on
+    replica *r* would be told to pull from replica 0. Returns the params with
+    ``remote_bootstrap_addr``/``remote_engine_id`` replaced by ``endpoint``'s when they are
+    exactly the orchestrator's single defaults (so values the prefill side returned, as
+    NIXL does, or a fixed upstream's per-replica values are kept); None when nothing
+    changes."""
+    if endpoint is None or params.get("remote_bootstrap_addr") != default_addr or default_addr is None:
+        return None
+    addr, engine_id = endpoint
+    out = {**params, "remote_bootstrap_addr": addr}
+    if engine_id and params.get("remote_engine_id") == default_engine_id:
+        out["remote_engine_id"] = engine_id
+    return None if out == dict(params) else out
+
+
 def prefill_bootstrap_addr(stage_clients: Sequence[Any], prefill_idx: int) -> str | None:
     """The Mooncake bootstrap address (``http://ip:port``) the prefill stage's first
     replica binds: ``kv_transfer_config.kv_connector_extra_config["bootstrap_addr"]`` of
@@ -308,18 +343,37 @@ def _wrap_engine_bootstrap(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return _detect_pd_config
 
 
+def _retarget_to_bound_replica(self: Any, req_id: str, sp: Any) -> Any:
+    """``sp`` with its decode ``kv_transfer_params`` pointed at the prefill replica the
+    request is bound to (:func:`retarget_decode_params`); ``sp`` itself otherwise."""
+    try:
+        pool = self.stage_pools[self._pd_pair[0]]
+        replica = pool.get_bound_replica_id(req_id)
+        client = pool.clients[replica] if replica else None
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return sp
+    params = (getattr(sp, "extra_args", None) or {}).get("kv_transfer_params")
+    if client is None or not isinstance(params, Mapping):
+        return sp
+    new = retarget_decode_params(params, mooncake_endpoint(client), self._pd_bootstrap_addr,
+                                 self._pd_prefill_engine_id)
+    if new is not None:
+        sp.extra_args["kv_transfer_params"] = new
+    return sp
+
+
 def _wrap_decode_params(orig: Callable[[Any, str, Any], Any]) -> Callable[[Any, str, Any], Any]:
     def _build_pd_decode_params(self, req_id, sp):
         stored = getattr(self, "_pd_kv_params", {}).get(req_id)
         snapshot = dict(stored) if isinstance(stored, Mapping) else stored
         try:
-            return orig(self, req_id, sp)
+            return _retarget_to_bound_replica(self, req_id, orig(self, req_id, sp))
         except RuntimeError as e:
             repaired = repair_prefill_kv_params(req_id, snapshot) if "remote_request_id" in str(e) else None
             if repaired is None:
                 raise
         self._pd_kv_params[req_id] = repaired
-        return orig(self, req_id, sp)
+        return _retarget_to_bound_replica(self, req_id, orig(self, req_id, sp))
     return _build_pd_decode_params
 
 
@@ -328,7 +382,7 @@ WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     "pd_validate": _wrap_over_views,
     "pd_connector_info": _wrap_over_views,
     "engine_bootstrap_addr": _wrap_engine_bootstrap,
-    "decode_remote_request_id": _wrap_decode_params,
+    "decode_kv_params": _wrap_decode_params,
 }
 
 

@@ -272,7 +272,7 @@ def make_fake_client_class():
             sp = req.sampling_params
             kvp = dict((sp.extra_args or {}).get("kv_transfer_params") or {})
             prompt = list(req.prompt_token_ids)
-            self.received.append({"prompt_token_ids": prompt, "max_tokens": sp.max_tokens,
+            self.received.append({"request_id": req.request_id, "prompt_token_ids": prompt, "max_tokens": sp.max_tokens,
                                   "kv_transfer_params": kvp or None})
             out_kv = None
             if self.role == "thinker":  # greedy: the answer, then EOS, unless max_tokens cuts it
@@ -308,11 +308,15 @@ def make_fake_client_class():
 
 
 def run_flow(spec: dict) -> dict:
+    """``spec["requests"]`` requests (default 1), one after the other, through the real
+    orchestrator; the prefill stage gets ``spec["prefill_replicas"]`` fake replicas
+    (default 1), each with the vllm_config ``_prepare_replica_vllm_config`` writes for it."""
     from vllm import SamplingParams
     from vllm_omni.config.resolver import resolve_omni_config
     from vllm_omni.engine.messages import OutputMessage, StageSubmissionMessage
     from vllm_omni.engine.orchestrator import Orchestrator, build_engine_core_request_from_tokens
     from vllm_omni.engine.stage_pool import StagePool
+    from vllm_omni.engine.stage_runtime import StageRuntime
     from vllm_omni.outputs.output_processor import MultimodalOutputProcessor
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -323,39 +327,50 @@ def run_flow(spec: dict) -> dict:
     reps = replica_configs(typed)
     Fake = make_fake_client_class()
     tok = word_tokenizer()
-    clients, pools = [], []
+    n_prefill = int(spec.get("prefill_replicas", 1))
+    pools, by_stage = [], []
     roles = ["thinker", "thinker", "talker", "code2wav"]
     for i, s in enumerate(typed):
-        c = object.__new__(Fake)
-        kv = reps[i][0].kv_transfer_config
-        c.__dict__.update(
-            stage_id=i, replica_id=0, stage_type="llm", model_stage=s.model_stage, is_comprehension=i < 2,
-            requires_multimodal_data=False, engine_input_source=list(s.input_sources),
-            final_output=i in (1, 3), final_output_type="text", default_sampling_params=None,
-            prompt_transform_func=None, prompt_expand_func=None, custom_process_input_func=None,
-            vllm_config=reps[i][0], engine_outputs=None, role=roles[i],
-            connector=getattr(kv, "kv_connector", None), engine_id=getattr(kv, "engine_id", None),
-            pending=[], received=[], aborted=[], _payload_sender_info=None, _kv_sender_info=None,
-            _kv_sender_initialized=True)
-        clients.append(c)
-        pools.append(StagePool(i, [c], output_processor=MultimodalOutputProcessor(tok, log_stats=False),
+        replicas = []
+        for r in range(n_prefill if i == 0 else 1):
+            vcfg = reps[i][0]
+            if r:  # replica r of the prefill stage: what the runtime writes for it
+                kv0 = s.connector_config.kv_transfer_config
+                vcfg = StageRuntime._prepare_replica_vllm_config(
+                    NS(kv_transfer_config=copy.deepcopy(kv0), model_config=reps[i][0].model_config),
+                    copy.deepcopy(s), NS(stage_id=i, replica_id=r, runtime_cfg=None), native_kv=True)
+            kv = vcfg.kv_transfer_config
+            c = object.__new__(Fake)
+            c.__dict__.update(
+                stage_id=i, replica_id=r, stage_type="llm", model_stage=s.model_stage, is_comprehension=i < 2,
+                requires_multimodal_data=False, engine_input_source=list(s.input_sources),
+                final_output=i in (1, 3), final_output_type="text", default_sampling_params=None,
+                prompt_transform_func=None, prompt_expand_func=None, custom_process_input_func=None,
+                vllm_config=vcfg, engine_outputs=None, role=roles[i],
+                connector=getattr(kv, "kv_connector", None), engine_id=getattr(kv, "engine_id", None),
+                pending=[], received=[], aborted=[], _payload_sender_info=None, _kv_sender_info=None,
+                _kv_sender_initialized=True)
+            replicas.append(c)
+        by_stage.append(replicas)
+        pools.append(StagePool(i, replicas, output_processor=MultimodalOutputProcessor(tok, log_stats=False),
                                stage_vllm_config=reps[i][0]))
+    clients = [replicas[0] for replicas in by_stage]  # OmniEngineBase.stage_clients: one per logical stage
     pd_config = engine(typed, clients)._detect_pd_config()
     fe = frontend(typed)
     fe._init_pd_state()
 
-    prompt_ids = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]
-    sp_list = [SamplingParams(max_tokens=2048, temperature=0.0), SamplingParams(max_tokens=2048, temperature=0.0),
-               SamplingParams(max_tokens=64), SamplingParams(max_tokens=64)]
-    req_id = "req-flow-1"
-    pair = fe._get_pd_separation_pair()
-    if pair is not None:  # async_omni.py AsyncOmni.generate
-        sp_list[pair[0]] = fe._prepare_prefill_sampling_params(req_id, sp_list[pair[0]])
+    def sampling(req_id: str) -> list:
+        sp_list = [SamplingParams(max_tokens=2048, temperature=0.0), SamplingParams(max_tokens=2048, temperature=0.0),
+                   SamplingParams(max_tokens=64), SamplingParams(max_tokens=64)]
+        pair = fe._get_pd_separation_pair()
+        if pair is not None:  # async_omni.py AsyncOmni.generate
+            sp_list[pair[0]] = fe._prepare_prefill_sampling_params(req_id, sp_list[pair[0]])
+        return sp_list
 
-    async def drive() -> list:
-        orch = Orchestrator(asyncio.Queue(), asyncio.Queue(), asyncio.Queue(), pools, pd_config=pd_config)
-        # run()'s two loops, without run()'s teardown (which cancels every task on the loop)
-        tasks = [asyncio.create_task(orch._request_handler()), asyncio.create_task(orch._orchestration_output_handler())]
+    prompts = [[11 + k + 3 * n for k in range(12)] for n in range(int(spec.get("requests", 1)))]
+
+    async def one(orch, req_id: str, prompt_ids: list[int]) -> list:
+        sp_list = sampling(req_id)
         request = build_engine_core_request_from_tokens(req_id, {"prompt_token_ids": prompt_ids}, sp_list[0],
                                                         model_config=reps[0][0].model_config)
         request.external_req_id = req_id  # as the frontend's input processing sets it
@@ -372,30 +387,43 @@ def run_flow(spec: dict) -> dict:
                     got.append({"stage_id": msg.stage_id, "finished": msg.finished,
                                 "token_ids": list(eo.outputs[0].token_ids), "text": eo.outputs[0].text})
                     if msg.finished:
-                        break
+                        return got
                 else:
                     got.append({"message": type(msg).__name__, "error": getattr(msg, "error", None)})
                     if getattr(msg, "error", None):
-                        break
+                        return got
         except asyncio.TimeoutError:
             got.append({"message": "timeout"})
+        return got
+
+    async def drive() -> list:
+        orch = Orchestrator(asyncio.Queue(), asyncio.Queue(), asyncio.Queue(), pools, pd_config=pd_config)
+        # run()'s two loops, without run()'s teardown (which cancels every task on the loop)
+        tasks = [asyncio.create_task(orch._request_handler()), asyncio.create_task(orch._orchestration_output_handler())]
+        outs = [await one(orch, f"req-flow-{n + 1}", p) for n, p in enumerate(prompts)]
         orch._shutdown_event.set()
         for t in tasks:
             if t.done() and t.exception() is not None:
                 import traceback
-                got.append({"message": "orchestrator task failed", "error": err(t.exception()),
-                            "where": traceback.format_exception(t.exception())[-3:]})
+                outs[-1].append({"message": "orchestrator task failed", "error": err(t.exception()),
+                                 "where": traceback.format_exception(t.exception())[-3:]})
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        return got
+        return outs
 
-    client_outputs = asyncio.run(drive())
-    return {"pd_config": pd_config and {**pd_config, "pd_pair": list(pd_config["pd_pair"])},
-            "prompt_token_ids": prompt_ids, "answer": thinker_answer(prompt_ids, ANSWER_LEN),
-            "answer_text": tok.decode(thinker_answer(prompt_ids, ANSWER_LEN)), "answer_eos": EOS,
-            # what a Thinker answers when its prompt is its own earlier answer (no PD)
-            "twice_text": tok.decode(thinker_answer(thinker_answer(prompt_ids, ANSWER_LEN) + [EOS], ANSWER_LEN)),
-            "stages": [c.received for c in clients], "client": client_outputs}
+    outs = asyncio.run(drive())
+    requests = [{"prompt_token_ids": p, "answer": thinker_answer(p, ANSWER_LEN),
+                 "answer_text": tok.decode(thinker_answer(p, ANSWER_LEN)),
+                 # what a Thinker answers when its prompt is its own earlier answer (no PD)
+                 "twice_text": tok.decode(thinker_answer(thinker_answer(p, ANSWER_LEN) + [EOS], ANSWER_LEN)),
+                 "client": o} for p, o in zip(prompts, outs)]
+    return {"pd_config": pd_config and {**pd_config, "pd_pair": list(pd_config["pd_pair"])}, "answer_eos": EOS,
+            **requests[0], "requests": requests,
+            "stages": [[{**x, "replica": c.replica_id} for c in replicas for x in c.received] for replicas in by_stage],
+            "prefill_replicas": [{"replica": c.replica_id, "engine_id": c.engine_id,
+                                  "bootstrap_addr": (c.vllm_config.kv_transfer_config.kv_connector_extra_config or {})
+                                  .get("bootstrap_addr"), "requests": [x["request_id"] for x in c.received]}
+                                 for c in by_stage[0]]}
 
 
 def main() -> int:
