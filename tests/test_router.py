@@ -550,3 +550,235 @@ def test_module_runs_and_stops_on_sigterm(fakes):
             proc.kill()
             proc.wait()
         proc.stderr.close()
+
+
+# --- serving under load and faults (issue 15) -------------------------------------------------
+
+
+def wait_disconnect(h: BaseHTTPRequestHandler, timeout: float) -> bool:
+    """True once the peer of handler ``h`` closed its connection (within ``timeout`` s)."""
+    import select
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r, _, _ = select.select([h.connection], [], [], 0.02)
+        if r:
+            try:
+                if h.connection.recv(1, socket.MSG_PEEK) == b"":
+                    return True
+            except OSError:
+                return True
+    return False
+
+
+def wait_until(pred: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return pred()
+
+
+def instances(srv: R.RouterServer, role: str) -> list[R.Instance]:
+    return srv.router.pools[role].instances
+
+
+def test_dead_decode_is_skipped_and_retried_on_the_healthy_one(fakes, router):
+    # the old router sent every other request to the dead decode and answered 502
+    p, d = fakes("P", post=p_nixl), fakes("D")
+    dead = f"http://127.0.0.1:{free_port()}"
+    srv = router([p.url], [dead, d.url], health_interval=60.0)
+    statuses = [call(srv, "POST", "/v1/completions", {**CLIENT_BODY, "seed": i})[0] for i in range(6)]
+    assert statuses == [200] * 6 and len(d.posts) == 6 and len(p.posts) == 6
+    down = instances(srv, "decode")[0]
+    assert down.healthy is False and down.last_error == "connection refused"
+
+
+def test_dead_prefill_is_retried_on_another_and_decode_picking_is_independent(fakes, router):
+    ps = [f"http://127.0.0.1:{free_port()}", fakes("P1", post=p_nixl)]
+    ds = [fakes(f"D{i}") for i in range(2)]
+    srv = router([ps[0], ps[1].url], [d.url for d in ds], balance="round_robin", health_interval=60.0)
+    statuses = [call(srv, "POST", "/v1/completions", CLIENT_BODY)[0] for _ in range(4)]
+    assert statuses == [200] * 4 and len(ps[1].posts) == 4
+    assert [len(d.posts) for d in ds] == [2, 2]  # decode rotation unaffected by the prefill retries
+
+
+def test_health_poller_takes_an_instance_out_and_puts_it_back(fakes, router):
+    p, d0, d1 = fakes("P", post=p_nixl), fakes("D0"), fakes("D1")
+    srv = router([p.url], [d0.url, d1.url], health_interval=0.05)
+    d1.health = 503
+    assert wait_until(lambda: not instances(srv, "decode")[1].healthy)
+    for _ in range(4):
+        assert call(srv, "POST", "/v1/completions", CLIENT_BODY)[0] == 200
+    assert len(d0.posts) == 4 and d1.posts == []  # never tried while down
+    d1.health = 200
+    assert wait_until(lambda: instances(srv, "decode")[1].healthy)
+    for _ in range(4):
+        call(srv, "POST", "/v1/completions", CLIENT_BODY)
+    assert len(d1.posts) == 2  # back in rotation without a restart
+
+
+def test_least_outstanding_avoids_the_busy_decode(fakes, router):
+    def d_hold(h, seen):
+        if seen.body.get("seed") == 0:
+            d0_busy.set()
+            release.wait(5)
+        d_json(h, seen)
+
+    d0_busy, release = threading.Event(), threading.Event()
+    p = fakes("P", post=p_nixl)
+    ds = [fakes(f"D{i}", post=d_hold) for i in range(2)]
+    srv = router([p.url], [d.url for d in ds])
+    slow = threading.Thread(target=call, args=(srv, "POST", "/v1/completions", {**CLIENT_BODY, "seed": 0}))
+    slow.start()
+    assert d0_busy.wait(5)
+    for i in (1, 2, 3):  # round robin would send seed 2 to the busy D0
+        assert call(srv, "POST", "/v1/completions", {**CLIENT_BODY, "seed": i})[0] == 200
+    release.set()
+    slow.join(5)
+    assert [s.body["seed"] for s in ds[0].posts] == [0]
+    assert [s.body["seed"] for s in ds[1].posts] == [1, 2, 3]
+
+
+def _client_leaves_after(srv: R.RouterServer, body: dict, event: threading.Event) -> None:
+    s = socket.create_connection(("127.0.0.1", srv.server_address[1]))
+    data = json.dumps(body).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+    assert event.wait(5)
+    s.close()
+
+
+def test_client_leaving_mid_stream_cancels_the_decode_leg(fakes, router):
+    gone = threading.Event()
+
+    def d_stream(h, seen):
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        ev = b"data: {}\n\n"
+        h.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+        h.wfile.flush()
+        started.set()
+        if wait_disconnect(h, 5):
+            gone.set()
+
+    started = threading.Event()
+    p, d = fakes("P", post=p_nixl), fakes("D", post=d_stream)
+    srv = router([p.url], [d.url])
+    _client_leaves_after(srv, {**CLIENT_BODY, "stream": True}, started)
+    assert gone.wait(2), "decode kept streaming to a client that left"
+    assert wait_until(lambda: instances(srv, "decode")[0].outstanding == 0, 2)
+
+
+@pytest.mark.parametrize("connector", ["NixlConnector", "MooncakeConnector"])
+def test_client_leaving_during_prefill_cancels_both_legs(fakes, router, connector):
+    p_gone, d_gone, p_busy = threading.Event(), threading.Event(), threading.Event()
+
+    def p_hold(h, seen):
+        p_busy.set()
+        if wait_disconnect(h, 5):
+            p_gone.set()
+
+    def d_hold(h, seen):
+        if wait_disconnect(h, 5):
+            d_gone.set()
+
+    p, d = fakes("P", post=p_hold), fakes("D", post=d_hold)
+    boot = fakes("BOOT", query={"0": {"engine_id": "e"}})
+    prefill = p.url if connector == "NixlConnector" else f"{p.url},{boot.port}"
+    srv = router([prefill], [d.url], connector=connector)
+    ready = threading.Event()
+    threading.Thread(target=lambda: (p_busy.wait(5), (d.got_request.wait(5) if connector != "NixlConnector"
+                                                     else None), ready.set()), daemon=True).start()
+    _client_leaves_after(srv, CLIENT_BODY, ready)
+    assert p_gone.wait(2), "the prefill leg outlived its client"
+    if connector == "NixlConnector":
+        time.sleep(0.2)
+        assert d.posts == [], "the decode leg ran for a client that had left"
+    else:
+        assert d_gone.wait(2), "the concurrent decode leg outlived its client"
+
+
+def test_concurrency_limit_gives_503_with_retry_after(fakes, router):
+    held, release = threading.Event(), threading.Event()
+    p = fakes("P", post=p_nixl)
+    d = fakes("D", post=lambda h, s: (held.set(), release.wait(5), d_json(h, s)))
+    srv = router([p.url], [d.url], max_concurrency=1)
+    t = threading.Thread(target=call, args=(srv, "POST", "/v1/completions", CLIENT_BODY))
+    t.start()
+    assert held.wait(5)
+    status, headers, raw = call(srv, "POST", "/v1/completions", CLIENT_BODY)
+    release.set()
+    t.join(5)
+    assert status == 503 and headers["retry-after"] == "1"
+    assert "concurrency limit (1 requests" in json.loads(raw)["error"]["message"]
+    assert call(srv, "POST", "/v1/completions", CLIENT_BODY)[0] == 200
+
+
+def test_chunked_request_body_is_accepted(fakes, router):
+    p, d = fakes("P", post=p_nixl), fakes("D")
+    srv = router([p.url], [d.url])
+    data = json.dumps(CLIENT_BODY).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=10)
+    conn.request("POST", "/v1/completions", body=iter([data[:10], data[10:]]), encode_chunked=True,
+                 headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and json.loads(resp.read()) == completion("decoded")
+    conn.close()
+    assert d.posts[0].body == {**CLIENT_BODY, "kv_transfer_params": NIXL_P_PARAMS}
+
+
+def test_duplicate_urls_are_separate_instances(fakes, router):
+    p, d = fakes("P", post=p_nixl), fakes("D")
+    srv = router([p.url, p.url], [d.url])
+    for _ in range(4):
+        call(srv, "POST", "/v1/completions", CLIENT_BODY)
+    h = json.loads(call(srv, "GET", "/health")[2])
+    served = [(i["role"], i["index"], i["served"]) for i in h["instances"] if i["role"] == "prefill"]
+    assert served == [("prefill", 0, 2), ("prefill", 1, 2)]
+
+
+def test_mooncake_rediscovers_engine_ids_when_a_prefill_comes_back(fakes, router):
+    p = fakes("P", post=lambda h, s: send_json(h, 200, completion("x")))
+    boot = fakes("BOOT", query={"0": {"engine_id": "before-restart"}})
+    d = fakes("D")
+    srv = router([f"{p.url},{boot.port}"], [d.url], connector="MooncakeConnector", health_interval=0.05)
+    call(srv, "POST", "/v1/completions", CLIENT_BODY)
+    p.health = 503  # the engine restarts: down, then up with a new engine id
+    assert wait_until(lambda: not instances(srv, "prefill")[0].healthy)
+    boot.query = {"0": {"engine_id": "after-restart"}}
+    p.health = 200
+    assert wait_until(lambda: srv.router.strategy.not_ready_reason() is None
+                      and instances(srv, "prefill")[0].healthy)
+    call(srv, "POST", "/v1/completions", CLIENT_BODY)
+    assert [s.body["kv_transfer_params"]["remote_engine_id"] for s in d.posts] == ["before-restart",
+                                                                                   "after-restart"]
+
+
+def test_prefill_timeout_bounds_the_prefill_leg(fakes, router):
+    fakes_release = threading.Event()
+    p = fakes("P", post=lambda h, s: (fakes_release.wait(5), p_nixl(h, s)))
+    d = fakes("D")
+    srv = router([p.url], [d.url], prefill_timeout=0.3, retries=0)
+    status, _, raw = call(srv, "POST", "/v1/completions", CLIENT_BODY)
+    fakes_release.set()
+    err = json.loads(raw)["error"]
+    assert status == 502 and err["leg"] == "prefill" and "timed out" in err["message"] and d.posts == []
+
+
+def test_failed_legs_are_retried_on_another_instance_before_the_client_sees_anything(fakes, router):
+    def drops(h, seen):  # healthy to /health, but the engine dies on every request
+        h.close_connection = True
+        h.connection.shutdown(socket.SHUT_RDWR)
+
+    p_bad, p_ok = fakes("Pbad", post=drops), fakes("Pok", post=p_nixl)
+    d_bad, d_ok = fakes("Dbad", post=drops), fakes("Dok")
+    srv = router([p_bad.url, p_ok.url], [d_bad.url, d_ok.url], balance="round_robin", health_interval=60.0)
+    statuses = [call(srv, "POST", "/v1/completions", CLIENT_BODY)[0] for _ in range(4)]
+    assert statuses == [200] * 4 and len(p_ok.posts) == len(d_ok.posts) == 4
+    # each bad instance was tried once, then marked down until its next /health 200
+    assert len(p_bad.posts) == len(d_bad.posts) == 1
+    assert [i.healthy for i in instances(srv, "prefill") + instances(srv, "decode")] == [False, True, False, True]
