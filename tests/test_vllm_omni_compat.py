@@ -266,8 +266,8 @@ def test_mooncake_decode_pulls_from_the_prefill_replica_that_ran_the_request(pro
     port0 = int(reps[0]["bootstrap_addr"].rsplit(":", 1)[1])
     assert reps[1]["bootstrap_addr"] == f"http://127.0.0.1:{port0 + 1}"
     assert reps[1]["engine_id"] == reps[0]["engine_id"][:-1] + "1"
-    got = {d["request_id"]: (d["kv_transfer_params"]["remote_bootstrap_addr"], d["kv_transfer_params"]["remote_engine_id"])
-           for d in f["stages"][1]}
+    kv = {d["request_id"]: d["kv_transfer_params"] for d in f["stages"][1]}
+    got = {rid: (p["remote_bootstrap_addr"], p["remote_engine_id"]) for rid, p in kv.items()}
     assert got == {r["requests"][0]: (r["bootstrap_addr"], r["engine_id"]) for r in reps}
     for req in f["requests"]:
         assert [c["text"].strip() for c in req["client"] if c.get("stage_id") == 1] == [req["answer_text"]]

@@ -48,7 +48,6 @@ class _Keep(logging.Handler):
         RECORDS.append(record)
 
 
-import vllm_omni.engine.omni_engine_base as engine_base  # noqa: E402
 import vllm_omni.engine.orchestrator as orch_mod  # noqa: E402
 from vllm_omni.entrypoints.pd_utils import PDDisaggregationMixin as M  # noqa: E402
 
@@ -146,8 +145,8 @@ def replica_configs(typed: list) -> list:
             out.append((base, None))
             continue
         replica_cfg = copy.deepcopy(s)
-        rv = StageRuntime._prepare_replica_vllm_config(base, replica_cfg, NS(stage_id=i, replica_id=0, runtime_cfg=None),
-                                                       native_kv=True)
+        meta = NS(stage_id=i, replica_id=0, runtime_cfg=None)
+        rv = StageRuntime._prepare_replica_vllm_config(base, replica_cfg, meta, native_kv=True)
         out.append((rv, dict(replica_cfg.runtime_config.env or {})))
     return out
 
@@ -399,7 +398,8 @@ def run_flow(spec: dict) -> dict:
     async def drive() -> list:
         orch = Orchestrator(asyncio.Queue(), asyncio.Queue(), asyncio.Queue(), pools, pd_config=pd_config)
         # run()'s two loops, without run()'s teardown (which cancels every task on the loop)
-        tasks = [asyncio.create_task(orch._request_handler()), asyncio.create_task(orch._orchestration_output_handler())]
+        tasks = [asyncio.create_task(orch._request_handler()),
+                 asyncio.create_task(orch._orchestration_output_handler())]
         outs = [await one(orch, f"req-flow-{n + 1}", p) for n, p in enumerate(prompts)]
         orch._shutdown_event.set()
         for t in tasks:
