@@ -116,11 +116,27 @@ def expand(
     kv_host: str = typer.Option("127.0.0.1", "--kv-host", help="address prefill/decode advertise to each other"),
     kv_buffer_device: Optional[str] = typer.Option(None, "--kv-buffer-device", help="KV buffer device: NixlConnector cuda or cpu (host staging); checked per connector and vLLM version"),
     port_base: Optional[int] = typer.Option(None, "--port-base", min=1, max=65535, help="first connector port to try"),
+    prefill_replicas: Optional[int] = typer.Option(
+        None, "--prefill-replicas", min=1, max=64,
+        help="xPyD: prefill instances (num_replicas of the prefill stage), each with its own devices, "
+             "engine id and connector ports"),
+    decode_replicas: Optional[int] = typer.Option(
+        None, "--decode-replicas", min=1, max=64, help="xPyD: decode instances (num_replicas of the decode stage)"),
     pipeline: Optional[str] = typer.Option(None, "--pipeline", help="pipeline name when the file does not say"),
     schema_ref: Optional[str] = typer.Option(None, "--schema-ref", help="$schema value for the header"),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="hide info diagnostics"),
+    encoder_split: Optional[str] = typer.Option(
+        None, "--encoder-split", help="disaggregate the multimodal encoder: 1e1pd (encoder + one instance) or "
+        "1e1p1d (encoder + prefill/decode pair), as vLLM's disagg_1e1pd/1e1p1d examples"),
+    ec_connector: str = typer.Option("ECExampleConnector", "--ec-connector", help="EC connector (with --encoder-split)"),
+    ec_storage_path: Optional[str] = typer.Option(None, "--ec-storage-path",
+                                                  help="directory the encoder and its consumer share (ECExampleConnector; default /tmp/omni-pd-ec)"),
+    encoder_devices: Optional[str] = typer.Option(None, "--encoder-devices", help='devices of the encoder instance, e.g. "4"'),
 ) -> None:
     """Split the Thinker of a deploy config into a prefill/decode pair (three stages -> four).
+
+    With --encoder-split, run the multimodal encoder as its own instance feeding the LLM
+    (1e1pd) or its prefill/decode pair (1e1p1d) through an EC connector.
 
     Every option value is checked first, the input must pass the schema checks, and the
     output must pass `omni-pd validate` before it is written (else exit 3: a bug).
@@ -139,13 +155,27 @@ def expand(
         prefill_devices=_devices_opt(prefill_devices, "--prefill-devices"),
         decode_devices=_devices_opt(decode_devices, "--decode-devices"),
         downstream_devices=_devices_opt(downstream_devices, "--downstream-devices"),
-        kv_host=kv_host, kv_buffer_device=kv_buffer_device, port_base=port_base)
+        kv_host=kv_host, kv_buffer_device=kv_buffer_device, port_base=port_base,
+        prefill_replicas=prefill_replicas, decode_replicas=decode_replicas)
     doc = load_file(src)
     _DOCS[doc.name] = doc
     _require_deploy_config(doc, pipeline, vllm_version)
-    res = expand_document(doc, opts, vllm_version=vllm_version, pipeline=pipeline,
-                          schema_ref=schema_ref if schema_ref is not None else _schema_ref(output))
-    if kv_buffer_device is not None:
+    if encoder_split is not None:
+        from omni_pd.compile.expand import expand_encoder_document
+        from omni_pd.compile.passes.encoder_split import EncoderOptions
+
+        eres = expand_encoder_document(
+            doc, EncoderOptions(encoder_split, ec_connector, ec_storage_path,
+                                _devices_opt(encoder_devices, "--encoder-devices")), opts,
+            vllm_version=vllm_version, pipeline=pipeline,
+            schema_ref=schema_ref if schema_ref is not None else _schema_ref(output))
+        if kv_buffer_device is not None and eres.plan.pd is not None:
+            cli_options.kv_buffer_device(kv_buffer_device, eres.plan.pd.connector, tgt)
+        res = eres  # same text/topology/diagnostics fields as a PD expand
+    else:
+        res = expand_document(doc, opts, vllm_version=vllm_version, pipeline=pipeline,
+                              schema_ref=schema_ref if schema_ref is not None else _schema_ref(output))
+    if kv_buffer_device is not None and encoder_split is None:
         cli_options.kv_buffer_device(kv_buffer_device, res.plan.connector, tgt)
     _self_check(res.text, doc, vllm_version, output)
     diags = [d for d in res.diagnostics if not (quiet and d.severity is Severity.INFO)]

@@ -115,6 +115,20 @@ CODES: tuple[CodeDoc, ...] = (
             needs more devices than omni-pd places, or no free connector port range is left
             below 65536 (pass a lower ``--port-base``).""",
             "omni_pd/compile/passes/pd_split.py plan_pd_split()", exit=2),
+    CodeDoc("OPD806", "no-encoder-split", _E, "expand", "the pipeline cannot take an encoder split",
+            """``--encoder-split`` (``1e1pd``, ``1e1p1d``) moves the multimodal encoder of a single-LLM
+            pipeline (``llm``, ``*_thinker_only``) into its own instance. The full omni pipelines
+            (Thinker -> Talker -> Code2Wav) are refused: vllm-omni 0.30's registry has no encoder
+            stage type and its orchestrator never sends the per-item encoder request nor passes
+            ``ec_transfer_params`` (vllm_omni/config/pipeline_registry.py, engine/orchestrator.py).
+            Serve the ``*_thinker_only`` pipeline for text output.""",
+            "omni_pd/compile/passes/encoder_split.py plan_encoder_split()", exit=2),
+    CodeDoc("OPD807", "ec-connector-unavailable", _E, "expand", "omni-pd cannot emit that EC connector",
+            """``--ec-connector`` is not one omni-pd has an emit contract for
+            (``omni_pd/compile/ec_connectors/``: ECExampleConnector), or the target vLLM does not
+            register it (``presets/targets/ec_connectors.yaml``). ``validate`` still checks files
+            that use the others (OPD614/OPD615).""",
+            "omni_pd/compile/passes/encoder_split.py plan_encoder_split()", exit=2),
     CodeDoc("OPD901", "async-chunk-off", _I, "expand", "expand set async_chunk to false",
             """vllm-omni's orchestrator routes prefill -> decode only when ``async_chunk`` is false
             (``vllm_omni/engine/orchestrator.py``); with it on, decode would get a placeholder
@@ -124,6 +138,10 @@ CODES: tuple[CodeDoc, ...] = (
             """The Thinker had no ``devices``; prefill gets the first free device and decode the
             next. Pass ``--prefill-devices``/``--decode-devices`` to choose them.""",
             "omni_pd/compile/passes/pd_split.py plan_pd_split()"),
+    CodeDoc("OPD903", "encoder-shares-devices", _I, "expand", "the encoder instance shares devices with the LLM",
+            """``--encoder-devices`` names a device the prefill/decode engines already use; fine for
+            a small encoder, but both processes then compete for its memory.""",
+            "omni_pd/compile/passes/encoder_split.py plan_encoder_split()"),
     CodeDoc("OPD950", "vllm-omni-resolved", _I, "against", "what the real vllm-omni resolved the file to",
             """``validate --against-vllm-omni``: vllm-omni's serve-path resolver accepted the file;
             the message gives the pipeline, the stages and the PD pair it found.""",

@@ -114,6 +114,9 @@ class ModelInfo:
     num_kv_heads: int | None = None
     attention: str | None = None  # "MLA" | "hybrid" | "GQA" | None (unknown)
     subconfigs: frozenset[str] | None = None  # e.g. {"thinker_config"}; None = unknown
+    #: has a vision or audio encoder (``vision_config``/``audio_config``, also under
+    #: ``thinker_config``); None = unknown (encoder-split rule OPD619)
+    multimodal: bool | None = None
 
     @property
     def is_mla(self) -> bool:
@@ -146,5 +149,9 @@ class ModelInfo:
                 attention = "hybrid"
         if attention is None and heads is not None:
             attention = "GQA"
+        mm = any(isinstance(c, dict) and (isinstance(c.get("vision_config"), dict) or isinstance(c.get("audio_config"), dict))
+                 for c in (d, th))
+        # a fragment without model_type may just omit the encoders: unknown, not "text-only"
+        multimodal = True if mm else (False if d.get("model_type") else None)
         return cls(model_type=d.get("model_type"), num_kv_heads=heads, attention=attention,
-                   subconfigs=subs or None)
+                   subconfigs=subs or None, multimodal=multimodal)

@@ -80,8 +80,22 @@ class Pipeline:
         return None
 
     @property
+    def encoder(self) -> PipelineStage | None:
+        """The encoder-only stage E of an encoder-split pipeline (:func:`derive_encoder`), or None."""
+        return next((s for s in self.stages if s.role == "encoder"), None)
+
+    @property
+    def ec_consumer(self) -> PipelineStage | None:
+        """The stage that runs prefill after E (the ``ec_consumer``), or None without E."""
+        if self.encoder is None:
+            return None
+        return next((s for s in self.stages if s.role in SPLITTABLE_ROLES and s.pd_role != "decode"), None)
+
+    @property
     def split_stage(self) -> PipelineStage | None:
         """The stage a PD split applies to (the Thinker, or the only stage of an LLM)."""
+        if self.encoder is not None:
+            return None
         for s in self.stages:
             if s.role in SPLITTABLE_ROLES and s.pd_role is None:
                 return s
@@ -145,6 +159,42 @@ def derive_pd(p: Pipeline) -> Pipeline:
                     launch_runtime=p.launch_runtime)
 
 
+#: Encoder-split layouts (``omni-pd expand --encoder-split``), named as upstream's example
+#: scripts (vLLM examples/disaggregated/disaggregated_encoder/disagg_1e1pd_example.sh,
+#: disagg_1e1p1d_example.sh): ``1e1pd`` = an encoder instance E and one combined
+#: prefill+decode instance; ``1e1p1d`` = E and a prefill/decode pair.
+ENCODER_SPLITS = ("1e1pd", "1e1p1d")
+
+ENCODER_ROLE = "encoder"
+
+
+def derive_encoder(p: Pipeline, layout: str) -> Pipeline:
+    """The encoder-split variant ``<p.name>_<layout>`` of a single-LLM pipeline ``p``.
+
+    Stage 0 becomes the encoder-only instance E (role ``encoder``, no output); the LLM
+    follows with input E: ``1e1pd`` keeps it whole (stage 1), ``1e1p1d`` splits it as
+    :func:`derive_pd` does (prefill 1, decode 2). ``runtime`` is ``vllm``: the variants are
+    served as plain ``vllm serve`` instances (E with an ``ec_producer``, the prefill side
+    with an ``ec_consumer``) behind omni-pd's router; vllm-omni 0.30 has no encoder stage.
+    Raises ValueError when ``p`` is not one stage with a Thinker/LLM role, or is already split.
+    """
+    t = p.split_stage
+    if layout not in ENCODER_SPLITS:
+        raise ValueError(f"unknown encoder split {layout!r} (one of {', '.join(ENCODER_SPLITS)})")
+    if t is None or p.is_pd or len(p.stages) != 1 or any(s.role == ENCODER_ROLE for s in p.stages):
+        raise ValueError(f"pipeline {p.name!r} is not a single Thinker/LLM stage")
+    enc = PipelineStage(stage_id=0, role=ENCODER_ROLE, model_stage=ENCODER_ROLE, execution_type="ENCODER")
+    llm = replace(t, stage_id=1, input_sources=(0,))
+    stages: tuple[PipelineStage, ...]
+    if layout == "1e1pd":
+        stages = (enc, llm)
+    else:
+        stages = (enc, replace(llm, final_output=False, final_output_type=None, pd_role="prefill"),
+                  replace(llm, stage_id=2, input_sources=(1,), pd_role="decode"))
+    return Pipeline(name=f"{p.name}_{layout}", stages=stages, model_arch=p.model_arch, runtime="vllm",
+                    deploy_configs=(), base=p.name, launch_runtime="vllm")
+
+
 @dataclass(frozen=True)
 class Catalogue:
     """All known pipelines by name, PD variants included."""
@@ -200,4 +250,8 @@ def load_catalogue() -> Catalogue:
         if p.split_stage is not None:
             v = derive_pd(p)
             pipes[v.name] = v
+        if p.launcher == "vllm" and len(p.stages) == 1 and p.split_stage is not None:
+            for layout in ENCODER_SPLITS:  # served by plain vllm serve: the encoder split applies
+                e = derive_encoder(p, layout)
+                pipes[e.name] = e
     return Catalogue(pipes)

@@ -1,0 +1,170 @@
+"""Encoder-disaggregation topology rules (E -> PD, E -> P -> D): OPD616-OPD619.
+
+Connector names, roles, options per release and producer/consumer along the edges are
+OPD614/OPD615 (capability.py, facts in presets/targets/ec_connectors.yaml); these rules
+check what the topology adds: which stage consumes (the one that runs prefill), the
+shared storage both sides must see, what the encoder-only instance may carry, and the
+model. Layouts: ``omni-pd expand --encoder-split 1e1pd|1e1p1d`` (README).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from omni_pd.check.rules import Context, Example, Rule, rule
+from omni_pd.diagnostics import Diagnostic, Severity
+
+_EPD = ("pipeline: llm_1e1p1d\n"
+        "stages:\n"
+        "  - {{stage_id: 0, devices: \"2\"{e}, ec_transfer_config: {{ec_connector: ECExampleConnector, ec_role: ec_producer"
+        "{es}}}}}\n"
+        "  - {{stage_id: 1, devices: \"0\", kv_transfer_config: {{kv_connector: NixlConnector, kv_role: kv_producer, "
+        "engine_id: p}}{p}}}\n"
+        "  - {{stage_id: 2, devices: \"1\", kv_transfer_config: {{kv_connector: NixlConnector, kv_role: kv_consumer, "
+        "engine_id: d}}{d}}}\n")
+_CONS = ", ec_transfer_config: {{ec_connector: ECExampleConnector, ec_role: ec_consumer{s}}}"
+_S = ", ec_connector_extra_config: {{shared_storage_path: {}}}"
+
+
+def _epd(e: str = "", es: str = "", p: str | None = None, d: str = "") -> str:
+    return _EPD.format(e=e, es=es, p=_CONS.format(s="") if p is None else p, d=d)
+
+
+def _ec(n: Any) -> dict[str, Any] | None:
+    ec = n.settings.get("ec_transfer_config")
+    return ec if isinstance(ec, dict) else None
+
+
+def _role(n: Any) -> str | None:
+    ec = _ec(n)
+    return str(ec.get("ec_role")) if ec and ec.get("ec_role") else None
+
+
+def _producers(ctx: Context) -> list:
+    return [n for n in (ctx.topology.stages if ctx.topology else ()) if _role(n) == "ec_producer"]
+
+
+@rule("OPD616", "ec-consumer-not-prefill", Severity.ERROR,
+      "the EC consumer must be the stage that runs prefill (the prefill half of a PD pair)",
+      fail=_epd(p="", d=_CONS.format(s="")), passing=_epd(),
+      examples=(
+          Example("both halves consume: decode loads encoder outputs it never uses",
+                  _epd(d=_CONS.format(s="")), True, severity=Severity.WARNING, contains="decode"),
+          Example("E -> PD: the combined instance consumes",
+                  "pipeline: llm_1e1pd\nstages:\n"
+                  "  - {stage_id: 0, ec_transfer_config: {ec_connector: ECExampleConnector, ec_role: ec_producer}}\n"
+                  "  - {stage_id: 1, ec_transfer_config: {ec_connector: ECExampleConnector, ec_role: ec_consumer}}\n",
+                  False),
+      ))
+def ec_consumer_is_prefill(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """With an encoder-only producer E, the instance that runs the prompt loads E's outputs:
+    in E -> P -> D that is prefill (vLLM docs/features/disagg_encoder.md: "the Prefill
+    instance receives cache exactly the same as the disaggregated encoder flow"; decode gets
+    the KV cache of the whole prompt, so it never runs the encoder; Source: that doc). Prefill without
+    ``ec_role: ec_consumer`` encodes every item again (silently: the answer is right, E's
+    work is wasted); an ec_consumer on decode loads nothing it uses (warning)."""
+    pair = ctx.pd_pair
+    if pair is None or not _producers(ctx) or not ctx.platform_first:
+        return
+    p, d = pair
+    if _role(p) not in ("ec_consumer", "ec_both"):
+        yield r.diag(f"stage {p.stage_id} (prefill) is not an ec_consumer: it runs the prompt and would encode "
+                     f"every image/audio again; the encoder stage's outputs are never used",
+                     ctx.sloc(p, "ec_transfer_config") if _ec(p) else ctx.sloc(p),
+                     related=[ctx.sloc(e, "ec_transfer_config", "ec_role", value=True, label="the encoder (producer)")
+                              for e in _producers(ctx)],
+                     help="give the prefill stage the producer's ec_transfer_config with `ec_role: ec_consumer`")
+    if _role(d) in ("ec_consumer", "ec_both"):
+        yield r.diag(f"stage {d.stage_id} (decode) is an ec_consumer: decode receives the prompt's KV cache from "
+                     "prefill and never runs the encoder", ctx.sloc(d, "ec_transfer_config", "ec_role", value=True),
+                     severity=Severity.WARNING if _role(p) in ("ec_consumer", "ec_both") else None,
+                     help="move ec_transfer_config (ec_consumer) to the prefill stage; remove it from decode")
+
+
+@rule("OPD617", "ec-shared-storage", Severity.ERROR,
+      "producer and consumers of a shared-storage EC connector must use one directory they all reach",
+      fail=_epd(es=_S.format("/mnt/ec")), passing=_epd(es=_S.format("/mnt/ec"), p=_CONS.format(s=_S.format("/mnt/ec"))),
+      examples=(
+          Example("E on another host: the directory must be a shared filesystem",
+                  _epd(es=_S.format("/mnt/ec"), p=_CONS.format(s=_S.format("/mnt/ec"))), True,
+                  {"inventory": {"hosts": {"a": {"address": "10.0.0.1"}, "b": {"address": "10.0.0.2"}},
+                                 "placement": {"all": "a", "0": "b"}}},
+                  severity=Severity.WARNING, contains="shared filesystem"),
+          Example("both sides on vLLM's default /tmp", _epd(), False),
+      ))
+def ec_shared_storage(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """ECExampleConnector writes ``<shared_storage_path>/<mm_hash>/encoder_cache.safetensors``
+    on the producer and looks the same path up on the consumer (default ``/tmp``; vLLM
+    0.30.0 ec_connector/example_connector.py). Different paths: the consumer never finds a
+    file and re-encodes everything, silently (Source: that file). Sides placed on different hosts (inventory)
+    need that directory on a shared filesystem mounted at the same path (warning: omni-pd
+    cannot see mounts)."""
+    from omni_pd.compile import ec_connectors
+
+    nodes = [n for n in (ctx.topology.stages if ctx.topology else ()) if _ec(n)]
+    prods = [n for n in nodes if _role(n) in ("ec_producer", "ec_both")]
+    if not prods or not ctx.platform_first:
+        return
+    for prod in prods:
+        c = ec_connectors.get(str(_ec(prod).get("ec_connector") or ""))  # type: ignore[union-attr]
+        if c is None or c.storage_key is None:
+            continue
+        path = c.storage_path(_ec(prod))  # type: ignore[arg-type]
+        for cons in nodes:
+            if cons is prod or _role(cons) not in ("ec_consumer", "ec_both"):
+                continue
+            if str(_ec(cons).get("ec_connector")) != c.name:  # type: ignore[union-attr]
+                continue
+            other = c.storage_path(_ec(cons))  # type: ignore[arg-type]
+            key = ("ec_transfer_config", "ec_connector_extra_config", c.storage_key)
+            if other != path:
+                yield r.diag(f"stage {cons.stage_id} reads encoder outputs from {other} but stage {prod.stage_id} "
+                             f"writes them to {path}: every item would be encoded again",
+                             ctx.sloc(cons, *key) if ctx.exists(ctx.stage_path(cons, *key)) else ctx.sloc(cons, "ec_transfer_config"),
+                             related=[ctx.sloc(prod, *key, label="the producer's directory")
+                                      if ctx.exists(ctx.stage_path(prod, *key)) else ctx.sloc(prod, "ec_transfer_config")],
+                             help=f"set `{c.storage_key}: {path}` on both sides")
+            elif ctx.inventory is not None and ctx.host_of(cons) != ctx.host_of(prod):
+                yield r.diag(f"stages {prod.stage_id} and {cons.stage_id} run on different hosts "
+                             f"({ctx.host_of(prod)}, {ctx.host_of(cons)}): {path} must be a shared filesystem "
+                             "mounted at the same path on both", ctx.sloc(cons, "ec_transfer_config"),
+                             severity=Severity.WARNING,
+                             help="mount one shared directory on both hosts, or place the encoder with its consumer")
+
+
+@rule("OPD618", "encoder-has-kv", Severity.ERROR,
+      "the encoder-only instance carries a KV connector it cannot use",
+      fail=_epd(e=", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, engine_id: e}"),
+      passing=_epd())
+def encoder_has_kv(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """An ``ec_producer`` that is not a consumer runs the multimodal encoder only (vLLM 0.30.0
+    config/vllm.py ``_resolve_mm_encoder_only`` switches ``mm_encoder_only`` on and prefix
+    caching off: it "runs no language model, so it holds no KV cache"). A
+    ``kv_transfer_config`` there has nothing to send, and a KV producer role would make
+    routers and validators take E for a prefill instance. Source: that function."""
+    if not ctx.platform_first:
+        return
+    for n in _producers(ctx):
+        if isinstance(n.kv, dict) and n.kv:
+            yield r.diag(f"stage {n.stage_id} is the encoder-only instance (ec_producer) but has a kv_transfer_config "
+                         f"({n.kv.get('kv_connector')}): it runs no language model and holds no KV cache",
+                         ctx.sloc(n, "kv_transfer_config"), help="remove kv_transfer_config from the encoder stage")
+
+
+@rule("OPD619", "encoder-needs-multimodal", Severity.ERROR,
+      "an encoder-only instance needs a multimodal model",
+      fail=_epd(), passing=_epd(),
+      example_context={"model": {"model_type": "qwen2", "multimodal": False}},
+      pass_context={"model": {"model_type": "qwen3_omni_moe", "multimodal": True}})
+def encoder_needs_multimodal(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """vLLM refuses to start an ``ec_producer`` on a model without a multimodal config ("An
+    EC producer-only instance requires a multimodal model.": vLLM 0.30.0 config/vllm.py
+    ``_resolve_mm_encoder_only``; Source: that function). Checked with ``--model-info`` (config.json with no
+    ``vision_config``/``audio_config``, also under ``thinker_config``)."""
+    if ctx.model is None or ctx.model.multimodal is not False or not ctx.platform_first:
+        return
+    for n in _producers(ctx):
+        yield r.diag(f"stage {n.stage_id} is an encoder-only instance but the model "
+                     f"({ctx.model.model_type or 'from --model-info'}) has no vision or audio encoder",
+                     ctx.sloc(n, "ec_transfer_config", "ec_role", value=True),
+                     help="encoder disaggregation is for multimodal models; serve a text model without the encoder stage")

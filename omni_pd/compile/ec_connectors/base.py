@@ -1,0 +1,91 @@
+"""The contract every EC (encoder-cache) connector module fulfils.
+
+Encoder disaggregation (vLLM ``docs/features/disagg_encoder.md``): an encoder-only
+instance E runs the multimodal encoder and is the ``ec_producer``; the instance that runs
+prefill (the combined instance of E->PD, the prefill instance of E->P->D) is the
+``ec_consumer`` and loads E's outputs instead of encoding. A contract answers, for one
+side and one vLLM target: the ``ec_transfer_config`` to emit, the env, the shared
+storage it needs (directory both sides must see), and the ports it binds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+if TYPE_CHECKING:
+    from omni_pd.compile.targets import Target
+
+ECSide = Literal["producer", "consumer"]
+
+#: ec_role per side (vLLM config/ec_transfer.py ECTransferConfig.ec_role); ec_both
+#: (an instance that encodes and consumes its own cache) is never emitted.
+EC_ROLE = {"producer": "ec_producer", "consumer": "ec_consumer"}
+
+
+def ec_facts() -> dict[str, Any]:
+    """``presets/targets/ec_connectors.yaml`` (the one source of EC facts)."""
+    from omni_pd.resources import data_dir, load_data
+
+    return load_data(data_dir("presets") / "targets" / "ec_connectors.yaml")
+
+
+def _v(text: str) -> tuple[int, int]:
+    a, b = str(text).split(".")[:2]
+    return int(a), int(b)
+
+
+def ec_row(name: str, version: tuple[int, int]) -> dict[str, Any] | None:
+    """The ``connectors.<name>`` row that applies at vLLM ``version`` (the last whose
+    ``since`` <= version), or None when the release does not register ``name``."""
+    out = None
+    for row in ec_facts()["connectors"].get(name) or []:
+        if version >= _v(row["since"]):
+            out = row
+    return out
+
+
+def encoder_only_flag(target: "Target") -> bool:
+    """True when E must be given ``mm_encoder_only: true`` explicitly: the flag exists
+    (vLLM >= 0.18) and the release does not yet switch it on for an ec_producer by itself
+    (< 0.30; vLLM 0.30.0 config/vllm.py ``_resolve_mm_encoder_only``). Facts:
+    ``encoder_only`` in presets/targets/ec_connectors.yaml."""
+    f = ec_facts()["encoder_only"]
+    return _v(f["flag_since"]) <= target.version < _v(f["automatic_since"])
+
+
+@dataclass(frozen=True)
+class ECSideConfig:
+    """Connector output for one side: ``ec_transfer_config`` (ordered) and env to set."""
+
+    ec_transfer_config: dict[str, Any]
+    env: dict[str, str]
+
+
+class ECConnector:
+    """Base EC contract. Subclasses set the class attributes and override the methods."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str] = ""
+    #: ec_connector_extra_config key holding the shared directory, or None (no storage)
+    storage_key: ClassVar[str | None] = None
+
+    def configure(self, side: ECSide, engine_id: str, target: "Target", *,
+                  storage: str | None = None) -> ECSideConfig:
+        """``ec_transfer_config`` and env for ``side``. Raises ValueError when the
+        connector is not registered at ``target`` (message names the release)."""
+        raise NotImplementedError
+
+    def storage_path(self, ec: dict[str, Any]) -> str | None:
+        """The directory a side configured with ``ec`` reads/writes (the release's default
+        when the key is absent), or None for a connector without shared storage."""
+        return None
+
+    def cache_file(self, storage: str, mm_hash: str) -> str | None:
+        """Where the producer stores one item's encoder output (for ``launch --smoke`` and
+        tests), or None when it is not a file."""
+        return None
+
+    def load_log(self) -> str | None:
+        """The consumer's log text when it loads an item from the producer (DEBUG level)."""
+        return None
