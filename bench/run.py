@@ -49,6 +49,15 @@ PLAN = {  # figure -> (full, quick) settings
 }
 
 
+def _kept_section(begin: str, end: str) -> str | None:
+    """The section between ``begin`` and ``end`` of the current RESULTS.md, or None."""
+    if RESULTS.is_file():
+        m = re.search(re.escape(begin) + r".*?" + re.escape(end), RESULTS.read_text(encoding="utf-8"), re.S)
+        if m:
+            return m.group(0)
+    return None
+
+
 def _figure4_section() -> str:
     """The figure 4 section of the current RESULTS.md, or the placeholder."""
     if RESULTS.is_file():
@@ -80,6 +89,10 @@ def _summary(results: dict) -> list[str]:
     if m:  # figure 4 is measured by bench/fig4_launch.py; its section is kept as found
         rows.append(f"| 4 launcher overhead | `omni-pd launch` to all healthy = {m.group(1)}x the slowest engine's "
                     f"own start (bench/fig4_launch.py) | <= {m.group(2)}x | {'met' if m.group(3) == 'meets' else '**missed**'} |")
+    for label, m in zip(("5 one file, cold start", "5 110 files, one process"),
+                        re.findall(r"omni-pd / yamllint = \*\*([0-9.]+)x\*\* CPU \(target <= ([0-9.]+)x: ([^)]+)\)",
+                                   _kept_section("<!-- figure 5: begin -->", "<!-- figure 5: end -->") or "")):
+        rows.append(f"| {label} | omni-pd {m[0]}x yamllint's CPU time (bench/fig5_peers.py) | <= {m[1]}x | {m[2]} |")
     return rows
 
 
@@ -106,6 +119,9 @@ def render(results: dict, argv: list[str], mach: dict, started: float, load_end:
         if fig in results:
             lines.append(mod.render(results[fig]))
     lines += [_figure4_section(), ""]
+    fig5 = _kept_section("<!-- figure 5: begin -->", "<!-- figure 5: end -->")
+    if fig5:  # measured by bench/fig5_peers.py (issue 13); kept as found
+        lines += [fig5, ""]
     return "\n".join(lines)
 
 
