@@ -289,3 +289,33 @@ def test_env_switch_turns_the_layer_off(caplog, value):
                                               f"(OMNI_PD_VLLM_OMNI_COMPAT={value})"]
     rep2, logs2 = run_install(mod, caplog, environ={c.ENV_SWITCH: value})  # plugins load again: no second line
     assert rep2.status == "off" and logs2 == []
+
+
+# --- the plugin entry point -----------------------------------------------------------
+
+
+def test_plugin_register_installs_the_layer_first_and_never_raises(monkeypatch, caplog):
+    """``register`` (both entry points end there) installs the layer before it registers
+    any ``*_pd`` pipeline, so a process that can resolve a ``*_pd`` deploy file has the
+    layer; a failing install is logged, never raised into vllm-omni's plugin loader."""
+    from omni_pd.compile.pipelines import load_catalogue
+    from omni_pd.upstream import vllm_plugin
+
+    events = []
+    names = {p.name + "_pd" for p in load_catalogue().pipelines.values()}
+    registry = types.ModuleType("vllm_omni.config.pipeline_registry")
+    registry.OMNI_PIPELINES = {n: object() for n in names if n != "qwen3_omni_moe_pd"}
+    registry.register_pipeline = lambda cfg, name: events.append(("register", name))
+    monkeypatch.setitem(__import__("sys").modules, "vllm_omni.config.pipeline_registry", registry)
+    monkeypatch.setattr(vllm_plugin, "find_upstream_pipeline", lambda name: events.append(("find", name)))
+    monkeypatch.setattr(c, "install", lambda: events.append(("install",)))
+    vllm_plugin.register()
+    assert events[0] == ("install",) and ("find", "qwen3_omni_moe") in events
+
+    def broken():
+        raise ValueError("vllm_omni_compat.yaml: version 0.30 lists unknown patches ['x']")
+    monkeypatch.setattr(c, "install", broken)
+    with caplog.at_level(logging.ERROR, logger="omni_pd.upstream.vllm_plugin"):
+        vllm_plugin.register()
+    assert [r.getMessage() for r in caplog.records if r.name == "omni_pd.upstream.vllm_plugin"] == [
+        "omni-pd: vllm-omni PD compatibility layer failed to install"]
