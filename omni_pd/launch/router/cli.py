@@ -26,7 +26,8 @@ class RouterConfig:
     ``timeout``: longest silence of a backend on a request; ``prefill_timeout``: bound on
     the whole prefill leg (None: none beyond ``timeout``); ``max_concurrency``: generation
     requests in flight before 503 + Retry-After; ``retries``: other instances a failed
-    leg is tried on; ``balance``: ``least_outstanding`` | ``round_robin``.
+    leg is tried on; ``balance``: ``least_outstanding`` | ``round_robin``; ``encoders``:
+    encoder-only instances (E of E->P->D, :mod:`.encode`), empty without encoder split.
     """
 
     host: str
@@ -43,6 +44,7 @@ class RouterConfig:
     retries: int = 2
     balance: str = "least_outstanding"
     log_level: str = "INFO"
+    encoders: tuple[Backend, ...] = ()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(or URL BOOTSTRAP_PORT; default port {DEFAULT_MOONCAKE_BOOTSTRAP_PORT})")
     p.add_argument("--decode", action="append", default=[], metavar="URL",
                    help="decode base URL, repeatable")
+    p.add_argument("--encoder", action="append", default=[], metavar="URL",
+                   help="encoder-only instance (E of E->P->D): media items are encoded there first (repeatable)")
     p.add_argument("--balance", default="least_outstanding", choices=BALANCE_POLICIES,
                    help="how an instance is picked per leg (default least_outstanding)")
     p.add_argument("--max-concurrency", type=int, default=1024,
@@ -110,6 +114,12 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterConfig:
             parser.error(f"--decode: {exc}")
     if not prefills or not decodes:
         parser.error("give at least one --prefill and one --decode")
+    encoders = []
+    for text in ns.encoder:
+        try:
+            encoders.append(parse_backend(text))
+        except ValueError as exc:
+            parser.error(f"--encoder: {exc}")
     if not 0 <= ns.port <= 65535:
         parser.error(f"--port {ns.port} is outside 0..65535")
     for name in ("timeout", "connect_timeout", "health_timeout", "health_interval", "prefill_timeout"):
@@ -122,7 +132,17 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterConfig:
                         decodes=tuple(decodes), timeout=ns.timeout, connect_timeout=ns.connect_timeout,
                         health_timeout=ns.health_timeout, prefill_timeout=ns.prefill_timeout,
                         health_interval=ns.health_interval, max_concurrency=ns.max_concurrency,
-                        retries=ns.retries, balance=ns.balance, log_level=ns.log_level)
+                        retries=ns.retries, balance=ns.balance, log_level=ns.log_level,
+                        encoders=tuple(encoders))
+
+
+def _pre_legs(config: RouterConfig) -> list:
+    """The encoder pre-leg when ``--encoder`` was given (:mod:`.encode`)."""
+    if not config.encoders:
+        return []
+    from omni_pd.launch.router.encode import EncodeLeg
+
+    return [(EncodeLeg(), config.encoders)]
 
 
 def make_server(config: RouterConfig, *, discovery_interval: float = 1.0) -> RouterServer:
@@ -134,7 +154,8 @@ def make_server(config: RouterConfig, *, discovery_interval: float = 1.0) -> Rou
                       timeouts=Timeouts(read=config.timeout, prefill=config.prefill_timeout,
                                         connect=config.connect_timeout, health=config.health_timeout),
                       balance=config.balance, retries=config.retries,
-                      health_interval=config.health_interval, discovery_interval=discovery_interval)
+                      health_interval=config.health_interval, discovery_interval=discovery_interval,
+                      pre_legs=_pre_legs(config))
     return RouterServer((config.host, config.port), router, max_concurrency=config.max_concurrency)
 
 
