@@ -332,7 +332,7 @@ def test_unread_recipe_key_is_a_warning_naming_the_key_to_use() -> None:
     d = _one(plain, "OPD505")
     assert d.message == ("stage 0: kv_connector_extra_config.mooncake_bootstrap_port is read by nothing on "
                          "vLLM 0.30; the bootstrap port comes from env VLLM_MOONCAKE_BOOTSTRAP_PORT, "
-                         "so this stage binds port 25201")
+                         "so this stage binds ports 25201-25202 (replicas 0-1)")  # xPyD: one vllm serve each
     assert d.help == 'remove mooncake_bootstrap_port and set env VLLM_MOONCAKE_BOOTSTRAP_PORT: "25201"'
     # on decode (kv_consumer) it is simply noise
     dec = MC.replace('"25301"', '"25201"').replace("engine_id: d\n",

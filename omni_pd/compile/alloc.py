@@ -32,7 +32,8 @@ class DeviceLayout:
 def split_devices(layout: Mapping[int, Devices], split_id: int, world: int,
                   prefill: tuple[int, ...] | None = None,
                   decode: tuple[int, ...] | None = None,
-                  downstream: tuple[int, ...] | None = None) -> DeviceLayout:
+                  downstream: tuple[int, ...] | None = None,
+                  decode_count: int | None = None) -> DeviceLayout:
     """Place prefill and decode on disjoint device sets and move the other stages out
     of their way.
 
@@ -41,7 +42,8 @@ def split_devices(layout: Mapping[int, Devices], split_id: int, world: int,
 
     * prefill keeps the split stage's devices (or the first ``world`` from its lowest
       device, when ``world`` changed); ``prefill=`` overrides;
-    * decode gets as many devices as prefill, the next ones above it that no one uses, else
+    * decode gets as many devices as prefill (``decode_count`` when given: xPyD with a
+      different number of decode instances), the next ones above it that no one uses, else
       ``decode=``;
     * a stage that shared a device with the split stage keeps sharing it with prefill
       (same list position, while prefill still has that position; else it moves);
@@ -73,14 +75,17 @@ def split_devices(layout: Mapping[int, Devices], split_id: int, world: int,
     else:
         d_list: list[int] = []
         cand = max(p) + 1
-        while len(d_list) < len(p):
+        while len(d_list) < (decode_count or len(p)):
             if cand not in taken and (cand not in used_other or isinstance(t_dev, tuple)):
                 d_list.append(cand)
             cand += 1
         d = tuple(d_list)
     if set(p) & set(d):
         raise AllocationError(f"prefill devices \"{_fmt(p)}\" and decode devices \"{_fmt(d)}\" overlap")
-    if len(p) != len(d):
+    if decode_count is not None and len(d) != decode_count:
+        raise AllocationError(f"decode has {len(d)} device(s) (\"{_fmt(d)}\") but its instances need "
+                              f"{decode_count}")
+    if decode_count is None and len(p) != len(d):
         raise AllocationError(f"prefill has {len(p)} device(s) (\"{_fmt(p)}\") but decode has {len(d)} "
                               f"(\"{_fmt(d)}\"); both halves need the same count")
     taken |= set(d)

@@ -228,6 +228,11 @@ def _pd_side(stage: CommentedMap, plan: PDSplitPlan, side: str) -> None:
     kv_holder = _where(stage, "kv_transfer_config")
     _insert(kv_holder, "kv_transfer_config", _kv_map(cfg.kv_transfer_config), after=("devices", "env"),
             before=("input_connectors", "output_connectors", "default_sampling_params"))
+    reps = plan.prefill_replicas if side == "prefill" else plan.decode_replicas
+    if reps is not None and (reps > 1 or "num_replicas" in _where(stage, "num_replicas")):
+        # xPyD: the number of instances of this side (each with its own devices and ports)
+        _insert(_where(stage, "num_replicas"), "num_replicas", reps, after=("devices",),
+                before=("env", "kv_transfer_config", "input_connectors", "output_connectors"))
 
 
 def _kv_map(kv: dict[str, Any]) -> CommentedMap:

@@ -130,22 +130,66 @@ def _connector_ports(node: StageNode, target: Any, host: str, runtime: str = "vl
     return tuple(out)
 
 
-def _bootstrap_port(node: StageNode, target: Any) -> int | None:
-    """The Mooncake bootstrap port a plain ``vllm serve`` prefill binds (for the router)."""
-    from omni_pd.compile.connectors.mooncake import bootstrap_ports
+@dataclass(frozen=True)
+class Instance:
+    """One ``vllm serve`` of a prefill or decode stage with ``num_replicas`` N (xPyD).
 
-    if target is None:
-        return None
-    bound = bootstrap_ports(node.kv, node.env, node.tp, node.dp, target, "vllm", 1)
-    return bound[0].port if bound else None
+    ``replica``: 0..N-1. ``devices``: its chunk of the stage's devices (``"0,1"``; None:
+    no device list). ``kv``: the stage's ``kv_transfer_config`` with this instance's
+    ``engine_id``. ``env``: the connector port variable set to this instance's port.
+    ``ports``: connector ports it binds (one entry per port). ``bootstrap_port``: the
+    Mooncake bootstrap port of a prefill (for the router), else None.
+    """
+
+    replica: int
+    devices: str | None
+    kv: dict[str, Any]
+    env: dict[str, str]
+    ports: tuple[PortUse, ...]
+    bootstrap_port: int | None = None
 
 
-def _device_env(opts: LaunchOptions, node: StageNode) -> tuple[str | None, str | None]:
-    var = DEVICE_ENV.get(opts.platform)
-    devs = format_devices(node.devices)
-    if var is None or devs is None:
-        return None, None
-    return var, devs
+def instance_devices(devices: Any, replicas: int, replica: int) -> Any:
+    """The devices of instance ``replica``: a stage's pool split into ``replicas`` equal,
+    consecutive chunks (vllm-omni's ``split_devices_for_replicas`` rule,
+    vllm_omni/engine/stage_init_utils.py); a pool that does not split evenly, "cpu" or
+    None is shared by every instance as written."""
+    if isinstance(devices, tuple) and replicas > 1 and len(devices) % replicas == 0:
+        n = len(devices) // replicas
+        return devices[replica * n:(replica + 1) * n]
+    return devices
+
+
+def instances(node: StageNode, target: Any) -> list[Instance]:
+    """The ``vllm serve`` instances omni-pd's launcher starts for a prefill or decode
+    stage: ``num_replicas`` of them, instance r with its own devices
+    (:func:`instance_devices`), ``engine_id`` (:func:`~omni_pd.compile.connectors.base.
+    instance_engine_id`) and connector ports (the contract's ``ports`` on the ``vllm``
+    runtime: ``base + r*span``, the same function validate and expand use)."""
+    from omni_pd.compile import connectors
+    from omni_pd.compile.connectors.base import instance_engine_id, launched_replicas
+
+    kv = dict(node.kv or {})
+    reps = launched_replicas("vllm", node.num_replicas)
+    conn = connectors.get(str(kv.get("kv_connector", "")))
+    side = "prefill" if node.pd_role == "prefill" else "decode"
+    uses = (conn.ports(side, kv, node.env or {}, node.tp, node.dp, target, runtime="vllm", replicas=reps)
+            if conn is not None and target is not None else [])
+    out = []
+    for r in range(reps):
+        mine = [u for u in uses if u.replica == r]
+        env: dict[str, str] = {}
+        if conn is not None and conn.port_env and mine and reps > 1:
+            env[conn.port_env] = str(mine[0].port)
+        ports = tuple(PortUse(u.port + i, u.purpose + (f" instance {r}" if reps > 1 else "")
+                              + (f"[{i}]" if u.span > 1 else ""))
+                      for u in mine for i in range(u.span))
+        ikv = dict(kv)
+        if isinstance(kv.get("engine_id"), str):
+            ikv["engine_id"] = instance_engine_id(kv["engine_id"], r, reps)
+        bp = mine[0].port if (mine and str(kv.get("kv_connector")) == "MooncakeConnector") else None
+        out.append(Instance(r, format_devices(instance_devices(node.devices, reps, r)), ikv, env, ports, bp))
+    return out
 
 
 def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: Any = None) -> LaunchPlan:
@@ -183,33 +227,33 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
                           notes=("vllm-omni starts every stage engine and routes prefill -> decode itself",))
     procs: list[ProcessSpec] = []
     urls: dict[str, list[str]] = {"prefill": [], "decode": []}
-    for i, node in enumerate((p, d)):
-        role = "prefill" if i == 0 else "decode"
-        port = opts.engine_port_base + (0 if role == "prefill" else 100)
-        kv = dict(node.kv or {})
-        dev_var, devs = _device_env(opts, node)
-        env = {**env_all, **_env_str(node.env)}
-        if dev_var and devs is not None:
-            env[dev_var] = devs
-        argv = [opts.vllm, "serve", opts.model, "--host", opts.host, "--port", str(port),
-                "--served-model-name", served, "--kv-transfer-config", json.dumps(kv, separators=(",", ":")),
-                *engine_flags(node.settings)]
-        if node.tp > 1 and "tensor_parallel_size" not in node.settings:
-            argv += ["--tensor-parallel-size", str(node.tp)]
-        argv += list(opts.extra_args)
-        name = f"{role}-0"
-        procs.append(ProcessSpec(
-            name=name, role=role, argv=tuple(argv), env=env, devices=devs, device_env=dev_var,
-            ports=(PortUse(port, "http", opts.host),) + _connector_ports(node, target, opts.host),
-            health=HealthCheck(f"http://{opts.host}:{port}/health", timeout_s=opts.ready_timeout_s),
-            modules=mods, python=engine_py,
-            memory_fraction=float(node.settings.get("gpu_memory_utilization") or 0.9)))
-        url = f"http://{opts.host}:{port}"
-        if role == "prefill" and conn == "MooncakeConnector":
-            bp = _bootstrap_port(node, target)
-            if bp is not None:
-                url += f",{bp}"
-        urls[role].append(url)
+    for role, node in (("prefill", p), ("decode", d)):
+        for inst in instances(node, target):
+            port = opts.engine_port_base + (0 if role == "prefill" else 100) + inst.replica
+            env = {**env_all, **_env_str(node.env), **inst.env}
+            dev_var = DEVICE_ENV.get(opts.platform)
+            devs = inst.devices if dev_var else None
+            if dev_var and devs is not None:
+                env[dev_var] = devs
+            argv = [opts.vllm, "serve", opts.model, "--host", opts.host, "--port", str(port),
+                    "--served-model-name", served,
+                    "--kv-transfer-config", json.dumps(inst.kv, separators=(",", ":")),
+                    *engine_flags(node.settings)]
+            if node.tp > 1 and "tensor_parallel_size" not in node.settings:
+                argv += ["--tensor-parallel-size", str(node.tp)]
+            argv += list(opts.extra_args)
+            procs.append(ProcessSpec(
+                name=f"{role}-{inst.replica}", role=role, argv=tuple(argv), env=env, devices=devs,
+                device_env=dev_var if devs is not None else None,
+                ports=(PortUse(port, "http", opts.host),) + tuple(
+                    PortUse(x.port, x.purpose, opts.host) for x in inst.ports),
+                health=HealthCheck(f"http://{opts.host}:{port}/health", timeout_s=opts.ready_timeout_s),
+                modules=mods, python=engine_py,
+                memory_fraction=float(node.settings.get("gpu_memory_utilization") or 0.9)))
+            url = f"http://{opts.host}:{port}"
+            if role == "prefill" and conn == "MooncakeConnector" and inst.bootstrap_port is not None:
+                url += f",{inst.bootstrap_port}"
+            urls[role].append(url)
     router_argv = [sys.executable, "-m", "omni_pd.launch.router", "--connector", conn,
                    "--host", opts.host, "--port", str(opts.port)]
     for u in urls["prefill"]:

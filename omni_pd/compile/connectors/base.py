@@ -71,17 +71,36 @@ class PortUse:
     key: str | None = None
 
 
+#: the runtime of plain ``vllm serve`` engines, which omni-pd's launcher starts itself
+LAUNCHER_RUNTIME = "vllm"
+
+
 def launched_replicas(runtime: str, num_replicas: int | None) -> int:
-    """Engines a stage's deploy entry starts: ``num_replicas`` on vllm-omni (its stage
-    runtime starts one engine per replica: vllm_omni/engine/stage_runtime.py
-    ``_build_logical_stage_init_plans``), always 1 on the ``vllm`` runtime (omni-pd's
-    launcher starts one ``vllm serve`` per side and ignores ``num_replicas``)."""
-    if runtime != "vllm-omni":
-        return 1
+    """Engines a stage's deploy entry starts: ``num_replicas`` on both runtimes. vllm-omni's
+    stage runtime starts one engine per replica (vllm_omni/engine/stage_runtime.py
+    ``_build_logical_stage_init_plans``); on the ``vllm`` runtime omni-pd's launcher starts
+    one ``vllm serve`` per replica of the prefill and of the decode stage (xPyD: x prefill
+    and y decode instances; :func:`instance_port`, :func:`instance_engine_id`)."""
     try:
         return max(int(num_replicas or 1), 1)
     except (TypeError, ValueError):
         return 1
+
+
+def instance_port(port: int, span: int, replica: int) -> int:
+    """First connector port of instance ``replica`` of a stage on omni-pd's launcher
+    (runtime ``vllm``): instance r binds ``[port + r*span, port + (r+1)*span)``, so the
+    stage's instances take one contiguous range of ``replicas*span`` ports from the
+    stage's own value (what expand allocates and validate checks). Units: TCP ports."""
+    return port + replica * max(int(span), 1)
+
+
+def instance_engine_id(engine_id: str, replica: int, replicas: int) -> str:
+    """``kv_transfer_config.engine_id`` of instance ``replica`` on omni-pd's launcher:
+    ``<engine_id>-r<replica>`` when the stage has several instances (KV connectors key
+    their peers by engine id, so instances must differ), else unchanged. vllm-omni 0.30
+    does the same with ``-s<stage>-r<replica>`` (presets/targets/mooncake_bootstrap.yaml)."""
+    return f"{engine_id}-r{replica}" if replicas > 1 else engine_id
 
 
 class KVConnector:

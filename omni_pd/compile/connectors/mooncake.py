@@ -14,6 +14,8 @@ engine/stage_runtime.py; ``presets/targets/mooncake_bootstrap.yaml`` per runtime
   (``StageRuntime._prepare_replica_vllm_config``), so a prefill stage with
   ``num_replicas`` N binds N consecutive ports. ``mooncake_bootstrap_port`` (the key of
   vllm-omni's PD recipe) feeds no running code path on any release read.
+* omni-pd's launcher (runtime ``vllm``) starts one ``vllm serve`` per replica and sets
+  replica r's env to ``port + r*span`` (:func:`~omni_pd.compile.connectors.base.instance_port`).
 * omni-pd writes the deciding key and, for vllm-omni, also the env variable with the
   value the runtime will set for replica 0, so the file says what will be bound.
 * Heterogeneous TP: 0.13–0.18 equal TP only; from 0.22 one must divide the other.
@@ -24,7 +26,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from omni_pd.compile.connectors.base import ROLE, Endpoint, KVConnector, PortUse, SideConfig, Side
+from omni_pd.compile.connectors.base import (
+    LAUNCHER_RUNTIME, ROLE, Endpoint, KVConnector, PortUse, SideConfig, Side, instance_port)
 
 ENV_PORT = "VLLM_MOONCAKE_BOOTSTRAP_PORT"
 #: first port of omni-pd's allocation (vllm-omni's PD recipe value), away from vLLM's
@@ -60,7 +63,8 @@ def bootstrap_ports(kv: dict[str, Any] | None, env: dict[str, Any] | None, tp: i
     ``kv``/``env``: the stage's ``kv_transfer_config`` and env as written. Returns [] for
     a ``kv_consumer`` (no bootstrap server) or a port that is not an integer; else one
     :class:`PortUse` per replica: ``port + r`` where the runtime adds the replica id,
-    ``port`` for every replica where it does not. Port units: TCP port numbers.
+    ``port + r*span`` on omni-pd's launcher (runtime ``vllm``, one ``vllm serve`` per
+    replica), ``port`` for every replica elsewhere. Port units: TCP port numbers.
     Sources: presets/targets/mooncake_bootstrap.yaml (per runtime and version).
     """
     kv = kv or {}
@@ -80,7 +84,12 @@ def bootstrap_ports(kv: dict[str, Any] | None, env: dict[str, Any] | None, tp: i
     offset = setting != "env" and facts.replica_offset
     span = target.mooncake_bootstrap_span(tp, dp)
     purpose = "Mooncake bootstrap" if key is not None else f"Mooncake bootstrap ({facts.where} default)"
-    return [PortUse(port + (r if offset else 0), span, purpose, ENV_PORT, replica=r, key=key)
+    def first(r: int) -> int:
+        if runtime == LAUNCHER_RUNTIME:
+            return instance_port(port, span, r)
+        return port + (r if offset else 0)
+
+    return [PortUse(first(r), span, purpose, ENV_PORT, replica=r, key=key)
             for r in range(max(int(replicas), 1))]
 
 
@@ -99,6 +108,8 @@ class MooncakeConnector(KVConnector):
         if side != "prefill":
             return 0  # kv_consumer binds no bootstrap port
         engine = target.mooncake_bootstrap_span(tp, dp)
+        if runtime == LAUNCHER_RUNTIME:
+            return engine * max(int(replicas), 1)
         facts = target.mooncake_bootstrap(runtime)
         if facts.extra_key and facts.replica_offset:
             return engine + max(int(replicas), 1) - 1

@@ -15,13 +15,18 @@ Facts (vllm_kv_connectors.md §3.1; vLLM v1/nixl_connector.py, v1/nixl/*.py):
 * vllm-omni (0.30.0 read) passes a stage's env unchanged to every replica of the stage
   (nothing in ``vllm_omni/`` sets ``VLLM_NIXL_SIDE_CHANNEL_PORT``), so all replicas of a
   stage with ``num_replicas`` > 1 bind the same range.
+* omni-pd's launcher (runtime ``vllm``) starts one ``vllm serve`` per replica and sets
+  each one's ``VLLM_NIXL_SIDE_CHANNEL_PORT`` to ``base + r*span``
+  (:func:`~omni_pd.compile.connectors.base.instance_port`): the stage's replicas take
+  one contiguous range.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from omni_pd.compile.connectors.base import ROLE, Endpoint, KVConnector, PortUse, SideConfig, Side
+from omni_pd.compile.connectors.base import (
+    LAUNCHER_RUNTIME, ROLE, Endpoint, KVConnector, PortUse, SideConfig, Side, instance_port)
 
 ENV_PORT = "VLLM_NIXL_SIDE_CHANNEL_PORT"
 ENV_HOST = "VLLM_NIXL_SIDE_CHANNEL_HOST"
@@ -40,7 +45,8 @@ class NixlConnector(KVConnector):
         return target.nixl_side_channel_default_port
 
     def port_span(self, side: Side, tp: int, dp: int, target, *, runtime: str = "vllm", replicas: int = 1) -> int:
-        return target.nixl_side_channel_span(tp, dp)
+        engine = target.nixl_side_channel_span(tp, dp)
+        return engine * max(int(replicas), 1) if runtime == LAUNCHER_RUNTIME else engine
 
     def configure(self, ep: Endpoint, target) -> SideConfig:
         port = ep.port_base if ep.port_base is not None else target.nixl_side_channel_default_port
@@ -61,8 +67,10 @@ class NixlConnector(KVConnector):
         except (TypeError, ValueError):
             return []
         key = ENV_PORT if ENV_PORT in (env or {}) else None
-        span = self.port_span(side, tp, dp, target)
-        return [PortUse(port, span, "NIXL side channel", ENV_PORT, replica=r, key=key)
+        span = target.nixl_side_channel_span(tp, dp)
+        per_instance = runtime == LAUNCHER_RUNTIME
+        return [PortUse(instance_port(port, span, r) if per_instance else port, span, "NIXL side channel",
+                        ENV_PORT, replica=r, key=key)
                 for r in range(max(int(replicas), 1))]
 
     def hetero_tp_error(self, p_tp, d_tp, target):

@@ -45,6 +45,8 @@ class ExpandOptions:
     kv_buffer_device: str | None = None   # e.g. "cpu" for NIXL host staging
     port_base: int | None = None          # first connector port to try
     engine_id_prefix: str | None = None   # default "omni-<role>" ("omni-thinker", "llm")
+    prefill_replicas: int | None = None   # xPyD: prefill instances (num_replicas); None: the Thinker's
+    decode_replicas: int | None = None    # xPyD: decode instances (num_replicas); None: the Thinker's
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,9 @@ class PDSplitPlan:
     prefill_engine_id: str
     decode_engine_id: str
     diagnostics: tuple[Diagnostic, ...] = field(default_factory=tuple)
+    #: xPyD: ``num_replicas`` to write on the prefill / decode stage (None: leave as copied)
+    prefill_replicas: int | None = None
+    decode_replicas: int | None = None
 
 
 #: Most devices one engine (TP x PP x DP) may take: far above any host's accelerator
@@ -220,9 +225,23 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
                    + (f", more than the {MAX_ENGINE_DEVICES} omni-pd places" if world > 0 else ""),
                    where, help="parallel sizes must be at least 1 and fit the host's devices")
     layout = {s.stage_id: s.devices for s in topo.stages}
+    xpyd = opts.prefill_replicas is not None or opts.decode_replicas is not None
+    d_count = None
+    if xpyd:
+        # xPyD: every instance gets its own devices (TP x PP x DP each), one contiguous
+        # chunk per replica, as vllm-omni's split_devices_for_replicas reads a stage's pool
+        # (vllm_omni/engine/stage_init_utils.py compute_replica_layout)
+        engine_world = (tp or thinker.tp) * thinker.pp * thinker.dp
+        p_n, d_n = opts.prefill_replicas or 1, opts.decode_replicas or 1
+        world, d_count = engine_world * p_n, engine_world * d_n
+        for flag, given, want in (("--prefill-devices", opts.prefill_devices, world),
+                                  ("--decode-devices", opts.decode_devices, d_count)):
+            if given is not None and len(given) != want:
+                raise _err("OPD805", f"{flag} lists {len(given)} device(s); {want} are needed "
+                           f"({want // engine_world} instance(s) x {engine_world} device(s) each)", None)
     try:
         base = split_devices(layout, t.stage_id, world, opts.prefill_devices, opts.decode_devices,
-                             opts.downstream_devices)
+                             opts.downstream_devices, decode_count=d_count)
     except (ValueError, AllocationError) as e:
         raise _err("OPD805", f"cannot place prefill and decode: {e}", None) from None
     base_devices: dict[int, Devices] = {ids.prefill: base.prefill, ids.decode: base.decode}
@@ -254,9 +273,10 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
         if node is not None:
             span_tp, span_dp = max(span_tp, node.tp), max(span_dp, node.dp)
             span_rep = max(span_rep, node.num_replicas)
-    replicas = launched_replicas(runtime, span_rep)
-    spans = [contract.port_span(side, span_tp, span_dp, target, runtime=runtime, replicas=replicas)
-             for side in ("prefill", "decode")]
+    side_reps = (launched_replicas(runtime, opts.prefill_replicas or span_rep),
+                 launched_replicas(runtime, opts.decode_replicas or span_rep))
+    spans = [contract.port_span(side, span_tp, span_dp, target, runtime=runtime, replicas=reps)
+             for side, reps in zip(("prefill", "decode"), side_reps)]
     bases: list[int | None] = [None, None]
     wanted = [i for i, sp in enumerate(spans) if sp > 0]
     if start is not None and wanted:
@@ -274,9 +294,9 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
     unread = contract.unread_keys(target, runtime)
     p_cfg = _merge_user_kv(contract.configure(p_ep, target), thinker.kv, target, unread)
     d_cfg = _merge_user_kv(contract.configure(d_ep, target), thinker.kv, target, unread)
-    if replicas > 1:
-        for side, cfg in (("prefill", p_cfg), ("decode", d_cfg)):
-            _check_replicas_apart(contract, side, cfg, span_tp, span_dp, target, runtime, replicas,
+    for side, cfg, reps in (("prefill", p_cfg, side_reps[0]), ("decode", d_cfg, side_reps[1])):
+        if reps > 1:
+            _check_replicas_apart(contract, side, cfg, span_tp, span_dp, target, runtime, reps,
                                   _stage_loc(doc, thinker.index, "num_replicas"))
 
     # async chunking ----------------------------------------------------------------
@@ -294,7 +314,8 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
     return PDSplitPlan(source=src, target_pipeline=target_pipe, ids=ids, connector=contract.name,
                        base_devices=base_devices, overlay_devices=overlay_devices, tp=tp,
                        prefill=p_cfg, decode=d_cfg, prefill_engine_id=p_id, decode_engine_id=d_id,
-                       diagnostics=tuple(notes))
+                       diagnostics=tuple(notes), prefill_replicas=opts.prefill_replicas,
+                       decode_replicas=opts.decode_replicas)
 
 
 def _talker_note(target_pipe: Pipeline, topo: Topology, doc: Document | None) -> list[Diagnostic]:
