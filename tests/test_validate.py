@@ -42,9 +42,6 @@ def test_expand_output_validates_clean(expansions, preset: str, connector: str, 
     assert {d.code for d in res.diagnostics} == {"OPD703", "OPD704"}  # + the readiness note on every PD pair
 
 
-@pytest.mark.xfail(strict=True, reason="finding: expand's platforms.npu overlay puts prefill (TP2) and decode (TP2) "
-                   "on one NPU host without distinct HCCL_IF_BASE_PORT; co-located multi-rank engines collide on "
-                   "the default HCCL port (vllm-ascend#4725, #11968). expand should allocate it per instance.")
 @pytest.mark.parametrize("connector", CONNECTORS)
 def test_expand_output_npu_overlay_validates_clean(expansions, connector: str) -> None:
     res = validate_text(expansions[(PRESETS[0].name, connector)], "expanded.yaml", ValidateOptions(platform="npu"))

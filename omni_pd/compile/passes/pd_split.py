@@ -47,6 +47,9 @@ class ExpandOptions:
     engine_id_prefix: str | None = None   # default "omni-<role>" ("omni-thinker", "llm")
     prefill_replicas: int | None = None   # xPyD: prefill instances (num_replicas); None: the Thinker's
     decode_replicas: int | None = None    # xPyD: decode instances (num_replicas); None: the Thinker's
+    platform: str | None = None           # "npu": the base stages run on npu (vllm-ascend connector there)
+    npu_connector: str = "MooncakeConnectorV1"  # vllm-ascend connector of the npu pair (or MooncakeLayerwiseConnector)
+    npu_decode_tp: int | None = None      # npu: decode TP below prefill's (P_tp % D_tp == 0); None: equal
 
 
 @dataclass(frozen=True)
