@@ -178,6 +178,11 @@ CODES: tuple[CodeDoc, ...] = (
     CodeDoc("OPD965", "check-skipped", _I, "launch", "a preflight check could not run here",
             """E.g. no ``nvidia-smi`` on the machine: devices and device memory are not checked.""",
             "omni_pd/launch/preflight.py preflight()"),
+    CodeDoc("OPD967", "dir-not-writable", _E, "launch", "a directory an engine must write is not writable",
+            """The encoder split's shared directory (ECExampleConnector ``shared_storage_path``):
+            E writes ``<dir>/<mm_hash>/encoder_cache.safetensors`` there and prefill reads it.
+            Preflight requires it writable, or creatable when missing (this host only).""",
+            "omni_pd/launch/preflight.py check_dirs()"),
     CodeDoc("OPD966", "not-pd", _E, "launch", "launch was given a config that is not prefill/decode split",
             """``launch`` starts a compiled PD config; compile it first with ``omni-pd expand``.""",
             "omni_pd/launch/plan.py plan_document()", exit=2),

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from omni_pd.compile.topology import StageNode, Topology, format_devices
@@ -254,12 +254,22 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
             if role == "prefill" and conn == "MooncakeConnector" and inst.bootstrap_port is not None:
                 url += f",{inst.bootstrap_port}"
             urls[role].append(url)
+    ec_storage, ec_name = None, None
+    enc = topo.node(topo.pipeline.encoder.stage_id) if topo.pipeline.encoder is not None else None
+    if enc is not None:
+        e_proc, ec_name, ec_storage = _encoder_process(enc, p, opts, served, env_all, engine_py)
+        procs = [replace(x, writable_dirs=(ec_storage,)) if (x.role == "prefill" and ec_storage) else x
+                 for x in procs]
+        procs.append(e_proc)
+        urls["encoder"] = [e_proc.health.url.rsplit("/", 1)[0]]  # type: ignore[union-attr]
     router_argv = [sys.executable, "-m", "omni_pd.launch.router", "--connector", conn,
                    "--host", opts.host, "--port", str(opts.port)]
     for u in urls["prefill"]:
         router_argv += ["--prefill", u]
     for u in urls["decode"]:
         router_argv += ["--decode", u]
+    for u in urls.get("encoder", []):
+        router_argv += ["--encoder", u]
     procs.append(ProcessSpec(
         name="router", role="router", argv=tuple(router_argv), env=env_all,
         ports=(PortUse(opts.port, "http", opts.host),),
@@ -268,7 +278,43 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
     return LaunchPlan(runtime="vllm", model=opts.model, connector=conn, entrypoint=f"http://{opts.host}:{opts.port}",
                       config=config_path, processes=tuple(procs),
                       notes=("router: omni_pd.launch.router (prefill leg max_tokens=1, min_tokens/stop cleared; "
-                             f"{conn} routing fields relayed to decode)",))
+                             f"{conn} routing fields relayed to decode)",)
+                      + ((f"encoder leg: one request per media item to encoder-0 first; its {ec_name} output "
+                          "reaches prefill (ec_consumer)",) if enc is not None else ()),
+                      ec_connector=ec_name, ec_storage=ec_storage)
+
+
+#: HTTP port of the encoder instance E: ``engine_port_base`` + this (prefill +0, decode +100)
+ENCODER_PORT_OFFSET = 200
+
+
+def _encoder_process(node: StageNode, prefill: StageNode, opts: LaunchOptions, served: str,
+                     env_all: dict[str, str], engine_py: str | None) -> tuple[ProcessSpec, str | None, str | None]:
+    """The ``vllm serve`` of the encoder-only instance E (``--ec-transfer-config`` with
+    ``ec_producer`` from its stage keys, no KV connector), its EC connector name and the
+    shared directory E writes and prefill reads (ECExampleConnector; None otherwise)."""
+    from omni_pd.compile import ec_connectors
+
+    port = opts.engine_port_base + ENCODER_PORT_OFFSET
+    dev_var = DEVICE_ENV.get(opts.platform)
+    devs = format_devices(node.devices) if dev_var else None
+    env = {**env_all, **_env_str(node.env)}
+    if dev_var and devs is not None:
+        env[dev_var] = devs
+    ec = node.settings.get("ec_transfer_config") or {}
+    contract = ec_connectors.get(str(ec.get("ec_connector") or ""))
+    storage = contract.storage_path(ec) if contract is not None else None
+    argv = [opts.vllm, "serve", opts.model, "--host", opts.host, "--port", str(port),
+            "--served-model-name", served, *engine_flags(node.settings), *opts.extra_args]
+    proc = ProcessSpec(
+        name="encoder-0", role="encoder", argv=tuple(argv), env=env, devices=devs,
+        device_env=dev_var if devs is not None else None,
+        ports=(PortUse(port, "http", opts.host),),
+        health=HealthCheck(f"http://{opts.host}:{port}/health", timeout_s=opts.ready_timeout_s),
+        modules=("vllm",), python=engine_py,
+        memory_fraction=float(node.settings.get("gpu_memory_utilization") or 0.9),
+        writable_dirs=(storage,) if storage else ())
+    return proc, (contract.name if contract else ec.get("ec_connector")), storage
 
 
 @dataclass(frozen=True)
@@ -304,6 +350,13 @@ def plan_document(doc: Any, config_path: str, opts: LaunchOptions) -> Planned:
     if any(d.severity is Severity.ERROR for d in res.diagnostics):
         return Planned(None, res, None)
     pipe = load_catalogue().get(res.pipeline_name or "")
+    if pipe is not None and pipe.encoder is not None and not pipe.is_pd:
+        raise OmniPdError(Diagnostic(
+            code="OPD966", severity=Severity.ERROR,
+            message=f"{doc.name} is an encoder + one instance layout (pipeline `{pipe.name}`); launch starts "
+                    "encoder + prefill/decode layouts only",
+            help=f"expand with `--encoder-split 1e1p1d` for a launchable E->P->D config; serve this one with "
+                 "two `vllm serve` (the stages' ec_transfer_config) and an encoder-aware proxy"))
     if pipe is None or not pipe.is_pd:
         raise OmniPdError(Diagnostic(
             code="OPD966", severity=Severity.ERROR,

@@ -9,7 +9,8 @@ Every finding is a :class:`~omni_pd.diagnostics.Diagnostic`:
 * OPD963 (error) a device a process is given does not exist (CUDA: ``nvidia-smi``);
 * OPD964 (error) the device memory the engines ask for (``gpu_memory_utilization`` x
   total, per device) exceeds what is free, where ``nvidia-smi`` can read it;
-* OPD965 (info) a check that could not run here (e.g. no ``nvidia-smi``).
+* OPD965 (info) a check that could not run here (e.g. no ``nvidia-smi``);
+* OPD967 (error) a directory a process must write (EC shared storage) is not writable.
 """
 
 from __future__ import annotations
@@ -170,6 +171,37 @@ def check_devices(plan: LaunchPlan, platform: str,
     return out
 
 
+def check_dirs(plan: LaunchPlan) -> list[Diagnostic]:
+    """OPD967 for every directory a process must write (EC shared storage,
+    ``ProcessSpec.writable_dirs``) that is not writable: an existing directory must be
+    writable, a missing one must be creatable (its nearest existing parent writable;
+    vLLM's ECExampleConnector creates ``<dir>/<mm_hash>/`` itself, example_connector.py).
+    Checks this host only: a directory on another host (inventory) is not seen here."""
+    out: list[Diagnostic] = []
+    seen: set[str] = set()
+    for p in plan.processes:
+        for d in p.writable_dirs:
+            if d in seen:
+                continue
+            seen.add(d)
+            probe = os.path.abspath(d)
+            while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+                probe = os.path.dirname(probe)
+            if not os.path.isdir(probe):
+                why = f"{probe} is not a directory"
+            elif not os.access(probe, os.W_OK | os.X_OK):
+                why = f"{probe} is not writable by this user" if probe == os.path.abspath(d) else (
+                    f"it does not exist and {probe} is not writable, so it cannot be created")
+            else:
+                continue
+            out.append(Diagnostic(
+                code="OPD967", severity=Severity.ERROR,
+                message=f"{p.name} must write encoder outputs to {d}: {why}",
+                help="pick a writable directory both the encoder and prefill see (expand --ec-storage-path)"))
+    return out
+
+
 def preflight(plan: LaunchPlan, platform: str) -> list[Diagnostic]:
-    """Every check above, in order: executables, modules, devices, ports."""
-    return check_executables(plan) + check_modules(plan) + check_devices(plan, platform) + check_ports(plan)
+    """Every check above, in order: executables, modules, devices, ports, shared directories."""
+    return (check_executables(plan) + check_modules(plan) + check_devices(plan, platform) + check_ports(plan)
+            + check_dirs(plan))

@@ -26,9 +26,13 @@ Where decode's counters are, per runtime (:func:`smoke_target`):
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import re
+import struct
 import time
+import zlib
 import urllib.request
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -107,19 +111,134 @@ class SmokeTarget:
     metrics_url: str | None
     decode_stage: str | None = None
     chat: bool = False
+    #: encoder split: the EC connector, its shared directory and the log of the
+    #: ec_consumer (prefill) where its DEBUG load line appears (:func:`ec_smoke`)
+    ec_connector: str | None = None
+    ec_storage: str | None = None
+    ec_log: str | None = None
 
 
-def smoke_target(plan: Any, model: str, decode_stage_id: int | None) -> SmokeTarget:
+def smoke_target(plan: Any, model: str, decode_stage_id: int | None, run_dir: str | None = None) -> SmokeTarget:
     """The :class:`SmokeTarget` of a :class:`~omni_pd.launch.spec.LaunchPlan`.
 
     ``decode_stage_id``: the decode stage of the compiled config (used on the vllm-omni
-    runtime). Pure."""
+    runtime). ``run_dir``: where the supervisor writes ``<name>.log`` (the ec_consumer's
+    log is read for the encoder split). Pure."""
     if plan.runtime == "vllm-omni":
         return SmokeTarget(plan.entrypoint, model, plan.entrypoint.rstrip("/") + "/metrics",
                            None if decode_stage_id is None else str(decode_stage_id), chat=True)
     decode = next((p for p in plan.processes if p.role == "decode"), None)
     metrics = decode.health.url.rsplit("/", 1)[0] + "/metrics" if decode and decode.health else None
-    return SmokeTarget(plan.entrypoint, model, metrics)
+    ec_log = None
+    if getattr(plan, "ec_storage", None) and run_dir is not None:
+        consumer = next((p for p in plan.processes if p.role == "prefill"), None)
+        ec_log = os.path.join(run_dir, consumer.name + ".log") if consumer else None
+    return SmokeTarget(plan.entrypoint, model, metrics, ec_connector=getattr(plan, "ec_connector", None),
+                       ec_storage=getattr(plan, "ec_storage", None), ec_log=ec_log)
+
+
+def tiny_png(width: int = 112, height: int = 112, seed: int | None = None) -> bytes:
+    """A ``width`` x ``height`` RGB PNG (stdlib zlib): a gradient salted with ``seed`` so
+    that each smoke run sends an image the encoder has not stored yet (a new mm_hash)."""
+    seed = int.from_bytes(os.urandom(4), "big") if seed is None else seed
+    rows = []
+    for y in range(height):
+        row = bytearray([0])
+        for x in range(width):
+            row += bytes(((x * 2 + seed) % 256, (y * 2 + (seed >> 8)) % 256, ((x + y) + (seed >> 16)) % 256))
+        rows.append(bytes(row))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"".join(rows))) + chunk(b"IEND", b""))
+
+
+def stored_items(storage: str) -> set[str]:
+    """mm_hashes with an encoder output in ECExampleConnector's directory
+    (``<storage>/<mm_hash>/encoder_cache.safetensors``; the empty folders a consumer's
+    lookup of a missing item creates do not count)."""
+    try:
+        names = os.listdir(storage)
+    except OSError:
+        return set()
+    return {n for n in names if os.path.isfile(os.path.join(storage, n, "encoder_cache.safetensors"))}
+
+
+@dataclass
+class ECSmokeResult:
+    """``new``: mm_hashes E stored during the request; ``loaded``: those the consumer's log
+    says it loaded (None: its log has no DEBUG lines, so loads cannot be seen)."""
+
+    text: str
+    new: set[str]
+    loaded: set[str] | None
+    seconds: float
+
+
+def ec_smoke(target: SmokeTarget, *, max_tokens: int = 4, timeout_s: float = 300.0,
+             log_wait_s: float = 5.0) -> ECSmokeResult:
+    """One greedy chat request with a fresh image through the entrypoint (so through the
+    router's encoder leg), then what E stored and what the consumer logged.
+    Source of the log text: vLLM 0.30.0 ec_connector/example_connector.py
+    ``start_load_caches`` ("Success load encoder cache for hash %s", DEBUG)."""
+    assert target.ec_storage is not None
+    from omni_pd.compile import ec_connectors
+
+    contract = ec_connectors.get(target.ec_connector or "")
+    before = stored_items(target.ec_storage)
+    url = "data:image/png;base64," + base64.b64encode(tiny_png()).decode()
+    t0 = time.monotonic()
+    r = _post(target.entrypoint.rstrip("/") + "/v1/chat/completions",
+              {"model": target.model, "max_tokens": max_tokens, "temperature": 0,
+               "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                         {"type": "text", "text": "What is in the image?"}]}]},
+              timeout_s)
+    dt = time.monotonic() - t0
+    text = ((r.get("choices") or [{}])[0].get("message") or {}).get("content") or ""
+    new = stored_items(target.ec_storage) - before
+    loaded: set[str] | None = None
+    line = contract.load_log() if contract is not None else None
+    if target.ec_log and line:
+        deadline = time.monotonic() + log_wait_s  # the supervisor copies the engine's output with a lag
+        while True:
+            try:
+                with open(target.ec_log, encoding="utf-8", errors="replace") as f:
+                    log = f.read()
+            except OSError:
+                log = ""
+            loaded = {h for h in new if f"{line} {h}" in log} if "DEBUG" in log else None
+            if loaded is None or loaded == new or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    return ECSmokeResult(text=text, new=new, loaded=loaded, seconds=dt)
+
+
+def ec_smoke_check(target: SmokeTarget, out: TextIO) -> int:
+    """:func:`ec_smoke` as a check: 0 when E stored the image's output and (where its DEBUG
+    log shows loads) the consumer loaded it; 1 otherwise; one line either way."""
+    try:
+        res = ec_smoke(target)
+    except Exception as e:  # any failure of the request is a failed smoke test
+        out.write(f"smoke: image request failed: {type(e).__name__}: {e}\n")
+        return 1
+    if not res.new:
+        out.write(f"smoke: FAILED: the image request answered {res.text!r} but the encoder stored nothing in "
+                  f"{target.ec_storage}: the encoder leg did not run or E is not an ec_producer there\n")
+        return 1
+    hashes = ", ".join(sorted(res.new))
+    if res.loaded is None:
+        out.write(f"smoke: encoder ok in {res.seconds:.2f} s: E stored {hashes} in {target.ec_storage}; whether "
+                  "prefill loaded it is not visible without DEBUG logs (--env VLLM_LOGGING_LEVEL=DEBUG)\n")
+        return 0
+    if res.loaded != res.new:
+        out.write(f"smoke: FAILED: E stored {hashes} but prefill's log ({target.ec_log}) shows no load of "
+                  f"{', '.join(sorted(res.new - res.loaded))}: it encoded the image itself\n")
+        return 1
+    out.write(f"smoke: encoder ok in {res.seconds:.2f} s: E stored {hashes} and prefill loaded it "
+              f"({target.ec_log}); answer {res.text!r}\n")
+    return 0
 
 
 def _get(url: str, timeout: float) -> str:
@@ -199,4 +318,6 @@ def smoke_check(target: SmokeTarget, out: TextIO) -> int:
         return 1
     out.write(f"smoke: ok in {res.seconds:.2f} s: {res.text!r}; decode received KV from prefill "
               f"(counters {res.kv_before:g} -> {res.kv_after:g}, {where})\n")
+    if target.ec_storage:
+        return ec_smoke_check(target, out)
     return 0

@@ -74,6 +74,8 @@ class ProcessSpec:
     modules: tuple[str, ...] = ()
     python: str | None = None
     memory_fraction: float = 0.9
+    #: directories the process writes and a peer reads (EC shared storage): preflight OPD967
+    writable_dirs: tuple[str, ...] = ()
 
     def masked_env(self) -> dict[str, str]:
         """``env`` with secret values replaced by ``***``."""
@@ -110,6 +112,9 @@ class LaunchPlan:
     config: str
     processes: tuple[ProcessSpec, ...]
     notes: tuple[str, ...] = ()
+    #: encoder split (E->P->D): the EC connector and its shared directory (None without E)
+    ec_connector: str | None = None
+    ec_storage: str | None = None
 
     def process(self, name: str) -> ProcessSpec:
         """The process called ``name`` (KeyError if absent)."""
