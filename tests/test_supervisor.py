@@ -372,3 +372,115 @@ def test_rich_is_imported_lazily() -> None:
 def test_bad_plans_are_refused(tmp_path: Path, procs: tuple[ProcessSpec, ...], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         Supervisor(plan(*procs), tmp_path)
+
+
+# --- 5. xPyD: an instance that dies or turns unhealthy after readiness (issue 15) -----------
+
+
+def _xpyd_plan(tmp_path: Path, *, p1_args: tuple = ()) -> tuple[LaunchPlan, list[int]]:
+    ports = [free_port() for _ in range(3)]
+    procs = (
+        replace_role(child("prefill-0", port=ports[0]), "prefill"),
+        replace_role(child("prefill-1", *p1_args, port=ports[1]), "prefill"),
+        replace_role(child("decode-0", "--unhealthy-while", tmp_path / "d0-sick", port=ports[2]), "decode"),
+        replace_role(child("router", depends_on=("prefill-0", "prefill-1", "decode-0")), "router"),
+    )
+    return plan(*procs), ports
+
+
+def replace_role(spec: ProcessSpec, role: str) -> ProcessSpec:
+    from dataclasses import replace
+
+    return replace(spec, role=role)
+
+
+def _supervise(sup: Supervisor) -> "threading.Thread":
+    import threading
+
+    t = threading.Thread(target=sup.wait, daemon=True)
+    t.start()
+    return t
+
+
+def test_instance_exit_after_readiness_restarts_it_while_another_serves(tmp_path: Path) -> None:
+    p, _ = _xpyd_plan(tmp_path, p1_args=("--exit-after", 1.5, "--exit-code", 3))
+    out = io.StringIO()
+    with Supervisor(p, tmp_path, out=out, live=False, grace_s=2, max_restarts=1) as sup:
+        assert sup.start_and_wait_healthy()
+        t = _supervise(sup)
+        assert wait_for(lambda: "left out" in out.getvalue(), 15), out.getvalue()
+        assert sup.failure is None and t.is_alive()  # still serving on prefill-0
+        sup.request_stop(signal.SIGTERM)
+        t.join(5)
+    text = out.getvalue()
+    assert ("prefill-1 exited with exit code 3 after it became healthy; out of rotation, restarting (1/1)"
+            in text)
+    assert text.count("started prefill-1") == 2 and text.count("prefill-1 healthy after") == 2
+    assert "prefill-1 exited with exit code 3 after 1 restart(s); left out (the router routes around it)" in text
+    log = (tmp_path / "prefill-1.log").read_text()
+    assert log.count("exiting with 3") == 2  # the restart appended to the log
+    pids = [int(ln.split()[0]) for ln in (tmp_path / "pids").read_text().splitlines()]
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_fail_fast_tears_down_on_an_instance_exit(tmp_path: Path) -> None:
+    p, _ = _xpyd_plan(tmp_path, p1_args=("--exit-after", 1.0, "--exit-code", 3))
+    out = io.StringIO()
+    assert run(p, tmp_path, out=out, live=False, grace_s=2, handle_signals=False, fail_fast=True) == 1
+    text = out.getvalue()
+    assert re.search(r"error: prefill-1 exited with exit code 3 after it became healthy \(.*\); stopping all", text)
+    assert "restarting" not in text
+
+
+def test_the_last_instance_of_a_role_exiting_still_tears_down(tmp_path: Path) -> None:
+    ports = [free_port() for _ in range(2)]
+    p = plan(replace_role(child("prefill-0", port=ports[0]), "prefill"),
+             replace_role(child("decode-0", "--exit-after", 1.0, "--exit-code", 4, port=ports[1]), "decode"))
+    out = io.StringIO()
+    assert run(p, tmp_path, out=out, live=False, grace_s=2, handle_signals=False) == 1
+    assert re.search(r"error: decode-0 exited with exit code 4 after it became healthy \(.*\); stopping all",
+                     out.getvalue())
+
+
+@pytest.mark.parametrize("fail_fast", [False, True])
+def test_health_is_polled_again_after_readiness(tmp_path: Path, fail_fast: bool) -> None:
+    p, _ = _xpyd_plan(tmp_path)
+    out = io.StringIO()
+    with Supervisor(p, tmp_path, out=out, live=False, grace_s=2, monitor_interval_s=0.1,
+                    fail_fast=fail_fast) as sup:
+        assert sup.start_and_wait_healthy()
+        t = _supervise(sup)
+        (tmp_path / "d0-sick").write_text("")
+        assert wait_for(lambda: "decode-0 unhealthy after readiness" in out.getvalue(), 10), out.getvalue()
+        if fail_fast:
+            t.join(5)
+            assert sup.failure is not None and sup.failure.process == "decode-0"
+        else:
+            (tmp_path / "d0-sick").unlink()
+            assert wait_for(lambda: "decode-0 healthy again" in out.getvalue(), 10), out.getvalue()
+            assert sup.failure is None and t.is_alive()
+            sup.request_stop(signal.SIGTERM)
+            t.join(5)
+    assert f"GET http://127.0.0.1:{p.process('decode-0').health.url.split(':')[2]}" in out.getvalue()
+
+
+def test_sigkilled_launcher_leaves_no_orphans(tmp_path: Path) -> None:
+    pa, pb = free_port(), free_port()
+    procs = [
+        {"name": "prefill-0", "role": "prefill", "argv": [sys.executable, CHILD, "--port", str(pa), "--grandchild",
+                                                          str(tmp_path / "gc.pid")],
+         "health_url": f"http://127.0.0.1:{pa}/health", "ports": [pa]},
+        {"name": "decode-0", "role": "decode", "argv": [sys.executable, CHILD, "--port", str(pb), "--ignore-term",
+                                                        "--grandchild", str(tmp_path / "gc2.pid")],
+         "health_url": f"http://127.0.0.1:{pb}/health", "ports": [pb]},
+    ]
+    proc, run_dir = _launch(tmp_path, procs, grace_s=1.0)
+    _wait_healthy(proc, run_dir, tmp_path)
+    pids = [int(ln.split()[0]) for ln in (run_dir / "pids").read_text().splitlines()]
+    pids += [read_pid(tmp_path / f) for f in ("gc.pid", "gc2.pid")]
+    assert len(pids) == 4 and all(alive(pid) for pid in pids)
+    proc.kill()  # SIGKILL: no handler, no teardown of its own
+    assert proc.wait(5) == -signal.SIGKILL
+    # the watchdog: SIGTERM to each group, then SIGKILL after the grace (decode-0 ignores SIGTERM)
+    assert wait_for(lambda: not any(alive(pid) for pid in pids), 10), [pid for pid in pids if alive(pid)]
+    assert bindable(pa) and bindable(pb)

@@ -23,9 +23,19 @@ The supervisor is the side-effecting end of ``omni-pd launch``::
   ``***`` in both, and in ``<run_dir>/plan.json``.
 * **View.** On a terminal a rich live table (state, pid, ports, elapsed, time to
   healthy); otherwise plain lines (CI). rich is imported only when the table is used.
+* **After readiness.** Every process with a health check is probed again every
+  ``monitor_interval_s`` seconds; a change (unhealthy, healthy again) is reported. A
+  prefill or decode instance (xPyD) that exits after readiness while another instance of
+  its role is running is restarted (at most ``max_restarts`` times; its log is appended
+  to): the router's own health poller takes it out of rotation and back, so the
+  deployment keeps serving. With ``fail_fast`` (``omni-pd launch --fail-fast``) any
+  exit or unhealthy probe after readiness stops everything instead.
+* **Orphans.** A watchdog process (:mod:`omni_pd.launch.watchdog`) holds a pipe to the
+  launcher; when the launcher dies without tearing down (SIGKILL, a crash), the watchdog
+  sees EOF and stops every process group in ``<run_dir>/pids``.
 * **Teardown.** A child exiting while supervised (with any code, before or after it
-  became healthy), a health timeout, or SIGINT/SIGTERM/SIGHUP to the launcher stops
-  everything: SIGTERM to every process group (and to descendants that left their group
+  became healthy; after it only as described above), a health timeout, or
+  SIGINT/SIGTERM/SIGHUP to the launcher stops everything: SIGTERM to every process group (and to descendants that left their group
   with ``setsid``, found through ``/proc``), ``grace_s`` seconds, then SIGKILL. A second
   signal sends SIGKILL at once. A failure report names the process, its exit code and its
   last log lines.
@@ -179,6 +189,9 @@ class _Proc:
         self.log_path = run_dir / f"{spec.name}.log"
         self.reader: threading.Thread | None = None
         self.prober: threading.Thread | None = None
+        self.restarts = 0
+        self.out = False  # left out of the deployment (did not come back)
+        self.monitored_ok = True  # last post-readiness probe verdict
 
     @property
     def pid(self) -> int | None:
@@ -307,8 +320,18 @@ class Supervisor:
         out: TextIO | None = None,
         live: bool | None = None,
         tail_lines: int = 20,
+        fail_fast: bool = False,
+        monitor_interval_s: float = 2.0,
+        max_restarts: int = 3,
+        watchdog: bool = True,
     ) -> None:
         _check_plan(plan)
+        self.fail_fast, self.monitor_interval_s = bool(fail_fast), float(monitor_interval_s)
+        self.max_restarts = int(max_restarts)
+        self._watchdog_on = bool(watchdog)
+        self._watchdog: subprocess.Popen[bytes] | None = None
+        self._watchdog_fd: int | None = None
+        self._monitor: threading.Thread | None = None
         self.plan = plan
         self.run_dir = Path(run_dir)
         self.grace_s = float(grace_s)
@@ -371,6 +394,8 @@ class Supervisor:
         plan_json = self.mask.deep(self.plan.to_json())
         atomic_write(self.run_dir / "plan.json", json.dumps(plan_json, indent=2) + "\n")
         atomic_write(self.run_dir / "pids", "")
+        if self._watchdog_on:
+            self._start_watchdog()
         self._view = _LiveView(self._out) if self.live else _PlainView(self._out)
         self._view.start(self)
         while True:
@@ -379,6 +404,8 @@ class Supervisor:
                 return False
             if all(p.healthy for p in self._procs):
                 self._all_healthy()
+                self._monitor = threading.Thread(target=self._monitor_health, name="health-monitor", daemon=True)
+                self._monitor.start()
                 return True
             self._wake.wait(_TICK_S)
             self._wake.clear()
@@ -495,6 +522,7 @@ class Supervisor:
             self._view.stop()
         if busy:
             self._say(f"warning: still in use after teardown: {', '.join(busy)}", error=True)
+        self._stop_watchdog()
         if self.failure is not None:
             self._say(self._failure_report(), error=True)
         elif started:
@@ -522,6 +550,13 @@ class Supervisor:
                     self._say(f"{p.name} healthy after {p.healthy_at - p.started_at:.2f} s")
             elif p.spec.health is not None and now - p.started_at > p.spec.health.timeout_s:
                 url = p.spec.health.url
+                if p.restarts and not self.fail_fast and self._others_serving(p):
+                    self._say(f"{p.name} did not become healthy again within {p.spec.health.timeout_s:g} s "
+                              f"(GET {url}: {p.last_probe}); left out", error=True)
+                    p.reported_healthy, p.state, p.out = True, "left out", True
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(p.popen.pid, signal.SIGKILL)  # type: ignore[union-attr]
+                    continue
                 self._fail(p, f"{p.name} did not become healthy within {p.spec.health.timeout_s:g} s: "
                               f"GET {url} (last: {p.last_probe})")
                 return
@@ -538,7 +573,7 @@ class Supervisor:
         spec = p.spec
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
         try:
-            log = open(p.log_path, "w", encoding="utf-8", errors="replace", buffering=1)
+            log = open(p.log_path, "a" if p.restarts else "w", encoding="utf-8", errors="replace", buffering=1)
         except OSError as e:
             self._fail(p, f"cannot write {p.log_path}: {e}")
             return False
@@ -588,6 +623,8 @@ class Supervisor:
             p.ended_at = time.monotonic()
             if report and not self._stopping():
                 p.state = f"exited {rc}"
+                if p.healthy and self._keep_serving(p, rc):
+                    continue
                 when = "after it became healthy" if p.healthy else "before it became healthy"
                 self._fail(p, f"{p.name} exited with {_describe_rc(rc)} {when} "
                               f"({p.ended_at - (p.started_at or p.ended_at):.2f} s after start)")
@@ -595,6 +632,96 @@ class Supervisor:
             if p.state not in ("stopping",):
                 p.state = f"exited {rc}"
         return False
+
+    def _others_serving(self, p: _Proc) -> bool:
+        """Another instance of ``p``'s role (prefill or decode) is running and healthy."""
+        return p.spec.role in ("prefill", "decode") and any(
+            q is not p and q.spec.role == p.spec.role and q.returncode is None and q.healthy and not q.out
+            for q in self._procs)
+
+    def _keep_serving(self, p: _Proc, rc: int) -> bool:
+        """After readiness, an xPyD instance exited: restart it (True) while another
+        instance of its role serves and restarts remain; else False (a failure)."""
+        if self.fail_fast or not self._others_serving(p):
+            return False
+        if p.restarts >= self.max_restarts:
+            self._say(f"{p.name} exited with {_describe_rc(rc)} after {p.restarts} restart(s); left out "
+                      f"(the router routes around it)", error=True)
+            p.out, p.state = True, "left out"
+            return True
+        p.restarts += 1
+        self._say(f"{p.name} exited with {_describe_rc(rc)} after it became healthy; out of rotation, "
+                  f"restarting ({p.restarts}/{self.max_restarts})", error=True)
+        if p.reader is not None:
+            p.reader.join(2.0)
+        p.popen, p.returncode, p.healthy_at, p.reported_healthy = None, None, None, False
+        p.started_at = p.ended_at = None
+        p.last_probe, p.monitored_ok = "no answer yet", True
+        return self._spawn(p) or True
+
+    def _monitor_health(self) -> None:
+        """Monitor thread: after readiness, probe every healthy process again every
+        ``monitor_interval_s`` seconds and report changes (with ``fail_fast``: fail)."""
+        import urllib.error
+        import urllib.request
+
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        while not self._stop.wait(self.monitor_interval_s):
+            for p in self._procs:
+                hc = p.spec.health
+                if hc is None or not p.reported_healthy or p.out or p.returncode is not None:
+                    continue
+                try:
+                    with opener.open(hc.url, timeout=PROBE_TIMEOUT_S) as r:
+                        ok, why = r.status == 200, f"HTTP {r.status}"
+                except urllib.error.HTTPError as e:
+                    ok, why = False, f"HTTP {e.code}"
+                    e.close()
+                except (urllib.error.URLError, OSError, ValueError) as e:
+                    ok, why = False, str(getattr(e, "reason", e)) or type(e).__name__
+                if ok == p.monitored_ok or self._stop.is_set():
+                    continue
+                p.monitored_ok = ok
+                if ok:
+                    p.state = "healthy"
+                    self._say(f"{p.name} healthy again")
+                elif self.fail_fast:
+                    self._fail(p, f"{p.name} unhealthy after readiness (GET {hc.url}: {why}) and --fail-fast")
+                    self._wake.set()
+                else:
+                    p.state = "unhealthy"
+                    self._say(f"{p.name} unhealthy after readiness (GET {hc.url}: {why}); "
+                              "the router routes around it", error=True)
+
+    def _start_watchdog(self) -> None:
+        """Start the orphan watchdog (see :mod:`omni_pd.launch.watchdog`)."""
+        r, w = os.pipe()  # both close-on-exec: no child inherits the write end
+        try:
+            self._watchdog = subprocess.Popen(
+                [sys.executable, "-m", "omni_pd.launch.watchdog", str(self.run_dir / "pids"), str(self.grace_s)],
+                stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                close_fds=True)
+        except OSError as e:
+            os.close(w)
+            self._say(f"warning: no orphan watchdog ({e}): a SIGKILLed launcher would leave its engines",
+                      error=True)
+            return
+        finally:
+            os.close(r)
+        self._watchdog_fd = w
+
+    def _stop_watchdog(self) -> None:
+        """Tell the watchdog the teardown was done here, and let it exit."""
+        if self._watchdog_fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.write(self._watchdog_fd, b"clean")
+        with contextlib.suppress(OSError):
+            os.close(self._watchdog_fd)
+        self._watchdog_fd = None
+        if self._watchdog is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._watchdog.wait(5)
 
     def _fail(self, p: _Proc | None, reason: str) -> None:
         if self.failure is None:
@@ -759,6 +886,7 @@ def run(
     out: TextIO | None = None,
     live: bool | None = None,
     handle_signals: bool = True,
+    fail_fast: bool = False,
 ) -> int:
     """Launch ``plan`` and return an exit code (see the module docstring).
 
@@ -767,11 +895,13 @@ def run(
     ``stay`` it then supervises until a child exits or a signal arrives; finally it tears
     everything down (``grace_s`` seconds between SIGTERM and SIGKILL). ``out``/``live``
     as for :class:`Supervisor`. ``handle_signals``: install SIGINT/SIGTERM/SIGHUP
-    handlers for the duration (main thread only). Timings are written to
+    handlers for the duration (main thread only). ``fail_fast``: any exit or unhealthy
+    probe after readiness tears everything down (default: xPyD instances are restarted
+    while another instance of their role serves). Timings are written to
     ``<run_dir>/timings.json``. Raises ValueError for a plan it cannot run, OSError when
     ``run_dir`` cannot be written; exceptions of ``on_ready`` propagate after teardown.
     """
-    sup = Supervisor(plan, run_dir, grace_s=grace_s, out=out, live=live)
+    sup = Supervisor(plan, run_dir, grace_s=grace_s, out=out, live=live, fail_fast=fail_fast)
     handlers = sup.signal_handlers() if handle_signals else contextlib.nullcontext()
     rc: int | None = None
     with handlers:

@@ -39,6 +39,7 @@ def main() -> int:
     ap.add_argument("--lines", type=int, default=0)
     ap.add_argument("--stderr")
     ap.add_argument("--pidfile")
+    ap.add_argument("--unhealthy-while", help="/health answers 503 while this file exists")
     a = ap.parse_args()
 
     t0 = time.monotonic()
@@ -67,6 +68,8 @@ def main() -> int:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
                 ok = self.path == "/health" and time.monotonic() - t0 >= a.healthy_after
+                if a.unhealthy_while and os.path.exists(a.unhealthy_while):
+                    ok = False
                 self.send_response(200 if ok else 503)
                 self.end_headers()
                 if ok and not served.is_set():

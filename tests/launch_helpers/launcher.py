@@ -31,6 +31,7 @@ def main() -> int:
             health=HealthCheck(p["health_url"], timeout_s=p.get("health_timeout_s", 10.0), interval_s=0.05,
                                max_interval_s=0.2) if p.get("health_url") else None,
             depends_on=tuple(p.get("depends_on", ())),
+            role=p.get("role", "engine"),
         )
         for p in data["processes"]
     )
