@@ -1,0 +1,182 @@
+"""Encoder disaggregation on CPU (issue 12): a real Qwen3-Omni Thinker as E -> P -> D.
+
+Runs where the e2e venv exists (``OMNI_PD_E2E_PYTHON``, ``.ci/e2e_venv.sh``). The tiny
+random-weight Qwen3-Omni checkpoint (tests/e2e/make_tiny_qwen3_omni.py, shared fixture)
+is served three ways by plain ``vllm serve`` (vLLM maps the architecture to its Thinker):
+
+1. one plain instance answers greedy chat requests with an image (PNG ``image_url``) and
+   an audio clip (WAV ``input_audio``), plus a second image kept for the negative
+   control; it is stopped (at most three engines ever run at once);
+2. ``omni-pd expand --encoder-split 1e1p1d`` (ECExampleConnector on a shared directory,
+   NixlConnector with ``kv_buffer_device: cpu`` between P and D) and ``omni-pd launch
+   --smoke`` start E, P, D and the router; the smoke check itself must print that E
+   stored an item and P loaded it;
+3. the image and audio requests through the router give the plain instance's text and
+   prompt size; E stored ``<dir>/<mm_hash>/encoder_cache.safetensors`` for each item;
+   P's DEBUG log says ``Success load encoder cache for hash <mm_hash>`` for each (vLLM
+   0.30 ec_connector/example_connector.py); decode counts the prompt as
+   ``external_kv_transfer`` (KV from P);
+4. negative control: the second image is encoded by E alone, its stored tensors are
+   overwritten with random values, and the full request sent to P directly (no E leg
+   that could store it again) gives a different answer than the plain instance's, so P
+   reads E's output rather than encoding itself;
+5. after SIGINT no process or port is left.
+
+Measurements (time to healthy per engine, per-leg latencies, RSS) are printed (``-s``)
+and written to ``<tmp>/measurements.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from e2e.harness import (Launcher, alive, descendants, engine_env, get, port_free, post_json,
+                         prompt_tokens_by_source, rss_bytes, wait_health)
+
+ROOT = Path(__file__).resolve().parents[1]
+E2E = os.environ.get("OMNI_PD_E2E_PYTHON")
+pytestmark = pytest.mark.skipif(not E2E, reason="OMNI_PD_E2E_PYTHON not set (build it with .ci/e2e_venv.sh)")
+
+ROUTER, ENGINES, BASELINE, SIDE = 19600, 19700, 19650, 19950  # P 19700, D 19800, E 19900
+DEPLOY = ROOT / "tests" / "fixtures" / "qwen3_omni_moe_thinker_only_cpu.yaml"
+PLAIN_FLAGS = ("--max-model-len", "2048", "--max-num-seqs", "4", "--enforce-eager", "--dtype", "float32")
+LOAD_LINE = "Success load encoder cache for hash"
+
+TAMPER = """
+import sys, torch
+from safetensors.torch import load_file, save_file
+path = sys.argv[1]
+t = load_file(path)
+g = torch.Generator().manual_seed(0)
+save_file({k: (torch.randn(v.shape, generator=g) * 3).to(v.dtype) if v.is_floating_point() else v
+           for k, v in t.items()}, path)
+print(sorted((k, tuple(v.shape)) for k, v in t.items()))
+"""
+
+
+def _content():
+    from test_e2e_omni_thinker import png_data_url, wav_data_url
+
+    return {
+        "image": [{"type": "image_url", "image_url": {"url": png_data_url(64, 96)}},
+                  {"type": "text", "text": "What is it?"}],
+        "audio": [{"type": "input_audio", "input_audio": {"data": wav_data_url(), "format": "wav"}},
+                  {"type": "text", "text": "What is it?"}],
+        "tamper": [{"type": "image_url", "image_url": {"url": png_data_url(96, 64)}},
+                   {"type": "text", "text": "What is it?"}],
+    }
+
+
+def chat(base: str, content: list[dict], max_tokens: int = 16) -> tuple[str, int, float]:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True}
+    t0 = time.monotonic()
+    r = post_json(base + "/v1/chat/completions", body)
+    return r["choices"][0]["message"]["content"], r["usage"]["prompt_tokens"], time.monotonic() - t0
+
+
+def stored(ec: Path) -> set[str]:
+    return {p.parent.name for p in ec.glob("*/encoder_cache.safetensors")}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tiny_model):
+    tmp = tmp_path_factory.mktemp("e2e-encoder")
+    model = tiny_model("qwen3_omni")
+    ec = tmp / "ec"
+    epd = tmp / "epd.yaml"
+    subprocess.run([sys.executable, "-m", "omni_pd.cli", "expand", "-q", str(DEPLOY), "--encoder-split", "1e1p1d",
+                    "--connector", "NixlConnector", "--kv-buffer-device", "cpu", "--port-base", str(SIDE),
+                    "--ec-storage-path", str(ec), "-o", str(epd)], check=True)
+    return tmp, model, epd, ec, str(Path(E2E).parent / "vllm")
+
+
+def test_qwen3_omni_thinker_e_p_d_on_cpu_equals_a_plain_instance_and_uses_the_encoder(setup):
+    tmp, model, epd, ec, vllm = setup
+    prompts = _content()
+    m: dict = {"plain": {}, "epd": {}}
+
+    # 1. the plain instance
+    env = {**os.environ, **engine_env(tmp)}
+    with open(tmp / "plain.log", "w") as log:
+        plain = subprocess.Popen([vllm, "serve", str(model), "--host", "127.0.0.1", "--port", str(BASELINE),
+                                  "--served-model-name", "tiny", *PLAIN_FLAGS], env=env, stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        m["plain"]["healthy_s"] = round(wait_health(f"http://127.0.0.1:{BASELINE}/health", 600, plain), 1)
+        want = {name: chat(f"http://127.0.0.1:{BASELINE}", c) for name, c in prompts.items()}
+        m["plain"]["rss_gib"] = round(rss_bytes(descendants({plain.pid})) / 2**30, 2)
+    except Exception:
+        print((tmp / "plain.log").read_text()[-4000:])
+        raise
+    finally:
+        os.killpg(plain.pid, signal.SIGKILL)
+        plain.wait()
+    m["plain"]["latency_s"] = {k: round(v[2], 3) for k, v in want.items()}
+    assert len({text for text, _, _ in want.values()}) == len(want), want  # answers tell the inputs apart
+
+    # 2. E + P + D (+ router) through omni-pd launch, with the smoke check
+    launcher = Launcher(epd, model, vllm, tmp / "run", router_port=ROUTER, engine_port_base=ENGINES,
+                        env={**engine_env(tmp), "VLLM_LOGGING_LEVEL": "DEBUG"}, extra=("--smoke",))
+    p_url, d_metrics, e_url = (f"http://127.0.0.1:{ENGINES}", f"http://127.0.0.1:{ENGINES + 100}/metrics",
+                               f"http://127.0.0.1:{ENGINES + 200}")
+    p_log = tmp / "run" / "prefill-0.log"
+    try:
+        m["epd"]["smoke_kv"] = launcher.wait_for("smoke: ok", 900)
+        m["epd"]["smoke_ec"] = launcher.wait_for("smoke: encoder ok", 300)
+        assert "and prefill loaded it" in m["epd"]["smoke_ec"], m["epd"]["smoke_ec"]
+        m["epd"]["healthy"] = [line for line in launcher.lines if "healthy after" in line]
+        tree = launcher.descendants()
+
+        # 3. image and audio through the router: the plain answers, E's output loaded by P
+        m["epd"]["latency_s"], m["epd"]["loaded"] = {}, {}
+        for name in ("image", "audio"):
+            before_items = stored(ec)
+            before = prompt_tokens_by_source(get(d_metrics))
+            got = chat(f"http://127.0.0.1:{ROUTER}", prompts[name])
+            after = prompt_tokens_by_source(get(d_metrics))
+            new = stored(ec) - before_items
+            m["epd"]["latency_s"][name] = round(got[2], 3)
+            assert got[:2] == want[name][:2], (name, got, want[name])
+            assert len(new) == 1, (name, new)
+            [h] = new
+            assert f"{LOAD_LINE} {h}" in p_log.read_text(errors="replace"), (name, h)
+            m["epd"]["loaded"][name] = h
+            assert after.get("external_kv_transfer", 0) - before.get("external_kv_transfer", 0) > 0, (name, after)
+
+        # per leg: E alone, P alone (it loads E's stored output), for the encoder split's saving
+        item = {"model": "tiny", "max_tokens": 1, "temperature": 0,
+                "messages": [{"role": "user", "content": [prompts["tamper"][0]]}]}
+        before_items = stored(ec)
+        t0 = time.monotonic()
+        post_json(e_url + "/v1/chat/completions", item)
+        m["epd"]["e_leg_s"] = round(time.monotonic() - t0, 3)
+        [h] = stored(ec) - before_items
+
+        # 4. negative control: tamper E's output of the second image, then P alone must differ
+        shapes = subprocess.run([E2E, "-c", TAMPER, str(ec / h / "encoder_cache.safetensors")], check=True,
+                                capture_output=True, text=True).stdout.strip()
+        m["epd"]["tampered"] = {h: shapes}
+        got = chat(p_url, prompts["tamper"])
+        m["epd"]["tamper_answer"] = got[0]
+        assert got[1] == want["tamper"][1]  # same prompt (placeholders from the processor) ...
+        assert got[0] != want["tamper"][0], (got, want["tamper"])  # ... but P used the tampered encoder output
+        assert f"{LOAD_LINE} {h}" in p_log.read_text(errors="replace")
+        pids = launcher.pids()
+        m["epd"]["rss_gib"] = {n: round(rss_bytes(descendants({p})) / 2**30, 2) for n, p in pids.items()}
+    finally:
+        launcher.proc.send_signal(signal.SIGINT)
+        rc = launcher.proc.wait(120)
+        (tmp / "measurements.json").write_text(json.dumps(m, indent=1, default=str))
+        print(f"\nmeasurements ({tmp / 'measurements.json'}):\n{json.dumps(m, indent=1, default=str)}")
+    assert rc == 130, "\n".join(launcher.lines[-40:])
+    time.sleep(1)
+    assert [p for p in tree if alive(p)] == []
+    assert all(port_free(p) for p in (ROUTER, ENGINES, ENGINES + 100, ENGINES + 200, SIDE, SIDE + 1))
