@@ -132,6 +132,13 @@ def expand(
     ec_storage_path: Optional[str] = typer.Option(None, "--ec-storage-path",
                                                   help="directory the encoder and its consumer share (ECExampleConnector; default /tmp/omni-pd-ec)"),
     encoder_devices: Optional[str] = typer.Option(None, "--encoder-devices", help='devices of the encoder instance, e.g. "4"'),
+    platform: Optional[str] = typer.Option(None, "--platform", help="npu: the base stages run on Ascend NPUs "
+                                           "(the platforms.npu overlay gets the Ascend pair either way)"),
+    npu_connector: str = typer.Option("MooncakeConnectorV1", "--npu-connector",
+                                      help="vllm-ascend connector on npu: MooncakeConnectorV1 (pull) or "
+                                           "MooncakeLayerwiseConnector (layerwise push)"),
+    npu_decode_tp: Optional[int] = typer.Option(None, "--npu-decode-tp", min=1,
+                                                help="npu: decode TP below prefill's (prefill TP must be a multiple)"),
 ) -> None:
     """Split the Thinker of a deploy config into a prefill/decode pair (three stages -> four).
 
@@ -156,7 +163,9 @@ def expand(
         decode_devices=_devices_opt(decode_devices, "--decode-devices"),
         downstream_devices=_devices_opt(downstream_devices, "--downstream-devices"),
         kv_host=kv_host, kv_buffer_device=kv_buffer_device, port_base=port_base,
-        prefill_replicas=prefill_replicas, decode_replicas=decode_replicas)
+        prefill_replicas=prefill_replicas, decode_replicas=decode_replicas,
+        platform=_npu_platform_opt(platform), npu_connector=_npu_connector_opt(npu_connector),
+        npu_decode_tp=npu_decode_tp)
     doc = load_file(src)
     _DOCS[doc.name] = doc
     _require_deploy_config(doc, pipeline, vllm_version)
@@ -177,7 +186,7 @@ def expand(
                               schema_ref=schema_ref if schema_ref is not None else _schema_ref(output))
     if kv_buffer_device is not None and encoder_split is None:
         cli_options.kv_buffer_device(kv_buffer_device, res.plan.connector, tgt)
-    _self_check(res.text, doc, vllm_version, output)
+    _self_check(res.text, doc, vllm_version, output, platform=opts.platform)
     diags = [d for d in res.diagnostics if not (quiet and d.severity is Severity.INFO)]
     _emit_diags(diags)
     if output is None:
@@ -221,19 +230,21 @@ def _require_deploy_config(doc, pipeline: Optional[str], vllm_version: Optional[
     raise SystemExit(2)
 
 
-def _self_check(text: str, doc, vllm_version: Optional[str], output: Optional[Path]) -> None:
+def _self_check(text: str, doc, vllm_version: Optional[str], output: Optional[Path],
+                platform: Optional[str] = None) -> None:
     """Validate what expand is about to write. Errors the input already has (the same
     code in the input's own validation) are the input's: shown where the input sets
     them, exit 2 (bad input). Any other error is a bug in expand: OPD000, exit 3.
-    Nothing is written in either case."""
+    Nothing is written in either case. ``platform``: validate for it (``--platform npu``)."""
     from omni_pd.check.validate import ValidateOptions, validate_document
     from omni_pd.io import parse_text
 
     name = f"{output if output is not None else '<stdout>'} (not written)"
-    out = validate_document(parse_text(text, name, own_output=True), ValidateOptions(vllm_version=vllm_version))
+    vopts = ValidateOptions(vllm_version=vllm_version, platform=platform)
+    out = validate_document(parse_text(text, name, own_output=True), vopts)
     if not out.errors:
         return
-    before = validate_document(doc, ValidateOptions(vllm_version=vllm_version))
+    before = validate_document(doc, vopts)
     inherited = {d.code for d in before.errors}
     new = [d for d in out.errors if d.code not in inherited]
     if not new:  # show them where the user fixes them: in the input
@@ -276,14 +287,39 @@ def pipelines() -> None:
         sys.stdout.write(f"{name:32} {p.runtime:9} {stages}\n")
 
 
+def _npu_platform_opt(value: Optional[str]) -> Optional[str]:
+    """``--platform``: only ``npu`` changes what expand writes (exit 2 otherwise)."""
+    if value is None or value == "npu":
+        return value
+    raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                 message=f"--platform {value!r}: expand knows only npu here",
+                                 help="leave --platform out for the CUDA base (overlays are rewritten as they are)"))
+
+
+def _npu_connector_opt(value: str) -> str:
+    from omni_pd.compile import ascend
+
+    if not ascend.is_ascend(value):
+        raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                     message=f"--npu-connector {value!r} is not a vllm-ascend PD connector",
+                                     help=f"use {ascend.PULL} (pull) or {ascend.PUSH} (layerwise push)"))
+    return value
+
+
 @app.command()
 def connectors() -> None:
-    """List the KV connectors omni-pd can emit."""
+    """List the KV connectors omni-pd can emit, with the platforms they run on (a
+    vllm-ascend connector: npu only, at the vllm-ascend releases of presets/targets/vllm_ascend.yaml)."""
+    from omni_pd.compile import ascend
     from omni_pd.compile import connectors as reg
 
     for name in reg.names():
         c = reg.get(name)
-        sys.stdout.write(f"{name:20} {c.summary}\n")  # type: ignore[union-attr]
+        if ascend.is_ascend(name):
+            where = "npu (vllm-ascend " + ", ".join(f"{r}/vLLM {v}" for r, v in ascend.releases().items()) + ")"
+        else:
+            where = "cuda, rocm, xpu (vLLM)"
+        sys.stdout.write(f"{name:27} {where:64} {c.summary}\n")  # type: ignore[union-attr]
 
 
 #: what each option file is, for the help of a diagnostic about it
