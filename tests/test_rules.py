@@ -58,6 +58,8 @@ def test_failing_example_triggers_the_rule(code: str) -> None:
 
 @pytest.mark.parametrize("code", list(RULES))
 def test_passing_example_is_clean_for_the_rule(code: str) -> None:
+    if _requires_vllm(code):  # it would pass because the rule checks nothing (tests/test_rule_branches.py runs it)
+        pytest.skip("vLLM is not installed; OPD610 only runs with vllm.config.KVTransferConfig")
     r = RULES[code]
     ctx = r.pass_context if r.pass_context is not None else r.example_context
     res = validate_text(r.passing, "pass.yaml", options_from_example(ctx))

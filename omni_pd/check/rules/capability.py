@@ -471,12 +471,24 @@ def kv_field(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
 def vllm_kv_config(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """When ``vllm`` is importable, each ``kv_transfer_config`` is also built with
     ``vllm.config.KVTransferConfig(**kv)``; its validation error is shown at the stage's
-    ``kv_transfer_config``. Without vLLM this rule does nothing (the example test is
-    skipped). Source: vLLM config/kv_transfer.py."""
-    kv_cls = _vllm_kv_class()
+    ``kv_transfer_config``. Without vLLM this rule checks nothing (its example tests
+    are skipped, or run against a stand-in class); with a vLLM that is installed but
+    fails to import it says so once, as an info at the first ``kv_transfer_config``,
+    instead of passing silently. Source: vLLM config/kv_transfer.py."""
+    nodes = _kv_nodes(ctx)
+    if not nodes:
+        return
+    kv_cls, broken = _vllm_kv_class()
+    if broken is not None:
+        yield r.diag(f"vLLM is installed but `from vllm.config import KVTransferConfig` failed ({broken}): "
+                     "kv_transfer_config was not checked by vLLM", ctx.sloc(nodes[0], "kv_transfer_config"),
+                     severity=Severity.INFO,
+                     help="repair the vLLM install (`python -c 'import vllm.config'` shows the error), "
+                          "or uninstall it to check without vLLM")
+        return
     if kv_cls is None:
         return
-    for n in _kv_nodes(ctx):
+    for n in nodes:
         try:
             kv_cls(**dict(n.kv or {}))
         except Exception as e:  # pydantic ValidationError, ValueError, TypeError
@@ -486,16 +498,19 @@ def vllm_kv_config(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                          help="fix the field vLLM names (see `omni-pd explain OPD609` for removed fields)")
 
 
-def _vllm_kv_class() -> Any:
+def _vllm_kv_class() -> tuple[Any, str | None]:
+    """``(vllm.config.KVTransferConfig, None)``; ``(None, None)`` when vLLM is not
+    installed; ``(None, "<error type>: <message>")`` when it is installed but the import
+    fails (a broken install: missing torch, ABI mismatch)."""
     import importlib.util
 
-    if importlib.util.find_spec("vllm") is None:
-        return None
     try:
+        if importlib.util.find_spec("vllm") is None:
+            return None, None
         from vllm.config import KVTransferConfig  # type: ignore[import-not-found]
-    except Exception:
-        return None
-    return KVTransferConfig
+    except Exception as e:  # ImportError, or anything vLLM's import raises
+        return None, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}".rstrip(": ")
+    return KVTransferConfig, None
 
 
 #: kv_buffer_device values a connector accepts, per platform and from which vLLM version

@@ -1,0 +1,325 @@
+"""Every branch of the PD pair rules (OPD301-OPD311) and of OPD610, with exact messages,
+locations and help lines (issue 16: rules tested only through their one doc example let a
+deliberately broken branch pass the suite).
+
+Each test names the branch it pins; tests/test_rules.py keeps the doc-example tests. The
+mutation run (bench/mutation.py, bench/MUTATION.md) is what found the unpinned branches.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import sys
+import types
+
+import pytest
+
+from omni_pd.check.validate import ValidateOptions, validate_text
+from omni_pd.diagnostics import Severity
+
+PD = """pipeline: qwen3_omni_moe_pd
+async_chunk: false
+stages:
+  - stage_id: 0
+    devices: "0"
+    env:
+      VLLM_NIXL_SIDE_CHANNEL_PORT: "5600"
+    kv_transfer_config:
+      kv_connector: NixlConnector
+      kv_role: kv_producer
+      engine_id: p
+  - stage_id: 1
+    devices: "1"
+    env:
+      VLLM_NIXL_SIDE_CHANNEL_PORT: "5601"
+    kv_transfer_config:
+      kv_connector: NixlConnector
+      kv_role: kv_consumer
+      engine_id: d
+"""
+P_KV = "    kv_transfer_config:\n      kv_connector: NixlConnector\n      kv_role: kv_producer\n      engine_id: p\n"
+D_KV = "    kv_transfer_config:\n      kv_connector: NixlConnector\n      kv_role: kv_consumer\n      engine_id: d\n"
+P = "{kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}"
+C = "{kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}"
+
+
+def hits(text: str, code: str, opts: ValidateOptions | None = None) -> list[tuple]:
+    """(severity, message, (line, column), help, [(line, column, label) of related], label)
+    of each ``code`` diagnostic."""
+    res = validate_text(text, "t.yaml", opts)
+    return [(d.severity, d.message, (d.location.line, d.location.column) if d.location else None, d.help,
+             [(r.line, r.column, r.label) for r in d.related], d.label)
+            for d in res.diagnostics if d.code == code]
+
+
+E, W, I = Severity.ERROR, Severity.WARNING, Severity.INFO
+
+
+def test_the_base_pair_is_clean_for_every_pd_rule() -> None:
+    codes = validate_text(PD, "t.yaml").codes()
+    assert not {c for c in codes if c.startswith("OPD3")}
+
+
+# --- OPD301 kv_transfer_config missing ------------------------------------------------------------
+
+def test_opd301_both_sides_missing() -> None:
+    text = PD.replace(P_KV, "").replace(D_KV, "")
+    assert hits(text, "OPD301") == [(
+        E, "stages 0 (prefill) and 1 (decode) form a PD pair but neither has a kv_transfer_config", (4, 5),
+        "add `kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer}` to prefill and the same "
+        "with `kv_role: kv_consumer` to decode (or run `omni-pd expand` on the three-stage config)",
+        [(8, 5, "decode (stage 1) has none either")], None)]
+
+
+def test_opd301_prefill_missing_names_decodes_connector() -> None:
+    assert hits(PD.replace(P_KV, ""), "OPD301") == [(
+        E, "prefill stage 0 has no kv_transfer_config", (4, 5),
+        "add `kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer}`",
+        [(12, 5, "the other side (stage 1) has one")], None)]
+
+
+def test_opd301_decode_missing() -> None:
+    assert hits(PD.replace(D_KV, ""), "OPD301") == [(
+        E, "decode stage 1 has no kv_transfer_config", (12, 5),
+        "add `kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer}`",
+        [(8, 5, "the other side (stage 0) has one")], None)]
+
+
+def test_opd301_other_side_without_connector_suggests_mooncake() -> None:
+    text = PD.replace(P_KV, "").replace("      kv_connector: NixlConnector\n      kv_role: kv_consumer",
+                                        "      kv_role: kv_consumer")
+    assert hits(text, "OPD301")[0][3] == \
+        "add `kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer}`"
+
+
+# --- OPD302 kv_role -------------------------------------------------------------------------------
+
+def test_opd302_connector_without_role() -> None:
+    assert hits(PD.replace("      kv_role: kv_consumer\n", ""), "OPD302") == [(
+        E, "stage 1: kv_connector is set but kv_role is not", (16, 5),
+        "add `kv_role: kv_producer` (prefill) or `kv_role: kv_consumer` (decode)", [], None)]
+
+
+def test_opd302_unknown_role_value() -> None:
+    assert hits(PD.replace("kv_role: kv_consumer", "kv_role: consumer"), "OPD302") == [(
+        E, "stage 1: unsupported kv_role `consumer`", (18, 16),
+        "kv_role is one of kv_producer, kv_consumer, kv_both", [], None)]
+
+
+def test_opd302_decode_producing_is_not_called_reversed_when_prefill_is_right() -> None:
+    assert hits(PD.replace("kv_role: kv_consumer", "kv_role: kv_producer"), "OPD302") == [(
+        E, "decode stage 1 has kv_role kv_producer", (18, 16), "write `kv_role: kv_consumer` on the decode stage",
+        [(10, 16, "prefill (stage 0) is kv_producer")], None)]
+
+
+def test_opd302_prefill_consuming_alone() -> None:
+    assert hits(PD.replace("kv_role: kv_producer", "kv_role: kv_consumer"), "OPD302") == [(
+        E, "prefill stage 0 has kv_role kv_consumer", (10, 16), "write `kv_role: kv_producer` on the prefill stage",
+        [(18, 16, "decode (stage 1) is kv_consumer")], None)]
+
+
+def test_opd302_kv_both_is_an_accepted_role_on_either_side() -> None:
+    text = PD.replace("kv_role: kv_producer", "kv_role: kv_both").replace("kv_role: kv_consumer", "kv_role: kv_both")
+    assert hits(text, "OPD302") == []
+
+
+# --- OPD303 kv_both -------------------------------------------------------------------------------
+
+def test_opd303_kv_both_on_decode_is_warned_deprecated_for_nixl_from_024() -> None:
+    text = PD.replace("kv_role: kv_consumer", "kv_role: kv_both")
+    assert hits(text, "OPD303", ValidateOptions(vllm_version="0.30")) == [(
+        W, "decode stage 1 uses kv_role kv_both (deprecated for NixlConnector since vLLM 0.24)", (18, 16),
+        "write `kv_role: kv_consumer`", [], None)]
+
+
+def test_opd303_kv_both_before_024_is_still_warned_for_the_other_direction() -> None:
+    text = PD.replace("kv_role: kv_consumer", "kv_role: kv_both")
+    assert hits(text, "OPD303", ValidateOptions(vllm_version="0.11")) == [(
+        W, "decode stage 1 uses kv_role kv_both (the stage then also accepts the other direction)", (18, 16),
+        "write `kv_role: kv_consumer`", [], None)]
+
+
+def test_opd303_kv_both_on_both_sides_with_mooncake_is_not_called_deprecated() -> None:
+    text = (PD.replace("NixlConnector", "MooncakeConnector").replace("kv_role: kv_producer", "kv_role: kv_both")
+            .replace("kv_role: kv_consumer", "kv_role: kv_both"))
+    got = hits(text, "OPD303", ValidateOptions(vllm_version="0.30"))
+    assert [(h[1], h[2], h[3]) for h in got] == [
+        ("prefill stage 0 uses kv_role kv_both (the stage then also accepts the other direction)", (10, 16),
+         "write `kv_role: kv_producer`"),
+        ("decode stage 1 uses kv_role kv_both (the stage then also accepts the other direction)", (18, 16),
+         "write `kv_role: kv_consumer`")]
+
+
+# --- OPD304 connector mismatch --------------------------------------------------------------------
+
+def test_opd304_a_side_without_kv_connector_is_named_with_the_other_sides() -> None:
+    text = PD.replace("      kv_connector: NixlConnector\n      kv_role: kv_consumer", "      kv_role: kv_consumer")
+    assert hits(text, "OPD304") == [(E, "stage 1: kv_transfer_config has no kv_connector", (16, 5),
+                                     "add `kv_connector: NixlConnector`", [], None)]
+
+
+def test_opd304_neither_side_has_a_connector() -> None:
+    text = PD.replace("      kv_connector: NixlConnector\n", "")
+    assert [(h[1], h[3]) for h in hits(text, "OPD304")] == [
+        ("stage 0: kv_transfer_config has no kv_connector", "add `kv_connector: MooncakeConnector`"),
+        ("stage 1: kv_transfer_config has no kv_connector", "add `kv_connector: MooncakeConnector`")]
+
+
+# --- OPD305 buffer mismatch -----------------------------------------------------------------------
+
+def _buffers(p: str, d: str) -> str:
+    return PD.replace("engine_id: p\n", f"engine_id: p\n      {p}\n").replace("engine_id: d\n", f"engine_id: d\n      {d}\n")
+
+
+def test_opd305_kv_buffer_size_is_compared() -> None:
+    assert hits(_buffers("kv_buffer_size: 1e9", "kv_buffer_size: 2e9"), "OPD305") == [(
+        E, "kv_buffer_size differs: prefill 1000000000.0, decode 2000000000.0", (21, 23),
+        "write the same kv_buffer_size on both stages (or drop it from both)",
+        [(12, 23, "prefill sets 1000000000.0")], None)]
+
+
+def test_opd305_equal_sizes_in_two_spellings_are_equal() -> None:
+    assert hits(_buffers("kv_buffer_size: 1e9", "kv_buffer_size: 1000000000"), "OPD305") == []
+    assert hits(_buffers("kv_buffer_size: '5e9'", "kv_buffer_size: 5000000000"), "OPD305") == []
+
+
+def test_opd305_one_side_setting_a_value_is_not_a_mismatch() -> None:
+    assert hits(_buffers("kv_buffer_size: 1e9", "engine_id2: x").replace("      engine_id2: x\n", ""),
+                "OPD305") == []
+
+
+def test_opd305_buffer_device_differs() -> None:
+    assert [h[1] for h in hits(_buffers("kv_buffer_device: cpu", "kv_buffer_device: cuda"), "OPD305")] == [
+        "kv_buffer_device differs: prefill 'cpu', decode 'cuda'"]
+
+
+# --- OPD307 decode input --------------------------------------------------------------------------
+
+def test_opd307_decode_not_fed_by_prefill() -> None:
+    """An inferred PD chain (no ``pipeline:``) where a stage sits between producer and consumer."""
+    text = ("async_chunk: false\nstages:\n"
+            f"  - {{stage_id: 0, devices: \"0\", kv_transfer_config: {P}}}\n"
+            "  - {stage_id: 1, devices: \"1\"}\n"
+            f"  - {{stage_id: 2, devices: \"2\", kv_transfer_config: {C}}}\n")
+    assert hits(text, "OPD307") == [(E, "decode stage 2 does not list prefill stage 0 as an input", (5, 5),
+                                     "decode's input is [0]", [(3, 5, "prefill")], None)]
+
+
+def test_opd307_edges_without_the_prefill_decode_edge() -> None:
+    text = PD.replace("async_chunk: false\n", "async_chunk: false\nedges:\n  - {from: 1, to: 2}\n  - {from: 2, to: 3}\n")
+    assert hits(text, "OPD307") == [(E, "`edges:` has no edge from prefill (stage 0) to decode (stage 1)", (3, 1),
+                                     "add `- {from: 0, to: 1}` to `edges:`", [(15, 5, "decode")], None)]
+
+
+def test_opd307_edges_with_the_prefill_decode_edge_are_clean() -> None:
+    text = PD.replace("async_chunk: false\n", "async_chunk: false\nedges:\n  - {from: 0, to: 1}\n  - {from: 1, to: 2}\n")
+    assert hits(text, "OPD307") == []
+
+
+# --- OPD308 pair count ----------------------------------------------------------------------------
+
+_THREE = ("pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
+          f"  - {{stage_id: 0, devices: \"0\", kv_transfer_config: {P}}}\n"
+          f"  - {{stage_id: 1, devices: \"1\", kv_transfer_config: {C}}}\n"
+          "  - {stage_id: 2, devices: \"2\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: ROLE, "
+          "engine_id: t}}\n")
+
+
+def test_opd308_a_second_producer_on_a_pd_pipeline() -> None:
+    assert hits(_THREE.replace("ROLE", "kv_producer"), "OPD308") == [(
+        E, "stage 2 is a second kv_producer; vllm-omni supports exactly one PD pair", (6, 92),
+        "remove the kv_transfer_config from stages outside the prefill/decode pair",
+        [(4, 92, "first kv_producer")], None)]
+
+
+def test_opd308_a_second_consumer_on_a_pd_pipeline() -> None:
+    assert hits(_THREE.replace("ROLE", "kv_consumer"), "OPD308") == [(
+        E, "stage 2 is a second kv_consumer; vllm-omni supports exactly one PD pair", (6, 92),
+        "remove the kv_transfer_config from stages outside the prefill/decode pair",
+        [(5, 92, "first kv_consumer")], None)]
+
+
+def test_opd308_kv_roles_on_a_pipeline_without_a_split() -> None:
+    text = ("pipeline: qwen3_omni_moe\nstages:\n"
+            f"  - {{stage_id: 0, devices: \"0\", kv_transfer_config: {P}}}\n"
+            f"  - {{stage_id: 1, devices: \"1\", kv_transfer_config: {C}}}\n")
+    assert hits(text, "OPD308") == [(
+        E, "stages 0 and 1 are a KV producer/consumer pair, but pipeline qwen3_omni_moe has no prefill/decode "
+           "split: PD stays off", (1, 11), "use `pipeline: qwen3_omni_moe_pd`",
+        [(4, 92, "consumer")], None)]
+
+
+# --- OPD309 engine_id -----------------------------------------------------------------------------
+
+def test_opd309_engine_id_shared_with_a_stage_outside_the_pair() -> None:
+    text = _THREE.replace("ROLE", "kv_consumer").replace("engine_id: t", "engine_id: p")
+    assert hits(text, "OPD309") == [(E, "stages 0 and 2 share engine_id `p`", (6, 116),
+                                     "give each engine its own id, e.g. `engine_id: p-2`",
+                                     [(4, 116, "first used here")], None)]
+
+
+# --- OPD610 vLLM's own KVTransferConfig -----------------------------------------------------------
+
+def _stand_in_vllm(monkeypatch, config_module) -> None:
+    """Put a ``vllm`` package in ``sys.modules`` whose ``vllm.config`` is ``config_module``
+    (None: the import fails, as in a broken install)."""
+    pkg = types.ModuleType("vllm")
+    pkg.__spec__ = importlib.machinery.ModuleSpec("vllm", None, is_package=True)
+    pkg.__path__ = []
+    monkeypatch.setitem(sys.modules, "vllm", pkg)
+    monkeypatch.setitem(sys.modules, "vllm.config", config_module)
+
+
+class _KVTransferConfig:
+    """The checks of vLLM 0.30 config/kv_transfer.py that OPD610's examples exercise."""
+
+    def __init__(self, kv_role=None, kv_load_failure_policy="fail", **_):
+        if kv_role is not None and kv_role not in ("kv_producer", "kv_consumer", "kv_both"):
+            raise ValueError(f"Unsupported kv_role: {kv_role}.")
+        if kv_load_failure_policy not in ("recompute", "fail"):
+            raise ValueError(f"1 validation error for KVTransferConfig\nkv_load_failure_policy\n"
+                             f"  Input should be 'recompute' or 'fail' [input_value='{kv_load_failure_policy}']")
+
+
+def test_opd610_runs_vllms_class_on_each_kv_config(monkeypatch) -> None:
+    from omni_pd.check.rules import registry
+
+    mod = types.ModuleType("vllm.config")
+    mod.KVTransferConfig = _KVTransferConfig
+    _stand_in_vllm(monkeypatch, mod)
+    r = registry()["OPD610"]
+    assert hits(r.passing, "OPD610") == []
+    got = hits(r.fail, "OPD610")
+    assert [(h[0], h[1], h[2]) for h in got] == [
+        (E, "stage 0: vLLM rejects kv_transfer_config: 1 validation error for KVTransferConfig", (4, 33))]
+
+
+def test_opd610_says_so_when_vllm_is_installed_but_broken(monkeypatch) -> None:
+    from omni_pd.check.rules import registry
+
+    _stand_in_vllm(monkeypatch, None)
+    got = hits(registry()["OPD610"].passing, "OPD610")
+    assert len(got) == 1
+    sev, msg, loc, help_, _, _ = got[0]
+    assert (sev, loc) == (I, (4, 33))
+    assert msg == ("vLLM is installed but `from vllm.config import KVTransferConfig` failed (ModuleNotFoundError: "
+                   "import of vllm.config halted; None in sys.modules): kv_transfer_config was not checked by vLLM")
+    assert help_.startswith("repair the vLLM install")
+
+
+def test_opd610_without_vllm_checks_nothing_and_says_nothing(monkeypatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    from omni_pd.check.rules import registry
+
+    assert hits(registry()["OPD610"].fail, "OPD610") == []
+
+
+@pytest.mark.parametrize("conn", ["NixlConnector", "MooncakeConnector"])
+def test_opd610_no_kv_config_no_import(monkeypatch, conn) -> None:
+    """A file without any kv_transfer_config never reports OPD610, even with a broken vLLM."""
+    _stand_in_vllm(monkeypatch, None)
+    text = "pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 0, devices: \"0\"}\n"
+    assert hits(text, "OPD610") == []
