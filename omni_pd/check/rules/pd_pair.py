@@ -369,3 +369,68 @@ def peer_topology(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                                  ctx.sloc(n, "kv_transfer_config", "kv_connector_extra_config", side, key, value=True),
                                  related=[ctx.sloc(peer, f"{word}_parallel_size", label=f"{side} stage {peer.stage_id}")],
                                  help=f"write `{key}: {actual}`")
+
+
+_ASC_P = ('{kv_connector: MooncakeConnectorV1, kv_role: kv_producer, kv_port: 36000, engine_id: p, '
+          'kv_connector_extra_config: {prefill: {dp_size: 1, tp_size: 1}, decode: {dp_size: 1, tp_size: 1}}}')
+_ASC_D = _ASC_P.replace("kv_producer", "kv_consumer").replace("36000", "36001").replace("engine_id: p", "engine_id: d")
+
+
+@rule("OPD312", "ascend-peer-blocks-missing", Severity.ERROR,
+      "a vllm-ascend Mooncake stage lacks the prefill/decode peer blocks its worker asserts",
+      fail=_PD + ("  - {stage_id: 0, devices: \"0\", kv_transfer_config: "
+                  "{kv_connector: MooncakeConnectorV1, kv_role: kv_producer, kv_port: 36000, engine_id: p}}\n"
+                  "  - {stage_id: 1, devices: \"1\", kv_transfer_config: " + _ASC_D + "}\n"),
+      passing=_PD + ("  - {stage_id: 0, devices: \"0\", kv_transfer_config: " + _ASC_P + "}\n"
+                     "  - {stage_id: 1, devices: \"1\", kv_transfer_config: " + _ASC_D + "}\n"),
+      example_context={"platform": "npu"}, labels=("XS-PEER-TOPO",),
+      examples=(
+          Example("a block without dp_size", _PD + (
+              "  - {stage_id: 0, devices: \"0\", kv_transfer_config: " + _ASC_P.replace("prefill: {dp_size: 1, ", "prefill: {")
+              + "}\n  - {stage_id: 1, devices: \"1\", kv_transfer_config: " + _ASC_D + "}\n"), True,
+              {"platform": "npu"}, contains="kv_connector_extra_config.prefill.dp_size"),
+          Example("layerwise on vllm-ascend 0.18+ reads no peer blocks", _PD + (
+              "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MooncakeLayerwiseConnector, "
+              "kv_role: kv_producer, kv_port: 36000, engine_id: p}}\n"
+              "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: MooncakeLayerwiseConnector, "
+              "kv_role: kv_consumer, kv_port: 36001, engine_id: d}}\n"), False, {"platform": "npu", "vllm_version": "0.18"}),
+          Example("layerwise on vllm-ascend 0.13 asserts them", _PD + (
+              "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MooncakeLayerwiseConnector, "
+              "kv_role: kv_producer, kv_port: 36000, engine_id: p}}\n"
+              "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: MooncakeLayerwiseConnector, "
+              "kv_role: kv_consumer, kv_port: 36001, engine_id: d}}\n"), True, {"platform": "npu", "vllm_version": "0.13"},
+              contains="MooncakeLayerwiseConnector"),
+      ))
+def ascend_peer_blocks_missing(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """vllm-ascend's ``MooncakeConnectorV1`` worker asserts ``tp_size`` and ``dp_size`` in
+    both ``kv_connector_extra_config.prefill`` and ``.decode`` at init (``pp_size``
+    defaults to 1); ``MooncakeLayerwiseConnector`` did so up to vllm-ascend 0.13 (0.18+
+    takes the peer TP per request). A missing key is an ``AssertionError`` at engine start;
+    the help gives the block from the stages' real sizes (what ``expand`` writes). Source:
+    presets/targets/vllm_ascend.yaml ``extracted.*.pull_peer_blocks`` /
+    ``push_peer_blocks`` (vllm-ascend kv_p2p/mooncake_connector.py
+    ``_get_prefill_decode_size``, 0.13-0.23.0.post1); vllm-ascend issue #8442."""
+    from omni_pd.compile import ascend
+
+    pair = ctx.pd_pair
+    if pair is None:
+        return
+    release = ascend.release_for_vllm(ctx.target.label)
+    real = {"prefill": pair[0], "decode": pair[1]}
+    for n in pair:
+        name = (n.kv or {}).get("kv_connector")
+        if not ascend.is_ascend(name) or not ascend.peer_blocks_read(name, release):
+            continue
+        extra = (n.kv or {}).get("kv_connector_extra_config") or {}
+        for side, peer in real.items():
+            blk = extra.get(side) if isinstance(extra, dict) else None
+            missing = [k for k in ("tp_size", "dp_size") if not (isinstance(blk, dict) and k in blk)]
+            if not missing:
+                continue
+            want = f"{side}: {{dp_size: {ctx.stage_dp(peer)}, tp_size: {ctx.stage_tp(peer)}}}"
+            where = (ctx.sloc(n, "kv_transfer_config", "kv_connector_extra_config", side)
+                     if isinstance(blk, dict) else ctx.sloc(n, "kv_transfer_config", "kv_connector", value=True))
+            yield r.diag(f"stage {n.stage_id}: {name} needs kv_connector_extra_config.{side}."
+                         f"{' and '.join(missing)} (vllm-ascend asserts it at worker init)",
+                         where, related=[ctx.sloc(peer, label=f"{side} stage {peer.stage_id}")],
+                         help=f"write `{want}` under kv_connector_extra_config on both stages (omni-pd expand does)")

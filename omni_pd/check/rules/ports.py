@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Location, Severity
-from omni_pd.check.rules import Context, Rule, rule
+from omni_pd.check.rules import Context, Example, Rule, rule
 
 if TYPE_CHECKING:
     from omni_pd.compile.topology import StageNode
@@ -78,7 +78,7 @@ def bound_ports(ctx: Context, n: "StageNode") -> list[Bound]:
         for pu in c.ports(_side(n), kv, n.env, tp, dp, ctx.target, runtime=runtime, replicas=reps):
             if pu.span <= 0:
                 continue
-            if pu.key and "." in pu.key:
+            if pu.key and ("." in pu.key or pu.key == "kv_port"):  # a kv_transfer_config path
                 loc = ctx.sloc(n, "kv_transfer_config", *pu.key.split("."), value=True)
             elif pu.key:
                 loc = ctx.sloc(n, "env", pu.key, value=True)
@@ -372,3 +372,54 @@ def port_invalid(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             elif 1 <= b.port <= 65535 and b.port + b.span - 1 > 65535:
                 yield r.diag(f"stage {n.stage_id}: {b.purpose} range {b.port}-{b.port + b.span - 1} runs past 65535",
                              b.loc, help="start the range lower")
+
+
+_ASC = ("pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
+        "  - {stage_id: 0, devices: \"0,1\", tensor_parallel_size: 2, env: {HCCL_IF_BASE_PORT: \"61000\"}, kv_transfer_config: "
+        "{kv_connector: MooncakeConnectorV1, kv_role: kv_producer, kv_port: P0, engine_id: p, "
+        "kv_connector_extra_config: {prefill: {dp_size: 1, tp_size: 2}, decode: {dp_size: 1, tp_size: 2}}}}\n"
+        "  - {stage_id: 1, devices: \"2,3\", tensor_parallel_size: 2, env: {HCCL_IF_BASE_PORT: \"61032\"}, kv_transfer_config: "
+        "{kv_connector: MooncakeConnectorV1, kv_role: kv_consumer, kv_port: P1, engine_id: d, "
+        "kv_connector_extra_config: {prefill: {dp_size: 1, tp_size: 2}, decode: {dp_size: 1, tp_size: 2}}}}\n")
+
+
+@rule("OPD506", "ascend-transport-range", Severity.ERROR,
+      "a vllm-ascend kv_port range overlaps AscendDirectTransport's random port range",
+      fail=_ASC.replace("P0", "30000").replace("P1", "30002"),
+      passing=_ASC.replace("P0", "36000").replace("P1", "36002"),
+      example_context={"platform": "npu"}, labels=("PORT-RANGE",),
+      examples=(
+          Example("8 NPUs in the inventory: 28000 is above the range", _ASC.replace("P0", "28000").replace("P1", "28002"),
+                  False, {"platform": "npu",
+                          "inventory": {"hosts": {"host-a": {"accelerator": "npu", "count": 8}}, "placement": {"all": "host-a"}}}),
+          Example("16 NPUs in the inventory: 28000 is inside", _ASC.replace("P0", "28000").replace("P1", "28002"),
+                  True, {"platform": "npu",
+                         "inventory": {"hosts": {"host-a": {"accelerator": "npu", "count": 16}}, "placement": {"all": "host-a"}}},
+                  contains="[20000, 36000)"),
+      ))
+def ascend_transport_range(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """On Ascend, Mooncake's AscendDirectTransport binds random ports in
+    ``[20000, 20000 + 1000 * NPUs)`` of the node; a vllm-ascend ``kv_port`` range
+    (``[kv_port, kv_port + dp*tp*pp)`` per engine) inside it fails now and then with
+    ``zmq.error.ZMQError: Address already in use``. NPUs per node: the inventory's host
+    ``count``, else 16 (the largest node of the guide's table, so no range is missed).
+    Source: vllm-ascend 0.23.0.post1 docs/source/tutorials/features/
+    pd_disaggregation_mooncake_multi_node.md:233 (presets/targets/vllm_ascend.yaml
+    ``extracted."0.23.0.post1".transport_port_range``)."""
+    from omni_pd.compile import ascend
+
+    topo = ctx.topology
+    if topo is None:
+        return
+    for n in topo.stages:
+        name = (n.kv or {}).get("kv_connector")
+        if not ascend.is_ascend(name):
+            continue
+        host = ctx.inventory.host(ctx.host_of(n)) if ctx.inventory is not None else None
+        npus = int(host.count) if host is not None and host.count else 16
+        lo, hi = ascend.transport_range(npus)
+        for b in bound_ports(ctx, n):
+            if b.purpose.startswith("kv_port") and b.port < hi and b.port + b.span > lo:
+                yield r.diag(f"stage {n.stage_id}: {name} kv_port range {b.port}-{b.port + b.span - 1} overlaps "
+                             f"AscendDirectTransport's random ports [{lo}, {hi}) on a {npus}-NPU node",
+                             b.loc, help=f"move kv_port to {hi} or above (omni-pd expand allocates from 36000)")
