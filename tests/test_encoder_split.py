@@ -157,3 +157,9 @@ def test_validate_flags_consumer_on_decode_in_expanded_file():
     got = [(d.code, d.severity, d.location.line) for d in res.diagnostics if d.code == "OPD616"]  # 24: `- stage_id: 1`
     assert got == [("OPD616", Severity.ERROR, 24), ("OPD616", Severity.ERROR, bad.splitlines().index(
         "      ec_role: ec_consumer") + 1)]
+
+
+def test_graph_shows_the_encoder_and_both_transfers(capsys):
+    rc, out, err = run_cli(["graph", "tests/golden/encoder/qwen3_omni_thinker_1e1p1d.yaml"], capsys)
+    assert rc == 0, err
+    assert out == (GOLDEN / "graph_1e1p1d.txt").read_text(encoding="utf-8")
