@@ -168,3 +168,77 @@ def encoder_needs_multimodal(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                      f"({ctx.model.model_type or 'from --model-info'}) has no vision or audio encoder",
                      ctx.sloc(n, "ec_transfer_config", "ec_role", value=True),
                      help="encoder disaggregation is for multimodal models; serve a text model without the encoder stage")
+
+
+_CPU = ", ec_connector_extra_config: {{ec_cpu_bytes: 1073741824, ec_enable_nixl: true}}"
+_EPD_CPU = ("pipeline: llm_1e1p1d\n"
+            "stages:\n"
+            "  - {{stage_id: 0, devices: \"2\"{e}, ec_transfer_config: {{ec_connector: ECCPUConnector, "
+            "ec_role: ec_producer" + _CPU + "}}}}\n"
+            "  - {{stage_id: 1, devices: \"0\", env: {{VLLM_NIXL_SIDE_CHANNEL_PORT: \"5600\"}}, kv_transfer_config: "
+            "{{kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}}, ec_transfer_config: "
+            "{{ec_connector: ECCPUConnector, ec_role: ec_consumer" + _CPU + "}}}}\n"
+            "  - {{stage_id: 2, devices: \"1\", env: {{VLLM_NIXL_SIDE_CHANNEL_PORT: \"5601\"}}, kv_transfer_config: "
+            "{{kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}}}}\n")
+
+
+@rule("OPD620", "ec-port-conflict", Severity.ERROR,
+      "an EC connector port collides with another port on the same host",
+      fail=_EPD_CPU.format(e=""), passing=_EPD_CPU.format(e=", env: {VLLM_EC_SIDE_CHANNEL_PORT: \"5602\"}"),
+      example_context={"vllm_version": "0.30"},
+      examples=(
+          Example("E on its own host", _EPD_CPU.format(e=""), False,
+                  {"vllm_version": "0.30", "inventory": {"hosts": {"a": {}, "b": {}}, "placement": {"all": "a", "0": "b"}}}),
+          Example("ECMooncakeConnector consumer ec_port + TP ranks over the NIXL range",
+                  "pipeline: llm_1e1p1d\nstages:\n"
+                  "  - {stage_id: 0, ec_transfer_config: {ec_connector: ECMooncakeConnector, ec_role: ec_producer}}\n"
+                  "  - {stage_id: 1, tensor_parallel_size: 2, env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"5600\"}, "
+                  "kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}, "
+                  "ec_transfer_config: {ec_connector: ECMooncakeConnector, ec_role: ec_consumer, ec_port: 5600}}\n"
+                  "  - {stage_id: 2, tensor_parallel_size: 2, env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"5601\"}, "
+                  "kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}}\n",
+                  True, {"vllm_version": "0.30"}, contains="port 5601: stage 1's EC control"),
+      ))
+def ec_port_conflict(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """EC connectors bind ports too (``ports`` in presets/targets/ec_connectors.yaml):
+    ECCPUConnector's producer its ZMQ side channel ``VLLM_EC_SIDE_CHANNEL_PORT`` (default
+    5601: the port ``expand`` gives decode's NIXL side channel after prefill's 5600),
+    ECMooncakeConnector's consumer ``ec_port`` + rank (default 14579, also P2pNccl's
+    ``kv_port`` default). Each must be disjoint from every other range on its host: the
+    KV connector and API ports of OPD501 (ports.py ``bound_ports``) and the other stages'
+    EC ports. Source: vLLM 0.30.0 envs.py, ec_connector/cpu/scheduler/__init__.py,
+    ec_connector/mooncake/config.py."""
+    from omni_pd.check.rules.ports import bound_ports
+    from omni_pd.compile.ec_connectors.base import ec_ports
+
+    if ctx.topology is None or not ctx.platform_first:
+        return
+    ranges: list[tuple[str, int, int, str, Any, bool, Any]] = []  # host, port, span, purpose, node, is_ec, loc
+    for n in ctx.topology.stages:
+        host = ctx.host_of(n)
+        for b in bound_ports(ctx, n):
+            ranges.append((host, b.port, b.span, b.purpose, n, False, b.loc))
+        ec = _ec(n)
+        if ec:
+            par = ctx.parallel(n)
+            for u in ec_ports(ec, n.env, par["tensor_parallel_size"], par["data_parallel_size"], ctx.target.version):
+                loc = (ctx.sloc(n, "env", u.env, value=True) if u.env else
+                       ctx.sloc(n, "ec_transfer_config", u.key, value=True) if u.key else
+                       ctx.sloc(n, "ec_transfer_config", "ec_connector", value=True))
+                ranges.append((host, u.port, u.span, u.purpose + ("" if (u.env or u.key) else " default"), n, True, loc))
+    seen: set = set()
+    for i, a in enumerate(ranges):
+        for b in ranges[i + 1:]:
+            if a[0] != b[0] or not (a[5] or b[5]) or a[4].stage_id == b[4].stage_id:
+                continue
+            if a[1] < b[1] + b[2] and b[1] < a[1] + a[2]:
+                ec_side, other = (a, b) if a[5] else (b, a)
+                key = (ec_side[4].stage_id, other[4].stage_id, max(a[1], b[1]))
+                if key in seen:
+                    continue
+                seen.add(key)
+                yield r.diag(f"port {max(a[1], b[1])}: stage {ec_side[4].stage_id}'s {ec_side[3]} collides with "
+                             f"stage {other[4].stage_id}'s {other[3]}", ec_side[6],
+                             related=[other[6]],
+                             help="give the EC connector its own port (VLLM_EC_SIDE_CHANNEL_PORT / ec_port) "
+                                  "outside every other range on that host")

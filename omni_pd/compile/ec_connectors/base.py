@@ -89,3 +89,45 @@ class ECConnector:
     def load_log(self) -> str | None:
         """The consumer's log text when it loads an item from the producer (DEBUG level)."""
         return None
+
+
+@dataclass(frozen=True)
+class ECPortUse:
+    """``[port, port + span)`` an EC connector binds for one engine. ``env``/``key``: the env
+    var or ``ec_transfer_config`` field that set it (None: the release's default)."""
+
+    port: int
+    span: int
+    purpose: str
+    env: str | None = None
+    key: str | None = None
+
+
+def ec_ports(ec: dict[str, Any], env: dict[str, Any] | None, tp: int, dp: int,
+             version: tuple[int, int]) -> list[ECPortUse]:
+    """Ports the EC connector of ``ec`` binds on its host for a stage of TP ``tp`` and DP
+    ``dp`` at vLLM ``version`` (``ports`` in presets/targets/ec_connectors.yaml): one range
+    per DP rank (``base + dp_index x tp``) when the span is per TP rank. [] when the
+    connector binds none on this side, or the value is not a port."""
+    role = ec.get("ec_role")
+    rows = [r for r in (ec_facts().get("ports") or {}).get(str(ec.get("ec_connector")), [])
+            if version >= _v(r["since"])]
+    out: list[ECPortUse] = []
+    for row in rows[-1:]:
+        side = "ec_producer" if row["side"] == "producer" else "ec_consumer"
+        if role not in (side, "ec_both"):
+            continue
+        if "env" in row:
+            raw, env_key, key = (env or {}).get(row["env"], row["default"]), row["env"], None
+            env_key = env_key if row["env"] in (env or {}) else None
+        else:
+            raw, env_key, key = ec.get(row["key"], row["default"]), None, (row["key"] if row["key"] in ec else None)
+        try:
+            base = int(str(raw))
+        except ValueError:
+            continue
+        if row["span"] == "tp":
+            out += [ECPortUse(base + i * tp, tp, row["purpose"], env_key, key) for i in range(max(dp, 1))]
+        else:
+            out.append(ECPortUse(base, int(row["span"]), row["purpose"], env_key, key))
+    return out
