@@ -211,3 +211,43 @@ def test_metaserver_fields_are_the_extracted_ones() -> None:
     from omni_pd.compile import ascend
 
     assert list(METASERVER_FIELDS) == ascend.facts()["extracted"]["0.23.0.post1"]["push_metaserver_fields"]["value"]
+
+
+def test_router_command_serves_the_push_protocol_for_the_layerwise_connector() -> None:
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "omni_pd.launch.router", "--connector", "MooncakeLayerwiseConnector",
+                             "--port", str(port), "--prefill", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:9"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        for _ in range(100):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                    health = json.loads(r.read())
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError(proc.stderr.read().decode() if proc.poll() is not None else "router did not answer")
+        assert health["connector"] == "MooncakeLayerwiseConnector"
+        assert (health["prefill_instances"], health["decode_instances"]) == (1, 1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_router_command_bad_usage_exits_2() -> None:
+    import pytest
+
+    from omni_pd.launch.router.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--connector", "MooncakeLayerwiseConnector", "--prefill", "http://127.0.0.1:9"])
+    assert e.value.code == 2

@@ -245,3 +245,45 @@ def build_app(proxy: PushProxy) -> web.Application:
     app.on_startup.append(proxy.start)
     app.on_cleanup.append(proxy.close)
     return app
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m omni_pd.launch.router --connector MooncakeLayerwiseConnector --port 8000
+    --prefill URL ... --decode URL ... [--public-url http://<this host>:8000]``: serve the
+    push protocol until SIGINT/SIGTERM. Exit 2 on bad usage, 1 when the port is taken."""
+    import argparse
+    import socket
+    import sys
+
+    p = argparse.ArgumentParser(prog="omni-pd router (MooncakeLayerwiseConnector)")
+    p.add_argument("--connector", default="MooncakeLayerwiseConnector")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--prefill", action="append", default=[], help="prefill base URL (repeat)")
+    p.add_argument("--decode", action="append", default=[], help="decode base URL (repeat)")
+    p.add_argument("--public-url", default=None,
+                   help="the router's URL as decode reaches it (default http://HOST:PORT; decode calls <it>/v1/metaserver)")
+    p.add_argument("--metaserver-timeout", type=float, default=30.0)
+    p.add_argument("--prefill-timeout", type=float, default=600.0)
+    ns, _unknown = p.parse_known_args(argv)
+    if ns.connector.lower() != "mooncakelayerwiseconnector":
+        p.error(f"--connector {ns.connector}: this front serves MooncakeLayerwiseConnector only")
+    if not ns.prefill or not ns.decode:
+        p.error("give at least one --prefill and one --decode")
+    for url in (*ns.prefill, *ns.decode):
+        if not url.startswith(("http://", "https://")):
+            p.error(f"{url}: expected a base URL such as http://10.0.0.1:8100")
+    if ns.host in ("0.0.0.0", "::") and ns.public_url is None:
+        p.error("--host binds every address: give --public-url, the address decode instances reach this router at")
+    public = ns.public_url or f"http://{ns.host}:{ns.port}"
+    sock = socket.socket(socket.AF_INET6 if ":" in ns.host else socket.AF_INET)
+    try:
+        sock.bind((ns.host, ns.port))
+    except OSError as exc:
+        print(f"error: cannot listen on {ns.host}:{ns.port}: {exc}", file=sys.stderr)
+        return 1
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    proxy = PushProxy(ns.prefill, ns.decode, public, metaserver_timeout=ns.metaserver_timeout,
+                      prefill_timeout=ns.prefill_timeout)
+    web.run_app(build_app(proxy), sock=sock, print=None)
+    return 0

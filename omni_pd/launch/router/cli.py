@@ -162,6 +162,11 @@ def make_server(config: RouterConfig, *, discovery_interval: float = 1.0) -> Rou
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse, bind, serve until SIGTERM/SIGINT. Exit status 0 on a clean stop,
     1 when the address cannot be bound, 2 on bad usage."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a.lower().endswith("mooncakelayerwiseconnector") for a in args):  # vllm-ascend push: decode first
+        from omni_pd.launch.ascend_proxy import main as push_main
+
+        return push_main(args)
     config = parse_args(argv)
     logging.basicConfig(level=config.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
