@@ -251,3 +251,17 @@ def test_router_command_bad_usage_exits_2() -> None:
     with pytest.raises(SystemExit) as e:
         main(["--connector", "MooncakeLayerwiseConnector", "--prefill", "http://127.0.0.1:9"])
     assert e.value.code == 2
+
+
+def test_router_pull_strategy_for_ascend_mooncake_is_vllm_ascends_proxy_contract() -> None:
+    from omni_pd.launch.router.protocol import connector_class
+
+    cls = connector_class("MooncakeConnectorV1")
+    s = cls([])
+    assert cls.name == "MooncakeConnectorV1" and not cls.concurrent
+    assert s.prefill_kv_params("r", None) == {"do_remote_decode": True, "do_remote_prefill": False,
+                                              "remote_engine_id": None, "remote_block_ids": None,
+                                              "remote_host": None, "remote_port": None}
+    p_answer = {"kv_transfer_params": {"do_remote_prefill": True, "remote_engine_id": "p", "remote_port": 36000}}
+    assert s.decode_kv_params("r", None, p_answer) == p_answer["kv_transfer_params"]
+    assert connector_class("mooncake").name == "MooncakeConnector"  # the vLLM one keeps its shorthand

@@ -270,10 +270,22 @@ class MooncakeStrategy(ConnectorStrategy):
         return {"bootstrap": out}
 
 
+class AscendMooncakeStrategy(NixlStrategy):
+    """vllm-ascend ``MooncakeConnectorV1`` (decode pulls): the same two sequential legs as
+    NIXL; P gets ``{"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id":
+    null, "remote_block_ids": null, "remote_host": null, "remote_port": null}`` and D gets
+    P's ``kv_transfer_params`` verbatim. Source: vllm-ascend 0.23.0.post1
+    examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py (lines 792-798,
+    925-927). The layerwise push connector is :mod:`omni_pd.launch.ascend_proxy`."""
+
+    name = "MooncakeConnectorV1"
+
+
 #: connector name -> strategy class. Adding a connector is one entry here.
 CONNECTORS: dict[str, type[ConnectorStrategy]] = {
     NixlStrategy.name: NixlStrategy,
     MooncakeStrategy.name: MooncakeStrategy,
+    AscendMooncakeStrategy.name: AscendMooncakeStrategy,
 }
 
 
