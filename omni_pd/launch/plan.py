@@ -192,6 +192,23 @@ def instances(node: StageNode, target: Any) -> list[Instance]:
     return out
 
 
+def _hccl_port(env: dict[str, str], node: StageNode, replica: int) -> int | None:
+    """On npu: the ``HCCL_IF_BASE_PORT`` of instance ``replica`` of ``node``, written into
+    ``env``: the stage's value + ``replica * span`` (expand reserves ``span`` = 16 ports per
+    rank per instance; presets/targets/vllm_ascend.yaml ``rules.hccl``), so co-located
+    instances listen apart (vllm-ascend#4725). None when the stage sets no base."""
+    from omni_pd.compile import ascend
+
+    raw = env.get(ascend.hccl()["env"])
+    try:
+        base = int(str(raw))
+    except (TypeError, ValueError):
+        return None
+    port = base + replica * ascend.hccl_span(ascend.Sizes(tp=node.tp, dp=node.dp, pp=node.pp))
+    env[ascend.hccl()["env"]] = str(port)
+    return port
+
+
 def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: Any = None) -> LaunchPlan:
     """The launch plan for a compiled PD topology.
 
@@ -235,6 +252,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
             devs = inst.devices if dev_var else None
             if dev_var and devs is not None:
                 env[dev_var] = devs
+            hccl = _hccl_port(env, node, inst.replica) if opts.platform == "npu" else None
             argv = [opts.vllm, "serve", opts.model, "--host", opts.host, "--port", str(port),
                     "--served-model-name", served,
                     "--kv-transfer-config", json.dumps(inst.kv, separators=(",", ":")),
@@ -246,7 +264,8 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
                 name=f"{role}-{inst.replica}", role=role, argv=tuple(argv), env=env, devices=devs,
                 device_env=dev_var if devs is not None else None,
                 ports=(PortUse(port, "http", opts.host),) + tuple(
-                    PortUse(x.port, x.purpose, opts.host) for x in inst.ports),
+                    PortUse(x.port, x.purpose, opts.host) for x in inst.ports) + (
+                    (PortUse(hccl, "HCCL listener (HCCL_IF_BASE_PORT)", opts.host),) if hccl is not None else ()),
                 health=HealthCheck(f"http://{opts.host}:{port}/health", timeout_s=opts.ready_timeout_s),
                 modules=mods, python=engine_py,
                 memory_fraction=float(node.settings.get("gpu_memory_utilization") or 0.9)))
