@@ -14,7 +14,7 @@ from omni_pd.launch.router.backends import BALANCE_POLICIES, Backend, parse_back
 from omni_pd.launch.router.core import PDRouter, Timeouts
 from omni_pd.launch.router.protocol import (
     CONNECTORS, DEFAULT_MOONCAKE_BOOTSTRAP_PORT, ConnectorStrategy, MooncakeStrategy, connector_class)
-from omni_pd.launch.router.server import RouterServer
+from omni_pd.launch.router.server import RouterServer, run_loop
 
 log = logging.getLogger("omni_pd.router")
 
@@ -187,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  ", ".join(d.url for d in config.decodes))
 
     try:
-        asyncio.run(server.serve(on_started=started))
+        run_loop(server.serve(on_started=started))
     finally:
         server.server_close()
     return 0

@@ -199,6 +199,22 @@ async def _relay(request: web.Request, resp: aiohttp.ClientResponse,
     return out, "ok"
 
 
+def loop_factory():
+    """uvloop's event loop when installed (vLLM depends on it, so a vLLM host has it;
+    ``pip install 'omni-pd[router]'`` elsewhere), else asyncio's default."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def run_loop(coro) -> None:
+    """Run ``coro`` to completion on a fresh event loop (:func:`loop_factory`)."""
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        runner.run(coro)
+
+
 class RouterServer:
     """The router bound to ``address`` (the socket is bound here: OSError when taken),
     served by :meth:`serve_forever` on a fresh event loop in the calling thread, stopped
@@ -231,7 +247,7 @@ class RouterServer:
     def serve_forever(self, poll_interval: float | None = None) -> None:
         """Serve until :meth:`shutdown` (``poll_interval``: accepted and ignored)."""
         try:
-            asyncio.run(self.serve())
+            run_loop(self.serve())
         finally:
             self._done.set()
 
