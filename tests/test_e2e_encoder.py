@@ -61,8 +61,14 @@ print(sorted((k, tuple(v.shape)) for k, v in t.items()))
 """
 
 
+def png_data_url(height: int, width: int) -> str:
+    from test_e2e_omni_thinker import png_data_url as png
+
+    return png(height, width)
+
+
 def _content():
-    from test_e2e_omni_thinker import png_data_url, wav_data_url
+    from test_e2e_omni_thinker import wav_data_url
 
     return {
         "image": [{"type": "image_url", "image_url": {"url": png_data_url(64, 96)}},
@@ -160,6 +166,20 @@ def test_qwen3_omni_thinker_e_p_d_on_cpu_equals_a_plain_instance_and_uses_the_en
         m["epd"]["e_leg_s"] = round(time.monotonic() - t0, 3)
         [h] = stored(ec) - before_items
 
+        # what the split moves off the prefill path (measured, not asserted): P's one-token
+        # prefill of a fresh image whose encoder output E stored vs one P must encode itself
+        fresh = [{"type": "image_url", "image_url": {"url": png_data_url(128 + 32 * k, 128)}} for k in range(6)]
+        one = {"model": "tiny", "max_tokens": 1, "temperature": 0}
+        legs: dict[str, list[float]] = {"with_e": [], "itself": []}
+        for k in range(0, 6, 2):  # alternating pairs, median of three
+            post_json(e_url + "/v1/chat/completions", {**item, "messages": [{"role": "user", "content": [fresh[k]]}]})
+            for key, img in (("with_e", fresh[k]), ("itself", fresh[k + 1])):
+                t0 = time.monotonic()
+                post_json(p_url + "/v1/chat/completions", {**one, "messages": [{"role": "user", "content": [img]}]})
+                legs[key].append(time.monotonic() - t0)
+        m["epd"]["p_prefill_with_e_s"] = round(sorted(legs["with_e"])[1], 3)
+        m["epd"]["p_prefill_encoding_itself_s"] = round(sorted(legs["itself"])[1], 3)
+
         # 4. negative control: tamper E's output of the second image, then P alone must differ
         shapes = subprocess.run([E2E, "-c", TAMPER, str(ec / h / "encoder_cache.safetensors")], check=True,
                                 capture_output=True, text=True).stdout.strip()
@@ -171,6 +191,7 @@ def test_qwen3_omni_thinker_e_p_d_on_cpu_equals_a_plain_instance_and_uses_the_en
         assert f"{LOAD_LINE} {h}" in p_log.read_text(errors="replace")
         pids = launcher.pids()
         m["epd"]["rss_gib"] = {n: round(rss_bytes(descendants({p})) / 2**30, 2) for n, p in pids.items()}
+        m["epd"]["rss_total_gib"] = round(sum(m["epd"]["rss_gib"].values()), 2)
     finally:
         launcher.proc.send_signal(signal.SIGINT)
         rc = launcher.proc.wait(120)
