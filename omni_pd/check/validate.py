@@ -105,19 +105,25 @@ class Locator:
         return out
 
 
-def _merge_base(child: Document, plain: dict, depth: int = 0) -> tuple[dict, Locator, list[Diagnostic]]:
-    """Follow ``base_config`` (relative to the file, then the bundled presets).
+def _merge_base(child: Document, plain: dict, chain: tuple[Path, ...] = ()) -> tuple[dict, Locator, list[Diagnostic]]:
+    """Follow ``base_config`` (relative to the file, then the bundled presets), at any
+    depth, as vllm-omni 0.30 does (config/stage_config.py ``resolve_deploy_yaml``
+    recurses without a limit). ``chain``: the files already followed (resolved paths).
 
     Stages merge by ``stage_id`` (child keys win), top-level mappings merge key by key
-    (child wins), other top-level values of the child replace the base's.
+    (child wins), other top-level values of the child replace the base's. A base that
+    cannot be found, or a chain that comes back to a file already in it (vllm-omni then
+    recurses until ``RecursionError``), is OPD108 at that ``base_config`` value.
     """
     from omni_pd.io import load_file
     from omni_pd.compile.parse import to_plain
     from omni_pd.resources import data_dir
 
     name = plain.get("base_config")
-    if not name or depth > 4:
+    if not name:
         return plain, Locator(child), []
+    if not chain:
+        chain = (Path(child.name).resolve(),)
     cands = [Path(child.name).parent / str(name), data_dir("presets") / str(name),
              data_dir("presets") / os.path.basename(str(name))]
     path = next((c for c in cands if c.is_file()), None)
@@ -127,11 +133,18 @@ def _merge_base(child: Document, plain: dict, depth: int = 0) -> tuple[dict, Loc
             message=f"base_config `{name}` not found next to this file nor among the bundled presets",
             location=child.loc(("base_config",), value=True),
             help="give a path relative to this file, or a bundled preset name such as qwen3_omni_moe.yaml")]
+    if path.resolve() in chain:
+        loop = " -> ".join(p.name for p in (*chain, path.resolve()))
+        return plain, Locator(child), [Diagnostic(
+            code="OPD108", severity=Severity.ERROR,
+            message=f"base_config chain loops: {loop} (vllm-omni follows it until RecursionError)",
+            location=child.loc(("base_config",), value=True),
+            help=f"remove `base_config` from {path.name}, or point it at a file outside the chain")]
     try:
         bdoc = load_file(path)
     except OmniPdError as e:
         return plain, Locator(child), [e.diagnostic]
-    bplain, bloc, diags = _merge_base(bdoc, to_plain(bdoc.tree), depth + 1)
+    bplain, bloc, diags = _merge_base(bdoc, to_plain(bdoc.tree), (*chain, path.resolve()))
     from omni_pd.compile.topology import _merge as deep_merge
 
     merged = dict(bplain)

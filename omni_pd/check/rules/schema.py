@@ -260,14 +260,16 @@ def cli_scope(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
 
 
 @rule("OPD108", "base-config-missing", Severity.ERROR,
-      "`base_config` names a file that cannot be found",
+      "`base_config` names a file that cannot be found, or the chain of base files loops",
       fail="base_config: no_such_file.yaml\nstages:\n  - stage_id: 0\n",
       passing="base_config: qwen3_omni_moe.yaml\n")
 def base_config_missing(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``base_config`` is resolved next to the file, then among omni-pd's bundled
-    presets (which mirror vllm-omni's ``vllm_omni/deploy/``). The diagnostic is emitted
-    while loading (validate.py), before the rules run. Source: vllm-omni 0.30.0
-    config/stage_config.py (``load_deploy_config``)."""
+    presets (which mirror vllm-omni's ``vllm_omni/deploy/``), at any depth; a chain that
+    comes back to one of its own files is reported too (vllm-omni recurses until
+    ``RecursionError``). The diagnostic is emitted while loading (validate.py), before
+    the rules run. Source: vllm-omni 0.30.0 config/stage_config.py
+    (``resolve_deploy_yaml``, ``load_deploy_config``)."""
     return []
 
 
