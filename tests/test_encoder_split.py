@@ -163,3 +163,20 @@ def test_graph_shows_the_encoder_and_both_transfers(capsys):
     rc, out, err = run_cli(["graph", "tests/golden/encoder/qwen3_omni_thinker_1e1p1d.yaml"], capsys)
     assert rc == 0, err
     assert out == (GOLDEN / "graph_1e1p1d.txt").read_text(encoding="utf-8")
+
+
+def test_pd_half_uses_the_plain_vllm_runtime_facts():
+    """A thinker-only pipeline is vllm-omni's, but its encoder split is served by plain
+    `vllm serve`: Mooncake's bootstrap port goes to the env only (vLLM reads nothing else;
+    a `bootstrap_port` extra key would be OPD505). Fails without the runtime swap in
+    plan_encoder_split."""
+    text = ("pipeline: qwen3_omni_moe_thinker_only\n"
+            "stages:\n  - {stage_id: 0, devices: \"0,1\", tensor_parallel_size: 2, enforce_eager: true}\n")
+    res = expand_encoder_document(parse_text(text, "thinking.yaml"), EncoderOptions("1e1p1d"))
+    p = stage(res, 1)
+    assert p["kv_transfer_config"]["kv_connector"] == "MooncakeConnector"
+    assert "kv_connector_extra_config" not in p["kv_transfer_config"]
+    assert p["env"] == {"VLLM_MOONCAKE_BOOTSTRAP_PORT": "25201"}
+    assert (stage(res, 0)["devices"], p["devices"], stage(res, 2)["devices"]) == ("4", "0,1", "2,3")
+    out = validate_text(res.text, "out.yaml", ValidateOptions())
+    assert [(d.code, d.message) for d in out.diagnostics if d.severity is not Severity.INFO] == []

@@ -20,7 +20,7 @@ refused (OPD806): vllm-omni 0.30's runtime has no encoder stage (see :data:`OMNI
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from omni_pd.compile import ec_connectors
@@ -141,7 +141,11 @@ def plan_encoder_split(topo: Topology, catalogue: Catalogue, target: Target, eop
     llm = topo.node(t.stage_id)
     assert llm is not None
     notes: list[Diagnostic] = []
-    pd = plan_pd_split(topo, catalogue, target, opts, doc) if eopts.layout == "1e1p1d" else None
+    # the split pipeline is served by plain `vllm serve` engines (runtime "vllm"): the PD pair's
+    # connector settings must be the ones that runtime reads (e.g. Mooncake's bootstrap port
+    # from the env only), whatever runtime the source pipeline names
+    pd_topo = replace(topo, pipeline=replace(src, runtime=tgt_pipe.runtime))
+    pd = plan_pd_split(pd_topo, catalogue, target, opts, doc) if eopts.layout == "1e1p1d" else None
     prefix = opts.engine_id_prefix or ("omni-" + t.role if t.role != "llm" else "llm")
     e_id = f"{prefix}-encoder"
     c_id = pd.prefill_engine_id if pd else prefix
