@@ -180,3 +180,19 @@ def test_pd_half_uses_the_plain_vllm_runtime_facts():
     assert (stage(res, 0)["devices"], p["devices"], stage(res, 2)["devices"]) == ("4", "0,1", "2,3")
     out = validate_text(res.text, "out.yaml", ValidateOptions())
     assert [(d.code, d.message) for d in out.diagnostics if d.severity is not Severity.INFO] == []
+
+
+@pytest.mark.parametrize("layout", ["1e1pd", "1e1p1d"])
+@pytest.mark.parametrize("connector", ["MooncakeConnector", "NixlConnector"])
+def test_wheel_thinker_only_config_splits_clean(omni_wheel_deploy_dir, layout, connector):
+    """vllm-omni 0.30.0's own thinker-only deploy file (TP 2 on "0,1") under both layouts:
+    validate (every platform) finds nothing but infos; the full omni files are refused."""
+    path = omni_wheel_deploy_dir / "qwen3_omni_moe_thinking.yaml"
+    res = expand_encoder_document(load_file(path), EncoderOptions(layout), ExpandOptions(connector=connector))
+    out = validate_text(res.text, "out.yaml", ValidateOptions(all_platforms=True))
+    assert [(d.code, d.message) for d in out.diagnostics if d.severity is not Severity.INFO] == []
+    assert stage(res, 0)["devices"] == ("2" if layout == "1e1pd" else "4")
+    for name in ("qwen3_omni_moe.yaml", "qwen2_5_omni.yaml"):
+        with pytest.raises(OmniPdError) as ei:
+            expand_encoder_document(load_file(omni_wheel_deploy_dir / name), EncoderOptions(layout))
+        assert ei.value.diagnostic.code == "OPD806"
