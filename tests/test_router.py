@@ -782,3 +782,29 @@ def test_failed_legs_are_retried_on_another_instance_before_the_client_sees_anyt
     # each bad instance was tried once, then marked down until its next /health 200
     assert len(p_bad.posts) == len(d_bad.posts) == 1
     assert [i.healthy for i in instances(srv, "prefill") + instances(srv, "decode")] == [False, True, False, True]
+
+
+def test_decode_5xx_reruns_the_pair_with_another_prefill(fakes, router):
+    # the KV source died under decode: vLLM fails that request; another prefill can serve it
+    def p_with(engine):
+        return lambda h, s: send_json(h, 200, {**completion("x"),
+                                               "kv_transfer_params": {**NIXL_P_PARAMS, "remote_engine_id": engine}})
+
+    def d_reads(h, seen):
+        if seen.body["kv_transfer_params"]["remote_engine_id"] == "dead":
+            send_json(h, 500, {"error": {"message": "KV transfer failed"}})
+        else:
+            d_json(h, seen)
+
+    p_dead, p_ok = fakes("P0", post=p_with("dead")), fakes("P1", post=p_with("alive"))
+    d = fakes("D", post=d_reads)
+    srv = router([p_dead.url, p_ok.url], [d.url])
+    status, headers, raw = call(srv, "POST", "/v1/completions", CLIENT_BODY)
+    assert status == 200 and json.loads(raw) == completion("decoded")
+    assert [s.body["kv_transfer_params"]["remote_engine_id"] for s in d.posts] == ["dead", "alive"]
+    assert len(p_dead.posts) == len(p_ok.posts) == 1
+    assert {s.headers["x-request-id"] for s in d.posts} == {headers["x-request-id"]}
+    # with one prefill only, D's 5xx is relayed as it is
+    srv1 = router([p_dead.url], [d.url])
+    status, _, raw = call(srv1, "POST", "/v1/completions", CLIENT_BODY)
+    assert status == 500 and json.loads(raw)["error"]["message"] == "KV transfer failed"

@@ -73,7 +73,9 @@ leg that cannot be reached, times out, answers 5xx or answers non-JSON gives **5
 naming the backend (``"backend"``, ``"leg": "prefill"``); a 4xx from P (the client's
 request is invalid, e.g. an unknown model or a bad API key) is relayed with P's status
 and body. A decode backend that cannot be reached gives 502 naming it; any HTTP answer of
-D but 503 is relayed as it is. A body that is not a JSON object gives 400; more than
+D but 503 is relayed as it is, except a 5xx while another prefill is available: the pair
+is run again with that prefill first (D may have failed to read the KV of a prefill that
+died), up to ``--retries`` times. A body that is not a JSON object gives 400; more than
 ``--max-concurrency`` requests in flight give 503 with ``Retry-After``.
 
 Secrets: the incoming ``Authorization`` header is passed through to both legs and to

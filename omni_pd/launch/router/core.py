@@ -418,20 +418,41 @@ class PDRouter:
             target, inst, resp = await self._sequential(ctx, body)
         return ctx, target, inst, resp
 
+    async def _redo_pair(self, rid: str, target: PrefillTarget, inst: Instance,
+                         resp: aiohttp.ClientResponse, attempt: int) -> bool:
+        """D answered 5xx before anything reached the client: True when the pair is to be
+        run again with another prefill (the KV source may have died under D: vLLM fails
+        a request whose KV cannot be read), after closing D's answer; else False (D's
+        answer is relayed as it is)."""
+        others = [t for t in self.strategy.prefill_targets() if t.instance is not target.instance]
+        if resp.status < 500 or attempt >= self.retries or not others:
+            return False
+        log.warning("rid=%s decode %s answered %d after prefill %s; running the pair again with another "
+                    "prefill", rid, inst.url, resp.status, target.describe())
+        self.finish_decode(inst, resp, ok=False)
+        return True
+
     async def _sequential(self, ctx: LegContext, body: dict[str, Any]):
-        """NIXL: P to completion (retried on another P), then D with P's parameters."""
+        """NIXL: P to completion (retried on another P), then D with P's parameters; a 5xx
+        of D reruns the pair with another P (:meth:`_redo_pair`)."""
         s, rid = self.strategy, ctx.request_id
-        target, answer = await self.json_leg(
-            "prefill", ctx.path,
-            lambda t: (prefill_request_body(body, s.prefill_kv_params(rid, t)),
-                       {**ctx.headers, **s.prefill_headers(t)}),
-            units=s.prefill_targets(), instance_of=lambda t: t.instance)
-        kv = s.decode_kv_params(rid, target, answer)
-        if kv is None:
-            log.warning("rid=%s prefill %s answered without kv_transfer_params; decode computes "
-                        "the prompt itself", rid, target.describe())
-        inst, resp = await self.open_decode(ctx.path, decode_request_body(body, kv), ctx.headers, [])
-        return target, inst, resp
+        used: list[PrefillTarget] = []
+        for attempt in range(self.retries + 1):
+            units = [t for t in s.prefill_targets() if t.instance not in {u.instance for u in used}]
+            target, answer = await self.json_leg(
+                "prefill", ctx.path,
+                lambda t: (prefill_request_body(body, s.prefill_kv_params(rid, t)),
+                           {**ctx.headers, **s.prefill_headers(t)}),
+                units=units or s.prefill_targets(), instance_of=lambda t: t.instance)
+            kv = s.decode_kv_params(rid, target, answer)
+            if kv is None:
+                log.warning("rid=%s prefill %s answered without kv_transfer_params; decode computes "
+                            "the prompt itself", rid, target.describe())
+            inst, resp = await self.open_decode(ctx.path, decode_request_body(body, kv), ctx.headers, [])
+            if not await self._redo_pair(rid, target, inst, resp, attempt):
+                return target, inst, resp
+            used.append(target)
+        raise AssertionError("unreachable: the last attempt returns")
 
     async def _concurrent(self, ctx: LegContext, body: dict[str, Any]):
         """Mooncake: P and D at once per attempt; D's response is handed back only after
@@ -469,6 +490,8 @@ class PDRouter:
                     raise d_task.exception()
                 await p_task
                 inst, resp = d_task.result()
+                if await self._redo_pair(rid, target, inst, resp, attempt):
+                    continue
                 return target, inst, resp
             except BaseException:
                 await _cancel(p_task)
