@@ -356,7 +356,9 @@ def test_kv_transfer_config_roles_and_version_fields(case: Case) -> None:
         topo = resolve(cfg, res.plan.target_pipeline, plat)
         p, d = topo.stages[0], topo.stages[1]
         assert p.kv["kv_role"] == "kv_producer" and d.kv["kv_role"] == "kv_consumer"
-        assert p.kv["kv_connector"] == d.kv["kv_connector"] == res.plan.connector
+        # on npu the pair runs vllm-ascend's connector (expand's npu pass)
+        want = case.opts.npu_connector if plat == "npu" else res.plan.connector
+        assert p.kv["kv_connector"] == d.kv["kv_connector"] == want
         assert p.kv["engine_id"] and d.kv["engine_id"] and p.kv["engine_id"] != d.kv["engine_id"]
         if case.opts.connector:
             assert res.plan.connector == case.opts.connector
@@ -441,6 +443,27 @@ def test_deterministic_reparses_and_refuses_second_split(case: Case) -> None:
     assert reparse(res) == res.config
     with pytest.raises(OmniPdError) as e:
         expand(case, res.text)
+    assert e.value.diagnostic.code == "OPD803"
+
+
+#: a stage that can send KV and one that can receive it (vLLM config/kv_transfer.py role sets)
+KV_PAIRS = [(p, c) for p in ("kv_producer", "kv_both") for c in ("kv_consumer", "kv_both")]
+
+
+@PROPS
+@given(cases(), st.sampled_from(KV_PAIRS), st.sampled_from([(0, 1), (0, 2), (1, 2), (2, 0)]))
+def test_a_config_that_already_has_a_kv_pair_is_refused(case: Case, roles, where) -> None:
+    """Re-expansion is refused for every input that already has a KV producer/consumer
+    pair, not only for expand's own output (``pipeline: *_pd``): the generated non-PD
+    config gets the pair on two of its stages (issue 16: a kv_both Thinker with a
+    kv_consumer Talker was split again into two kv_consumer stages)."""
+    data = json.loads(json.dumps(case.data))
+    conn = case.opts.connector or "NixlConnector"
+    for sid, role in zip(where, roles):
+        data["stages"][sid]["kv_transfer_config"] = {"kv_connector": conn, "kv_role": role}
+    assert not data["pipeline"].endswith("_pd")
+    with pytest.raises(OmniPdError) as e:
+        expand(case, json.dumps(data, indent=1))  # JSON is YAML
     assert e.value.diagnostic.code == "OPD803"
 
 

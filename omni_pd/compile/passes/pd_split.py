@@ -161,13 +161,19 @@ def _err(code: str, msg: str, loc: Location | None, help: str | None = None) -> 
 
 
 def check_not_pd(topo: Topology, doc: Document | None) -> None:
-    """Refuse a config that is already split (OPD803): PD pipeline or a producer/consumer pair."""
-    roles = set()
-    for st in topo.config.stages:  # every deploy entry, also ids the pipeline lacks
+    """Refuse a config that is already split (OPD803): a PD pipeline, or two stages that
+    already form a KV pair (one that can send, ``kv_producer``/``kv_both``, and another
+    that can receive, ``kv_consumer``/``kv_both``; vLLM config/kv_transfer.py role sets).
+    A kv_both Thinker with a kv_consumer Talker is such a pair: splitting it again would
+    emit two ``kv_consumer`` stages."""
+    roles: list[tuple[int, Any]] = []
+    for i, st in enumerate(topo.config.stages):  # every deploy entry, also ids the pipeline lacks
         kv = effective_stage(st.model_dump(by_alias=True, exclude_unset=True)).get("kv_transfer_config")
         if isinstance(kv, dict):
-            roles.add(kv.get("kv_role"))
-    if topo.pipeline.is_pd or (topo.config.pipeline or "").endswith("_pd") or {"kv_producer", "kv_consumer"} <= roles:
+            roles.append((i, kv.get("kv_role")))
+    pair = any(i != j for i, a in roles if a in ("kv_producer", "kv_both")
+               for j, b in roles if b in ("kv_consumer", "kv_both"))
+    if topo.pipeline.is_pd or (topo.config.pipeline or "").endswith("_pd") or pair:
         loc = doc.loc(("pipeline",), value=True) if (doc is not None and "pipeline" in doc.tree) else (
             doc.loc(()) if doc else None)
         raise _err("OPD803", "this deploy config is already prefill/decode split; refusing to split it twice",

@@ -1,0 +1,256 @@
+"""The pieces of ``launch --smoke`` one at a time (issue 16; the survivors of
+``python bench/mutation.py omni_pd/launch/smoke.py`` that tests/test_smoke.py left):
+the Prometheus text parser on escaped labels and blank lines, counters summed over
+series and stages, the target of a plan without a decode health URL, the exact
+requests and the exact report lines, and the HTTP helpers (no proxy, timeouts, bytes
+that are not UTF-8)."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import pytest
+
+from omni_pd.launch import smoke as sm
+from omni_pd.launch.smoke import SmokeTarget, has_stage_counters, kv_received, samples, smoke, smoke_check, smoke_target
+
+PT = "vllm:prompt_tokens_by_source_total"
+
+
+# --- the text format -------------------------------------------------------------------------------
+
+def test_samples_unescape_label_values_and_skip_blank_and_comment_lines() -> None:
+    page = ('# HELP a_total help text\n'
+            '# TYPE a_total counter\n'
+            '\n'
+            'a_total{path="C:\\\\tmp",quote="say \\"hi\\"",nl="x\\ny",plain="n"} 3 1700000000000\n'
+            '\n'
+            '#a comment without a space\n'
+            'b_total 2.5\n'
+            'c_total{x="1"} NaNish\n'
+            '{bad="1"} 1\n'
+            'd_total 4\n')
+    assert list(samples(page)) == [
+        ("a_total", {"path": "C:\\tmp", "quote": 'say "hi"', "nl": "x\ny", "plain": "n"}, 3.0),
+        ("b_total", {}, 2.5),
+        ("d_total", {}, 4.0)]
+
+
+def test_kv_received_sums_every_matching_series() -> None:
+    page = (f'{PT}{{engine="0",source="external_kv_transfer"}} 100\n'
+            f'{PT}{{engine="0",source="local_compute"}} 7\n'
+            'vllm:nixl_xfer_time_seconds_count{engine="0"} 3\n'
+            f'{PT}{{engine="1",source="external_kv_transfer"}} 20\n')
+    assert kv_received(page) == 123.0
+
+
+def test_kv_received_per_stage_sums_only_that_stage() -> None:
+    page = (f'{PT}{{stage="0",replica="0",source="external_kv_transfer"}} 500\n'
+            f'{PT}{{stage="1",replica="0",source="external_kv_transfer"}} 100\n'
+            f'{PT}{{stage="1",replica="1",source="external_kv_transfer"}} 26\n'
+            f'{PT}{{source="external_kv_transfer"}} 9\n')
+    assert kv_received(page, "1") == 126.0
+    assert kv_received(page, "0") == 500.0
+    assert kv_received(page) == 635.0
+
+
+def test_stage_counters_need_the_prompt_token_family_of_that_stage() -> None:
+    other = 'vllm:num_requests_running{stage="1",replica="0"} 0\n'
+    assert not has_stage_counters(other, "1")
+    assert not has_stage_counters(f'{PT}{{stage="0",source="local_compute"}} 1\n', "1")
+    assert has_stage_counters(f'{PT}{{stage="1",source="local_compute"}} 0\n', "1")
+
+
+# --- the target --------------------------------------------------------------------------------------
+
+def _plan(runtime: str, entrypoint: str, processes=()):
+    return SimpleNamespace(runtime=runtime, entrypoint=entrypoint, processes=list(processes))
+
+
+def _proc(role: str, url: str | None):
+    return SimpleNamespace(role=role, health=SimpleNamespace(url=url) if url else None)
+
+
+def test_smoke_target_strips_a_trailing_slash_and_keeps_no_stage() -> None:
+    assert smoke_target(_plan("vllm-omni", "http://h:8091/"), "m", None) == \
+        SmokeTarget("http://h:8091/", "m", "http://h:8091/metrics", None, chat=True)
+    assert smoke_target(_plan("vllm-omni", "http://h:8091"), "m", 0).decode_stage == "0"
+
+
+def test_smoke_target_without_a_decode_process_or_health_url_is_not_measurable() -> None:
+    assert smoke_target(_plan("vllm", "http://r:8000", [_proc("prefill", "http://p:8100/health")]), "m", 1) == \
+        SmokeTarget("http://r:8000", "m", None)
+    assert smoke_target(_plan("vllm", "http://r:8000", [_proc("decode", None)]), "m", 1).metrics_url is None
+    assert smoke_target(_plan("vllm", "http://r:8000", [_proc("prefill", "http://p:8100/health"),
+                                                        _proc("decode", "http://d:8200/health")]), "m", 1) == \
+        SmokeTarget("http://r:8000", "m", "http://d:8200/metrics")
+
+
+# --- the request and the report ------------------------------------------------------------------------
+
+class Server:
+    """``/metrics`` serves ``pages`` in turn (the last one repeats); POSTs answer ``reply``;
+    every request is recorded as (method, path, headers, body)."""
+
+    def __init__(self, pages: list[bytes], reply: dict):
+        self.pages, self.reply, self.seen = list(pages), reply, []
+        srv = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, code: int, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                srv.seen.append(("GET", self.path, dict(self.headers), None))
+                if self.path != "/metrics":
+                    return self._send(404, b"")
+                self._send(200, srv.pages.pop(0) if len(srv.pages) > 1 else srv.pages[0])
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                srv.seen.append(("POST", self.path, dict(self.headers), body))
+                if self.path not in ("/v1/completions", "/v1/chat/completions"):
+                    return self._send(404, b"{}")
+                self._send(200, json.dumps(srv.reply).encode())
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """``time.monotonic`` of the smoke module: 10.0, then 12.5 (the request took 2.5 s)."""
+    ticks = iter([10.0, 12.5])
+    monkeypatch.setattr(sm.time, "monotonic", lambda: next(ticks))
+
+
+OMNI_BEFORE = (f'{PT}{{stage="0",replica="0",source="external_kv_transfer"}} 500\n'
+               f'{PT}{{stage="1",replica="0",source="external_kv_transfer"}} 0\n').encode()
+OMNI_AFTER = (f'{PT}{{stage="0",replica="0",source="external_kv_transfer"}} 500\n'
+              f'{PT}{{stage="1",replica="0",source="external_kv_transfer"}} 126\n').encode()
+
+
+def test_chat_request_and_result_on_a_vllm_omni_server(clock) -> None:
+    srv = Server([OMNI_BEFORE, OMNI_AFTER], {"choices": [{"message": {"content": "x * 3"}}]})
+    try:
+        res = smoke(SmokeTarget(srv.url + "/", "M", srv.url + "/metrics", "1", chat=True), max_tokens=5)
+    finally:
+        srv.close()
+    assert (res.text, res.kv_before, res.kv_after, res.seconds, res.counters_seen) == ("x * 3", 0.0, 126.0, 2.5, True)
+    [g1, post, g2] = srv.seen
+    assert (g1[:2], g2[:2]) == (("GET", "/metrics"), ("GET", "/metrics"))
+    assert post[1] == "/v1/chat/completions"
+    assert post[2]["Content-Type"] == "application/json"
+    assert post[3] == {"model": "M", "messages": [{"role": "user", "content": sm.PROMPT}], "max_tokens": 5,
+                       "temperature": 0, "modalities": ["text"]}
+
+
+def test_chat_reply_without_content_is_empty_text(clock) -> None:
+    srv = Server([OMNI_BEFORE, OMNI_AFTER], {"choices": [{"message": {"role": "assistant"}}]})
+    try:
+        assert smoke(SmokeTarget(srv.url, "M", srv.url + "/metrics", "1", chat=True)).text == ""
+    finally:
+        srv.close()
+
+
+def test_completion_request_and_exact_report_on_plain_vllm(clock) -> None:
+    before = f'{PT}{{engine="0",source="external_kv_transfer"}} 4\n'.encode()
+    after = f'{PT}{{engine="0",source="external_kv_transfer"}} 130\n'.encode()
+    srv = Server([before, after], {"choices": [{"text": " x * 3"}]})
+    out = io.StringIO()
+    try:
+        rc = smoke_check(SmokeTarget(srv.url + "/", "tiny", srv.url + "/metrics"), out)
+    finally:
+        srv.close()
+    assert rc == 0
+    assert out.getvalue() == (f"smoke: ok in 2.50 s: ' x * 3'; decode received KV from prefill "
+                              f"(counters 4 -> 130, {srv.url}/metrics)\n")
+    post = srv.seen[1]
+    assert post[1] == "/v1/completions" and post[2]["Content-Type"] == "application/json"
+    assert post[3] == {"model": "tiny", "prompt": sm.PROMPT, "max_tokens": 8, "temperature": 0}
+
+
+@pytest.mark.parametrize("reply", [{"choices": [{}]}, {"choices": []}, {}])
+def test_completion_reply_without_text_is_empty_text(clock, reply) -> None:
+    srv = Server([b"", b""], reply)
+    try:
+        assert smoke(SmokeTarget(srv.url, "tiny", None)).text == ""
+    finally:
+        srv.close()
+
+
+def test_recompute_report_names_the_decode_stage_and_counts(clock) -> None:
+    srv = Server([OMNI_AFTER, OMNI_AFTER], {"choices": [{"message": {"content": "x"}}]})
+    out = io.StringIO()
+    try:
+        assert smoke_check(SmokeTarget(srv.url, "M", srv.url + "/metrics", "1", chat=True), out) == 1
+    finally:
+        srv.close()
+    assert out.getvalue() == (f"smoke: FAILED: decode answered 'x' but its KV-received counters did not grow "
+                              f"(126 -> 126, decode stage 1 on {srv.url}/metrics): it recomputed the prompt "
+                              "instead of using prefill's KV\n")
+
+
+def test_not_measurable_report(clock) -> None:
+    srv = Server([b""], {"choices": [{"text": "y"}]})
+    out = io.StringIO()
+    try:
+        assert smoke_check(SmokeTarget(srv.url, "tiny", None), out) == 0
+    finally:
+        srv.close()
+    assert out.getvalue() == "smoke: completion in 2.50 s: 'y' (KV transfer not measurable here)\n"
+    assert [s[0] for s in srv.seen] == ["POST"]  # no metrics page asked for
+
+
+# --- the HTTP helpers ------------------------------------------------------------------------------------
+
+def test_get_replaces_bytes_that_are_not_utf8() -> None:
+    srv = Server([b"ok \xff\xfe 1\n"], {})
+    try:
+        assert sm._get(srv.url + "/metrics", 30) == "ok \ufffd\ufffd 1\n"
+    finally:
+        srv.close()
+
+
+def test_requests_ignore_proxy_settings(monkeypatch) -> None:
+    """Engines are local: an ``http_proxy`` in the environment must not be used."""
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    srv = Server([b"a 1\n"], {"choices": []})
+    try:
+        assert sm._get(srv.url + "/metrics", 30) == "a 1\n"
+        assert sm._post(srv.url + "/v1/completions", {}, 30) == {"choices": []}
+    finally:
+        srv.close()
+
+
+@pytest.mark.parametrize("call", ["get", "post"])
+def test_the_timeout_reaches_the_socket(call) -> None:
+    """A server that accepts the connection and never answers: the call gives up."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    url = f"http://127.0.0.1:{s.getsockname()[1]}/metrics"
+    try:
+        with pytest.raises((TimeoutError, OSError)):
+            sm._get(url, 0.2) if call == "get" else sm._post(url, {}, 0.2)
+    finally:
+        s.close()
