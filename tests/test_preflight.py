@@ -1,0 +1,253 @@
+"""``launch`` preflight checks one by one on hand-built plans (issue 16): each check's
+exact diagnostic, plans with TP > 1 / several engines per GPU / several ports per process,
+and the branches tests/test_launch_plan.py (plans from real configs) never reaches.
+Found by ``python bench/mutation.py omni_pd/launch/preflight.py``."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import sys
+
+import pytest
+
+from omni_pd.diagnostics import Severity
+from omni_pd.launch import preflight as pf
+from omni_pd.launch.spec import LaunchPlan, PortUse, ProcessSpec
+
+E, I = Severity.ERROR, Severity.INFO
+
+
+def plan(*procs: ProcessSpec) -> LaunchPlan:
+    return LaunchPlan(runtime="vllm", model="m", connector="NixlConnector", entrypoint="http://127.0.0.1:1",
+                      config="c.yaml", processes=tuple(procs))
+
+
+def proc(name: str, **kw) -> ProcessSpec:
+    kw.setdefault("argv", (sys.executable, "-c", "pass"))
+    return ProcessSpec(name=name, **kw)
+
+
+def view(diags) -> list[tuple]:
+    return [(d.code, d.severity, d.message, d.help) for d in diags]
+
+
+@pytest.fixture
+def listener():
+    """A port something listens on (127.0.0.1)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    yield s.getsockname()[1]
+    s.close()
+
+
+# --- OPD960 ports ---------------------------------------------------------------------------------------
+
+def test_bind_error_and_port_free(listener) -> None:
+    e = pf.bind_error("127.0.0.1", listener)
+    assert isinstance(e, OSError) and e.errno == 98
+    assert pf.port_free("127.0.0.1", listener) == (False, "EADDRINUSE (Address already in use)")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    free = s.getsockname()[1]
+    s.close()
+    assert pf.bind_error("127.0.0.1", free) is None
+    assert pf.port_free("127.0.0.1", free) == (True, "")
+
+
+def test_bind_error_on_ipv6_loopback_uses_an_ipv6_socket() -> None:
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    assert pf.bind_error("::1", 0) is None
+
+
+def test_every_port_of_a_process_is_tried_not_only_the_first(listener) -> None:
+    """A NIXL prefill with DP 2 binds two side-channel ports: the taken second one is found."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    first = s.getsockname()[1]
+    s.close()
+    p = proc("prefill", ports=(PortUse(first, "kv side channel"), PortUse(listener, "kv side channel")))
+    assert view(pf.check_ports(plan(p))) == [(
+        "OPD960", E, f"port {listener} on 127.0.0.1 (prefill kv side channel) cannot be bound: "
+                     "EADDRINUSE (Address already in use)",
+        f"stop what holds it (`ss -ltnp 'sport = :{listener}'`) or move it: `omni-pd expand --port-base N` "
+        "(connector ports)")]
+
+
+def test_a_taken_http_port_names_the_launch_options(listener) -> None:
+    [d] = pf.check_ports(plan(proc("router", ports=(PortUse(listener, "http"),))))
+    assert d.help == f"stop what holds it (`ss -ltnp 'sport = :{listener}'`) or move it: `--port`/`--engine-port-base`"
+
+
+def test_a_port_planned_for_two_processes_is_reported_once_per_extra_user() -> None:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    a = proc("prefill", ports=(PortUse(port, "http"),))
+    b = proc("decode", ports=(PortUse(port, "kv side channel"),))
+    c = proc("router", ports=(PortUse(port, "http"),))
+    assert view(pf.check_ports(plan(a, b, c))) == [
+        ("OPD960", E, f"port {port} on 127.0.0.1 is planned for both prefill and decode (kv side channel)",
+         "give each process its own port (see `omni-pd launch --help`)"),
+        ("OPD960", E, f"port {port} on 127.0.0.1 is planned for both prefill and router (http)",
+         "give each process its own port (see `omni-pd launch --help`)")]
+
+
+def test_one_process_listing_a_port_twice_and_other_hosts_are_not_conflicts() -> None:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    a = proc("prefill", ports=(PortUse(port, "http"), PortUse(port, "metrics")))
+    assert pf.check_ports(plan(a)) == []
+
+
+# --- OPD961 executables ----------------------------------------------------------------------------------
+
+def test_missing_and_non_executable_argv0(tmp_path) -> None:
+    noexec = tmp_path / "vllm"
+    noexec.write_text("#!/bin/sh\n")
+    noexec.chmod(0o644)
+    ok = tmp_path / "ok"
+    ok.write_text("#!/bin/sh\n")
+    ok.chmod(0o755)
+    procs = [proc("a", argv=("no-such-exe-omni-pd", "serve")), proc("b", argv=(str(noexec),)),
+             proc("c", argv=(str(ok),)), proc("d", argv=("sh", "-c", "true"))]
+    help_ = "install vLLM (`pip install vllm`) or pass its path with `--vllm PATH`"
+    assert view(pf.check_executables(plan(*procs))) == [
+        ("OPD961", E, "a: executable `no-such-exe-omni-pd` not found", help_),
+        ("OPD961", E, f"b: executable `{noexec}` not found", help_)]
+
+
+# --- OPD962 modules ----------------------------------------------------------------------------------------
+
+def test_missing_modules_per_interpreter_with_pip_names() -> None:
+    py = sys.executable
+    p1 = proc("prefill", python=py, modules=("json", "mooncake", "nixl"))
+    p2 = proc("decode", python=py, modules=("vllm_omni", "no_such_mod_opd"))
+    p3 = proc("router", python=None, modules=("not_checked_without_python",))
+    p4 = proc("x", python=py, modules=())
+    got = view(pf.check_modules(plan(p1, p2, p3, p4)))
+    want = {"mooncake": "mooncake-transfer-engine", "nixl": "nixl", "vllm_omni": "vllm-omni",
+            "no_such_mod_opd": "no_such_mod_opd"}
+    import importlib.util
+
+    missing = sorted(m for m in want if importlib.util.find_spec(m) is None)
+    assert got == [("OPD962", E, f"module `{m}` is not importable by {py}", f"`{py} -m pip install {want[m]}`")
+                   for m in missing]
+    assert "no_such_mod_opd" in missing
+
+
+def test_an_interpreter_that_is_not_there(tmp_path) -> None:
+    py = str(tmp_path / "bin" / "python")
+    assert view(pf.check_modules(plan(proc("e", python=py, modules=("vllm", "nixl"))))) == [
+        ("OPD962", E, f"interpreter `{py}` not found, so nixl, vllm cannot be checked",
+         "pass the vLLM environment's python with `--python PATH`")]
+
+
+def test_an_interpreter_that_hangs_is_an_info(tmp_path) -> None:
+    py = tmp_path / "python"
+    py.write_text("#!/bin/sh\nexec sleep 30\n")
+    py.chmod(0o755)
+    [d] = pf.check_modules(plan(proc("e", python=str(py), modules=("vllm",))), timeout_s=0.3)
+    assert (d.code, d.severity) == ("OPD965", I)
+    assert d.message.startswith(f"could not run {py}: Command '[") and "timed out after 0.3 seconds" in d.message
+
+
+# --- OPD963/964/965 devices ------------------------------------------------------------------------------
+
+GIB = 1024
+
+
+def test_memory_is_summed_per_gpu_over_every_engine_on_it() -> None:
+    """Two engines on GPU 0 (0.5 + 0.4 of 80 GiB = 72 GiB) with 70 GiB free: over; TP 2
+    prefill on GPUs 0,1 counts on each."""
+    inv = [(0, 80 * GIB, 70 * GIB), (1, 80 * GIB, 79 * GIB)]
+    a = proc("prefill", devices="0,1", memory_fraction=0.5)
+    b = proc("decode", devices="0", memory_fraction=0.4)
+    assert view(pf.check_devices(plan(a, b), "cuda", inv)) == [
+        ("OPD964", E, "GPU 0: engines ask 72.0 GiB, 70.0 GiB of 80.0 GiB is free",
+         "lower gpu_memory_utilization or free the GPU")]
+    assert pf.check_devices(plan(a), "cuda", inv) == []
+
+
+def test_a_gpu_that_is_not_there_and_odd_device_tokens() -> None:
+    inv = [(0, 1000, 1000), (1, 1000, 1000)]
+    a = proc("decode", devices="1,3", memory_fraction=0.5)
+    b = proc("x", devices="cpu", memory_fraction=0.5)
+    assert view(pf.check_devices(plan(a, b), "cuda", inv)) == [
+        ("OPD963", E, "decode is given GPU 3, this machine has [0, 1]",
+         "change the stage's `devices:` (re-run `omni-pd expand --prefill-devices ...`)")]
+
+
+def test_memory_exactly_free_is_enough() -> None:
+    inv = [(0, 1000, 500)]
+    assert pf.check_devices(plan(proc("a", devices="0", memory_fraction=0.5)), "cuda", inv) == []
+    assert [d.code for d in pf.check_devices(plan(proc("a", devices="0", memory_fraction=0.501)), "cuda", inv)] == \
+        ["OPD964"]
+
+
+def test_devices_are_checked_only_on_cuda_and_only_for_processes_with_devices(monkeypatch) -> None:
+    monkeypatch.setattr(pf, "gpu_inventory", lambda: None)
+    a = proc("a", devices="0")
+    assert pf.check_devices(plan(a), "cpu") == []
+    assert pf.check_devices(plan(proc("r")), "cuda") == []
+    assert view(pf.check_devices(plan(a), "cuda")) == [
+        ("OPD965", I, "nvidia-smi not found: devices and device memory not checked", None)]
+
+
+def test_gpu_inventory_parses_nvidia_smi(monkeypatch, tmp_path) -> None:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho \"$@\" > " + str(tmp_path / "args") + "\n"
+                   "printf '0, 81559, 80000\\nnot a row\\n1, 81559, 1234\\n'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert pf.gpu_inventory() == [(0, 81559, 80000), (1, 81559, 1234)]
+    assert (tmp_path / "args").read_text().split() == [
+        "--query-gpu=index,memory.total,memory.free", "--format=csv,noheader,nounits"]
+
+
+def test_gpu_inventory_without_nvidia_smi(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert pf.gpu_inventory() is None
+
+
+# --- OPD967 directories -----------------------------------------------------------------------------------
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes everywhere")
+def test_dirs_not_writable_as_non_root(tmp_path) -> None:  # pragma: no cover - CI runs as root
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    assert [d.code for d in pf.check_dirs(plan(proc("enc", writable_dirs=(str(ro),))))] == ["OPD967"]
+
+
+def test_dirs_that_are_files_or_under_a_file(tmp_path) -> None:
+    f = tmp_path / "file"
+    f.write_text("x")
+    ok_new = tmp_path / "new" / "deeper"
+    a = proc("encoder", writable_dirs=(str(f), str(f / "sub"), str(ok_new), str(tmp_path)))
+    b = proc("prefill", writable_dirs=(str(f),))
+    help_ = "pick a writable directory both the encoder and prefill see (expand --ec-storage-path)"
+    assert view(pf.check_dirs(plan(a, b))) == [
+        ("OPD967", E, f"encoder must write encoder outputs to {f}: {f} is not a directory", help_),
+        ("OPD967", E, f"encoder must write encoder outputs to {f / 'sub'}: {f} is not a directory", help_)]
+    assert not ok_new.exists()  # probed, not created
+
+
+def test_preflight_runs_every_check_in_order(listener, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(pf, "gpu_inventory", lambda: None)
+    f = tmp_path / "file"
+    f.write_text("x")
+    p = proc("prefill", argv=("no-such-exe-omni-pd",), python=sys.executable, modules=("no_such_mod_opd",),
+             devices="0", ports=(PortUse(listener, "http"),), writable_dirs=(str(f),))
+    assert [d.code for d in pf.preflight(plan(p), "cuda")] == ["OPD961", "OPD962", "OPD965", "OPD960", "OPD967"]
