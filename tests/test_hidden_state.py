@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
-import subprocess
 import sys
 from pathlib import Path
 
@@ -60,3 +58,55 @@ def test_a_file_that_names_itself_as_base_is_a_loop(tmp_path) -> None:
     res = validate_document(load_file(tmp_path / "a.yaml"))
     assert [d.message for d in res.diagnostics if d.code == "OPD108"] == [
         "base_config chain loops: a.yaml -> a.yaml (vllm-omni follows it until RecursionError)"]
+
+
+# --- the bundled-data JSON cache on a read-only install ---------------------------------------------------
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _read_only_fs(monkeypatch) -> None:
+    """Every way load_data writes fails as on a read-only filesystem (EROFS), for root too."""
+    import errno
+
+    def refuse(*a, **k):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    monkeypatch.setattr(Path, "write_text", refuse)
+    monkeypatch.setattr(os, "replace", refuse)
+
+
+def test_bundled_data_loads_from_a_read_only_copy_without_writing(tmp_path, monkeypatch) -> None:
+    """A copy of the bundled presets on a filesystem that refuses writes: every file loads
+    to the value ruamel gives, and the copy is unchanged (no cache, no temp files)."""
+    from ruamel.yaml import YAML
+
+    from omni_pd.resources import data_dir, load_data
+
+    src = data_dir("presets")
+    copy = tmp_path / "presets"
+    shutil.copytree(src, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    before = _tree(copy)
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    _read_only_fs(monkeypatch)
+    files = sorted(copy.rglob("*.yaml"))
+    assert len(files) > 10
+    for f in files:
+        assert load_data(f) == YAML(typ="safe").load(f.read_text(encoding="utf-8")), f
+    assert _tree(copy) == before
+
+
+def test_a_cache_folder_that_cannot_be_created_is_skipped(tmp_path, monkeypatch) -> None:
+    """``__pycache__`` taken by a file (creation fails for root too): loads, writes nothing."""
+    from omni_pd.resources import load_data
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    (tmp_path / "__pycache__").write_text("not a folder", encoding="utf-8")
+    p = tmp_path / "facts.yaml"
+    p.write_text("a: [1, 2]\n", encoding="utf-8")
+    assert load_data(p) == {"a": [1, 2]}
+    assert load_data(p) == {"a": [1, 2]}
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["__pycache__", "facts.yaml"]
+    assert (tmp_path / "__pycache__").read_text(encoding="utf-8") == "not a folder"
