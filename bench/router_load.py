@@ -276,6 +276,70 @@ async def leave_early(url: str, stream: bool, after_first: bool, delay: float) -
     return t
 
 
+START, END = "<!-- router-load:start -->", "<!-- router-load:end -->"
+
+
+def render(r: dict) -> str:
+    """The RESULTS.md section for one run (req/s · p50 · p99 ms · unanswered · TTFB p50)."""
+    kinds = ["direct"] + r["peers"]
+    names = {"direct": "direct two-leg client (floor)", "omni-pd": "omni-pd router", "vllm-router": "vllm-router 0.1.17"}
+    su = r["setup"]
+    lines = [START, "## Router under load (issue 15): `python bench/router_load.py`", "",
+             f"Fake P ({su['p_delay_s'] * 1000:g} ms) and D ({su['d_delay_s'] * 1000:g} ms JSON, or {su['chunks']} SSE "
+             f"chunks {su['chunk_gap_s'] * 1000:g} ms apart), one instance each, loopback, a closed-loop client "
+             f"({su['duration_s']:g} s per point), all in one run on {r['machine']['cpus']} shared cores "
+             f"(load average {', '.join(f'{x:.1f}' for x in r['machine']['loadavg'])} at the start). Cell: req/s · "
+             "p50 ms · p99 ms · unanswered (503s, deliberate, in brackets); stream rows add time to first byte p50. "
+             "Every run checked decode got prefill's kv_transfer_params (`kv_bad` 0 unless noted).", "",
+             "| mode | concurrency | " + " | ".join(names[k] for k in kinds) + " |",
+             "|---|---|" + "---|" * len(kinds)]
+    for stream in (False, True):
+        for c in sorted({x["concurrency"] for x in r["load"]}):
+            cells = []
+            for k in kinds:
+                x = next((y for y in r["load"] if y["kind"] == k and y["concurrency"] == c and y["stream"] == stream), None)
+                if x is None:
+                    cells.append("-")
+                    continue
+                cell = f"{x['rps']:.0f} · {x['p50_ms']} · {x['p99_ms']} · {x['unanswered']}"
+                if x["codes"].get("503"):
+                    cell += f" ({x['codes']['503']})"
+                if stream:
+                    cell += f" · TTFB {x['ttfb_p50_ms']}"
+                if x["kv_bad"]:
+                    cell += f" · kv_bad {x['kv_bad']}"
+                cells.append(cell)
+            lines.append(f"| {'stream' if stream else 'JSON'} | {c} | " + " | ".join(cells) + " |")
+    f = r["faults"]
+    lines += ["", "Faults (same run):", ""]
+    for k in r["peers"]:
+        left = f.get("client_leaves_backend_sees_it_after_s", {}).get(k, {})
+        kill = f.get("decode_killed_and_restarted", {}).get(k, {})
+        idle = f.get("idle_100", {}).get(k, {})
+        failed = sum(v for code, v in kill.get("codes", {}).items() if code != "200") + kill.get("unanswered", 0)
+        th = kill.get("throughput", {})
+        lines.append(
+            f"* {names[k]}: a client leaving mid-stream is seen by decode after {left.get('decode')} s, during the "
+            f"prefill leg by prefill after {left.get('prefill')} s (None: never); one of two decodes SIGKILLed for "
+            f"3 s under c=16 JSON load: {failed} failed requests of {kill.get('ok', 0) + failed}, req/s before "
+            f"{th.get('before_rps')}, while down {th.get('down_rps')}, after {th.get('after_rps')} (restarted "
+            f"instance served {th.get('restarted_instance_served')}); 100 idle connections open: "
+            f"{idle.get('rps', 0):.0f} req/s, p99 {idle.get('p99_ms')} ms, {idle.get('unanswered')} unanswered.")
+    lines += [""] + [f"Note: {n}" for n in r.get("notes", [])] + [END]
+    return "\n".join(lines) + "\n"
+
+
+def write_results(r: dict, path: Path) -> None:
+    """Replace (or append) the router-load section of ``path``."""
+    text = path.read_text() if path.exists() else ""
+    sec = render(r)
+    if START in text and END in text:
+        text = text[:text.index(START)] + sec + text[text.index(END) + len(END) + 1:]
+    else:
+        text = text.rstrip("\n") + "\n\n" + sec
+    path.write_text(text)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
@@ -285,6 +349,7 @@ def main() -> int:
     ap.add_argument("--chunks", type=int, default=32)
     ap.add_argument("--chunk-gap", type=float, default=0.005)
     ap.add_argument("--out", default=str(REPO / "bench" / "router_load.json"))
+    ap.add_argument("--results", default=None, help="update this RESULTS.md's router-load section")
     a = ap.parse_args()
     concs = [1, 16, 64] if a.quick else [1, 16, 64, 256, 1024]
     kinds = ["omni-pd"] + (["vllm-router"] if VLLM_ROUTER.exists() else [])
@@ -364,6 +429,9 @@ def main() -> int:
         procs.close()
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {a.out}")
+    if a.results:
+        write_results(result, Path(a.results))
+        print(f"updated {a.results}")
     return 0
 
 
