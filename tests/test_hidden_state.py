@@ -110,3 +110,24 @@ def test_a_cache_folder_that_cannot_be_created_is_skipped(tmp_path, monkeypatch)
     assert load_data(p) == {"a": [1, 2]}
     assert sorted(f.name for f in tmp_path.iterdir()) == ["__pycache__", "facts.yaml"]
     assert (tmp_path / "__pycache__").read_text(encoding="utf-8") == "not a folder"
+
+
+# --- the YAML loader classes built once per process --------------------------------------------------------
+
+def test_loader_state_is_per_document_not_per_process(monkeypatch) -> None:
+    """io.py builds its loader classes once (a cache of class objects); the node count
+    and the own-output switch live on each load's instances: many loads under the limit
+    stay under it, and loading expand's own output does not lift the limit for the
+    next input."""
+    from omni_pd import io as omni_io
+    from omni_pd.diagnostics import OmniPdError
+
+    monkeypatch.setattr(omni_io, "MAX_NODES", 50)
+    text = "x: [" + "1, " * 30 + "1]\n"  # 33 nodes
+    for _ in range(5):
+        omni_io.parse_text(text, "t.yaml")
+    big = "x: [" + "1, " * 60 + "1]\n"
+    omni_io.parse_text(big, "out.yaml", own_output=True)
+    with pytest.raises(OmniPdError) as e:
+        omni_io.parse_text(big, "t.yaml")
+    assert e.value.diagnostic.message == "document has more than 50 YAML nodes"
