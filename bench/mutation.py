@@ -1,0 +1,185 @@
+"""Mutation testing of omni-pd's core with mutmut 3, one module at a time (issue 16).
+
+A mutant is one small deliberate change (``>`` to ``>=``, a constant changed, a call
+dropped); it is *killed* when at least one test fails on it and *survives* when the tests
+still pass. The survivor rate is the share of mutants no test noticed.
+
+Each module is run in its own scratch copy of the committed tree (``git archive HEAD``
+into ``.cache/mutation/<module>/``): mutmut writes its mutated tree (``mutants/``) there,
+the work tree is never modified nor read (colleagues' uncommitted edits stay out), and each module gets only the tests that cover it (the
+``TARGETS`` table), never the whole suite. Inside that subset mutmut runs, per mutant, only
+the tests that called the mutated function, fastest first, stopping at the first failure.
+Everything runs under ``nice -n 19`` with one worker (``--max-children 1``).
+
+    python bench/mutation.py                          # every module in TARGETS
+    python bench/mutation.py omni_pd/launch/smoke.py  # one module (or several)
+    python bench/mutation.py --list                   # the table
+    python bench/mutation.py --show omni_pd/launch/smoke.py   # diff of each survivor
+
+Results (killed / survived / no tests / timeout per module, wall time) are printed as a
+Markdown table and stored in ``.cache/mutation/results.json``; bench/MUTATION.md is the
+report written from them. Needs ``pip install mutmut==3.8.1`` (the ``mutation`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRATCH = ROOT / ".cache" / "mutation"
+RESULTS = SCRATCH / "results.json"
+
+#: module -> the smallest test files that cover it (mutmut narrows further per mutant)
+TARGETS: dict[str, list[str]] = {
+    "omni_pd/launch/smoke.py": ["tests/test_smoke.py", "tests/test_smoke_units.py"],
+    "omni_pd/launch/preflight.py": ["tests/test_preflight.py", "tests/test_launch_plan.py"],
+    "omni_pd/compile/connectors/__init__.py": ["tests/test_connectors.py", "tests/test_expand.py"],
+    "omni_pd/compile/connectors/base.py": ["tests/test_connectors.py", "tests/test_expand.py"],
+    "omni_pd/compile/connectors/mooncake.py": ["tests/test_connectors.py", "tests/test_expand.py"],
+    "omni_pd/compile/connectors/nixl.py": ["tests/test_connectors.py", "tests/test_expand.py"],
+    "omni_pd/compile/connectors/nixl_push.py": ["tests/test_connectors.py"],
+    "omni_pd/compile/connectors/lmcache.py": ["tests/test_connectors.py", "tests/test_rules.py"],
+    "omni_pd/check/rules/pd_pair.py": ["tests/test_rules.py", "tests/test_rule_branches.py"],
+    "omni_pd/check/rules/topology.py": ["tests/test_rules.py", "tests/test_rule_branches.py"],
+    "omni_pd/check/rules/ports.py": ["tests/test_rules.py", "tests/test_rule_branches.py"],
+    "omni_pd/check/rules/devices.py": ["tests/test_rules.py", "tests/test_rule_branches.py"],
+    "omni_pd/check/rules/runtime.py": ["tests/test_rules.py", "tests/test_rule_branches.py"],
+    "omni_pd/check/rules/schema.py": ["tests/test_rules.py", "tests/test_rule_branches.py"],
+    "omni_pd/check/rules/capability.py": ["tests/test_rules.py", "tests/test_rule_branches.py"],
+    "omni_pd/check/rules/__init__.py": ["tests/test_rules.py", "tests/test_rule_branches.py"],
+}
+#: copied into each scratch tree (besides omni_pd/ and tests/)
+COPY = ["presets", "schemas", "pyproject.toml"]
+#: the revision mutated (``--rev``); its committed files, never the work tree
+REV = "HEAD"
+_STATUS = re.compile(r"^\s*(\S+):\s+(.+?)\s*$")
+
+
+def slug(module: str) -> str:
+    return module.removesuffix(".py").replace("/", ".")
+
+
+def prepare(module: str, tests: list[str]) -> Path:
+    """A fresh scratch tree for ``module`` with a ``setup.cfg`` that mutates only it."""
+    work = SCRATCH / slug(module)
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    # the committed tree (HEAD), not the work tree: colleagues' uncommitted edits stay out
+    archive = subprocess.run(["git", "archive", "--format=tar", REV, "omni_pd", "tests", *COPY], cwd=ROOT,
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
+    tests = [t for t in tests if (work / t).exists()]
+    sel = "\n    ".join(tests)
+    (work / "setup.cfg").write_text(
+        "[mutmut]\n"
+        "source_paths = omni_pd\n"
+        f"only_mutate = {module}\n"
+        f"pytest_add_cli_args_test_selection =\n    {sel}\n"
+        "pytest_add_cli_args =\n    -p\n    no:cacheprovider\n    -q\n"
+        "also_copy =\n    presets\n    schemas\n"
+        "use_git_change_detection = false\n",
+        encoding="utf-8")
+    return work
+
+
+def _rev() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", REV], cwd=ROOT, capture_output=True, text=True,
+                          check=False).stdout.strip()
+
+
+def statuses(work: Path) -> dict[str, str]:
+    """mutant name -> status, from ``mutmut results --all true``."""
+    out = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=work,
+                         capture_output=True, text=True, check=False).stdout
+    res: dict[str, str] = {}
+    for line in out.splitlines():
+        m = _STATUS.match(line)
+        if m and "__mutmut_" in m.group(1):
+            res[m.group(1)] = m.group(2)
+    return res
+
+
+def run(module: str) -> dict:
+    tests = TARGETS[module]
+    work = prepare(module, tests)
+    env = dict(os.environ, OMNI_PD_OFFLINE="1", PYTHONDONTWRITEBYTECODE="1", HYPOTHESIS_PROFILE="default")
+    t0 = time.monotonic()
+    proc = subprocess.run(["nice", "-n", "19", sys.executable, "-m", "mutmut", "run", "--max-children", "1"],
+                          cwd=work, env=env, capture_output=True, text=True, check=False)
+    seconds = time.monotonic() - t0
+    (work / "mutmut-run.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
+    st = statuses(work)
+    count = {k: sum(1 for v in st.values() if v == k) for k in sorted(set(st.values()))}
+    total = len(st)
+    alive = [n for n, v in st.items() if v in ("survived", "no tests")]
+    return {"module": module, "rev": _rev(), "tests": [t for t in tests if (work / t).exists()], "mutants": total,
+            "by_status": count, "survivors": sorted(alive),
+            "survivor_rate": round(len(alive) / total, 4) if total else None,
+            "seconds": round(seconds, 1), "exit": proc.returncode}
+
+
+def show(module: str) -> None:
+    work = SCRATCH / slug(module)
+    for name, status in statuses(work).items():
+        if status in ("survived", "no tests"):
+            print(f"# {status}")
+            subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=work, check=False)
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| module | mutants | killed | survived | no tests | other | survivor rate | seconds |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        c = r["by_status"]
+        other = r["mutants"] - c.get("killed", 0) - c.get("survived", 0) - c.get("no tests", 0)
+        rate = "-" if r["survivor_rate"] is None else f"{100 * r['survivor_rate']:.1f}%"
+        lines.append(f"| {r['module']} | {r['mutants']} | {c.get('killed', 0)} | {c.get('survived', 0)} | "
+                     f"{c.get('no tests', 0)} | {other} | {rate} | {r['seconds']:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("modules", nargs="*", help="modules to run (default: every module in TARGETS)")
+    ap.add_argument("--list", action="store_true", help="print the module -> tests table")
+    ap.add_argument("--show", action="store_true", help="print the diff of each survivor of the modules")
+    ap.add_argument("--rev", default="HEAD", help="git revision whose committed files are mutated (default HEAD)")
+    a = ap.parse_args(argv)
+    global REV
+    REV = a.rev
+    mods = a.modules or list(TARGETS)
+    unknown = [m for m in mods if m not in TARGETS]
+    if unknown:
+        ap.error(f"not in TARGETS: {', '.join(unknown)}")
+    if a.list:
+        for m in mods:
+            print(m, " ".join(TARGETS[m]))
+        return 0
+    if a.show:
+        for m in mods:
+            show(m)
+        return 0
+    SCRATCH.mkdir(parents=True, exist_ok=True)
+    old = json.loads(RESULTS.read_text(encoding="utf-8")) if RESULTS.exists() else {}
+    rows = []
+    for m in mods:
+        r = run(m)
+        old[m] = r
+        rows.append(r)
+        RESULTS.write_text(json.dumps(old, indent=1), encoding="utf-8")
+        print(table([r]).splitlines()[-1], flush=True)
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
