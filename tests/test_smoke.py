@@ -233,7 +233,7 @@ def test_cli_launch_smoke_on_the_vllm_omni_runtime_checks_decodes_stage(tmp_path
     cfg.write_text(res.text)
     seen: list[SmokeTarget] = []
     monkeypatch.setattr(smoke_mod, "smoke_check", lambda target, out: seen.append(target) or verdict)
-    monkeypatch.setattr(supervisor, "run", lambda plan, rd, on_ready=None, stay=True, grace_s=10.0: on_ready())
+    monkeypatch.setattr(supervisor, "run", lambda plan, rd, on_ready=None, stay=True, grace_s=10.0, **kw: on_ready())
     rc = main(["launch", str(cfg), "--model", OMNI_MODEL, "--smoke", "--once", "--no-preflight",
                "--port", "8123", "--run-dir", str(tmp_path / "run")])
     assert rc == verdict
