@@ -280,6 +280,16 @@ def bound_ports(node, version: tuple[int, int], connector: str) -> list[int]:
     """
     kv, env, reps = node.kv or {}, node.env or {}, max(node.num_replicas, 1)
     out: list[int] = []
+    if connector in ("MooncakeConnectorV1", "MooncakeLayerwiseConnector"):
+        # vllm-ascend: side channel kv_port + dp_rank*tp*pp (pull) / dp_rank*tp (layerwise), handshake
+        # + device index / tp rank (kv_p2p/mooncake*_connector.py); every replica reads the same kv_port.
+        # HCCL listens from HCCL_IF_BASE_PORT (CANN) when the engine has more than one rank.
+        span = node.dp * node.tp * (node.pp if connector == "MooncakeConnectorV1" else 1)
+        for _ in range(reps):
+            out += [int(kv["kv_port"]) + i for i in range(span)]
+            if node.dp * node.tp * node.pp > 1:
+                out.append(int(env["HCCL_IF_BASE_PORT"]))
+        return out
     if connector == "NixlConnector":
         base = int(env.get("VLLM_NIXL_SIDE_CHANNEL_PORT", 5557 if version < (0, 13) else 5600))
         per = node.dp * node.tp if version < (0, 13) else node.dp
@@ -381,11 +391,12 @@ def test_connector_ports_unique_per_host(case: Case) -> None:
     for plat in platforms_of(case):
         topo = resolve(cfg, res.plan.target_pipeline, plat)
         p, d = topo.stages[0], topo.stages[1]
-        pp, dp_ = bound_ports(p, version, res.plan.connector), bound_ports(d, version, res.plan.connector)
+        conn = p.kv["kv_connector"]  # vllm-ascend's on npu (expand's npu pass)
+        pp, dp_ = bound_ports(p, version, conn), bound_ports(d, version, conn)
         assert pp, plat
         assert not set(pp) & set(dp_), (plat, pp, dp_)
         assert not (set(pp) | set(dp_)) & set(case.extra_ports), (plat, pp, dp_, case.extra_ports)
-        if res.plan.connector == "MooncakeConnector":
+        if conn == "MooncakeConnector":
             extra = p.kv.get("kv_connector_extra_config") or {}
             assert "mooncake_bootstrap_port" not in extra and not d.kv.get("kv_connector_extra_config")
             assert "VLLM_MOONCAKE_BOOTSTRAP_PORT" not in (d.env or {})  # decode binds none
@@ -422,9 +433,15 @@ def test_non_thinker_fields_and_comments_preserved(case: Case) -> None:
         out_entries = {e["stage_id"]: e for e in out["platforms"][pname]["stages"]}
         for e in pov["stages"]:
             if e["stage_id"] == 0:
+                # npu: expand's npu pass adds the vllm-ascend kv_transfer_config and HCCL_IF_BASE_PORT
+                skip = ("stage_id", "devices") + (("kv_transfer_config", "env") if pname == "npu" else ())
                 for half in (0, 1):
-                    got = {k: v for k, v in out_entries[half].items() if k not in ("stage_id", "devices")}
-                    assert got == {k: v for k, v in e.items() if k not in ("stage_id", "devices")}
+                    got = {k: v for k, v in out_entries[half].items() if k not in skip}
+                    assert got == {k: v for k, v in e.items() if k not in skip}
+                    if pname == "npu":
+                        env = dict(out_entries[half]["env"])
+                        env.pop("HCCL_IF_BASE_PORT")
+                        assert env == (e.get("env") or {})
                 continue
             got = out_entries[ids.shift(e["stage_id"])]
             assert {k: v for k, v in got.items() if k not in ("stage_id", "devices")} == \

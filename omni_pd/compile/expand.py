@@ -67,37 +67,39 @@ def expand_document(doc: Document, opts: ExpandOptions = ExpandOptions(), *, vll
     topo = resolve(cfg, pipe, None, doc)
     plan = plan_pd_split(topo, cat, tgt, opts, doc)
     tree = apply_pd_split(doc.tree, plan)
+    _npu_pass(tree, plan, opts, tgt, doc)
     text = render(tree, schema_ref=schema_ref, header=header_lines(doc, plan, tgt))
-    text = _npu_pass(tree, text, plan, opts, tgt, doc, schema_ref)
     out_doc = parse_text(text, doc.name + " (expanded)", own_output=True)
     out_cfg = parse_config(out_doc)
     out_topo = resolve(out_cfg, plan.target_pipeline, None, out_doc)
     return ExpandResult(text=text, config=out_cfg, topology=out_topo, plan=plan, diagnostics=plan.diagnostics)
 
 
-def _npu_pass(tree, text: str, plan: PDSplitPlan, opts: ExpandOptions, tgt: Target, doc: Document,
-              schema_ref: str | None) -> str:
-    """Run the npu pass (:mod:`omni_pd.compile.passes.ascend`) on the split ``tree`` when
-    the file has a ``platforms.npu`` overlay or ``opts.platform == "npu"``; the new text."""
+def _npu_pass(tree, plan: PDSplitPlan, opts: ExpandOptions, tgt: Target, doc: Document) -> None:
+    """Run the npu pass (:mod:`omni_pd.compile.passes.ascend`) on the split ``tree`` (in
+    place) when the file has a ``platforms.npu`` overlay or ``opts.platform == "npu"``.
+    The sizes come from a rendering of a copy (render edits the tree it is given)."""
     from omni_pd.compile import ascend
     from omni_pd.compile.emit import render
     from omni_pd.compile.passes.ascend import apply_ascend, plan_ascend
+    from omni_pd.io import copy_tree
 
     base = opts.platform == "npu"
-    cfg = parse_config(parse_text(text, doc.name + " (split)", own_output=True))
+    plats = tree.get("platforms")
+    if not base and not (isinstance(plats, dict) and "npu" in plats):
+        return
+    probe = render(copy_tree(tree), schema_ref=None, header=[])
+    cfg = parse_config(parse_text(probe, doc.name + " (split)", own_output=True))
     overlay = bool(cfg.platforms and cfg.platforms.get("npu"))
     if not base and not overlay:
-        return text
+        return
     topo = resolve(cfg, plan.target_pipeline, "npu", None)  # the sizes the pair runs with on npu
     sides = plan_ascend(topo, opts.npu_connector, release=ascend.release_for_vllm(tgt.label),
                         decode_tp=opts.npu_decode_tp)
-    if not sides:
-        return text
-    if base:
+    if base and sides:
         apply_ascend(tree, sides, base=True)
-    if overlay:
+    if overlay and sides:
         apply_ascend(tree, sides, base=False)
-    return render(tree, schema_ref=schema_ref, header=header_lines(doc, plan, tgt))
 
 
 @dataclass(frozen=True)
