@@ -146,6 +146,9 @@ def _multi(children: list[str], side: str = "d") -> str:
                   {"vllm_version": "0.30"}, severity=Severity.ERROR, contains="layout"),
           Example("layouts not pinned before 0.30", _multi(["NixlConnector", "ExampleHiddenStatesConnector"]), False,
                   {"vllm_version": "0.24"}),
+          Example("a child whose kv_connector is a mapping (fuzz-found TypeError)",
+                  _multi(["NixlConnector"]).replace("[{kv_connector: NixlConnector", "[{kv_connector: {name: NixlConnector}"),
+                  True, severity=Severity.ERROR, contains="must be a connector name"),
           Example("vllm-ascend OffloadingConnector alias", _multi(["MooncakeConnectorV1", "OffloadingConnector"]), True,
                   {"platform": "npu"}, contains="AscendOffloadingConnector"),
       ))
@@ -185,7 +188,13 @@ def multi_connector(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                 if not c.get(key):
                     yield r.diag(f"stage {n.stage_id}: MultiConnector child {j} has no {key}", ctx.sloc(n, *path),
                                  severity=Severity.ERROR, help=f"add `{key}:` to the child")
-            alias = ALIASES.get((plat, c.get("kv_connector")))
+            name = c.get("kv_connector")
+            if name is not None and not isinstance(name, str):
+                yield r.diag(f"stage {n.stage_id}: MultiConnector child {j} kv_connector must be a connector name, "
+                             f"found a {type(name).__name__}", ctx.sloc(n, *path, "kv_connector", value=True),
+                             severity=Severity.ERROR, help="write the child's connector class name, e.g. `NixlConnector`")
+                continue
+            alias = ALIASES.get((plat, name))
             if alias:
                 yield r.diag(f"MultiConnector child '{c.get('kv_connector')}' is an alias of {alias} on {plat}; "
                              "stats reconstruction can crash EngineCore on unpatched vLLM",
