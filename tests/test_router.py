@@ -808,3 +808,26 @@ def test_decode_5xx_reruns_the_pair_with_another_prefill(fakes, router):
     srv1 = router([p_dead.url], [d.url])
     status, _, raw = call(srv1, "POST", "/v1/completions", CLIENT_BODY)
     assert status == 500 and json.loads(raw)["error"]["message"] == "KV transfer failed"
+
+
+def test_workers_share_the_port_and_stop_with_the_main_process(fakes):
+    p, d = fakes("P", post=p_nixl), fakes("D")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "omni_pd.launch.router", "--connector", "NixlConnector", "--port", "0",
+         "--workers", "3", "--prefill", p.url, "--decode", d.url],
+        stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        line = proc.stderr.readline()
+        port = int(re.search(r"listening on http://127\.0\.0\.1:(\d+)", line).group(1))
+        children = [int(x) for x in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        assert len(children) == 2
+        srv = type("S", (), {"server_address": ("127.0.0.1", port)})()
+        assert [call(srv, "POST", "/v1/completions", {**CLIENT_BODY, "seed": i})[0] for i in range(6)] == [200] * 6
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+        assert wait_until(lambda: not any(Path(f"/proc/{c}").exists() for c in children), 5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()

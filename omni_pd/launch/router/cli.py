@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import os
 import signal
 import sys
 from dataclasses import dataclass
@@ -21,7 +23,8 @@ log = logging.getLogger("omni_pd.router")
 
 @dataclass(frozen=True)
 class RouterConfig:
-    """Parsed command line. Times in seconds.
+    """Parsed command line. Times in seconds. ``workers``: router processes accepting on
+    the one listening socket (each with its own pooled connections, poller and counts).
 
     ``timeout``: longest silence of a backend on a request; ``prefill_timeout``: bound on
     the whole prefill leg (None: none beyond ``timeout``); ``max_concurrency``: generation
@@ -44,6 +47,7 @@ class RouterConfig:
     retries: int = 2
     balance: str = "least_outstanding"
     log_level: str = "INFO"
+    workers: int = 1
     encoders: tuple[Backend, ...] = ()
 
 
@@ -79,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds per backend /health probe (default 2)")
     p.add_argument("--health-interval", type=float, default=2.0,
                    help="seconds between background /health polls of every backend (default 2)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="router processes sharing the listening socket (default 1; more use more cores, "
+                        "each balancing on its own counts)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
@@ -126,13 +133,13 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterConfig:
         v = getattr(ns, name)
         if v is not None and v <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
-    if ns.max_concurrency < 1 or ns.retries < 0:
-        parser.error("--max-concurrency must be >= 1 and --retries >= 0")
+    if ns.max_concurrency < 1 or ns.retries < 0 or not 1 <= ns.workers <= 64:
+        parser.error("--max-concurrency must be >= 1, --retries >= 0 and --workers 1..64")
     return RouterConfig(host=ns.host, port=ns.port, connector=connector, prefills=tuple(prefills),
                         decodes=tuple(decodes), timeout=ns.timeout, connect_timeout=ns.connect_timeout,
                         health_timeout=ns.health_timeout, prefill_timeout=ns.prefill_timeout,
                         health_interval=ns.health_interval, max_concurrency=ns.max_concurrency,
-                        retries=ns.retries, balance=ns.balance, log_level=ns.log_level,
+                        retries=ns.retries, balance=ns.balance, log_level=ns.log_level, workers=ns.workers,
                         encoders=tuple(encoders))
 
 
@@ -176,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
         return 1
 
+    children = _fork_workers(server, config.workers - 1)
+
     def started() -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -190,4 +199,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_loop(server.serve(on_started=started))
     finally:
         server.server_close()
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        for pid in children:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
     return 0
+
+
+def _fork_workers(server: RouterServer, n: int) -> list[int]:
+    """Fork ``n`` worker processes serving ``server``'s listening socket (pre-fork: the
+    kernel spreads accepted connections). Called before any event loop or thread exists.
+    A worker stops on SIGTERM/SIGINT and when the main process dies (Linux parent-death
+    signal). Returns the workers' pids."""
+    pids = []
+    for _ in range(n):
+        pid = os.fork()
+        if pid:
+            pids.append(pid)
+            continue
+        code = 0
+        try:
+            _parent_death_signal(signal.SIGTERM)
+
+            def stop_on_signals() -> None:
+                loop = asyncio.get_running_loop()
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.add_signal_handler(sig, server.request_stop)
+
+            run_loop(server.serve(on_started=stop_on_signals))
+        except BaseException:  # noqa: BLE001 - a worker never returns into the parent's code
+            code = 1
+        finally:
+            os._exit(code)
+    return pids
+
+
+def _parent_death_signal(sig: int) -> None:
+    """``prctl(PR_SET_PDEATHSIG, sig)`` on Linux (no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
