@@ -217,10 +217,11 @@ def fake(procs: Procs, role: str, port: int, a: argparse.Namespace) -> subproces
     return p
 
 
-def start_router(procs: Procs, kind: str, port: int, prefills: list[str], decodes: list[str]) -> None:
+def start_router(procs: Procs, kind: str, port: int, prefills: list[str], decodes: list[str],
+                 a: argparse.Namespace) -> None:
     if kind == "omni-pd":
         argv = [sys.executable, "-m", "omni_pd.launch.router", "--connector", "nixl", "--port", str(port),
-                "--log-level", "WARNING", "--health-interval", "1"]
+                "--log-level", "WARNING", "--health-interval", "1", "--workers", str(a.workers)]
         for u in prefills:
             argv += ["--prefill", u]
         for u in decodes:
@@ -348,12 +349,13 @@ def main() -> int:
     ap.add_argument("--d-delay", type=float, default=0.05)
     ap.add_argument("--chunks", type=int, default=32)
     ap.add_argument("--chunk-gap", type=float, default=0.005)
+    ap.add_argument("--workers", type=int, default=2, help="omni-pd router --workers (default 2: the cores)")
     ap.add_argument("--out", default=str(REPO / "bench" / "router_load.json"))
     ap.add_argument("--results", default=None, help="update this RESULTS.md's router-load section")
     a = ap.parse_args()
     concs = [1, 16, 64] if a.quick else [1, 16, 64, 256, 1024]
     kinds = ["omni-pd"] + (["vllm-router"] if VLLM_ROUTER.exists() else [])
-    result: dict = {"machine": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()},
+    result: dict = {"machine": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()}, "omni_pd_workers": a.workers,
                     "setup": {"p_delay_s": a.p_delay, "d_delay_s": a.d_delay, "chunks": a.chunks,
                               "chunk_gap_s": a.chunk_gap, "duration_s": a.duration},
                     "peers": kinds, "load": [], "faults": {}}
@@ -367,7 +369,7 @@ def main() -> int:
         p_url, d_url = f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{dp}"
         ports = {k: free_port() for k in kinds}
         for k in kinds:
-            start_router(procs, k, ports[k], [p_url], [d_url])
+            start_router(procs, k, ports[k], [p_url], [d_url], a)
         for stream in (False, True):
             for c in concs:
                 for k in ["direct"] + kinds:
@@ -403,7 +405,7 @@ def main() -> int:
             d2 = fake(procs, "decode", d2p, a)
             d2_url = f"http://127.0.0.1:{d2p}"
             rp = free_port()
-            start_router(procs, k, rp, [p_url], [d_url, d2_url])
+            start_router(procs, k, rp, [p_url], [d_url, d2_url], a)
             import threading
 
             box: dict = {}
