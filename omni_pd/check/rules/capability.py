@@ -200,7 +200,9 @@ def multi_connector(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                              "stats reconstruction can crash EngineCore on unpatched vLLM",
                              ctx.sloc(n, *path, "kv_connector", value=True),
                              help=f"use a vLLM with the fix, or name `{alias}` and check its stats support")
-        yield from _multi_children(ctx, r, n, [c for c in kids if isinstance(c, dict)])
+        # children whose kv_connector is not a name were reported above (the facts key by name)
+        yield from _multi_children(ctx, r, n, [c for c in kids if isinstance(c, dict)
+                                               and isinstance(c.get("kv_connector"), (str, type(None)))])
 
 
 def _multi_facts() -> dict[str, Any]:
