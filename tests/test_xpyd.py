@@ -79,6 +79,7 @@ def test_plan_2p3d_nixl_exact_instances_and_router(tmp_path):
         "--decode", "http://127.0.0.1:8200", "--decode", "http://127.0.0.1:8201", "--decode",
         "http://127.0.0.1:8202")
     assert router.depends_on == tuple(p.name for p in engines)
+    assert router.modules == ("aiohttp", "omni_pd") and router.python == sys.executable  # preflight checks it
 
 
 def test_plan_2p1d_mooncake_gives_the_router_each_prefill_bootstrap_port(tmp_path):

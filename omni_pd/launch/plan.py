@@ -293,7 +293,9 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
         name="router", role="router", argv=tuple(router_argv), env=env_all,
         ports=(PortUse(opts.port, "http", opts.host),),
         health=HealthCheck(f"http://{opts.host}:{opts.port}/health", timeout_s=60.0),
-        depends_on=tuple(x.name for x in procs)))
+        depends_on=tuple(x.name for x in procs),
+        # the router runs under omni-pd's own interpreter: preflight checks its HTTP stack there
+        modules=("aiohttp", "omni_pd"), python=sys.executable))
     return LaunchPlan(runtime="vllm", model=opts.model, connector=conn, entrypoint=f"http://{opts.host}:{opts.port}",
                       config=config_path, processes=tuple(procs),
                       notes=("router: omni_pd.launch.router (prefill leg max_tokens=1, min_tokens/stop cleared; "
