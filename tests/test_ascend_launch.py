@@ -39,6 +39,9 @@ def test_npu_plan_argv_env_and_ports(golden, connector, blocks) -> None:
     assert (pre.device_env, pre.devices, dec.devices) == ("ASCEND_RT_VISIBLE_DEVICES", "0,1,2,3", "4,5")
     assert (pre.env["HCCL_IF_BASE_PORT"], dec.env["HCCL_IF_BASE_PORT"]) == ("61000", "61064")
     assert pre.env["ASCEND_RT_VISIBLE_DEVICES"] == "0,1,2,3"
+    # the base's CUDA Mooncake env (kept by the overlay's env merge) is not passed to vllm-ascend
+    assert dict(pre.env) == {"HCCL_IF_BASE_PORT": "61000", "ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3"}
+    assert dict(dec.env) == {"HCCL_IF_BASE_PORT": "61064", "ASCEND_RT_VISIBLE_DEVICES": "4,5"}
     # preflight try-binds every one of these before anything starts
     assert [(u.port, u.purpose) for u in pre.ports] == [
         (8100, "http"), *[(36000 + i, f"kv_port + rank ({connector})[{i}]") for i in range(4)],

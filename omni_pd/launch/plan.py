@@ -192,6 +192,12 @@ def instances(node: StageNode, target: Any) -> list[Instance]:
     return out
 
 
+def _is_ascend(connector: Any) -> bool:
+    from omni_pd.compile import ascend
+
+    return isinstance(connector, str) and ascend.is_ascend(connector)
+
+
 def _hccl_port(env: dict[str, str], node: StageNode, replica: int) -> int | None:
     """On npu: the ``HCCL_IF_BASE_PORT`` of instance ``replica`` of ``node``, written into
     ``env``: the stage's value + ``replica * span`` (expand reserves ``span`` = 16 ports per
@@ -253,6 +259,9 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
             if dev_var and devs is not None:
                 env[dev_var] = devs
             hccl = _hccl_port(env, node, inst.replica) if opts.platform == "npu" else None
+            if _is_ascend(conn):  # an npu overlay keeps the base's CUDA-connector env: unread there
+                for k in ("VLLM_MOONCAKE_BOOTSTRAP_PORT", "VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_NIXL_SIDE_CHANNEL_HOST"):
+                    env.pop(k, None)
             argv = [opts.vllm, "serve", opts.model, "--host", opts.host, "--port", str(port),
                     "--served-model-name", served,
                     "--kv-transfer-config", json.dumps(inst.kv, separators=(",", ":")),
