@@ -128,7 +128,8 @@ def expand(
     encoder_split: Optional[str] = typer.Option(
         None, "--encoder-split", help="disaggregate the multimodal encoder: 1e1pd (encoder + one instance) or "
         "1e1p1d (encoder + prefill/decode pair), as vLLM's disagg_1e1pd/1e1p1d examples"),
-    ec_connector: str = typer.Option("ECExampleConnector", "--ec-connector", help="EC connector (with --encoder-split)"),
+    ec_connector: Optional[str] = typer.Option(None, "--ec-connector",
+                                               help="EC connector (with --encoder-split; default ECExampleConnector)"),
     ec_storage_path: Optional[str] = typer.Option(None, "--ec-storage-path",
                                                   help="directory the encoder and its consumer share (ECExampleConnector; default /tmp/omni-pd-ec)"),
     encoder_devices: Optional[str] = typer.Option(None, "--encoder-devices", help='devices of the encoder instance, e.g. "4"'),
@@ -156,6 +157,8 @@ def expand(
 
     tgt = cli_options.vllm_version(vllm_version)
     cli_options.host(kv_host, "--kv-host")
+    cli_options.encoder_split(encoder_split, ec_connector=ec_connector, storage=ec_storage_path,
+                              devices=encoder_devices)
     src = input if input is not None else preset_path("qwen3_omni_moe")
     opts = ExpandOptions(
         connector=connector, tp=tp,
@@ -171,10 +174,10 @@ def expand(
     _require_deploy_config(doc, pipeline, vllm_version)
     if encoder_split is not None:
         from omni_pd.compile.expand import expand_encoder_document
-        from omni_pd.compile.passes.encoder_split import EncoderOptions
+        from omni_pd.compile.passes.encoder_split import DEFAULT_EC_CONNECTOR, EncoderOptions
 
         eres = expand_encoder_document(
-            doc, EncoderOptions(encoder_split, ec_connector, ec_storage_path,
+            doc, EncoderOptions(encoder_split, ec_connector or DEFAULT_EC_CONNECTOR, ec_storage_path,
                                 _devices_opt(encoder_devices, "--encoder-devices")), opts,
             vllm_version=vllm_version, pipeline=pipeline,
             schema_ref=schema_ref if schema_ref is not None else _schema_ref(output))

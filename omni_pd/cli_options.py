@@ -82,3 +82,21 @@ def host(value: str, option: str) -> str:
         raise _bad(option, repr(value), "not an IP address or host name",
                    f"pass {option} with an address the other engine can reach, e.g. 10.0.0.1 or host-a")
     return value
+
+
+def encoder_split(layout: str | None, *, ec_connector: str | None, storage: str | None,
+                  devices: str | None) -> None:
+    """``--encoder-split`` must be ``1e1pd`` or ``1e1p1d`` (omni_pd.compile.pipelines
+    ``ENCODER_SPLITS``), and the encoder options (``--ec-connector``, ``--ec-storage-path``,
+    ``--encoder-devices``) mean nothing without it. Raises OPD006 (exit 2)."""
+    from omni_pd.compile.pipelines import ENCODER_SPLITS
+
+    if layout is not None and layout not in ENCODER_SPLITS:
+        raise _bad("--encoder-split", layout, "not an encoder layout",
+                   "use 1e1pd (encoder + one instance) or 1e1p1d (encoder + prefill/decode pair)")
+    if layout is None:
+        for opt, val in (("--ec-connector", ec_connector), ("--ec-storage-path", storage),
+                         ("--encoder-devices", devices)):
+            if val is not None:
+                raise _bad(opt, val, "applies only with --encoder-split",
+                           "add --encoder-split 1e1pd or 1e1p1d, or drop the option")

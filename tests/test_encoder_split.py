@@ -196,3 +196,14 @@ def test_wheel_thinker_only_config_splits_clean(omni_wheel_deploy_dir, layout, c
         with pytest.raises(OmniPdError) as ei:
             expand_encoder_document(load_file(omni_wheel_deploy_dir / name), EncoderOptions(layout))
         assert ei.value.diagnostic.code == "OPD806"
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--encoder-split", "epd"], "error[OPD006]: --encoder-split epd: not an encoder layout"),
+    (["--ec-storage-path", "/x"], "error[OPD006]: --ec-storage-path /x: applies only with --encoder-split"),
+    (["--encoder-devices", "3"], "error[OPD006]: --encoder-devices 3: applies only with --encoder-split"),
+    (["--ec-connector", "ECExampleConnector"], "error[OPD006]: --ec-connector ECExampleConnector: applies only with --encoder-split"),
+])
+def test_encoder_options_are_checked_before_reading(args, msg, capsys):
+    rc, out, err = run_cli(["expand", "tests/fixtures/llm.yaml", "--pipeline", "llm", *args], capsys)
+    assert rc == 2 and out == "" and err.splitlines()[0] == msg
