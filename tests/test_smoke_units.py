@@ -135,8 +135,11 @@ class Server:
 
 @pytest.fixture
 def clock(monkeypatch):
-    """``time.monotonic`` of the smoke module: 10.0, then 12.5 (the request took 2.5 s)."""
-    ticks = iter([10.0, 12.5])
+    """``time.monotonic`` of the smoke module: 10.0, then 12.5 from then on (the request
+    took 2.5 s)."""
+    import itertools
+
+    ticks = itertools.chain([10.0], itertools.repeat(12.5))
     monkeypatch.setattr(sm.time, "monotonic", lambda: next(ticks))
 
 
@@ -254,3 +257,70 @@ def test_the_timeout_reaches_the_socket(call) -> None:
             sm._get(url, 0.2) if call == "get" else sm._post(url, {}, 0.2)
     finally:
         s.close()
+
+
+# --- the encoder leg (E -> P -> D) ----------------------------------------------------------------------
+
+class ECServer(Server):
+    """An entrypoint whose encoder stores one item per image request and whose prefill
+    log says it loaded it."""
+
+    def __init__(self, storage, log, reply):
+        super().__init__([b""], reply)
+        self.storage, self.log = storage, log
+        inner = self.httpd.RequestHandlerClass.do_POST
+        srv = self
+
+        def do_post(handler):
+            (srv.storage / "h1").mkdir(parents=True, exist_ok=True)
+            (srv.storage / "h1" / "encoder_cache.safetensors").write_bytes(b"x")
+            srv.log.write_text("DEBUG x [example_connector.py:108] Success load encoder cache for hash h1\n")
+            inner(handler)
+
+        self.httpd.RequestHandlerClass.do_POST = do_post
+
+
+def test_ec_smoke_sends_one_greedy_image_request_and_reports_exactly(tmp_path, clock) -> None:
+    import base64
+
+    storage, log = tmp_path / "ec", tmp_path / "prefill-0.log"
+    storage.mkdir()
+    srv = ECServer(storage, log, {"choices": [{"message": {"content": "a cat"}}]})
+    out = io.StringIO()
+    try:
+        t = SmokeTarget(srv.url + "/", "M", None, ec_connector="ECExampleConnector", ec_storage=str(storage),
+                        ec_log=str(log))
+        assert sm.ec_smoke_check(t, out) == 0
+    finally:
+        srv.close()
+    assert out.getvalue() == (f"smoke: encoder ok in 2.50 s: E stored h1 and prefill loaded it ({log}); "
+                              "answer 'a cat'\n")
+    [(method, path, headers, body)] = srv.seen
+    assert (method, path, headers["Content-Type"]) == ("POST", "/v1/chat/completions", "application/json")
+    image, question = body["messages"][0]["content"]
+    assert body == {"model": "M", "max_tokens": 4, "temperature": 0,
+                    "messages": [{"role": "user", "content": [image, question]}]}
+    assert question == {"type": "text", "text": "What is in the image?"}
+    assert image["type"] == "image_url" and image["image_url"]["url"].startswith("data:image/png;base64,")
+    png = base64.b64decode(image["image_url"]["url"].split(",", 1)[1])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_smoke_check_runs_the_encoder_check_after_the_kv_check(tmp_path, monkeypatch) -> None:
+    calls = []
+    monkeypatch.setattr(sm, "smoke", lambda t: sm.SmokeResult("x", 0.0, 1.0, 0.5))
+    monkeypatch.setattr(sm, "ec_smoke_check", lambda t, out: calls.append((t, out)) or 7)
+    out = io.StringIO()
+    t = SmokeTarget("http://e", "M", "http://d/metrics", ec_storage=str(tmp_path))
+    assert sm.smoke_check(t, out) == 7 and calls == [(t, out)]
+    assert sm.smoke_check(SmokeTarget("http://e", "M", "http://d/metrics"), out) == 0 and len(calls) == 1
+
+
+def test_smoke_target_of_an_encoder_split_without_a_run_dir_or_prefill(tmp_path) -> None:
+    base = dict(runtime="vllm", entrypoint="http://r:8000", ec_connector="ECExampleConnector", ec_storage="/s")
+    with_p = SimpleNamespace(processes=[_proc("prefill", None), _proc("decode", "http://d:8200/health")], **base)
+    assert smoke_target(with_p, "m", 2, None).ec_log is None
+    no_p = SimpleNamespace(processes=[_proc("decode", "http://d:8200/health")], **base)
+    assert smoke_target(no_p, "m", 2, str(tmp_path)).ec_log is None
+    plain = SimpleNamespace(processes=[_proc("prefill", None)], runtime="vllm", entrypoint="http://r:8000")
+    assert smoke_target(plain, "m", 2, str(tmp_path)) == SmokeTarget("http://r:8000", "m", None)
