@@ -151,6 +151,32 @@ def _multi(children: list[str], side: str = "d") -> str:
                   True, severity=Severity.ERROR, contains="must be a connector name"),
           Example("vllm-ascend OffloadingConnector alias", _multi(["MooncakeConnectorV1", "OffloadingConnector"]), True,
                   {"platform": "npu"}, contains="AscendOffloadingConnector"),
+          Example("two handoff children before the params merge (0.24 raises on any second producer)",
+                  _multi(["NixlConnector", "MooncakeConnector"]), True, {"vllm_version": "0.24"},
+                  severity=Severity.ERROR, contains="Only one connector can produce KV transfer params"),
+          Example("LMCacheMPConnector beside the handoff child on prefill, last release read raising",
+                  _multi(["NixlConnector", "LMCacheMPConnector"], side="p"), True, {"vllm_version": "0.24"},
+                  severity=Severity.ERROR, contains="NixlConnector + LMCacheMPConnector on prefill on vLLM 0.24"),
+          Example("ExampleHiddenStatesConnector beside the handoff child on prefill (always returns params)",
+                  _multi(["MooncakeConnector", "ExampleHiddenStatesConnector"], side="p"), True, {"vllm_version": "0.22"},
+                  severity=Severity.ERROR, contains="Only one connector can produce KV transfer params"),
+          Example("LMCacheMPConnector on prefill, first release read merging the params",
+                  _multi(["NixlConnector", "LMCacheMPConnector"], side="p"), False, {"vllm_version": "0.30"}),
+          Example("LMCacheMPConnector on prefill, a release between those read",
+                  _multi(["NixlConnector", "LMCacheMPConnector"], side="p"), True, {"vllm_version": "0.27"},
+                  severity=Severity.INFO, contains="not pinned"),
+          Example("LMCacheMPConnector on prefill, last release read returning None",
+                  _multi(["NixlConnector", "LMCacheMPConnector"], side="p"), False, {"vllm_version": "0.18"}),
+          Example("LMCacheMPConnector on prefill, a release before the first read returning {}",
+                  _multi(["NixlConnector", "LMCacheMPConnector"], side="p"), True, {"vllm_version": "0.22"},
+                  severity=Severity.INFO, contains="not pinned"),
+          Example("LMCacheMPConnector on decode (the handoff child returns no params there)",
+                  _multi(["NixlConnector", "LMCacheMPConnector"]), False, {"vllm_version": "0.24"}),
+          Example("LMCache's own LMCacheMPConnector copy on prefill",
+                  _multi(["NixlConnector", "LMCacheMPConnector"], side="p").replace(
+                      "{kv_connector: LMCacheMPConnector,",
+                      "{kv_connector: LMCacheMPConnector, kv_connector_module_path: lmcache.integration.vllm.lmcache_mp_connector,"),
+                  True, {"vllm_version": "0.24"}, severity=Severity.WARNING, contains="LMCache/LMCache/pull/3866"),
       ))
 def multi_connector(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``MultiConnector`` needs ``kv_connector_extra_config.connectors``: a non-empty list
@@ -163,11 +189,25 @@ def multi_connector(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     order: MultiConnector loads from the first child reporting hits, so on decode a
     cache/offload child listed before the handoff child takes the request on a local
     hit and the transfer is skipped (warning). Children that require different KV cache
-    layouts stop the engine (pinned for 0.30). Facts: ``presets/targets/multi_connector.yaml``.
-    Sources: vLLM 0.30.0 kv_connector/v1/multi_connector.py
-    (``get_num_new_matched_tokens``, ``_aggregate_request_finished``,
-    ``get_required_kvcache_layout``); https://github.com/vllm-project/vllm/pull/50546,
+    layouts stop the engine (pinned for 0.30). Lost or refused kv_transfer_params, per
+    release: up to vLLM 0.24 (read) MultiConnector raised "Only one connector can produce
+    KV transfer params" on any second child returning params (PR #46777 merges them; 0.30
+    read merging, 0.25-0.29 not read: info there). On prefill, vLLM's
+    ``LMCacheMPConnector`` returns ``{}`` for every routed PD request (0.24 read; 0.18 read
+    returned None, 0.19-0.23 not read: info) and
+    ``ExampleHiddenStatesConnector`` always returns its path, so beside a handoff child
+    every request fails on those releases (error); LMCache's own copy loaded by
+    ``kv_connector_module_path`` returns None from LMCache PR #3866 (warning). The
+    NIXL-under-HMA loss of vLLM issue #36547 reached no release (0.17.0, 0.18.0 read): no
+    finding. Facts: ``presets/targets/multi_connector.yaml``.
+    Sources: vLLM 0.24.0 and 0.30.0 kv_connector/v1/multi_connector.py
+    (``get_num_new_matched_tokens``, ``request_finished``, ``_aggregate_request_finished``,
+    ``get_required_kvcache_layout``), ``lmcache_mp_connector.py``,
+    ``example_hidden_states_connector.py``; https://github.com/vllm-project/vllm/pull/50546,
     https://github.com/vllm-project/vllm/pull/35092,
+    https://github.com/vllm-project/vllm/pull/46777,
+    https://github.com/LMCache/LMCache/pull/3866,
+    https://github.com/vllm-project/vllm/issues/36547,
     https://github.com/vllm-project/vllm-ascend/issues/16932."""
     for n in _kv_nodes(ctx):
         kv = n.kv or {}
@@ -221,14 +261,16 @@ def _multi_children(ctx: Context, r: Rule, n: "StageNode", kids: list[dict]) -> 
     if len(handoff) > 1:
         a, b = handoff[0], handoff[1]
         yield r.diag(f"stage {n.stage_id}: MultiConnector has two P->D handoff children ({names[a]}, {names[b]}): both return "
-                     "kv_transfer_params, which MultiConnector merges and refuses on a key clash (RuntimeError "
-                     "\"Key clash in kv_transfer_params from multiple connectors\"); decode loads from one of them only",
+                     f"kv_transfer_params, which vLLM {ctx.target.label} {_params_refusal(ctx, facts)}; decode loads "
+                     "from one of them only",
                      ctx.sloc(n, *base, b, "kv_connector", value=True), severity=Severity.ERROR,
                      related=[ctx.sloc(n, *base, a, "kv_connector", value=True, label="first handoff child")],
                      help=f"keep one handoff connector ({names[a]}); use the others as cache/offload children only")
     role = (n.kv or {}).get("kv_role")
     pair = ctx.pd_pair
     is_decode = (pair is not None and n is pair[1]) or role == "kv_consumer"
+    if handoff:
+        yield from _broken_combinations(ctx, r, n, kids, names[handoff[0]], facts, prefill=not is_decode)
     if is_decode and handoff and cache and cache[0] < handoff[0]:
         c, h = cache[0], handoff[0]
         yield r.diag(f"stage {n.stage_id}: MultiConnector lists {names[c]} before the handoff child {names[h]}; decode loads "
@@ -256,6 +298,63 @@ def _multi_children(ctx: Context, r: Rule, n: "StageNode", kids: list[dict]) -> 
                      f"{ctx.target.label} stops with \"KV cache layout mismatch\"",
                      ctx.sloc(n, "kv_transfer_config", "kv_connector_extra_config", "connectors"), severity=Severity.ERROR,
                      help="combine children that use the same KV cache layout")
+
+
+def _params_refusal(ctx: Context, facts: dict[str, Any]) -> str:
+    """How MultiConnector refuses kv_transfer_params from two children on the target release.
+
+    Before vLLM PR #46777 a second non-None dict raised "Only one connector can produce KV
+    transfer params"; from it on the dicts are merged and a shared key raises "Key clash"
+    (``presets/targets/multi_connector.yaml`` ``params_merge``: 0.24.0 read raising, 0.30.0
+    merging, the releases between not pinned)."""
+    pm = facts.get("params_merge") or {}
+    v = ctx.target.version
+    only_one = "refuses (RuntimeError \"Only one connector can produce KV transfer params\")"
+    clash = "merges and refuses on a key clash (RuntimeError \"Key clash in kv_transfer_params from multiple connectors\")"
+    if pm and v <= _v(pm["last_raising_read"]):
+        return only_one
+    if pm and v < _v(pm["first_merging_read"]):
+        return f"either {only_one.replace('refuses ', 'refuses outright ')} or {clash} (PR #46777; release not pinned)"
+    return clash
+
+
+def _broken_combinations(ctx: Context, r: Rule, n: "StageNode", kids: list[dict], handoff: str,
+                         facts: dict[str, Any], prefill: bool) -> Iterable[Diagnostic]:
+    """Rows of ``broken`` in ``presets/targets/multi_connector.yaml`` that match this stage.
+
+    A row matches a MultiConnector holding a handoff child and the row's ``child`` on the
+    row's ``side``. Target vLLM in ``[since, last_broken_read]``: error; strictly between
+    a release read clean (``last_clean_read``, ``first_fixed_read``) and one read broken:
+    info (not pinned). A child loaded from ``kv_connector_module_path`` (an out-of-tree
+    copy) is a warning naming the row's out-of-tree fix, whose release is not pinned.
+    Sources per row."""
+    v = ctx.target.version
+    base = ("kv_transfer_config", "kv_connector_extra_config", "connectors")
+    for row in facts.get("broken") or []:
+        if row.get("side") == "prefill" and not prefill:
+            continue
+        since, last, fixed = _v(row["since"]), _v(row["last_broken_read"]), _v(row["first_fixed_read"])
+        clean = _v(row["last_clean_read"]) if row.get("last_clean_read") else None
+        if v >= fixed or (clean is not None and v <= clean) or (clean is None and v < since):
+            continue
+        for j, c in enumerate(kids):
+            if c.get("kv_connector") != row["child"]:
+                continue
+            loc = ctx.sloc(n, *base, j, "kv_connector", value=True)
+            what = f"stage {n.stage_id}: MultiConnector {handoff} + {row['child']} on prefill"
+            if v < since or v > last:
+                yield r.diag(f"{what}: on vLLM {row['since']}-{row['last_broken_read']} (releases read) {row['symptom']}; "
+                             f"vLLM {ctx.target.label} lies between the releases read, so this is not pinned",
+                             loc, severity=Severity.INFO, help=f"check that your vLLM has {row['sources'][-1]}")
+            elif c.get("kv_connector_module_path") and row.get("fixed_out_of_tree"):
+                yield r.diag(f"{what} (loaded from {c['kv_connector_module_path']}) on vLLM {ctx.target.label}: "
+                             f"{row['symptom']}, unless that copy has {row['fixed_out_of_tree']}", loc,
+                             severity=Severity.WARNING,
+                             help=f"use a release of it with {row['fixed_out_of_tree']}, or vLLM {row['first_fixed_read']}+")
+            else:
+                yield r.diag(f"{what} on vLLM {ctx.target.label}: {row['symptom']} ({', '.join(row['sources'])})", loc,
+                             severity=Severity.ERROR, help=f"drop {row['child']} from prefill's connectors, or target vLLM "
+                                                           f"{row['first_fixed_read']}+ (which merges the params)")
 
 
 def hetero_tp_problem(ctx: Context, p: "StageNode", d: "StageNode") -> str | None:
