@@ -670,7 +670,7 @@ def launch(
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="name clients use (default: --model)"),
     ready_timeout: float = typer.Option(1200.0, "--ready-timeout", help="seconds each engine may take to become healthy"),
     grace: float = typer.Option(10.0, "--grace", help="seconds between SIGTERM and SIGKILL at shutdown"),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="logs, pids, plan.json, timings.json (default: omni-pd-runs/<time>)"),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="logs, pids, plan.json, timings.json, smoke.json (default: omni-pd-runs/<time>)"),
     extra_arg: Optional[list[str]] = typer.Option(None, "--engine-arg", help="extra `vllm serve` argument for every engine (repeatable)"),
     env: Optional[list[str]] = typer.Option(None, "--env", help="KEY=VALUE for every process (repeatable; secrets masked)"),
     smoke: bool = typer.Option(False, "--smoke", help="after readiness, one request through the entrypoint must move KV"),
@@ -728,7 +728,10 @@ def launch(
 
         pair = topo.pd_pair
         target = smoke_target(plan, served_model_name or model, pair[1].stage_id if pair else None, str(rd))
-        on_ready = lambda: smoke_check(target, sys.stdout)  # noqa: E731
+        # through the supervisor's view (the live table would draw over a plain write),
+        # and kept in the run directory
+        on_ready = lambda out: smoke_check(target, out, report=Path(rd) / "smoke.json",  # noqa: E731
+                                           runtime=plan.runtime)
     sys.stdout.write(f"omni-pd launch: {plan.runtime} runtime, {len(plan.processes)} processes, "
                      f"entrypoint {plan.entrypoint}, run dir {rd}\n")
     sys.stdout.flush()

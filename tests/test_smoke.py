@@ -157,12 +157,13 @@ class FakeServer:
         self.httpd.server_close()
 
 
-def run_check(before: str, after: str, *, omni: bool, status: int = 200):
+def run_check(before: str, after: str, *, omni: bool, status: int = 200, report: Path | None = None):
     with FakeServer(before, after, status) as srv:
         target = (SmokeTarget(srv.url, OMNI_MODEL, srv.url + "/metrics", "1", chat=True) if omni
                   else SmokeTarget(srv.url, "tiny", srv.url + "/metrics"))
         out = io.StringIO()
-        rc = smoke_check(target, out)
+        rc = smoke_check(target, out, report=report)
+    run_check.url = srv.url
     return rc, out.getvalue(), srv.requests
 
 
@@ -218,6 +219,96 @@ def test_no_metrics_url_is_reported_as_not_measurable():
     assert rc == 0 and "(KV transfer not measurable here)" in out.getvalue()
 
 
+# --- smoke.json: the result stays in the run directory (issue 13) ----------------------------------
+
+@pytest.fixture
+def clock(monkeypatch):
+    """``time.monotonic`` of the smoke module: 10.0, then 12.5 (the request took 2.5 s)."""
+    import itertools
+
+    import omni_pd.launch.smoke as sm
+
+    ticks = itertools.chain([10.0], itertools.repeat(12.5))
+    monkeypatch.setattr(sm.time, "monotonic", lambda: next(ticks))
+
+
+PROMPT_EXCERPT = ("def f0(x): return x * 0 def f1(x): return x * 1 def f2(x): return x * 2 def f3(x): return x * 3 "
+                  "def f4(x): return x * 4 def f5(x): return x * 5 def f6(x): return x * 6 def f7(x): return x * 7 "
+                  "def f8(x...")
+COUNTERS = ['vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}', "vllm:nixl_xfer_time_seconds_count"]
+
+
+def test_smoke_json_of_a_pd_pass_on_plain_vllm(tmp_path, clock):
+    rc, out, _ = run_check(page("vllm_decode_before"), page("vllm_decode_after_pd"), omni=False,
+                           report=tmp_path / "smoke.json")
+    url = run_check.url
+    assert rc == 0
+    assert json.loads((tmp_path / "smoke.json").read_text()) == {
+        "ok": True,
+        "runtime": "vllm",
+        "request": {"url": url + "/v1/completions", "model": "tiny", "max_tokens": 8, "prompt_chars": 1539,
+                    "prompt_excerpt": PROMPT_EXCERPT},
+        "answer_excerpt": " x * 3",
+        "seconds": 2.5,
+        "measured": {"metrics_url": url + "/metrics", "decode_stage": None, "counters": COUNTERS,
+                     "counters_seen": True, "before": 0.0, "after": 126.0},
+        "error": None,
+        "message": f"smoke: ok in 2.50 s: ' x * 3'; decode received KV from prefill (counters 0 -> 126, {url}/metrics)",
+    }
+    assert out == json.loads((tmp_path / "smoke.json").read_text())["message"] + "\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["smoke.json"]  # atomic: no temp file left
+
+
+def test_smoke_json_of_a_recompute_on_vllm_omni(tmp_path, clock):
+    rc, out, _ = run_check(page("omni_after_pd"), page("omni_after_recompute"), omni=True,
+                           report=tmp_path / "smoke.json")
+    url = run_check.url
+    assert rc == 1
+    assert json.loads((tmp_path / "smoke.json").read_text()) == {
+        "ok": False,
+        "runtime": "vllm-omni",
+        "request": {"url": url + "/v1/chat/completions", "model": OMNI_MODEL, "max_tokens": 8, "prompt_chars": 1539,
+                    "prompt_excerpt": PROMPT_EXCERPT},
+        "answer_excerpt": "x * 3",
+        "seconds": 2.5,
+        "measured": {"metrics_url": url + "/metrics", "decode_stage": "1", "counters": COUNTERS,
+                     "counters_seen": True, "before": 126.0, "after": 126.0},
+        "error": "decode's KV-received counters did not grow: it recomputed the prompt",
+        "message": out.rstrip("\n"),
+    }
+
+
+def test_smoke_json_of_a_failed_request(tmp_path):
+    rc, out, _ = run_check(page("omni_before"), page("omni_after_pd"), omni=True, status=500,
+                           report=tmp_path / "smoke.json")
+    rep = json.loads((tmp_path / "smoke.json").read_text())
+    assert rc == 1
+    assert (rep["ok"], rep["answer_excerpt"], rep["seconds"]) == (False, None, None)
+    assert rep["error"] == "HTTPError: HTTP Error 500: Internal Server Error"
+    assert rep["measured"]["before"] is None and rep["measured"]["counters"] == COUNTERS
+    assert rep["message"] == out.rstrip("\n") == "smoke: request failed: HTTPError: HTTP Error 500: Internal Server Error"
+
+
+def test_smoke_json_when_kv_is_not_measurable(tmp_path, clock):
+    with FakeServer("", "") as srv:
+        rc = smoke_check(SmokeTarget(srv.url, "tiny", None), io.StringIO(), report=tmp_path / "smoke.json",
+                         runtime="vllm-ascend")
+    rep = json.loads((tmp_path / "smoke.json").read_text())
+    assert rc == 0
+    assert (rep["ok"], rep["runtime"], rep["measured"], rep["error"], rep["answer_excerpt"]) == (
+        True, "vllm-ascend", None, None, " x * 3")
+
+
+def test_an_unwritable_smoke_json_is_said_and_keeps_the_verdict(tmp_path):
+    (tmp_path / "run").write_text("a file, not a directory")
+    rc, out, _ = run_check(page("vllm_decode_before"), page("vllm_decode_after_pd"), omni=False,
+                           report=tmp_path / "run" / "smoke.json")
+    assert rc == 0
+    first, second = out.splitlines()
+    assert first.startswith("smoke: ok in ")
+    assert second.startswith(f"smoke: could not write {tmp_path / 'run' / 'smoke.json'}: ")
+
+
 # --- the CLI wires it ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("verdict", [0, 1])
@@ -231,10 +322,13 @@ def test_cli_launch_smoke_on_the_vllm_omni_runtime_checks_decodes_stage(tmp_path
     res = expand_document(parse_text(preset_path("qwen3_omni_moe").read_text(), "qwen3_omni_moe.yaml"))
     cfg = tmp_path / "pd.yaml"
     cfg.write_text(res.text)
-    seen: list[SmokeTarget] = []
-    monkeypatch.setattr(smoke_mod, "smoke_check", lambda target, out: seen.append(target) or verdict)
-    monkeypatch.setattr(supervisor, "run", lambda plan, rd, on_ready=None, stay=True, grace_s=10.0, **kw: on_ready())
+    seen: list[tuple] = []
+    stream = io.StringIO()  # stands for Supervisor.report_stream()
+    monkeypatch.setattr(smoke_mod, "smoke_check", lambda target, out, **kw: seen.append((target, out, kw)) or verdict)
+    monkeypatch.setattr(supervisor, "run",
+                        lambda plan, rd, on_ready=None, stay=True, grace_s=10.0, **kw: on_ready(stream))
     rc = main(["launch", str(cfg), "--model", OMNI_MODEL, "--smoke", "--once", "--no-preflight",
                "--port", "8123", "--run-dir", str(tmp_path / "run")])
     assert rc == verdict
-    assert seen == [SmokeTarget("http://127.0.0.1:8123", OMNI_MODEL, "http://127.0.0.1:8123/metrics", "1", chat=True)]
+    assert seen == [(SmokeTarget("http://127.0.0.1:8123", OMNI_MODEL, "http://127.0.0.1:8123/metrics", "1", chat=True),
+                     stream, {"report": tmp_path / "run" / "smoke.json", "runtime": "vllm-omni"})]

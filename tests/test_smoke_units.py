@@ -290,11 +290,15 @@ def test_ec_smoke_sends_one_greedy_image_request_and_reports_exactly(tmp_path, c
     try:
         t = SmokeTarget(srv.url + "/", "M", None, ec_connector="ECExampleConnector", ec_storage=str(storage),
                         ec_log=str(log))
-        assert sm.ec_smoke_check(t, out) == 0
+        rep: dict = {}
+        assert sm.ec_smoke_check(t, out, rep) == 0
     finally:
         srv.close()
     assert out.getvalue() == (f"smoke: encoder ok in 2.50 s: E stored h1 and prefill loaded it ({log}); "
                               "answer 'a cat'\n")
+    assert rep == {"ok": True, "storage": str(storage), "log": str(log), "stored": ["h1"], "loaded": ["h1"],
+                   "answer_excerpt": "a cat", "seconds": 2.5, "error": None,
+                   "message": f"smoke: encoder ok in 2.50 s: E stored h1 and prefill loaded it ({log}); answer 'a cat'"}
     [(method, path, headers, body)] = srv.seen
     assert (method, path, headers["Content-Type"]) == ("POST", "/v1/chat/completions", "application/json")
     image, question = body["messages"][0]["content"]
@@ -309,10 +313,14 @@ def test_ec_smoke_sends_one_greedy_image_request_and_reports_exactly(tmp_path, c
 def test_smoke_check_runs_the_encoder_check_after_the_kv_check(tmp_path, monkeypatch) -> None:
     calls = []
     monkeypatch.setattr(sm, "smoke", lambda t: sm.SmokeResult("x", 0.0, 1.0, 0.5))
-    monkeypatch.setattr(sm, "ec_smoke_check", lambda t, out: calls.append((t, out)) or 7)
+    monkeypatch.setattr(sm, "ec_smoke_check",
+                        lambda t, out, rep: rep.update(error="E stored nothing") or calls.append((t, out)) or 7)
     out = io.StringIO()
     t = SmokeTarget("http://e", "M", "http://d/metrics", ec_storage=str(tmp_path))
-    assert sm.smoke_check(t, out) == 7 and calls == [(t, out)]
+    assert sm.smoke_check(t, out, report=tmp_path / "smoke.json") == 7 and calls == [(t, out)]
+    rep = json.loads((tmp_path / "smoke.json").read_text())
+    assert (rep["ok"], rep["error"], rep["encoder"]) == (False, "encoder leg: E stored nothing",
+                                                         {"error": "E stored nothing"})
     assert sm.smoke_check(SmokeTarget("http://e", "M", "http://d/metrics"), out) == 0 and len(calls) == 1
 
 

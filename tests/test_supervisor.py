@@ -337,9 +337,9 @@ def test_on_ready_result_and_stay_false(tmp_path: Path) -> None:
     calls = []
     p = plan(child("a", port=free_port()))
     out = io.StringIO()
-    assert run(p, tmp_path / "ok", on_ready=lambda: calls.append(1) or 0, stay=False, out=out, live=False,
+    assert run(p, tmp_path / "ok", on_ready=lambda _out: calls.append(1) or 0, stay=False, out=out, live=False,
                handle_signals=False) == 0
-    assert run(p, tmp_path / "bad", on_ready=lambda: 4, out=out, live=False, handle_signals=False) == 4
+    assert run(p, tmp_path / "bad", on_ready=lambda _out: 4, out=out, live=False, handle_signals=False) == 4
     assert calls == [1] and "readiness check returned 4" in out.getvalue()
     for d in ("ok", "bad"):
         assert not alive(int((tmp_path / d / "pids").read_text().split()[0]))
@@ -351,6 +351,49 @@ def test_live_view(tmp_path: Path) -> None:
     assert run(p, tmp_path, out=out, live=True, stay=False, handle_signals=False) == 0
     text = out.getvalue()
     assert "[prefill-0] line 0" in text and "process" in text and "stopped" in text
+
+
+def test_readiness_output_goes_through_the_live_console(tmp_path: Path, monkeypatch) -> None:
+    """On a terminal the live table redraws over anything written past its console (issue
+    13: the `smoke: ok` line vanished from screen and scrollback); the readiness callback's
+    lines are printed by the view's own console, above the table, whole lines only."""
+    import rich.console
+    import rich.text
+
+    printed: list[str] = []
+
+    class Recording(rich.console.Console):
+        """A terminal console (so the live table really redraws) noting what is printed."""
+
+        def __init__(self, *a, **kw) -> None:
+            super().__init__(*a, **{**kw, "force_terminal": True, "width": 120})
+
+        def print(self, *objects, **kw) -> None:
+            printed.extend(o.plain for o in objects if isinstance(o, rich.text.Text))
+            super().print(*objects, **kw)
+
+    monkeypatch.setattr(rich.console, "Console", Recording)
+    out = io.StringIO()
+
+    def ready(o) -> int:
+        o.write("smoke: ok in 1.00 s: ' x'; decode received KV\nsecond ")
+        o.write("line, flushed at the end")
+        return 0
+
+    p = plan(child("prefill-0", port=free_port()))
+    assert run(p, tmp_path, out=out, live=True, stay=False, handle_signals=False, on_ready=ready) == 0
+    i = printed.index("smoke: ok in 1.00 s: ' x'; decode received KV")
+    assert printed[i + 1] == "second line, flushed at the end"
+    assert printed[i - 1].startswith("all 1 process healthy after ")  # after readiness, as the view's own
+    assert "smoke: ok" in out.getvalue()
+
+
+def test_readiness_output_without_a_terminal_is_a_launcher_line(tmp_path: Path) -> None:
+    out = io.StringIO()
+    p = plan(child("a", port=free_port()))
+    assert run(p, tmp_path, out=out, live=False, stay=False, handle_signals=False,
+               on_ready=lambda o: o.write("smoke: ok in 1.00 s\n") and 0) == 0
+    assert "[omni-pd] smoke: ok in 1.00 s" in out.getvalue().splitlines()
 
 
 def test_rich_is_imported_lazily() -> None:

@@ -215,30 +215,40 @@ def ec_smoke(target: SmokeTarget, *, max_tokens: int = 4, timeout_s: float = 300
     return ECSmokeResult(text=text, new=new, loaded=loaded, seconds=dt)
 
 
-def ec_smoke_check(target: SmokeTarget, out: TextIO) -> int:
+def ec_smoke_check(target: SmokeTarget, out: TextIO, report: dict[str, Any] | None = None) -> int:
     """:func:`ec_smoke` as a check: 0 when E stored the image's output and (where its DEBUG
-    log shows loads) the consumer loaded it; 1 otherwise; one line either way."""
+    log shows loads) the consumer loaded it; 1 otherwise; one line either way.
+    ``report``: filled with ``ok``, ``storage``, ``stored``/``loaded`` (mm_hashes; loaded
+    None when not visible), ``answer_excerpt``, ``seconds``, ``error`` and ``message``."""
+    rep: dict[str, Any] = report if report is not None else {}
+    rep.update(ok=False, storage=target.ec_storage, log=target.ec_log, stored=None, loaded=None,
+               answer_excerpt=None, seconds=None, error=None, message=None)
+
+    def say(msg: str, error: str | None = None) -> int:
+        _say(out, rep, msg, error)
+        rep["ok"] = error is None
+        return 0 if error is None else 1
+
     try:
         res = ec_smoke(target)
     except Exception as e:  # any failure of the request is a failed smoke test
-        out.write(f"smoke: image request failed: {type(e).__name__}: {e}\n")
-        return 1
+        return say(f"smoke: image request failed: {type(e).__name__}: {e}", f"{type(e).__name__}: {e}")
+    rep.update(stored=sorted(res.new), loaded=None if res.loaded is None else sorted(res.loaded),
+               answer_excerpt=_excerpt(res.text), seconds=round(res.seconds, 3))
     if not res.new:
-        out.write(f"smoke: FAILED: the image request answered {res.text!r} but the encoder stored nothing in "
-                  f"{target.ec_storage}: the encoder leg did not run or E is not an ec_producer there\n")
-        return 1
+        return say(f"smoke: FAILED: the image request answered {res.text!r} but the encoder stored nothing in "
+                   f"{target.ec_storage}: the encoder leg did not run or E is not an ec_producer there",
+                   "the encoder stored nothing")
     hashes = ", ".join(sorted(res.new))
     if res.loaded is None:
-        out.write(f"smoke: encoder ok in {res.seconds:.2f} s: E stored {hashes} in {target.ec_storage}; whether "
-                  "prefill loaded it is not visible without DEBUG logs (--env VLLM_LOGGING_LEVEL=DEBUG)\n")
-        return 0
+        return say(f"smoke: encoder ok in {res.seconds:.2f} s: E stored {hashes} in {target.ec_storage}; whether "
+                   "prefill loaded it is not visible without DEBUG logs (--env VLLM_LOGGING_LEVEL=DEBUG)")
     if res.loaded != res.new:
-        out.write(f"smoke: FAILED: E stored {hashes} but prefill's log ({target.ec_log}) shows no load of "
-                  f"{', '.join(sorted(res.new - res.loaded))}: it encoded the image itself\n")
-        return 1
-    out.write(f"smoke: encoder ok in {res.seconds:.2f} s: E stored {hashes} and prefill loaded it "
-              f"({target.ec_log}); answer {res.text!r}\n")
-    return 0
+        return say(f"smoke: FAILED: E stored {hashes} but prefill's log ({target.ec_log}) shows no load of "
+                   f"{', '.join(sorted(res.new - res.loaded))}: it encoded the image itself",
+                   "prefill did not load the encoder's output")
+    return say(f"smoke: encoder ok in {res.seconds:.2f} s: E stored {hashes} and prefill loaded it "
+               f"({target.ec_log}); answer {res.text!r}")
 
 
 def _get(url: str, timeout: float) -> str:
@@ -271,6 +281,18 @@ class SmokeResult:
         return self.kv_after > self.kv_before
 
 
+def _request(target: SmokeTarget, max_tokens: int) -> tuple[str, dict]:
+    """``(url, body)`` of the smoke request: a text-only chat request on a vllm-omni
+    server (Qwen3-Omni refuses ``/v1/completions``), a completion otherwise. Pure."""
+    base = target.entrypoint.rstrip("/")
+    if target.chat:
+        return base + "/v1/chat/completions", {
+            "model": target.model, "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": max_tokens, "temperature": 0, "modalities": ["text"]}
+    return base + "/v1/completions", {"model": target.model, "prompt": PROMPT, "max_tokens": max_tokens,
+                                      "temperature": 0}
+
+
 def smoke(target: SmokeTarget, *, max_tokens: int = 8, timeout_s: float = 300.0) -> SmokeResult:
     """One greedy request through ``target.entrypoint`` and decode's KV counters around it.
 
@@ -278,15 +300,11 @@ def smoke(target: SmokeTarget, *, max_tokens: int = 8, timeout_s: float = 300.0)
     page = _get(target.metrics_url, 30) if target.metrics_url else ""
     before = kv_received(page, target.decode_stage)
     t0 = time.monotonic()
-    base = target.entrypoint.rstrip("/")
+    url, body = _request(target, max_tokens)
+    r = _post(url, body, timeout_s)
     if target.chat:
-        r = _post(base + "/v1/chat/completions",
-                  {"model": target.model, "messages": [{"role": "user", "content": PROMPT}],
-                   "max_tokens": max_tokens, "temperature": 0, "modalities": ["text"]}, timeout_s)
         text = ((r.get("choices") or [{}])[0].get("message") or {}).get("content") or ""
     else:
-        r = _post(base + "/v1/completions",
-                  {"model": target.model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0}, timeout_s)
         text = (r.get("choices") or [{}])[0].get("text", "")
     dt = time.monotonic() - t0
     page = _get(target.metrics_url, 30) if target.metrics_url else ""
@@ -295,29 +313,103 @@ def smoke(target: SmokeTarget, *, max_tokens: int = 8, timeout_s: float = 300.0)
                        counters_seen=seen)
 
 
-def smoke_check(target: SmokeTarget, out: TextIO) -> int:
+#: characters of the prompt and of the answer kept in ``smoke.json``
+EXCERPT_CHARS = 200
+
+
+def _excerpt(text: str) -> str:
+    return text if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS] + "..."
+
+
+def _counter_names() -> list[str]:
+    """:data:`KV_RECEIVED` as PromQL-style selectors, e.g.
+    ``vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}``."""
+    return [name + ("{" + ",".join(f'{k}="{v}"' for k, v in need.items()) + "}" if need else "")
+            for name, need in KV_RECEIVED]
+
+
+def smoke_report(target: SmokeTarget, runtime: str | None = None, max_tokens: int = 8) -> dict[str, Any]:
+    """The skeleton of ``smoke.json`` before the request: ``ok`` False, the request (URL,
+    model, max_tokens, prompt length in characters and its first :data:`EXCERPT_CHARS`
+    characters) and what will be measured (decode's metrics URL and stage, the counter
+    selectors; ``measured`` None when the runtime exposes no decode metrics).
+    ``runtime``: the plan's runtime (default: ``vllm-omni`` for a chat target, else
+    ``vllm``). Pure."""
+    url, body = _request(target, max_tokens)
+    return {
+        "ok": False,
+        "runtime": runtime or ("vllm-omni" if target.chat else "vllm"),
+        "request": {"url": url, "model": target.model, "max_tokens": max_tokens,
+                    "prompt_chars": len(PROMPT), "prompt_excerpt": _excerpt(PROMPT)},
+        "answer_excerpt": None,
+        "seconds": None,
+        "measured": None if target.metrics_url is None else {
+            "metrics_url": target.metrics_url, "decode_stage": target.decode_stage,
+            "counters": _counter_names(), "counters_seen": None, "before": None, "after": None},
+        "error": None,
+        "message": None,
+    }
+
+
+def smoke_check(target: SmokeTarget, out: TextIO, *, report: str | os.PathLike[str] | None = None,
+                runtime: str | None = None) -> int:
     """:func:`smoke` as a readiness callback: 0 when the KV moved (or cannot be measured:
-    no decode metrics URL on the plain-vLLM runtime), 1 otherwise; prints one line either way."""
+    no decode metrics URL on the plain-vLLM runtime), 1 otherwise; prints one line either way.
+
+    ``report``: also write the outcome as JSON there (``<run-dir>/smoke.json``, atomically;
+    the fields of :func:`smoke_report` filled in: ``ok``, ``answer_excerpt``, ``seconds``
+    (request latency), counter values ``before``/``after``, ``error`` (why it failed, None
+    when ok), ``message`` (the printed line) and, for an encoder split, ``encoder``).
+    A report that cannot be written is said on ``out`` and does not change the verdict."""
+    rep = smoke_report(target, runtime)
+    rc = _smoke_check(target, out, rep)
+    if report is not None:
+        from omni_pd.io import OmniPdError, atomic_write
+
+        try:
+            atomic_write(report, json.dumps(rep, indent=2) + "\n")
+        except OmniPdError as e:
+            out.write(f"smoke: could not write {report}: {e}\n")
+    return rc
+
+
+def _say(out: TextIO, rep: dict[str, Any], msg: str, error: str | None = None) -> None:
+    out.write(msg + "\n")
+    rep["message"], rep["error"] = msg, error
+
+
+def _smoke_check(target: SmokeTarget, out: TextIO, rep: dict[str, Any]) -> int:
     try:
         res = smoke(target)
     except Exception as e:  # any failure of the request is a failed smoke test
-        out.write(f"smoke: request failed: {type(e).__name__}: {e}\n")
+        _say(out, rep, f"smoke: request failed: {type(e).__name__}: {e}", f"{type(e).__name__}: {e}")
         return 1
+    rep["answer_excerpt"], rep["seconds"] = _excerpt(res.text), round(res.seconds, 3)
     if target.metrics_url is None:
-        out.write(f"smoke: completion in {res.seconds:.2f} s: {res.text!r} (KV transfer not measurable here)\n")
+        _say(out, rep, f"smoke: completion in {res.seconds:.2f} s: {res.text!r} (KV transfer not measurable here)")
+        rep["ok"] = True
         return 0
+    rep["measured"].update(counters_seen=res.counters_seen, before=res.kv_before, after=res.kv_after)
     where = f"decode stage {target.decode_stage} on {target.metrics_url}" if target.decode_stage else target.metrics_url
     if not res.counters_seen:
-        out.write(f"smoke: FAILED: decode answered {res.text!r} but {where} has no vllm:prompt_tokens_by_source "
-                  "series, so whether it recomputed the prompt cannot be told (is --disable-log-stats set?)\n")
+        _say(out, rep, f"smoke: FAILED: decode answered {res.text!r} but {where} has no vllm:prompt_tokens_by_source "
+                       "series, so whether it recomputed the prompt cannot be told (is --disable-log-stats set?)",
+             "decode's counters are not on the metrics page")
         return 1
     if not res.kv_moved:
-        out.write(f"smoke: FAILED: decode answered {res.text!r} but its KV-received counters did not grow "
-                  f"({res.kv_before:g} -> {res.kv_after:g}, {where}): it recomputed the prompt instead of "
-                  "using prefill's KV\n")
+        _say(out, rep, f"smoke: FAILED: decode answered {res.text!r} but its KV-received counters did not grow "
+                       f"({res.kv_before:g} -> {res.kv_after:g}, {where}): it recomputed the prompt instead of "
+                       "using prefill's KV",
+             "decode's KV-received counters did not grow: it recomputed the prompt")
         return 1
-    out.write(f"smoke: ok in {res.seconds:.2f} s: {res.text!r}; decode received KV from prefill "
-              f"(counters {res.kv_before:g} -> {res.kv_after:g}, {where})\n")
+    _say(out, rep, f"smoke: ok in {res.seconds:.2f} s: {res.text!r}; decode received KV from prefill "
+                   f"(counters {res.kv_before:g} -> {res.kv_after:g}, {where})")
+    rep["ok"] = True
     if target.ec_storage:
-        return ec_smoke_check(target, out)
+        rep["encoder"] = {}
+        rc = ec_smoke_check(target, out, rep["encoder"])
+        rep["ok"] = rc == 0
+        if rc:
+            rep["error"] = "encoder leg: " + str(rep["encoder"].get("error"))
+        return rc
     return 0

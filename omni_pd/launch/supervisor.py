@@ -2,7 +2,7 @@
 
 The supervisor is the side-effecting end of ``omni-pd launch``::
 
-    plan (spec.py) ──preflight──▶ Supervisor.start_and_wait_healthy() ──▶ on_ready()
+    plan (spec.py) ──preflight──▶ Supervisor.start_and_wait_healthy() ──▶ on_ready(out)
                                   ──▶ Supervisor.wait() ──▶ Supervisor.shutdown()
 
 * **Processes.** Each child is started with ``subprocess.Popen(list(spec.argv),
@@ -57,6 +57,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import io
 import json
 import os
 import re
@@ -289,6 +290,29 @@ class _LiveView:
             self._console.print(Text(msg, style="bold red" if error else "bold"))
 
 
+class _ReportStream(io.TextIOBase):
+    """:meth:`Supervisor.report_stream`: ``write`` splits on newlines and hands each whole
+    line to ``say``."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        super().__init__()
+        self._say_line, self._buf = say, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        *lines, self._buf = (self._buf + s).split("\n")
+        for line in lines:
+            self._say_line(line)
+        return len(s)
+
+    def flush(self) -> None:
+        if self._buf:
+            line, self._buf = self._buf, ""
+            self._say_line(line)
+
+
 _STATE_STYLE = {"waiting": "dim", "starting": "yellow", "healthy": "green", "stopping": "yellow"}
 
 
@@ -436,20 +460,30 @@ class Supervisor:
             self._force = True
             self._signal_all(signal.SIGKILL)
 
-    def call_ready(self, fn: Callable[[], int]) -> int | None:
-        """Run the readiness callback ``fn`` (e.g. a smoke request); a signal arriving
-        meanwhile interrupts it (returns None, :attr:`stopped_by` set). Exceptions of
-        ``fn`` propagate."""
+    def call_ready(self, fn: Callable[[TextIO], int]) -> int | None:
+        """Run the readiness callback ``fn`` (e.g. a smoke request) with :meth:`report_stream`
+        as its output; a signal arriving meanwhile interrupts it (returns None,
+        :attr:`stopped_by` set). Exceptions of ``fn`` propagate."""
+        out = self.report_stream()
         try:
             try:
                 self._in_callback = True
                 if self.stopped_by is not None:
                     return None
-                return fn()
+                return fn(out)
             finally:
                 self._in_callback = False
+                with contextlib.suppress(Exception):
+                    out.flush()
         except _Interrupted:
             return None
+
+    def report_stream(self) -> TextIO:
+        """A text stream whose lines go through the launcher's view, as its own messages
+        do: on a terminal they are printed by the live table's console above the table
+        (a plain ``sys.stdout`` write there is drawn over by the next refresh), otherwise
+        as ``[omni-pd] line``. A partial line waits for its newline or ``flush()``."""
+        return _ReportStream(self._say)
 
     @contextlib.contextmanager
     def signal_handlers(self) -> Iterator[None]:
@@ -880,7 +914,7 @@ def run(
     plan: LaunchPlan,
     run_dir: Path | str,
     *,
-    on_ready: Callable[[], int] | None = None,
+    on_ready: Callable[[TextIO], int] | None = None,
     stay: bool = True,
     grace_s: float = 10.0,
     out: TextIO | None = None,
@@ -890,8 +924,10 @@ def run(
 ) -> int:
     """Launch ``plan`` and return an exit code (see the module docstring).
 
-    Starts the processes, waits until all are healthy, then calls ``on_ready`` (e.g. a
-    smoke request; a non-zero result tears everything down and is returned); with
+    Starts the processes, waits until all are healthy, then calls ``on_ready(out)`` (e.g.
+    a smoke request; ``out`` is :meth:`Supervisor.report_stream`, so what it prints stays
+    on screen above the live table; a non-zero result tears everything down and is
+    returned); with
     ``stay`` it then supervises until a child exits or a signal arrives; finally it tears
     everything down (``grace_s`` seconds between SIGTERM and SIGKILL). ``out``/``live``
     as for :class:`Supervisor`. ``handle_signals``: install SIGINT/SIGTERM/SIGHUP
