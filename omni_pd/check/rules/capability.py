@@ -127,7 +127,8 @@ def _multi(children: list[str], side: str = "d") -> str:
 
 
 @rule("OPD602", "multi-connector", Severity.WARNING,
-      "MultiConnector children are malformed, compete for the P->D handoff, are ordered so decode skips it, or clash",
+      ("MultiConnector children are malformed, compete for the P->D handoff, are ordered so decode skips it, clash, "
+       "or form a combination known broken on the target release"),
       fail=("stages:\n  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MultiConnector, kv_role: kv_producer,"
             " kv_connector_extra_config: {connectors: [{kv_connector: NixlConnector}]}}}\n"),
       passing=("stages:\n  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MultiConnector, kv_role: kv_producer,"
@@ -170,6 +171,14 @@ def _multi(children: list[str], side: str = "d") -> str:
           Example("LMCacheMPConnector on prefill, a release before the first read returning {}",
                   _multi(["NixlConnector", "LMCacheMPConnector"], side="p"), True, {"vllm_version": "0.22"},
                   severity=Severity.INFO, contains="not pinned"),
+          Example("NixlConnector + OffloadingConnector on a replicated-PCP prefill, release not read",
+                  _multi(["NixlConnector", "OffloadingConnector"], side="p").replace(
+                      'devices: "0", kv_transfer_config', 'devices: "0,1", prefill_context_parallel_size: 2, kv_transfer_config'),
+                  True, {"vllm_version": "0.28"}, severity=Severity.INFO, contains="prefill stalls"),
+          Example("NixlConnector + OffloadingConnector on a replicated-PCP prefill, fixed release read",
+                  _multi(["NixlConnector", "OffloadingConnector"], side="p").replace(
+                      'devices: "0", kv_transfer_config', 'devices: "0,1", prefill_context_parallel_size: 2, kv_transfer_config'),
+                  False, {"vllm_version": "0.30"}),
           Example("LMCacheMPConnector on decode (the handoff child returns no params there)",
                   _multi(["NixlConnector", "LMCacheMPConnector"]), False, {"vllm_version": "0.24"}),
           Example("LMCache's own LMCacheMPConnector copy on prefill",
@@ -197,7 +206,9 @@ def multi_connector(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     returned None, 0.19-0.23 not read: info) and
     ``ExampleHiddenStatesConnector`` always returns its path, so beside a handoff child
     every request fails on those releases (error); LMCache's own copy loaded by
-    ``kv_connector_module_path`` returns None from LMCache PR #3866 (warning). The
+    ``kv_connector_module_path`` returns None from LMCache PR #3866 (warning). NIXL +
+    OffloadingConnector on a replicated-KV PCP prefill stalled (vLLM PR #53903; fixed in
+    0.30 read, no release read with it: info on 0.25-0.29). The
     NIXL-under-HMA loss of vLLM issue #36547 reached no release (0.17.0, 0.18.0 read): no
     finding. Facts: ``presets/targets/multi_connector.yaml``.
     Sources: vLLM 0.24.0 and 0.30.0 kv_connector/v1/multi_connector.py
@@ -207,6 +218,7 @@ def multi_connector(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     https://github.com/vllm-project/vllm/pull/35092,
     https://github.com/vllm-project/vllm/pull/46777,
     https://github.com/LMCache/LMCache/pull/3866,
+    https://github.com/vllm-project/vllm/pull/53903,
     https://github.com/vllm-project/vllm/issues/36547,
     https://github.com/vllm-project/vllm-ascend/issues/16932."""
     for n in _kv_nodes(ctx):
@@ -333,7 +345,13 @@ def _broken_combinations(ctx: Context, r: Rule, n: "StageNode", kids: list[dict]
     for row in facts.get("broken") or []:
         if row.get("side") == "prefill" and not prefill:
             continue
-        since, last, fixed = _v(row["since"]), _v(row["last_broken_read"]), _v(row["first_fixed_read"])
+        if row.get("handoff") and handoff not in row["handoff"]:
+            continue
+        if row.get("requires") == "replicated_pcp" and not _replicated_pcp(ctx, n):
+            continue
+        fixed = _v(row["first_fixed_read"])
+        since = _v(row["since"]) if row.get("since") else fixed  # no release read with it: info only
+        last = _v(row["last_broken_read"]) if row.get("last_broken_read") else since
         clean = _v(row["last_clean_read"]) if row.get("last_clean_read") else None
         if v >= fixed or (clean is not None and v <= clean) or (clean is None and v < since):
             continue
@@ -343,7 +361,9 @@ def _broken_combinations(ctx: Context, r: Rule, n: "StageNode", kids: list[dict]
             loc = ctx.sloc(n, *base, j, "kv_connector", value=True)
             what = f"stage {n.stage_id}: MultiConnector {handoff} + {row['child']} on prefill"
             if v < since or v > last:
-                yield r.diag(f"{what}: on vLLM {row['since']}-{row['last_broken_read']} (releases read) {row['symptom']}; "
+                seen = (f"on vLLM {row['since']}-{row['last_broken_read']} (releases read)" if row.get("since")
+                        else f"reported before vLLM {row['first_fixed_read']} (no release read with it)")
+                yield r.diag(f"{what}: {seen} {row['symptom']}; "
                              f"vLLM {ctx.target.label} lies between the releases read, so this is not pinned",
                              loc, severity=Severity.INFO, help=f"check that your vLLM has {row['sources'][-1]}")
             elif c.get("kv_connector_module_path") and row.get("fixed_out_of_tree"):
@@ -355,6 +375,19 @@ def _broken_combinations(ctx: Context, r: Rule, n: "StageNode", kids: list[dict]
                 yield r.diag(f"{what} on vLLM {ctx.target.label}: {row['symptom']} ({', '.join(row['sources'])})", loc,
                              severity=Severity.ERROR, help=f"drop {row['child']} from prefill's connectors, or target vLLM "
                                                            f"{row['first_fixed_read']}+ (which merges the params)")
+
+
+def _replicated_pcp(ctx: Context, n: "StageNode") -> bool:
+    """Prefill context parallelism with replicated KV: ``prefill_context_parallel_size`` > 1
+    and ``decode_context_parallel_size`` 1 (NIXL serves KV from PCP rank 0 only; vLLM
+    nixl/base_worker.py ``pcp_dcp_sharded``). Unreadable sizes count as 1."""
+    def size(key: str) -> int:
+        try:
+            return int(ctx.setting(n, key, 1) or 1)
+        except (TypeError, ValueError):
+            return 1
+
+    return size("prefill_context_parallel_size") > 1 and size("decode_context_parallel_size") <= 1
 
 
 def hetero_tp_problem(ctx: Context, p: "StageNode", d: "StageNode") -> str | None:
