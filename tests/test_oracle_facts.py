@@ -66,6 +66,20 @@ def test_multi_connector_facts_match_vllm_0_30() -> None:
         assert table[name]["layout"] in layouts, name
 
 
+def test_multi_connector_release_rows_match_vllm_0_30() -> None:
+    """0.30 is the first release read without the ``broken`` rows' bugs (first_fixed_read):
+    it merges a second child's kv_transfer_params (so LMCacheMPConnector's {} and
+    ExampleHiddenStatesConnector's path no longer raise; both still return them), NIXL's
+    replicated-PCP ranks report sends done, and HMA children get request_finished_all_groups."""
+    f = facts()
+    assert not f["multi_one_producer_refused"] and f["multi_key_clash"]
+    assert f["lmcache_mp_empty_params"] and f["hidden_states_params"]
+    assert f["nixl_replicated_pcp_reports_sent"] and f["multi_hma_dispatch"]
+    rows = {row["id"]: row for row in _yaml("multi_connector.yaml")["broken"]}
+    assert {r["first_fixed_read"] for r in rows.values()} == {"0.30"}
+    assert _yaml("multi_connector.yaml")["params_merge"]["first_merging_read"] == "0.30"
+
+
 def test_parallel_config_keys_match_vllm_omni_0_30() -> None:
     from omni_pd.check.rules.schema import PARALLEL_CONFIG_KEYS
 

@@ -19,6 +19,16 @@ def _src(mod: str) -> str:
     return inspect.getsource(importlib.import_module(mod))
 
 
+def _text(mod: str) -> str:
+    """A module's source without importing it (LMCacheMPConnector imports lmcache, absent here)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(mod)
+    assert spec is not None and spec.origin, mod
+    with open(spec.origin, encoding="utf-8") as f:
+        return f.read()
+
+
 def _extra_keys(*mods: str) -> list[str]:
     keys: set[str] = set()
     for m in mods:
@@ -64,6 +74,11 @@ def main() -> None:
         "mooncake_remote_pp": "remote_pp_size" in _src(f"{kv}.mooncake.mooncake_connector"),
         "multi_key_clash": "Key clash in kv_transfer_params" in _src(f"{kv}.multi_connector"),
         "multi_first_wins": "The first connector that has new matched tokens" in _src(f"{kv}.multi_connector"),
+        "multi_one_producer_refused": "Only one connector can produce KV transfer params" in _src(f"{kv}.multi_connector"),
+        "multi_hma_dispatch": "request_finished_all_groups(" in _src(f"{kv}.multi_connector"),
+        "lmcache_mp_empty_params": "{} if params is not None else None" in _text(f"{kv}.lmcache_mp_connector"),
+        "hidden_states_params": 'return True, {"hidden_states_path"' in _src(f"{kv}.example_hidden_states_connector"),
+        "nixl_replicated_pcp_reports_sent": "_replicated_pcp_done_sending.update" in _src(f"{kv}.nixl.pull_worker"),
         "layouts": {
             "NixlConnector": _layout(f"{kv}.nixl.connector", "NixlBaseConnector"),
             "MooncakeConnector": _layout(f"{kv}.mooncake.mooncake_connector", "MooncakeConnector"),
