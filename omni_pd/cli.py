@@ -88,16 +88,15 @@ def _devices_opt(value: Optional[str], name: str):
     return d
 
 
-def _schema_ref(out: Optional[Path]) -> str:
-    from omni_pd.resources import schema_path
+def _schema_ref(ref: Optional[str]) -> str:
+    """The ``$schema`` of expand's header line: ``--schema-ref`` as given, else the schema's
+    file name (``omni-pd-deploy.schema.json``). yaml-language-server resolves a relative
+    modeline path against the YAML file itself, so the default names a file next to the
+    output, the same on every machine and from every working directory (``omni-pd schema
+    -o`` writes it); a path into this installation's site-packages would be neither."""
+    from omni_pd.resources import SCHEMA_FILENAME
 
-    base = out.resolve().parent if out is not None else Path.cwd()
-    sp = schema_path()
-    try:
-        rel = os.path.relpath(sp, base)
-    except ValueError:
-        return str(sp)
-    return rel if not rel.startswith("..") else str(sp)
+    return SCHEMA_FILENAME if ref is None else ref
 
 
 @app.command()
@@ -123,7 +122,10 @@ def expand(
     decode_replicas: Optional[int] = typer.Option(
         None, "--decode-replicas", min=1, max=64, help="xPyD: decode instances (num_replicas of the decode stage)"),
     pipeline: Optional[str] = typer.Option(None, "--pipeline", help="pipeline name when the file does not say"),
-    schema_ref: Optional[str] = typer.Option(None, "--schema-ref", help="$schema value for the header"),
+    schema_ref: Optional[str] = typer.Option(
+        None, "--schema-ref", metavar="URL|PATH",
+        help="$schema of the yaml-language-server header line; a relative path is resolved against the output "
+             "file (default: omni-pd-deploy.schema.json next to it, written by `omni-pd schema -o`; '' drops the line)"),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="hide info diagnostics"),
     encoder_split: Optional[str] = typer.Option(
         None, "--encoder-split", help="disaggregate the multimodal encoder: 1e1pd (encoder + one instance) or "
@@ -180,13 +182,13 @@ def expand(
             doc, EncoderOptions(encoder_split, ec_connector or DEFAULT_EC_CONNECTOR, ec_storage_path,
                                 _devices_opt(encoder_devices, "--encoder-devices")), opts,
             vllm_version=vllm_version, pipeline=pipeline,
-            schema_ref=schema_ref if schema_ref is not None else _schema_ref(output))
+            schema_ref=_schema_ref(schema_ref))
         if kv_buffer_device is not None and eres.plan.pd is not None:
             cli_options.kv_buffer_device(kv_buffer_device, eres.plan.pd.connector, tgt)
         res = eres  # same text/topology/diagnostics fields as a PD expand
     else:
         res = expand_document(doc, opts, vllm_version=vllm_version, pipeline=pipeline,
-                              schema_ref=schema_ref if schema_ref is not None else _schema_ref(output))
+                              schema_ref=_schema_ref(schema_ref))
     if kv_buffer_device is not None and encoder_split is None:
         cli_options.kv_buffer_device(kv_buffer_device, res.plan.connector, tgt)
     _self_check(res.text, doc, vllm_version, output, platform=opts.platform)
@@ -198,6 +200,7 @@ def expand(
         atomic_write(output, res.text, protect=[str(src)])
         if not quiet:
             sys.stderr.write(f"wrote {output} ({res.plan.target_pipeline.name}, {len(res.topology.stages)} stages)\n")
+            _say_missing_schema(_schema_ref(schema_ref), output)
 
 
 def _require_deploy_config(doc, pipeline: Optional[str], vllm_version: Optional[str]) -> None:
@@ -262,19 +265,36 @@ def _self_check(text: str, doc, vllm_version: Optional[str], output: Optional[Pa
         help="this is a bug in omni-pd (nothing was written); please report it with the input and options"), exit_code=3)
 
 
+def _say_missing_schema(ref: str, output: Path) -> None:
+    """A note on stderr when the header's relative ``$schema`` file is not next to ``output``
+    (editors then cannot find it), with the command that writes it."""
+    if not ref or "://" in ref or os.path.isabs(ref):
+        return
+    where = output.parent / ref
+    if not where.exists():
+        sys.stderr.write(f"note: the $schema header names {where}, which does not exist; "
+                         f"write it with: omni-pd schema -o {where}\n")
+
+
 @app.command()
-def schema(output: Optional[Path] = typer.Option(None, "-o", "--output", help="write here instead of stdout")) -> None:
-    """Print the JSON Schema of a deploy config (generated from omni-pd's pydantic model)."""
+def schema(output: Optional[Path] = typer.Option(
+        None, "-o", "--output",
+        help="write here (atomically) instead of stdout; a directory gets omni-pd-deploy.schema.json")) -> None:
+    """Print the JSON Schema of a deploy config (generated from omni-pd's pydantic model).
+
+    expand's header line (`# yaml-language-server: $schema=omni-pd-deploy.schema.json`)
+    names this file next to its output: `omni-pd schema -o DIR` puts it there."""
     import json
 
     from omni_pd.io import atomic_write
     from omni_pd.compile.model import json_schema
+    from omni_pd.resources import SCHEMA_FILENAME
 
     text = json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
     if output is None:
         sys.stdout.write(text)
     else:
-        atomic_write(output, text)
+        atomic_write(output / SCHEMA_FILENAME if output.is_dir() else output, text)
 
 
 @app.command()

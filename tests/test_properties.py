@@ -250,7 +250,7 @@ def cases(draw) -> Case:
 def expand(case: Case, text: str | None = None) -> ExpandResult:
     """Expand ``case`` (or ``text`` with its options) the way the CLI does."""
     return expand_document(parse_text(text if text is not None else case.text, FILE_NAME), case.opts,
-                           vllm_version=case.version, schema_ref="schemas/omni-pd-deploy.schema.json")
+                           vllm_version=case.version, schema_ref="omni-pd-deploy.schema.json")
 
 
 def reparse(res: ExpandResult):
