@@ -39,7 +39,7 @@ RESULTS = SCRATCH / "results.json"
 
 #: module -> the smallest test files that cover it (mutmut narrows further per mutant)
 TARGETS: dict[str, list[str]] = {
-    "omni_pd/launch/smoke.py": ["tests/test_smoke.py", "tests/test_smoke_units.py"],
+    "omni_pd/launch/smoke.py": ["tests/test_smoke.py", "tests/test_smoke_units.py", "tests/test_epd_launch.py"],
     "omni_pd/launch/preflight.py": ["tests/test_preflight.py", "tests/test_launch_plan.py"],
     "omni_pd/compile/connectors/__init__.py": ["tests/test_connectors.py", "tests/test_expand.py"],
     "omni_pd/compile/connectors/base.py": ["tests/test_connectors.py", "tests/test_expand.py"],
@@ -169,12 +169,12 @@ def main(argv: list[str] | None = None) -> int:
             show(m)
         return 0
     SCRATCH.mkdir(parents=True, exist_ok=True)
-    old = json.loads(RESULTS.read_text(encoding="utf-8")) if RESULTS.exists() else {}
     rows = []
     for m in mods:
         r = run(m)
-        old[m] = r
         rows.append(r)
+        old = json.loads(RESULTS.read_text(encoding="utf-8")) if RESULTS.exists() else {}  # another run may have written
+        old[m] = r
         RESULTS.write_text(json.dumps(old, indent=1), encoding="utf-8")
         print(table([r]).splitlines()[-1], flush=True)
     print(table(rows))
