@@ -205,32 +205,31 @@ def expand(
 
 def _require_deploy_config(doc, pipeline: Optional[str], vllm_version: Optional[str]) -> None:
     """expand's gate: the schema rules (OPD1xx) on the input. A file that is not a
-    deploy config gets OPD007 saying what it looks like, then its schema findings
-    (exit 2); a deploy config with schema errors gets those (exit 2)."""
-    from omni_pd.check.inputs import describe
+    deploy config gets validate's OPD007 (omni_pd/check/inputs.py ``not_a_deploy_config``)
+    with the schema findings summed up in a note (exit 2); a deploy config with schema
+    errors gets those (exit 2)."""
+    from dataclasses import replace
+
     from omni_pd.check.rules import registry
     from omni_pd.check.validate import ValidateOptions, validate_document
-    from omni_pd.compile.parse import to_plain
 
-    looks_like = describe(to_plain(doc.tree))
     schema = tuple(c for c in registry() if c.startswith("OPD1"))
     res = validate_document(doc, ValidateOptions(rules=schema, pipeline=pipeline, vllm_version=vllm_version))
-    errors = res.errors
-    if looks_like is None and not errors:
+    gate = next((d for d in res.diagnostics if d.code == "OPD007"), None)
+    errors = [d for d in res.errors if d.code != "OPD007"]
+    if gate is None and not errors:
         return
-    found = [d for d in res.diagnostics if d.severity is not Severity.INFO]
-    if looks_like is not None:
+    found = [d for d in res.diagnostics if d.severity is not Severity.INFO and d.code != "OPD007"]
+    if gate is not None:
         from omni_pd.diagnostics import summary
 
         notes = [f"schema checks: {summary(found)}; `omni-pd validate {doc.name}` lists them"]
         if errors:
             notes.append(f"first error: {errors[0].message} at {errors[0].location}")
-        found = [Diagnostic(
-            code="OPD007", severity=Severity.ERROR, location=doc.loc(()),
-            message=f"not a deploy config: this looks like {looks_like}", notes=notes,
-            help="expand takes a vllm-omni deploy config (a `stages:` list of per-stage engine settings, "
-                 "like presets/qwen3_omni_moe.yaml); nothing was written")]
-    elif errors and all(d.code == "OPD102" for d in errors):
+        found = [replace(gate, notes=notes, help=(
+            "expand takes a vllm-omni deploy config (a `stages:` list of per-stage engine settings, "
+            "like presets/qwen3_omni_moe.yaml); nothing was written"))]
+    elif all(d.code == "OPD102" for d in errors):
         return  # the legacy stage_args layout: expand explains it (OPD102) itself
     _emit_diags(found, res.docs)
     raise SystemExit(2)

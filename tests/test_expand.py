@@ -376,7 +376,7 @@ def test_expanding_a_pd_config_is_refused():
     ("stages:\n  - stage_id: 0\n    tensor_parallel_size: two\n", "OPD101", ":3:27",
      "`tensor_parallel_size` must be an integer, found 'two'"),
     ("a: 1\na: 2\n", "OPD003", ":2:1", "duplicate key"),
-    ("pipeline: qwen3_omni_mo\nstages: []\n", "OPD802", ":1:11", "unknown pipeline `qwen3_omni_mo`"),
+    ("pipeline: qwen3_omni_mo\nstages:\n  - {stage_id: 0}\n", "OPD802", ":1:11", "unknown pipeline `qwen3_omni_mo`"),
     ("stage_args:\n  - stage_id: 0\n", "OPD102", ":1:1", "legacy `stage_args` file"),
     ("- 1\n- 2\n", "OPD004", ":1:1", "expected a mapping"),
     ("stages:\n  - {stage_id: 0}\n  - {stage_id: 1}\n", "OPD802", ":1:1", "cannot tell which pipeline"),

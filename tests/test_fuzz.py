@@ -474,9 +474,10 @@ def test_regression_huge_tp_option(tmp_path: Path) -> None:
 def test_regression_huge_top_level_data_parallel_size(tmp_path: Path) -> None:
     # found by the fuzzer: an OPD805 with no position (the size came from the top level)
     path = tmp_path / "qwen3_omni_moe.yaml"
-    path.write_text("stages: []\npipeline: qwen3_omni_moe\ndata_parallel_size: 1180591620717411303423\n")
+    # (one stage: `stages: []` is OPD007 since validate and expand share that gate)
+    path.write_text("stages:\n  - stage_id: 0\npipeline: qwen3_omni_moe\ndata_parallel_size: 1180591620717411303423\n")
     d = first_error(cli(["expand", str(path)]))
-    assert (d.code, d.line, d.column) == ("OPD805", 3, 21)
+    assert (d.code, d.line, d.column) == ("OPD805", 4, 21)
 
 
 def test_regression_unknown_connector_from_the_file_is_located(tmp_path: Path) -> None:

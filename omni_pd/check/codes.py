@@ -74,12 +74,15 @@ CODES: tuple[CodeDoc, ...] = (
             config.json mapping, or an unknown code given to ``explain``. The message names the
             option and the help lists what it accepts.""",
             "omni_pd/cli.py, omni_pd/check/validate.py, omni_pd/compile/expand.py", exit=2),
-    CodeDoc("OPD007", "not-a-deploy-config", _E, "input", "expand was given a file that is not a deploy config",
-            """``expand`` runs the schema checks (OPD1xx) on its input first. When they fail it
-            says what the file looks like instead (an omni-pd pipeline definition from
-            ``presets/pipelines/``, a legacy ``stage_args`` config, a launch inventory, a Hugging
-            Face config.json, a JSON Schema) and writes nothing; the schema findings follow.""",
-            "omni_pd/cli.py expand", exit=2),
+    CodeDoc("OPD007", "not-a-deploy-config", _E, "input", "the file is not a deploy config",
+            """``expand`` and ``validate`` share one gate (``check/inputs.py not_a_deploy_config``):
+            a file without a non-empty ``stages:`` list (and no ``base_config`` to inherit one
+            from) says what it looks like instead (an omni-pd pipeline definition from
+            ``presets/pipelines/``, ``stages: []``, a launch inventory, a Hugging Face config.json,
+            a JSON Schema, a CI workflow or Kubernetes manifest), located at the top of the file.
+            ``expand`` writes nothing (exit 2, the schema findings summed up in a note);
+            ``validate`` reports it as an error (exit 1) with the schema findings only.""",
+            "omni_pd/check/inputs.py, omni_pd/cli.py expand, omni_pd/check/validate.py", exit=2),
     CodeDoc("OPD008", "not-a-pd-split", _E, "input", "diff was given a second file that is not a prefill/decode split",
             """``omni-pd diff IN OUT`` matches each stage of OUT to the stage of IN it came from
             through the split's id map, so OUT must have a prefill/decode pair with consecutive

@@ -12,7 +12,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from omni_pd.diagnostics import Diagnostic, Location, Severity
+
+if TYPE_CHECKING:
+    from omni_pd.io import Document
 
 #: file name suffixes a directory walk picks up
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -61,27 +66,39 @@ def collect_inputs(args: list[str]) -> Inputs:
     return Inputs(tuple(paths), tuple(problems))
 
 
+#: stage keys only an omni-pd pipeline definition (presets/pipelines) has; a deploy
+#: stage may set ``final_output``/``final_output_type`` (vllm-omni 0.30's shipped
+#: hunyuan_image_3_moe.yaml does), so those do not count
+_GRAPH_KEYS = frozenset({"role", "execution_type", "model_stage", "input_sources"})
+
+
 def describe(plain: object) -> str | None:
     """What a loaded YAML document looks like when it is not a vllm-omni deploy config,
-    or None when it looks like one (a mapping with a ``stages:`` list of stage settings,
-    or the legacy ``stage_args:`` layout). Pure; used by ``expand`` to say why it refuses
-    a file (OPD007).
+    or None when it looks like one: a mapping with a non-empty ``stages:`` list of stage
+    settings, a child that names a ``base_config`` (its stages come from the base, as in
+    vllm-omni 0.30's shipped bagel_think.yaml), or the legacy ``stage_args:`` layout.
+    Pure; the OPD007 gate of both ``expand`` and ``validate`` (:func:`not_a_deploy_config`).
 
     Recognised: omni-pd pipeline definitions (presets/pipelines: ``stages[]`` with
-    ``role``/``execution_type``/``model_stage``, top-level ``model_arch``/``deploy_configs``),
-    launch inventories (``hosts``/``placement``), Hugging Face config.json
-    (``model_type``/``architectures``), JSON Schemas, omni-pd target facts
-    (presets/targets), and any other mapping without ``stages:``."""
+    ``role``/``execution_type``/``model_stage``/``input_sources``, top-level
+    ``model_arch``/``deploy_configs``), an empty ``stages:`` list, launch inventories
+    (``hosts``/``placement``), Hugging Face config.json (``model_type``/``architectures``),
+    JSON Schemas, omni-pd target facts (presets/targets), vllm-omni's forced-aligner
+    stage settings (``forced_aligner:``, given with ``--forced-aligner-config``), and any
+    other mapping without ``stages:`` (a CI workflow, a Kubernetes manifest)."""
     if not isinstance(plain, dict):
         return None
     stages = plain.get("stages")
-    graph_keys = {"role", "execution_type", "model_stage", "input_sources", "final_output_type"}
-    if isinstance(stages, list) and any(isinstance(s, dict) and graph_keys & set(s) for s in stages) \
+    if isinstance(stages, list) and any(isinstance(s, dict) and _GRAPH_KEYS & set(s) for s in stages) \
             or ({"model_arch", "deploy_configs"} & set(plain) and "stages" in plain):
         return ("an omni-pd pipeline definition (the stage graph, like presets/pipelines/*.yaml: "
                 "stages with role/execution_type/input_sources), not deploy settings")
-    if "stages" in plain or "stage_args" in plain:
+    if "stage_args" in plain or plain.get("base_config"):
         return None
+    if "stages" in plain:
+        if isinstance(stages, list) and not stages:
+            return "an empty deploy config (`stages: []` sets no stage, so there is nothing to run)"
+        return None  # a stages: value of the wrong type is the schema's (OPD101)
     keys = set(plain)
     if "hosts" in keys or "placement" in keys:
         return "a launch inventory (hosts and placement; give it to `validate --inventory`)"
@@ -91,5 +108,27 @@ def describe(plain: object) -> str | None:
         return "a JSON Schema"
     if {"default_version", "kv_transfer_config_fields", "kv_connectors", "patches", "runtimes", "owned"} & keys:
         return "omni-pd target facts (presets/targets/*.yaml)"
+    if keys == {"forced_aligner"}:
+        return ("vllm-omni's forced-aligner stage settings (qwen3_tts_forced_aligner.yaml, given with "
+                "`--forced-aligner-config`; appended to a TTS pipeline, not a deploy config of its own)")
     shown = ", ".join(sorted(map(str, keys))[:6]) + (", ..." if len(keys) > 6 else "")
     return f"a YAML mapping without `stages:` (top-level keys: {shown})"
+
+
+#: the help OPD007 carries in ``validate`` (``expand`` adds that it wrote nothing)
+NOT_A_DEPLOY_CONFIG_HELP = ("omni-pd checks vllm-omni deploy configs (a `stages:` list of per-stage engine "
+                            "settings, like presets/qwen3_omni_moe.yaml)")
+
+
+def not_a_deploy_config(doc: "Document") -> Diagnostic | None:
+    """The OPD007 gate shared by ``expand`` and ``validate``: an error located at the top
+    of ``doc`` (line 1) saying what the file looks like (:func:`describe`), or None for a
+    deploy config. Pure (reads ``doc.tree`` only)."""
+    from omni_pd.compile.parse import to_plain
+
+    looks_like = describe(to_plain(doc.tree))
+    if looks_like is None:
+        return None
+    return Diagnostic(code="OPD007", severity=Severity.ERROR, location=doc.loc(()),
+                      message=f"not a deploy config: this looks like {looks_like}",
+                      help=NOT_A_DEPLOY_CONFIG_HELP)

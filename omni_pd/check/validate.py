@@ -335,9 +335,13 @@ def choose_pipeline(cfg: DeployConfig, loc: Locator, cat: Catalogue, opts: Valid
 # --- the entry points -----------------------------------------------------------------
 
 def validate_document(doc: Document, opts: ValidateOptions | None = None) -> ValidateResult:
-    """Check ``doc`` with every rule. Raises :class:`OmniPdError` (exit 2) only for bad
-    usage (an unknown ``--vllm-version`` or ``--platform``)."""
+    """Check ``doc`` with every rule. A file that is not a deploy config (a CI workflow,
+    a pipeline definition, ``stages: []``) gets the OPD007 error expand refuses it with
+    (:func:`omni_pd.check.inputs.not_a_deploy_config`) and the schema rules only.
+    Raises :class:`OmniPdError` (exit 2) only for bad usage (an unknown
+    ``--vllm-version`` or ``--platform``)."""
     from omni_pd.compile.parse import to_plain
+    from omni_pd.check.inputs import not_a_deploy_config
     from omni_pd.check.rules import Context, registry, run_rules
     from omni_pd.compile.targets import target as make_target
     from omni_pd.compile.topology import resolve
@@ -352,16 +356,19 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
         raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
                                      message=f"unknown platform `{opts.platform}`",
                                      help="one of: " + ", ".join(PLATFORMS)))
-    rules = [r for c, r in registry().items() if opts.rules is None or c in opts.rules]
     plain = to_plain(doc.tree)
+    gate = not_a_deploy_config(doc)
+    # a file that is no deploy config (OPD007): only the schema rules say more about it;
+    # the topology rules would judge stages it does not have
+    rules = [r for c, r in registry().items()
+             if (opts.rules is None or c in opts.rules) and (gate is None or c.startswith("OPD1"))]
     legacy = "stage_args" in plain and "stages" not in plain
-    diags: list[Diagnostic] = []
+    diags: list[Diagnostic] = [gate] if gate is not None else []
     if legacy:
         ctx = Context(doc=Locator(doc), config=None, topology=None, target=tgt, platform=opts.platform,
                       inventory=opts.inventory, model=opts.model, env=dict(opts.env), cli=dict(opts.cli),
                       raw=plain, legacy=True)
-        diags = run_rules(ctx, rules)
-        return ValidateResult(_finish(diags), {doc.name: doc})
+        return ValidateResult(_finish(diags + run_rules(ctx, rules)), {doc.name: doc})
     merged, locator, base_diags = _merge_base(doc, plain)
     diags += base_diags
     cfg, parse_diags = parse_all(merged, locator)
