@@ -723,6 +723,13 @@ def launch(
         sys.stdout.write(f"{doc.name}: not launched ({summary(errors)})\n")
         raise SystemExit(1)
     if dry_run:
+        from omni_pd.launch.preflight import plan_checks  # the preflight checks needing no system state
+
+        clashes = plan_checks(plan)
+        if clashes:
+            sys.stdout.write(render_text(clashes, _line_source(res.docs)) + "\n")
+            sys.stdout.write(f"{doc.name}: not launched ({summary(clashes)})\n")
+            raise SystemExit(1)
         if fmt == "json":
             sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n")
         else:

@@ -188,6 +188,28 @@ def test_dry_run_cli_prints_json_and_starts_nothing(tmp_path):
     assert [p["name"] for p in json.loads(r.stdout)["processes"]] == ["prefill-0", "decode-0", "router"]
 
 
+@pytest.mark.parametrize("stage_port, clash", [
+    # decode's side channel on the router's port (two processes)
+    ('"5601"', "error[OPD960]: port 8000 on 127.0.0.1 is planned for both decode-0 (NIXL side channel) "
+               "and router (http)\n"),
+    # prefill's side channel on its own HTTP port (one process, two listeners)
+    ('"5600"', None),
+])
+def test_dry_run_reports_a_port_the_plan_uses_twice(tmp_path, stage_port, clash):
+    cfg = compiled(tmp_path, LLM, ExpandOptions(connector="NixlConnector"), "llm")
+    text = cfg.read_text()
+    assert f"VLLM_NIXL_SIDE_CHANNEL_PORT: {stage_port}" in text
+    new = "8000" if clash else "8100"
+    cfg.write_text(text.replace(f"VLLM_NIXL_SIDE_CHANNEL_PORT: {stage_port}", f'VLLM_NIXL_SIDE_CHANNEL_PORT: "{new}"'))
+    r = subprocess.run([sys.executable, "-m", "omni_pd.cli", "launch", str(cfg), "--model", "m", "--dry-run",
+                        "--vllm", "/nonexistent/vllm"], capture_output=True, text=True)
+    assert r.returncode == 1, r.stdout + r.stderr
+    expect = clash or ("error[OPD960]: port 8100 on 127.0.0.1 is planned for both prefill-0 (http) "
+                       "and prefill-0 (NIXL side channel)\n")
+    assert r.stdout == (expect + "  = help: give each process its own port (see `omni-pd launch --help`)\n\n"
+                        f"{cfg}: not launched (1 error, 0 warnings, 0 info)\n")
+
+
 def test_validation_errors_stop_the_launch(tmp_path):
     cfg = compiled(tmp_path, LLM, ExpandOptions(), "llm")
     cfg.write_text(cfg.read_text().replace("kv_role: kv_consumer", "kv_role: kv_producer"))

@@ -96,9 +96,9 @@ def test_a_port_planned_for_two_processes_is_reported_once_per_extra_user() -> N
     b = proc("decode", ports=(PortUse(port, "kv side channel"),))
     c = proc("router", ports=(PortUse(port, "http"),))
     assert view(pf.check_ports(plan(a, b, c))) == [
-        ("OPD960", E, f"port {port} on 127.0.0.1 is planned for both prefill and decode (kv side channel)",
+        ("OPD960", E, f"port {port} on 127.0.0.1 is planned for both prefill (http) and decode (kv side channel)",
          "give each process its own port (see `omni-pd launch --help`)"),
-        ("OPD960", E, f"port {port} on 127.0.0.1 is planned for both prefill and router (http)",
+        ("OPD960", E, f"port {port} on 127.0.0.1 is planned for both prefill (http) and router (http)",
          "give each process its own port (see `omni-pd launch --help`)")]
 
 
@@ -109,6 +109,18 @@ def test_one_process_listing_a_port_twice_and_other_hosts_are_not_conflicts() ->
     s.close()
     a = proc("prefill", ports=(PortUse(port, "http"), PortUse(port, "metrics")))
     assert pf.check_ports(plan(a)) == []
+
+
+def test_planned_clashes_are_pure_and_cover_one_process_http_and_side_channel() -> None:
+    # no socket is touched: 8100 need not be free for the plan-internal check
+    a = proc("prefill-0", ports=(PortUse(8100, "http"), PortUse(8100, "NIXL side channel")))
+    b = proc("decode-0", ports=(PortUse(8200, "http"), PortUse(8000, "NIXL side channel")))
+    c = proc("router", ports=(PortUse(8000, "http"),))
+    assert view(pf.plan_checks(plan(a, b, c))) == [
+        ("OPD960", E, "port 8100 on 127.0.0.1 is planned for both prefill-0 (http) and prefill-0 (NIXL side channel)",
+         "give each process its own port (see `omni-pd launch --help`)"),
+        ("OPD960", E, "port 8000 on 127.0.0.1 is planned for both decode-0 (NIXL side channel) and router (http)",
+         "give each process its own port (see `omni-pd launch --help`)")]
 
 
 # --- OPD961 executables ----------------------------------------------------------------------------------

@@ -46,20 +46,49 @@ def port_free(host: str, port: int) -> tuple[bool, str]:
     return False, errno.errorcode.get(e.errno or 0, str(e)) + f" ({e.strerror})"
 
 
-def check_ports(plan: LaunchPlan) -> list[Diagnostic]:
-    """OPD960 for every planned port that is taken or planned twice on one host."""
+def _listener(purpose: str) -> str:
+    """The socket a port use binds: vLLM's API server serves ``/metrics`` on its HTTP port."""
+    return "http" if purpose in ("http", "metrics") else purpose
+
+
+def planned_port_clashes(plan: LaunchPlan) -> list[Diagnostic]:
+    """OPD960 for every port ``plan`` gives to two listeners on one host: two processes
+    (an engine's HTTP port, the router's, a KV side channel / bootstrap port from the
+    stage env), or one process's HTTP port and its own side channel.
+    Pure: reads the plan only, so ``launch --dry-run`` runs it too (:func:`plan_checks`)."""
     out: list[Diagnostic] = []
-    seen: dict[tuple[str, int], str] = {}
+    seen: dict[tuple[str, int], tuple[str, str]] = {}
     for p in plan.processes:
         for u in p.ports:
             key = (u.host, u.port)
-            if key in seen and seen[key] != p.name:
-                out.append(Diagnostic(code="OPD960", severity=Severity.ERROR, 
-                                      message=f"port {u.port} on {u.host} is planned for both {seen[key]} and "
-                                              f"{p.name} ({u.purpose})",
+            if key in seen and (seen[key][0] != p.name or _listener(seen[key][1]) != _listener(u.purpose)):
+                first, purpose = seen[key]
+                out.append(Diagnostic(code="OPD960", severity=Severity.ERROR,
+                                      message=f"port {u.port} on {u.host} is planned for both {first} ({purpose}) "
+                                              f"and {p.name} ({u.purpose})",
                                       help="give each process its own port (see `omni-pd launch --help`)"))
                 continue
-            seen[key] = p.name
+            seen.setdefault(key, (p.name, u.purpose))
+    return out
+
+
+def plan_checks(plan: LaunchPlan) -> list[Diagnostic]:
+    """The checks that need no system state (today: :func:`planned_port_clashes`);
+    ``launch --dry-run`` runs these, a real launch runs them inside :func:`preflight`."""
+    return planned_port_clashes(plan)
+
+
+def check_ports(plan: LaunchPlan) -> list[Diagnostic]:
+    """OPD960 for every planned port that is planned twice on one host
+    (:func:`planned_port_clashes`) or cannot be bound (try-bind, each port once)."""
+    out = planned_port_clashes(plan)
+    tried: set[tuple[str, int]] = set()
+    for p in plan.processes:
+        for u in p.ports:
+            key = (u.host, u.port)
+            if key in tried:
+                continue
+            tried.add(key)
             ok, why = port_free(u.host, u.port)
             if not ok:
                 out.append(Diagnostic(code="OPD960", severity=Severity.ERROR, 
