@@ -518,14 +518,14 @@ def _validate_one(name: str, opts, against: bool, python: Optional[str], model: 
 
         base = (res.pipeline_name or "qwen3_omni_moe").removesuffix("_pd")
         if name != "-" and Path(name).is_file():  # vllm-omni reads the file itself (base_config resolves beside it)
-            found += run_against(Path(name), python=python, model=model, model_type=base)
+            found += run_against(Path(name), python=python, model=model, model_type=base, pipeline=res.pipeline_name)
         else:  # a pipe (/dev/stdin, -) is already consumed: hand vllm-omni the text omni-pd read
             import tempfile
 
             with tempfile.TemporaryDirectory(prefix="omni-pd-against-") as tmp:
                 copy = Path(tmp) / "stdin.yaml"
                 copy.write_text(doc.text, encoding="utf-8")
-                found += run_against(copy, python=python, model=model, model_type=base)
+                found += run_against(copy, python=python, model=model, model_type=base, pipeline=res.pipeline_name)
     return found, res.docs
 
 

@@ -203,3 +203,34 @@ def test_against_vllm_omni_without_vllm_omni_says_how_to_install(tmp_path):
     assert p.returncode == 2
     assert "error[OPD952]: vllm-omni is not importable here and no --vllm-omni-python was given" in p.stderr
     assert "pip install vllm-omni==0.30.0" in p.stderr
+
+
+def test_against_vllm_omni_does_not_apply_to_plain_vllm_pipelines(tmp_path, capsys):
+    # vllm-omni registers no `llm_pd` (its resolver raised KeyError, reported as OPD951,
+    # exit 1); the file now gets an info and vllm-omni is not run at all (the python
+    # given does not exist: running it would be OPD952, exit 2)
+    from omni_pd.compile.expand import expand_document
+    from omni_pd.compile.passes.pd_split import ExpandOptions
+
+    f = tmp_path / "pd.yaml"
+    f.write_text(expand_document(load_file(REPO / "tests" / "fixtures" / "llm.yaml"), ExpandOptions()).text)
+    rc = main(["validate", str(f), "--against-vllm-omni", "--vllm-omni-python", str(tmp_path / "no-python")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert (f"info[OPD953]: pipeline `llm_pd` runs on plain `vllm serve` (omni-pd launch starts one vLLM engine "
+            f"per stage), not on vllm-omni: --against-vllm-omni does not apply and nothing was run\n --> {f}:1:1\n") in out
+    assert out.endswith(f"{f}: ok (0 errors, 0 warnings, 2 info)\n")
+
+
+def test_plain_vllm_scope_is_read_from_the_catalogue(tmp_path):
+    from omni_pd.upstream.against import against_vllm_omni, plain_vllm_pipeline
+
+    f = tmp_path / "pd.yaml"
+    [d] = against_vllm_omni(f, python=str(tmp_path / "no-python"), pipeline="llm_pd")
+    assert (d.code, d.severity, d.location.line, d.message) == (
+        "OPD953", Severity.INFO, 1,
+        "pipeline `llm_pd` runs on plain `vllm serve` (omni-pd launch starts one vLLM engine per stage), "
+        "not on vllm-omni: --against-vllm-omni does not apply and nothing was run")
+    # pipelines vllm-omni registers (or omni-pd's plugin registers in it) still go to vllm-omni
+    for name in ("qwen3_omni_moe_pd", "qwen3_omni_moe_thinker_only_pd", "not_catalogued", None):
+        assert plain_vllm_pipeline(f, name) is None

@@ -158,6 +158,12 @@ CODES: tuple[CodeDoc, ...] = (
             importable (this one, ``--vllm-omni-python`` or ``$OMNI_PD_ORACLE_PYTHON``), or it
             failed to start. The help says how to install it.""",
             "omni_pd/upstream/against.py against_vllm_omni()", exit=2),
+    CodeDoc("OPD953", "vllm-omni-not-applicable", _I, "against", "the pipeline runs on plain vLLM, not vllm-omni",
+            """``validate --against-vllm-omni`` on a file whose pipeline omni-pd's catalogue marks
+            ``runtime: vllm`` (``llm``, ``llm_pd``, the encoder layouts): vllm-omni registers no
+            such pipeline and ``omni-pd launch`` serves it with plain ``vllm serve``, so
+            vllm-omni is not run; the other diagnostics decide the exit status.""",
+            "omni_pd/upstream/against.py plain_vllm_pipeline()"),
     CodeDoc("OPD960", "port-unbindable", _E, "launch", "a planned port cannot be bound",
             """Preflight try-binds every port of the launch plan on its host (TCP, no listen,
             SO_REUSEADDR as uvicorn and ZMQ set it); a port held by another process, or planned

@@ -7,6 +7,8 @@ calls), then turns its answer into diagnostics:
 * OPD950 (info): vllm-omni resolves the file; pipeline, stages and PD pair it found.
 * OPD951 (error): vllm-omni refuses the file; its exception is the message.
 * OPD952 (error, exit 2): vllm-omni cannot be run; the help says how to install it.
+* OPD953 (info): the file's pipeline runs on plain ``vllm serve``, not on vllm-omni, so
+  nothing is run (:func:`plain_vllm_pipeline`).
 """
 
 from __future__ import annotations
@@ -39,15 +41,43 @@ def _unavailable(message: str) -> OmniPdError:
     return OmniPdError(Diagnostic(code="OPD952", severity=Severity.ERROR, message=message, help=INSTALL_HELP))
 
 
+def plain_vllm_pipeline(path: Path, pipeline: str | None) -> Diagnostic | None:
+    """OPD953 (info, at the top of ``path``) when omni-pd's catalogue says ``pipeline``
+    is a plain vLLM one (``Pipeline.runtime == "vllm"``: ``llm``, ``llm_pd``, the
+    ``*_1e1pd``/``*_1e1p1d`` encoder layouts), else None. vllm-omni registers no such
+    pipeline (its resolver raises KeyError "Pipeline 'llm_pd' ... is not registered"),
+    and ``omni-pd launch`` serves it with one ``vllm serve`` per engine, so asking
+    vllm-omni says nothing about the file. Pipelines vllm-omni registers (or omni-pd's
+    plugin registers in it, e.g. ``*_thinker_only_pd``) are still checked, even when
+    launch serves them with plain vLLM: vllm-omni 0.30.0 accepts those.
+    Reads the catalogue only (omni_pd/compile/pipelines.py)."""
+    from omni_pd.compile.pipelines import load_catalogue
+
+    pipe = load_catalogue().get(pipeline) if pipeline else None
+    if pipe is None or pipe.runtime != "vllm":
+        return None
+    return Diagnostic(
+        code="OPD953", severity=Severity.INFO, location=Location(file=str(path), line=1, column=1),
+        message=f"pipeline `{pipe.name}` runs on plain `vllm serve` (omni-pd launch starts one vLLM engine per "
+                "stage), not on vllm-omni: --against-vllm-omni does not apply and nothing was run",
+        help=f"check the launch instead: `omni-pd launch {path} --model M --dry-run`")
+
+
 def against_vllm_omni(path: Path, *, python: str | None = None, model: str | None = None,
-                      model_type: str = "qwen3_omni_moe", timeout_s: float = 600.0) -> list[Diagnostic]:
-    """Run vllm-omni's resolver and PD checks on ``path``; returns OPD950 or OPD951.
+                      model_type: str = "qwen3_omni_moe", timeout_s: float = 600.0,
+                      pipeline: str | None = None) -> list[Diagnostic]:
+    """Run vllm-omni's resolver and PD checks on ``path``; returns OPD950 or OPD951, or
+    OPD953 without running anything when ``pipeline`` (omni-pd's catalogue name for the
+    file) runs on plain vLLM (:func:`plain_vllm_pipeline`).
 
     ``model``: what ``vllm serve`` would get (default: a config-only directory of
     ``model_type``). Raises :class:`OmniPdError` OPD952 (exit 2) when no interpreter
     with vllm-omni (and omni-pd, whose plugin registers the ``*_pd`` pipelines) is
     found or it cannot import them; ``timeout_s`` bounds the run (seconds).
     """
+    skip = plain_vllm_pipeline(path, pipeline)
+    if skip is not None:
+        return [skip]
     py = find_python(python)
     if py is None:
         raise _unavailable("vllm-omni is not importable here and no --vllm-omni-python was given")
