@@ -101,7 +101,7 @@ def test_expanded_preset_resolves_to_the_pd_pipeline_and_passes_pd_validation(ru
     assert r["detect_on_typed"] == [0, 1]
     # Canary: vllm-omni 0.30.0's own detector reads legacy fields the serve path's typed
     # stage configs lack, so on them it finds no pair. When this fails, upstream fixed
-    # it: see docs/upstream/vllm-omni-0.30-pd.md, "When upstream fixes it".
+    # it: see docs/upstream/README.md, "When upstream fixes it".
     assert r["detect_raw"] is None
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -173,8 +174,48 @@ def test_typed_configs_detect_validate_and_rewrite_prefill_with_the_layer(probes
 def test_raw_upstream_detector_still_misses_typed_configs(probes, name):
     """Canary: fails when vllm-omni detects PD on typed configs by itself. Then the
     layer's pd_detect/pd_validate/pd_connector_info rows can leave the 0.30 successor's
-    list in presets/targets/vllm_omni_compat.yaml (docs/upstream/vllm-omni-0.30-pd.md)."""
+    list in presets/targets/vllm_omni_compat.yaml (docs/upstream/README.md)."""
     assert probes[0]["files"][name]["raw_detect"] is None
+
+
+REPRO = ROOT / "docs" / "upstream" / "repro_pd_detection.py"
+DETECTION_DRAFT = ROOT / "docs" / "upstream" / "vllm-omni-0.30-pd-detection.md"
+#: runs the reproducer as ``__main__``, then says whether any omni_pd module got imported
+RUN_REPRO = """
+import runpy, sys
+try:
+    runpy.run_path(sys.argv[1], run_name="__main__")
+except SystemExit as e:
+    assert not e.code, e.code
+print("OMNI-PD-MODULES", sorted(m for m in sys.modules if m.split(".")[0] == "omni_pd"))
+"""
+LOG_LINE = re.compile(r"^(DEBUG|INFO|WARNING|ERROR) \d\d-\d\d ")
+
+
+def draft_output_block(text: str) -> list[str]:
+    """The first ```text block of the issue draft: the reproducer's output as pasted."""
+    start = text.index("```text\n") + len("```text\n")
+    return text[start:text.index("```", start)].splitlines()
+
+
+def test_upstream_only_reproducer_prints_what_the_detection_draft_shows():
+    """Canary with no omni-pd in the process: docs/upstream/repro_pd_detection.py (vllm-omni
+    and vLLM only, vLLM plugins off) prints, line for line, the output pasted in the issue
+    draft, ending in the detector's ``None`` on typed stage configs. Fails when upstream
+    starts detecting PD there (then see docs/upstream/README.md, "When upstream fixes it")
+    or when the draft no longer shows what the script prints."""
+    proc = subprocess.run([ORACLE, "-c", RUN_REPRO, str(REPRO)], capture_output=True, text=True, timeout=600,
+                          cwd=ROOT, env={**os.environ, "VLLM_PLUGINS": "", "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    lines = [x for x in proc.stdout.splitlines() if not LOG_LINE.match(x)]
+    assert lines[-1] == "OMNI-PD-MODULES []"
+    printed = lines[:-1]
+    assert printed[-3:] == [
+        "detect_pd_separation_from_stage_configs(typed stage configs) -> None",
+        "detect_pd_separation_from_stage_configs(legacy-named views of the same fields) -> (0, 1)",
+        "_validate_pd_separation_config(typed stage configs, pair (0, 1)) -> AttributeError: "
+        "'VllmOmniARStageConfig' object has no attribute 'engine_args'"]
+    assert printed == draft_output_block(DETECTION_DRAFT.read_text())
 
 
 @pytest.mark.parametrize("name", [n for n, f in FILES.items() if f[0] == "MooncakeConnector"])
@@ -319,7 +360,7 @@ print("OFFLINE " + json.dumps(out))
 def test_offline_omni_installs_the_layer_before_detection_but_resolves_the_pipeline_too_early():
     """Offline ``Omni``: nothing loads plugins before ``OmniEngineBase.__init__`` resolves
     ``pipeline:``, so a ``*_pd`` deploy file needs ``vllm.plugins.load_general_plugins()``
-    first (README, docs/upstream/vllm-omni-0.30-pd.md). Detection runs after
+    first (README, docs/upstream/README.md). Detection runs after
     ``StageRuntime._prepare_stage_plans`` -> ``prepare_engine_environment`` loads the
     plugin groups, which installs the layer on every path that starts an engine."""
     proc = subprocess.run([ORACLE, "-c", OFFLINE, str(ROOT / "tests" / "golden" / "qwen3_omni_moe_pd.yaml")],

@@ -109,10 +109,10 @@ def against_vllm_omni(path: Path, *, python: str | None = None, model: str | Non
         if pair and result.get("detect_on_typed") is None:
             notes.append(f"vllm-omni {ver}'s serve path will not switch PD on: its detector reads fields its typed "
                          "stage configs lack and omni-pd's compatibility layer is not installed (off, or refused: "
-                         "see the warning vllm-omni logs; docs/upstream/vllm-omni-0.30-pd.md)")
+                         "see the warning vllm-omni logs; docs/upstream/README.md)")
         elif pair and result.get("detect_raw") is None:
             notes.append(f"vllm-omni {ver}'s own detector misses the pair on the serve path's typed stage configs; "
-                         "omni-pd's compatibility layer switches PD on (docs/upstream/vllm-omni-0.30-pd.md)")
+                         "omni-pd's compatibility layer switches PD on (docs/upstream/vllm-omni-0.30-pd-detection.md)")
         return [Diagnostic(code="OPD950", severity=Severity.INFO, message=msg, location=where, notes=notes)]
     return [Diagnostic(code="OPD951", severity=Severity.ERROR,
                        message=f"vllm-omni {ver} refuses the file ({result.get('step')}): {verdict}",

@@ -4,7 +4,7 @@ vllm-omni 0.30.0's serve path (``vllm serve M --omni --deploy-config F`` and the
 offline ``Omni`` class) resolves a deploy file into typed stage configs
 (``vllm_omni/config/omni_config.py`` ``VllmOmniARStageConfig`` ...), while its PD code
 reads legacy attributes those objects do not have. Left alone, a four-stage PD deploy
-starts cleanly and runs the Thinker twice per request (docs/upstream/vllm-omni-0.30-pd.md).
+starts cleanly and runs the Thinker twice per request (docs/upstream/vllm-omni-0.30-pd-detection.md).
 
 This module wraps five upstream functions (the table in
 ``presets/targets/vllm_omni_compat.yaml``). Each wrapper calls the original first and
@@ -509,7 +509,7 @@ def install(*, version: str | None = None, table: CompatTable | None = None,
     if problems:
         msg = (f"omni-pd: vllm-omni {version} PD compatibility layer NOT installed, nothing patched: "
                + "; ".join(problems) + ". PD may not switch on for *_pd pipelines: check with "
-               "`omni-pd validate --against-vllm-omni` (docs/upstream/vllm-omni-0.30-pd.md)")
+               "`omni-pd validate --against-vllm-omni` (docs/upstream/README.md)")
         _once(log, logging.WARNING, msg)
         return InstallReport("refused", version, problems=tuple(problems), message=msg)
     if not todo:
