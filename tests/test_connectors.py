@@ -186,3 +186,44 @@ def test_mooncake_ports_take_the_role_from_the_side() -> None:
     ("0.30", 2, 3, "MooncakeConnector needs one TP size to divide the other (got 2 and 3)")])
 def test_mooncake_heterogeneous_tp(version, p, d, err) -> None:
     assert MOON.hetero_tp_error(p, d, target(version)) == err
+
+
+# --- defaults (survivors of bench/mutation.py on the connector modules) -----------------------------------
+
+def test_default_runtime_is_omni_pds_launcher_and_default_replicas_one() -> None:
+    t = target("0.30")
+    assert NIXL.port_span("prefill", 1, 1, t, replicas=3) == 3
+    assert [u.port for u in NIXL.ports("prefill", {}, {NP: "6000"}, 1, 1, t, replicas=2)] == [6000, 6001]
+    assert len(bootstrap_ports({"kv_role": "kv_producer"}, {}, 1, 1, t)) == 1
+    assert MOON.port_span("prefill", 1, 1, t, runtime="vllm-omni", replicas=1) == 1
+    assert MOON.port_span("prefill", 1, 1, t, runtime="vllm-omni") == 1
+
+
+def test_mooncake_ports_pass_tp_and_dp_and_treat_other_sides_as_producers() -> None:
+    assert MOON.ports("prefill", {}, {}, 2, 2, target("0.13")) == [
+        PortUse(8998, 4, "Mooncake bootstrap (env VLLM_MOONCAKE_BOOTSTRAP_PORT default)", MP, replica=0, key=None)]
+    assert [u.port for u in MOON.ports("encoder", {}, {MP: "9100"}, 1, 1, target("0.30"))] == [9100]
+
+
+def test_unread_keys_per_runtime() -> None:
+    t = target("0.30")
+    assert MOON.unread_keys(t) == ("kv_connector_extra_config.mooncake_bootstrap_port",
+                                   "kv_connector_extra_config.bootstrap_port")
+    assert MOON.unread_keys(t, "vllm-omni") == ("kv_connector_extra_config.mooncake_bootstrap_port",)
+    assert NIXL.unread_keys(t) == () and NIXL.unread_keys(t, "vllm-omni") == ()
+
+
+def test_the_base_contract_binds_nothing_and_wants_equal_tp() -> None:
+    from omni_pd.compile.connectors.base import KVConnector
+
+    class Bare(KVConnector):
+        name = "BareConnector"
+
+    b, t = Bare(), target("0.30")
+    assert b.default_port_base(t) is None
+    assert b.port_span("prefill", 2, 2, t) == 0 and b.port_span("prefill", 2, 2, t, runtime="vllm", replicas=3) == 0
+    assert b.ports("prefill", {}, {}, 2, 2, t) == [] and b.unread_keys(t) == ()
+    assert b.hetero_tp_error(1, 2, t) == "BareConnector needs equal tensor parallel size on prefill and decode"
+    assert b.hetero_tp_error(2, 2, t) is None
+    with pytest.raises(NotImplementedError):
+        b.configure(Endpoint("prefill", "p", "h"), t)
