@@ -240,12 +240,13 @@ def _self_check(text: str, doc, vllm_version: Optional[str], output: Optional[Pa
     """Validate what expand is about to write. Errors the input already has (the same
     code in the input's own validation) are the input's: shown where the input sets
     them, exit 2 (bad input). Any other error is a bug in expand: OPD000, exit 3.
-    Nothing is written in either case. ``platform``: validate for it (``--platform npu``)."""
+    Nothing is written in either case. ``platform``: validate for it (``--platform npu``);
+    without it the base and every ``platforms.<P>`` overlay (expand's npu pass writes one)."""
     from omni_pd.check.validate import ValidateOptions, validate_document
     from omni_pd.io import parse_text
 
     name = f"{output if output is not None else '<stdout>'} (not written)"
-    vopts = ValidateOptions(vllm_version=vllm_version, platform=platform)
+    vopts = ValidateOptions(vllm_version=vllm_version, platform=platform, all_platforms=platform is None)
     out = validate_document(parse_text(text, name, own_output=True), vopts)
     if not out.errors:
         return

@@ -144,3 +144,67 @@ def test_expanded_npu_output_has_no_warning_but_the_talker_note(capsys) -> None:
     rc, out, _ = _run(["expand", "-q"], capsys)
     res = validate_text(out, "out.yaml", ValidateOptions(platform="npu"))
     assert [d.code for d in res.diagnostics if d.severity is not Severity.INFO] == ["OPD704"]
+
+
+# --- xPyD and the npu overlay (walkthrough: `expand --prefill-replicas 2` wrote an npu
+# overlay whose two prefill replicas both bound kv_port 36000-36001, OPD501 under
+# `validate --platform npu`, because expand's self-check skipped the overlays) --------
+
+def _npu_stage(text: str, sid: int) -> dict:
+    plain = to_plain(parse_text(text, "out.yaml").tree)
+    return next(s for s in plain["platforms"]["npu"]["stages"] if s["stage_id"] == sid)
+
+
+@pytest.mark.parametrize("flags, reduced", [
+    (["--prefill-replicas", "2"], {0: 36000}),
+    (["--decode-replicas", "2"], {1: 36002}),
+    (["--prefill-replicas", "2", "--decode-replicas", "2"], {0: 36000, 1: 36002}),
+])
+def test_xpyd_npu_overlay_validates_clean_on_npu(tmp_path, capsys, flags, reduced):
+    out = tmp_path / "npu2.yaml"
+    rc, _, err = _run(["expand", "-q", *flags, "-o", str(out)], capsys)
+    assert rc == 0, err
+    text = out.read_text()
+    side = {0: "prefill", 1: "decode"}
+    assert [ln for ln in err.splitlines() if ln.startswith("warning[OPD904]")] == [
+        f"warning[OPD904]: npu overlay: the {side[sid]} stage {sid} runs 1 replica on npu (the base keeps 2): "
+        f"vllm-omni 0.30 would give every replica the same kv_port + rank (MooncakeConnectorV1) port ({port})"
+        for sid, port in reduced.items()]
+    for sid in (0, 1):
+        st = _npu_stage(text, sid)
+        assert st.get("num_replicas") == (1 if sid in reduced else None)
+        assert st["kv_transfer_config"]["kv_port"] == (36000 if sid == 0 else 36002)
+    npu = validate_text(text, str(out), ValidateOptions(platform="npu"))
+    assert [(d.code, d.message) for d in npu.errors] == []
+    base = validate_text(text, str(out))
+    assert base.errors == []
+    plain = to_plain(parse_text(text, "out.yaml").tree)
+    assert {s["stage_id"]: s.get("num_replicas") for s in plain["stages"] if s["stage_id"] in (0, 1)} == {
+        sid: (2 if [f for f in flags if f.startswith(f"--{side[sid]}-")] else None) for sid in (0, 1)}
+
+
+def test_xpyd_for_npu_itself_is_refused(tmp_path, capsys):
+    out = tmp_path / "npu2.yaml"
+    rc, _, err = _run(["expand", "-q", "--platform", "npu", "--decode-replicas", "2", "-o", str(out)], capsys)
+    assert rc == 2 and not out.exists()
+    assert err.startswith("error[OPD805]: npu: cannot place 2 replicas of the decode stage on one host: vllm-omni "
+                          "0.30 gives every replica the same kv_port + rank (MooncakeConnectorV1) port (36002)\n")
+
+
+def test_self_check_validates_every_overlay(tmp_path, capsys):
+    # the overlay the npu pass wrote before: both prefill replicas on kv_port 36000
+    from omni_pd.cli import _self_check
+    from omni_pd.diagnostics import OmniPdError
+    from omni_pd.io import load_file
+
+    out = tmp_path / "npu2.yaml"
+    assert _run(["expand", "-q", "--prefill-replicas", "2", "-o", str(out)], capsys)[0] == 0
+    text = out.read_text()
+    assert text.count("num_replicas: 1\n") == 1
+    broken = text.replace("num_replicas: 1\n", "num_replicas: 2\n")
+    preset = load_file(ROOT / "presets" / "qwen3_omni_moe.yaml")
+    with pytest.raises(OmniPdError) as e:
+        _self_check(broken, preset, None, out)
+    assert (e.value.diagnostic.code, e.value.exit_code) == ("OPD000", 3)
+    assert "error[OPD501]: port 36000 on the shared host bound by stage 0 replica 0" in capsys.readouterr().err
+    _self_check(text, preset, None, out)  # the real output passes

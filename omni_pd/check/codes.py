@@ -141,6 +141,15 @@ CODES: tuple[CodeDoc, ...] = (
             """The Thinker had no ``devices``; prefill gets the first free device and decode the
             next. Pass ``--prefill-devices``/``--decode-devices`` to choose them.""",
             "omni_pd/compile/passes/pd_split.py plan_pd_split()"),
+    CodeDoc("OPD904", "npu-replicas-reduced", _W, "expand", "the npu overlay runs one replica of a PD side",
+            """expand's npu pass writes ``platforms.npu`` for a file whose base runs elsewhere. When
+            the base asks for several replicas of the prefill or decode stage and vllm-ascend's
+            connector would bind the same ``kv_port`` range in each (vllm-omni 0.30 hands every
+            replica the stage's ``kv_transfer_config`` unchanged: engine/stage_runtime.py
+            ``_prepare_replica_vllm_config`` offsets only MooncakeConnector's bootstrap port), the
+            overlay sets ``num_replicas: 1`` for that stage on npu and says so. With
+            ``--platform npu`` (the base itself is for npu) expand refuses instead (OPD805).""",
+            "omni_pd/compile/passes/ascend.py plan_ascend()"),
     CodeDoc("OPD903", "encoder-shares-devices", _I, "expand", "the encoder instance shares devices with the LLM",
             """``--encoder-devices`` names a device the prefill/decode engines already use; fine for
             a small encoder, but both processes then compete for its memory.""",

@@ -67,18 +67,20 @@ def expand_document(doc: Document, opts: ExpandOptions = ExpandOptions(), *, vll
     topo = resolve(cfg, pipe, None, doc)
     plan = plan_pd_split(topo, cat, tgt, opts, doc)
     tree = apply_pd_split(doc.tree, plan)
-    _npu_pass(tree, plan, opts, tgt, doc)
+    npu_notes = _npu_pass(tree, plan, opts, tgt, doc)
     text = render(tree, schema_ref=schema_ref, header=header_lines(doc, plan, tgt))
     out_doc = parse_text(text, doc.name + " (expanded)", own_output=True)
     out_cfg = parse_config(out_doc)
     out_topo = resolve(out_cfg, plan.target_pipeline, None, out_doc)
-    return ExpandResult(text=text, config=out_cfg, topology=out_topo, plan=plan, diagnostics=plan.diagnostics)
+    return ExpandResult(text=text, config=out_cfg, topology=out_topo, plan=plan,
+                        diagnostics=tuple(plan.diagnostics) + npu_notes)
 
 
-def _npu_pass(tree, plan: PDSplitPlan, opts: ExpandOptions, tgt: Target, doc: Document) -> None:
+def _npu_pass(tree, plan: PDSplitPlan, opts: ExpandOptions, tgt: Target, doc: Document) -> tuple[Diagnostic, ...]:
     """Run the npu pass (:mod:`omni_pd.compile.passes.ascend`) on the split ``tree`` (in
     place) when the file has a ``platforms.npu`` overlay or ``opts.platform == "npu"``.
-    The sizes come from a rendering of a copy (render edits the tree it is given)."""
+    The sizes come from a rendering of a copy (render edits the tree it is given).
+    Returns the pass's warnings (OPD904: a side runs fewer replicas on npu)."""
     from omni_pd.compile import ascend
     from omni_pd.compile.emit import render
     from omni_pd.compile.passes.ascend import apply_ascend, plan_ascend
@@ -87,19 +89,20 @@ def _npu_pass(tree, plan: PDSplitPlan, opts: ExpandOptions, tgt: Target, doc: Do
     base = opts.platform == "npu"
     plats = tree.get("platforms")
     if not base and not (isinstance(plats, dict) and "npu" in plats):
-        return
+        return ()
     probe = render(copy_tree(tree), schema_ref=None, header=[])
     cfg = parse_config(parse_text(probe, doc.name + " (split)", own_output=True))
     overlay = bool(cfg.platforms and cfg.platforms.get("npu"))
     if not base and not overlay:
-        return
+        return ()
     topo = resolve(cfg, plan.target_pipeline, "npu", None)  # the sizes the pair runs with on npu
     sides = plan_ascend(topo, opts.npu_connector, release=ascend.release_for_vllm(tgt.label),
-                        decode_tp=opts.npu_decode_tp)
+                        decode_tp=opts.npu_decode_tp, target=tgt, overlay=not base)
     if base and sides:
         apply_ascend(tree, sides, base=True)
     if overlay and sides:
         apply_ascend(tree, sides, base=False)
+    return tuple(d for s in sides for d in s.notes)
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,17 @@ Pure planning (:func:`plan_ascend`) and one tree edit (:func:`apply_ascend`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
-from omni_pd.compile import ascend
-from omni_pd.compile.connectors.base import launched_replicas
+from omni_pd.compile import ascend, connectors
+from omni_pd.compile.connectors.base import SideConfig, launched_replicas
+from omni_pd.compile.passes.pd_split import check_replicas_apart
+from omni_pd.compile.targets import Target
+from omni_pd.compile.targets import target as make_target
 from omni_pd.compile.topology import Topology
 from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
 
@@ -42,20 +45,35 @@ class AscendSide:
     stage_id: int
     kv: dict[str, Any]
     env: dict[str, str]
-    #: other keys to set on the stage entry (asymmetric TP: decode's tensor_parallel_size, devices)
+    #: other keys to set on the stage entry (asymmetric TP: decode's tensor_parallel_size, devices;
+    #: ``num_replicas: 1`` when the overlay cannot keep the base's replicas apart)
     settings: dict[str, Any] = field(default_factory=dict)
+    #: warnings for the user (what the pass changed and why)
+    notes: tuple[Diagnostic, ...] = ()
 
 
 def plan_ascend(topo: Topology, connector: str, *, release: str | None = None, decode_tp: int | None = None,
-                kv_port_base: int | None = None, hccl_base: int | None = None) -> list[AscendSide]:
+                kv_port_base: int | None = None, hccl_base: int | None = None,
+                target: Target | None = None, overlay: bool = False) -> list[AscendSide]:
     """The Ascend configuration of the PD pair of ``topo`` (resolved on npu).
 
     ``connector``: ``MooncakeConnectorV1`` or ``MooncakeLayerwiseConnector``. Prefill takes
     ``[kv_port_base, +span*replicas)``, decode the next range; HCCL bases likewise from
     ``hccl_base``. ``decode_tp``: a decode TP below prefill's (seed 004's asymmetric TP,
-    e.g. 4 -> 2); decode then runs on the first ``decode_tp * dp * pp`` of its devices. Raises :class:`OmniPdError` OPD804 for another connector name and
-    OPD805 when the pair's TP sizes break vllm-ascend's rule (P_tp >= D_tp, divisible) or
-    ``decode_tp`` differs on a vllm-omni pipeline (its PD validator requires equal TP).
+    e.g. 4 -> 2); decode then runs on the first ``decode_tp * dp * pp`` of its devices.
+    ``target``: the vLLM release (default: omni-pd's default), for the replica check.
+    ``overlay``: the sides go into ``platforms.npu`` of a file whose base runs elsewhere;
+    a side whose replicas cannot be kept apart on npu (below) then runs one replica
+    there (``num_replicas: 1`` in the overlay, which vllm-omni 0.30's
+    ``_apply_platform_overrides`` applies) with an OPD904 warning, instead of refusing
+    the whole file. Raises :class:`OmniPdError` OPD804 for another connector name and OPD805 when the
+    pair's TP sizes break vllm-ascend's rule (P_tp >= D_tp, divisible), ``decode_tp``
+    differs on a vllm-omni pipeline (its PD validator requires equal TP), or a side has
+    several replicas whose kv_port ranges the runtime cannot keep apart: vllm-omni 0.30
+    gives every replica the stage's ``kv_transfer_config`` unchanged (it offsets only
+    MooncakeConnector's bootstrap port: engine/stage_runtime.py
+    ``_prepare_replica_vllm_config``); the connector contract's ``ports`` (what validate
+    checks, OPD501) says which ports each replica binds on the pipeline's runtime.
     """
     if not ascend.is_ascend(connector):
         raise OmniPdError(Diagnostic(code="OPD804", severity=Severity.ERROR,
@@ -84,14 +102,35 @@ def plan_ascend(topo: Topology, connector: str, *, release: str | None = None, d
             d_settings["devices"] = ",".join(str(x) for x in d.devices[:ds.ranks])
     port = int(kv_port_base if kv_port_base is not None else ascend.rules()["kv_port_base"])
     hccl = int(hccl_base if hccl_base is not None else ascend.hccl()["base"])
+    runtime = topo.pipeline.runtime  # what validate's port rules and the PD split model (rules/ports.py)
+    contract = connectors.get(connector)
+    tgt = target if target is not None else make_target(None)
     out = []
     for n, s, side in ((p, ps, "prefill"), (d, ds, "decode")):
-        reps = launched_replicas("vllm", n.num_replicas)
+        reps = launched_replicas(runtime, n.num_replicas)
         engine_id = str((n.kv or {}).get("engine_id") or f"omni-{side}")
         kv, env = ascend.side_config(connector, side, engine_id=engine_id, kv_port=port, prefill=ps, decode=ds,
                                      hccl_base=hccl, release=release)
-        out.append(AscendSide(n.stage_id, kv, env, d_settings if side == "decode" else {}))
-        port += ascend.kv_port_span(connector, s) * reps
+        settings = dict(d_settings) if side == "decode" else {}
+        notes: tuple[Diagnostic, ...] = ()
+        try:
+            check_replicas_apart(contract, side, SideConfig(kv_transfer_config=kv, env=env), s.tp, s.dp, tgt,
+                                 runtime, reps, None)
+        except OmniPdError as e:
+            if not overlay:
+                raise OmniPdError(replace(e.diagnostic, message=f"npu: {e.diagnostic.message}")) from None
+            settings["num_replicas"] = 1
+            notes = (Diagnostic(
+                code="OPD904", severity=Severity.WARNING,
+                message=f"npu overlay: the {side} stage {n.stage_id} runs 1 replica on npu (the base keeps {reps}): "
+                        + e.diagnostic.message.removeprefix(f"cannot place {reps} replicas of the {side} stage on "
+                                                            "one host: ").replace("gives", "would give"),
+                help="to serve xPyD on npu, place the replicas on different hosts"),)
+            reps = 1
+        out.append(AscendSide(n.stage_id, kv, env, settings, notes))
+        # the contract's span covers every instance; an engine binds dp*tp(*pp) ports
+        port += max(contract.port_span(side, s.tp, s.dp, tgt, runtime=runtime, replicas=reps),
+                    ascend.kv_port_span(connector, s) * reps)
         hccl += ascend.hccl_span(s) * reps
     return out
 

@@ -138,7 +138,7 @@ def _stage_ranges(topo: Topology, split_id: int, target: Target, runtime: str) -
     return out
 
 
-def _check_replicas_apart(contract: Any, side: str, cfg: SideConfig, tp: int, dp: int, target: Target,
+def check_replicas_apart(contract: Any, side: str, cfg: SideConfig, tp: int, dp: int, target: Target,
                           runtime: str, replicas: int, loc: Location | None) -> None:
     """Refuse (OPD805) when the ``replicas`` engines of one side would bind the same port on
     one host: the runtime gives every replica the stage's env unchanged (NIXL side channel,
@@ -305,7 +305,7 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
     d_cfg = _merge_user_kv(contract.configure(d_ep, target), thinker.kv, target, unread)
     for side, cfg, reps in (("prefill", p_cfg, side_reps[0]), ("decode", d_cfg, side_reps[1])):
         if reps > 1:
-            _check_replicas_apart(contract, side, cfg, span_tp, span_dp, target, runtime, reps,
+            check_replicas_apart(contract, side, cfg, span_tp, span_dp, target, runtime, reps,
                                   _stage_loc(doc, thinker.index, "num_replicas"))
 
     # async chunking ----------------------------------------------------------------
