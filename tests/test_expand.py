@@ -336,6 +336,19 @@ def test_single_stage_llm_becomes_prefill_decode_pair():
         (0, "0", "kv_producer"), (1, "1", "kv_consumer")]
     assert [(e.from_, e.to) for e in res.config.edges] == [(0, 1)]
     assert stage(res, 0).kv_transfer_config.engine_id == "llm-prefill"
+    # plain `vllm serve` engines read no async_chunk: no OPD901 about vllm-omni's routing
+    assert res.diagnostics == ()
+
+
+@pytest.mark.parametrize("text, pipeline, said", [
+    ("stages:\n  - stage_id: 0\n    devices: \"0\"\n", None, False),                          # llm, no key
+    (PRESET.read_text(), "qwen3_omni_moe", True),  # vllm-omni's three stages streamed: given up
+    ("stages:\n  - stage_id: 0\n    devices: \"0\"\n", "qwen3_omni_moe_thinker_only", False),  # launched as vllm serve
+], ids=["llm", "qwen3_omni_moe", "thinker_only"])
+def test_async_chunk_note_is_scoped_to_what_the_file_or_vllm_omni_reads(text, pipeline, said):
+    res = expand(text, name="model.yaml", pipeline=pipeline)
+    assert [d.code for d in res.diagnostics if d.code == "OPD901"] == (["OPD901"] if said else [])
+    assert res.config.async_chunk is False
 
 
 def test_thinker_without_devices_gets_some():

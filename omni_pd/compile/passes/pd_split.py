@@ -309,7 +309,11 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
                                   _stage_loc(doc, thinker.index, "num_replicas"))
 
     # async chunking ----------------------------------------------------------------
-    if topo.async_chunk or (topo.config.async_chunk is None and len(src.stages) == 1):
+    # said when the file asked for async_chunk, or when vllm-omni (whose orchestrator
+    # reads the key) serves the pair; a pipeline launched as plain `vllm serve` engines
+    # (llm, *_thinker_only) never reads it, so writing false there changes nothing
+    if topo.async_chunk or (topo.config.async_chunk is None and len(src.stages) == 1
+                            and target_pipe.launcher == "vllm-omni"):
         had_stream = topo.async_chunk and len(src.stages) > 1
         notes.append(Diagnostic(
             code="OPD901", severity=Severity.INFO,
