@@ -173,3 +173,14 @@ def test_ec_smoke_check(tmp_path, store, debug, load, rc, text):
         srv.shutdown()
         srv.server_close()
     assert len(stored_items(str(storage))) == (1 if store else 0)
+
+
+def test_the_encoder_engine_gets_the_pipeline_wide_deploy_keys(tmp_path):
+    """A top-level ``trust_remote_code`` reaches E's ``vllm serve`` like P's and D's (issue 16)."""
+    f = tmp_path / "epd.yaml"
+    f.write_text("trust_remote_code: true\n" + (GOLDEN / "qwen3_omni_thinker_1e1p1d.yaml").read_text())
+    plan = plan_document(load_file(f), str(f), OPTS).plan
+    for name in ("encoder-0", "prefill-0", "decode-0"):
+        argv = plan.process(name).argv
+        assert argv.count("--trust-remote-code") == 1, name
+        assert argv.index("--trust-remote-code") > argv.index("--served-model-name"), name

@@ -285,3 +285,40 @@ def test_thinker_only_pipelines_launch_plain_vllm_engines_behind_the_router(tmp_
     assert router.argv[2:] == ("omni_pd.launch.router", "--connector", "NixlConnector", "--host", "127.0.0.1",
                                "--port", "8000", "--prefill", "http://127.0.0.1:8100",
                                "--decode", "http://127.0.0.1:8200")
+
+
+def test_single_llm_engines_get_the_pipeline_wide_deploy_keys(tmp_path):
+    """Top-level deploy keys reach every stage's engine (vllm-omni config/stage_config.py
+    ``_build_engine_args``: ``_PIPELINE_WIDE_ENGINE_FIELDS`` first, stage keys override);
+    the plain-vLLM runtime must pass them as ``vllm serve`` flags (issue 16)."""
+    src = tmp_path / "llm.yaml"
+    src.write_text("trust_remote_code: true\ndtype: bfloat16\nquantization: fp8\ndata_parallel_size: 2\n"
+                   "stages:\n  - stage_id: 0\n    max_model_len: 1024\n")
+    cfg = compiled(tmp_path, src, ExpandOptions(), "llm")
+    pre, dec, _ = plan_of(cfg, model="m").processes
+    assert (pre.devices, dec.devices) == ("0,1", "2,3")  # expand sized both for DP 2
+    kv = pre.argv.index("--kv-transfer-config") + 2
+    assert pre.argv[kv:] == ("--trust-remote-code", "--dtype", "bfloat16", "--quantization", "fp8",
+                             "--data-parallel-size", "2", "--max-model-len", "1024", "--no-async-scheduling")
+    kv = dec.argv.index("--kv-transfer-config") + 2
+    assert dec.argv[kv:] == ("--trust-remote-code", "--dtype", "bfloat16", "--quantization", "fp8",
+                             "--data-parallel-size", "2", "--max-model-len", "1024")
+
+
+def test_a_stage_key_overrides_the_pipeline_wide_key(tmp_path):
+    src = tmp_path / "llm.yaml"
+    src.write_text("dtype: bfloat16\ntrust_remote_code: true\n"
+                   "stages:\n  - stage_id: 0\n    dtype: float32\n    trust_remote_code: false\n")
+    cfg = compiled(tmp_path, src, ExpandOptions(), "llm")
+    pre, dec, _ = plan_of(cfg, model="m").processes
+    for p in (pre, dec):
+        flags = p.argv[p.argv.index("--kv-transfer-config") + 2:]
+        assert flags[:3] == ("--no-trust-remote-code", "--dtype", "float32")
+        assert "bfloat16" not in flags and "--trust-remote-code" not in flags
+
+
+def test_launch_plan_leaves_out_exactly_the_deploy_only_keys():
+    from omni_pd.check.serve_flags import DEPLOY_ONLY_KEYS
+    from omni_pd.launch import plan
+
+    assert plan.NON_ENGINE_KEYS is DEPLOY_ONLY_KEYS

@@ -28,7 +28,7 @@ from typing import Any
 FLAGS_FILE = ("targets", "serve_flags.yaml")
 
 #: Stage keys that are deploy-schema keys, never `vllm serve` flags (the set
-#: omni_pd/launch/plan.py NON_ENGINE_KEYS leaves out of an engine's argv).
+#: omni_pd/launch/plan.py leaves out of an engine's argv: it imports this set).
 DEPLOY_ONLY_KEYS = frozenset({
     "stage_id", "devices", "env", "num_replicas", "input_connectors", "output_connectors",
     "default_sampling_params", "default_pooling_params", "subtalker_sampling_params", "async_chunk",

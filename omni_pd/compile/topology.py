@@ -35,6 +35,22 @@ _SHALLOW_MERGE = frozenset({"default_sampling_params", "default_pooling_params",
                             "subtalker_sampling_params", "engine_extras"})
 
 
+#: Pipeline-wide top-level deploy keys that are vLLM engine args: vllm-omni applies them to
+#: every stage's engine args and a stage's own value overrides them (vllm-omni 0.30.0
+#: config/stage_config.py ``_PIPELINE_WIDE_ENGINE_FIELDS`` / ``_build_engine_args``).
+#: ``active_stream_window`` and ``custom_voice_dir`` are in upstream's list too but are
+#: vllm-omni-only, not ``vllm serve`` flags.
+PIPELINE_WIDE_ENGINE_KEYS = ("trust_remote_code", "distributed_executor_backend", "dtype", "quantization",
+                             "enable_prefix_caching", "enable_chunked_prefill", "data_parallel_size",
+                             "pipeline_parallel_size")
+
+
+def pipeline_wide_settings(cfg: DeployConfig) -> dict[str, Any]:
+    """The top-level :data:`PIPELINE_WIDE_ENGINE_KEYS` ``cfg`` sets (None: unset, left out),
+    in upstream's order: ``{"dtype": "bfloat16", "data_parallel_size": 2}``."""
+    return {k: getattr(cfg, k) for k in PIPELINE_WIDE_ENGINE_KEYS if getattr(cfg, k, None) is not None}
+
+
 def _merge(a: dict, b: dict) -> dict:
     out = dict(a)
     for k, v in b.items():

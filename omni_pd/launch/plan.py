@@ -27,7 +27,8 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from omni_pd.compile.topology import StageNode, Topology, format_devices
+from omni_pd.check.serve_flags import DEPLOY_ONLY_KEYS
+from omni_pd.compile.topology import StageNode, Topology, format_devices, pipeline_wide_settings
 from omni_pd.launch.spec import HealthCheck, LaunchPlan, PortUse, ProcessSpec
 
 #: platform -> the env var that selects visible devices (None: no device selection)
@@ -36,12 +37,9 @@ DEVICE_ENV: dict[str, str | None] = {
     "xpu": "ZE_AFFINITY_MASK", "musa": "MUSA_VISIBLE_DEVICES", "cpu": None,
 }
 
-#: stage keys that are deploy-schema keys, not `vllm serve` flags
-NON_ENGINE_KEYS = frozenset({
-    "stage_id", "devices", "env", "num_replicas", "input_connectors", "output_connectors",
-    "default_sampling_params", "default_pooling_params", "subtalker_sampling_params", "async_chunk",
-    "kv_transfer_config", "engine_args", "runtime", "engine_extras", "silence_ban_frames",
-})
+#: stage keys that are deploy-schema keys, not `vllm serve` flags (one set, shared with
+#: validate's unknown-flag check)
+NON_ENGINE_KEYS = DEPLOY_ONLY_KEYS
 
 #: connector name -> python module the engine must import (preflight)
 CONNECTOR_MODULES = {"NixlConnector": "nixl", "MooncakeConnector": "mooncake"}
@@ -250,6 +248,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
                           notes=("vllm-omni starts every stage engine and routes prefill -> decode itself",))
     procs: list[ProcessSpec] = []
     urls: dict[str, list[str]] = {"prefill": [], "decode": []}
+    wide = pipeline_wide_settings(topo.config)  # top-level keys; a stage's own value wins
     for role, node in (("prefill", p), ("decode", d)):
         for inst in instances(node, target):
             port = opts.engine_port_base + (0 if role == "prefill" else 100) + inst.replica
@@ -265,7 +264,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
             argv = [opts.vllm, "serve", opts.model, "--host", opts.host, "--port", str(port),
                     "--served-model-name", served,
                     "--kv-transfer-config", json.dumps(inst.kv, separators=(",", ":")),
-                    *engine_flags(node.settings)]
+                    *engine_flags({**wide, **node.settings})]
             if node.tp > 1 and "tensor_parallel_size" not in node.settings:
                 argv += ["--tensor-parallel-size", str(node.tp)]
             argv += list(opts.extra_args)
@@ -285,7 +284,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
     ec_storage, ec_name = None, None
     enc = topo.node(topo.pipeline.encoder.stage_id) if topo.pipeline.encoder is not None else None
     if enc is not None:
-        e_proc, ec_name, ec_storage = _encoder_process(enc, p, opts, served, env_all, engine_py)
+        e_proc, ec_name, ec_storage = _encoder_process(enc, p, opts, served, env_all, engine_py, wide)
         procs = [replace(x, writable_dirs=(ec_storage,)) if (x.role == "prefill" and ec_storage) else x
                  for x in procs]
         procs.append(e_proc)
@@ -319,10 +318,13 @@ ENCODER_PORT_OFFSET = 200
 
 
 def _encoder_process(node: StageNode, prefill: StageNode, opts: LaunchOptions, served: str,
-                     env_all: dict[str, str], engine_py: str | None) -> tuple[ProcessSpec, str | None, str | None]:
+                     env_all: dict[str, str], engine_py: str | None,
+                     wide: dict[str, Any] | None = None) -> tuple[ProcessSpec, str | None, str | None]:
     """The ``vllm serve`` of the encoder-only instance E (``--ec-transfer-config`` with
     ``ec_producer`` from its stage keys, no KV connector), its EC connector name and the
-    shared directory E writes and prefill reads (ECExampleConnector; None otherwise)."""
+    shared directory E writes and prefill reads (ECExampleConnector; None otherwise).
+    ``wide``: the pipeline-wide engine keys (:func:`~omni_pd.compile.topology.
+    pipeline_wide_settings`); the stage's own keys override them."""
     from omni_pd.compile import ec_connectors
 
     port = opts.engine_port_base + ENCODER_PORT_OFFSET
@@ -335,7 +337,7 @@ def _encoder_process(node: StageNode, prefill: StageNode, opts: LaunchOptions, s
     contract = ec_connectors.get(str(ec.get("ec_connector") or ""))
     storage = contract.storage_path(ec) if contract is not None else None
     argv = [opts.vllm, "serve", opts.model, "--host", opts.host, "--port", str(port),
-            "--served-model-name", served, *engine_flags(node.settings), *opts.extra_args]
+            "--served-model-name", served, *engine_flags({**(wide or {}), **node.settings}), *opts.extra_args]
     proc = ProcessSpec(
         name="encoder-0", role="encoder", argv=tuple(argv), env=env, devices=devs,
         device_env=dev_var if devs is not None else None,
