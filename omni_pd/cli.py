@@ -226,7 +226,7 @@ def _require_deploy_config(doc, pipeline: Optional[str], vllm_version: Optional[
         notes = [f"schema checks: {summary(found)}; `omni-pd validate {doc.name}` lists them"]
         if errors:
             notes.append(f"first error: {errors[0].message} at {errors[0].location}")
-        found = [replace(gate, notes=notes, help=(
+        found = [replace(gate, severity=Severity.ERROR, notes=notes, help=(
             "expand takes a vllm-omni deploy config (a `stages:` list of per-stage engine settings, "
             "like presets/qwen3_omni_moe.yaml); nothing was written"))]
     elif all(d.code == "OPD102" for d in errors):

@@ -16,6 +16,7 @@ from ruamel.yaml import YAML
 
 from omni_pd.check.inputs import describe, not_a_deploy_config
 from omni_pd.check.validate import validate_text
+from omni_pd.diagnostics import Severity
 from omni_pd.io import load_file
 from tests.test_cli import run_cli
 
@@ -93,13 +94,25 @@ def test_deploy_shapes_pass_the_gate(tree):
 
 def test_every_shipped_deploy_config_passes_the_gate(omni_wheel_deploy_dir: Path):
     files = sorted(omni_wheel_deploy_dir.glob("*.yaml"))
-    tripped = {f.name: d.message for f in files if (d := not_a_deploy_config(load_file(f))) is not None}
+    tripped = {f.name: d for f in files if (d := not_a_deploy_config(load_file(f))) is not None}
     assert len(files) == 110
     # the one shipped file that is not a deploy config, by its own header comment
-    # ("they are NOT a standalone engine"; given with --forced-aligner-config)
+    # ("they are NOT a standalone engine"; given with --forced-aligner-config): a
+    # warning, so validating vllm_omni/deploy/ stays free of errors
     assert list(tripped) == ["qwen3_tts_forced_aligner.yaml"]
-    assert tripped["qwen3_tts_forced_aligner.yaml"].startswith(
-        "not a deploy config: this looks like vllm-omni's forced-aligner stage settings")
+    d = tripped["qwen3_tts_forced_aligner.yaml"]
+    assert d.severity is Severity.WARNING
+    assert d.message.startswith("not a deploy config: this looks like vllm-omni's forced-aligner stage settings")
+
+
+def test_expand_refuses_the_forced_aligner_settings(tmp_path, capsys):
+    f = tmp_path / "qwen3_tts_forced_aligner.yaml"
+    f.write_text("forced_aligner:\n  model: Qwen/Qwen3-ForcedAligner-0.6B\n  runner: pooling\n")
+    rc, out, err = run_cli(["validate", "-q", str(f)], capsys)
+    assert rc == 0 and out.startswith("warning[OPD007]: not a deploy config: ")
+    rc, out, err = run_cli(["expand", "-q", str(f)], capsys)
+    assert (rc, out) == (2, "")
+    assert err.startswith("error[OPD007]: not a deploy config: this looks like vllm-omni's forced-aligner stage ")
 
 
 def _case_files() -> list[Path]:

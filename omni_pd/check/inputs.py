@@ -123,12 +123,21 @@ NOT_A_DEPLOY_CONFIG_HELP = ("omni-pd checks vllm-omni deploy configs (a `stages:
 def not_a_deploy_config(doc: "Document") -> Diagnostic | None:
     """The OPD007 gate shared by ``expand`` and ``validate``: an error located at the top
     of ``doc`` (line 1) saying what the file looks like (:func:`describe`), or None for a
-    deploy config. Pure (reads ``doc.tree`` only)."""
+    deploy config. vllm-omni's forced-aligner settings (shipped in ``vllm_omni/deploy/``
+    with the deploy configs) get a warning instead; expand refuses both. Pure (reads
+    ``doc.tree`` only)."""
     from omni_pd.compile.parse import to_plain
 
-    looks_like = describe(to_plain(doc.tree))
+    plain = to_plain(doc.tree)
+    looks_like = describe(plain)
     if looks_like is None:
         return None
+    if isinstance(plain, dict) and set(plain) == {"forced_aligner"}:
+        # shipped in vllm_omni/deploy/ beside the deploy configs: a walk of that folder
+        # must not fail on it, and expand still refuses it (it promotes any OPD007)
+        return Diagnostic(code="OPD007", severity=Severity.WARNING, location=doc.loc(()),
+                          message=f"not a deploy config: this looks like {looks_like}",
+                          help="vllm-omni reads it with `--forced-aligner-config`; omni-pd checks nothing in it")
     return Diagnostic(code="OPD007", severity=Severity.ERROR, location=doc.loc(()),
                       message=f"not a deploy config: this looks like {looks_like}",
                       help=NOT_A_DEPLOY_CONFIG_HELP)
