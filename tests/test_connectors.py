@@ -203,6 +203,9 @@ def test_mooncake_ports_pass_tp_and_dp_and_treat_other_sides_as_producers() -> N
     assert MOON.ports("prefill", {}, {}, 2, 2, target("0.13")) == [
         PortUse(8998, 4, "Mooncake bootstrap (env VLLM_MOONCAKE_BOOTSTRAP_PORT default)", MP, replica=0, key=None)]
     assert [u.port for u in MOON.ports("encoder", {}, {MP: "9100"}, 1, 1, target("0.30"))] == [9100]
+    # as a producer, vllm-omni 0.30 reads kv_connector_extra_config.bootstrap_port, not the env
+    assert [u.port for u in MOON.ports("encoder", {"kv_connector_extra_config": {"bootstrap_port": 9200}},
+                                       {MP: "9100"}, 1, 1, target("0.30"), runtime="vllm-omni")] == [9200]
 
 
 def test_unread_keys_per_runtime() -> None:
