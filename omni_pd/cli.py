@@ -114,7 +114,7 @@ def expand(
                                                      help="devices for every stage after the Thinker (Talker, Code2Wav)"),
     kv_host: str = typer.Option("127.0.0.1", "--kv-host", help="address prefill/decode advertise to each other"),
     kv_buffer_device: Optional[str] = typer.Option(None, "--kv-buffer-device", help="KV buffer device: NixlConnector cuda or cpu (host staging); checked per connector and vLLM version"),
-    port_base: Optional[int] = typer.Option(None, "--port-base", min=1, max=65535, help="first connector port to try"),
+    port_base: Optional[int] = typer.Option(None, "--port-base", help="first connector port to try"),
     prefill_replicas: Optional[int] = typer.Option(
         None, "--prefill-replicas", min=1, max=64,
         help="xPyD: prefill instances (num_replicas of the prefill stage), each with its own devices, "
@@ -159,6 +159,7 @@ def expand(
 
     tgt = cli_options.vllm_version(vllm_version)
     cli_options.host(kv_host, "--kv-host")
+    cli_options.port(port_base, "--port-base")
     cli_options.encoder_split(encoder_split, ec_connector=ec_connector, storage=ec_storage_path,
                               devices=encoder_devices)
     src = input if input is not None else preset_path("qwen3_omni_moe")
@@ -712,6 +713,11 @@ def launch(
         raise typer.BadParameter("use text or json", param_hint="--format")
     if platform not in DEVICE_ENV:
         raise typer.BadParameter("one of: " + ", ".join(DEVICE_ENV), param_hint="--platform")
+    from omni_pd import cli_options
+
+    cli_options.host(host, "--host")
+    cli_options.port(port, "--port")
+    cli_options.port(engine_port_base, "--engine-port-base")
     doc = load_file(config)
     opts = LaunchOptions(model=model, vllm=vllm, host=host, port=port, engine_port_base=engine_port_base,
                          platform=platform, served_model_name=served_model_name, ready_timeout_s=ready_timeout,

@@ -84,6 +84,19 @@ def host(value: str, option: str) -> str:
     return value
 
 
+#: the TCP port range a listener can bind (0 means "any free", never a planned port)
+PORT_MIN, PORT_MAX = 1, 65535
+
+
+def port(value: int | None, option: str) -> int | None:
+    """``value`` when it is a TCP port (:data:`PORT_MIN`..:data:`PORT_MAX`) or None (option
+    not given); raises OPD006 (exit 2) otherwise, before anything is planned or bound."""
+    if value is not None and not PORT_MIN <= value <= PORT_MAX:
+        raise _bad(option, value, f"not a TCP port ({PORT_MIN}..{PORT_MAX})",
+                   f"pass {option} with a port from {PORT_MIN} to {PORT_MAX}")
+    return value
+
+
 def encoder_split(layout: str | None, *, ec_connector: str | None, storage: str | None,
                   devices: str | None) -> None:
     """``--encoder-split`` must be ``1e1pd`` or ``1e1p1d`` (omni_pd.compile.pipelines

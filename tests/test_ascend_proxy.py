@@ -265,3 +265,15 @@ def test_router_pull_strategy_for_ascend_mooncake_is_vllm_ascends_proxy_contract
     p_answer = {"kv_transfer_params": {"do_remote_prefill": True, "remote_engine_id": "p", "remote_port": 36000}}
     assert s.decode_kv_params("r", None, p_answer) == p_answer["kv_transfer_params"]
     assert connector_class("mooncake").name == "MooncakeConnector"  # the vLLM one keeps its shorthand
+
+
+def test_push_front_refuses_a_port_outside_the_tcp_range(capsys) -> None:
+    """``--port 70000`` is a usage error (exit 2), not an OverflowError from ``bind`` (issue 16)."""
+    import pytest
+
+    from omni_pd.launch.ascend_proxy import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--port", "70000", "--prefill", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:10"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.endswith("error: --port 70000 is outside 0..65535\n")

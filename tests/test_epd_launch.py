@@ -184,3 +184,15 @@ def test_the_encoder_engine_gets_the_pipeline_wide_deploy_keys(tmp_path):
         argv = plan.process(name).argv
         assert argv.count("--trust-remote-code") == 1, name
         assert argv.index("--trust-remote-code") > argv.index("--served-model-name"), name
+
+
+def test_an_engine_port_base_whose_encoder_port_overflows_is_a_plan_error():
+    """E listens on --engine-port-base + 200: the highest base that fits is 65335 (issue 16)."""
+    from dataclasses import replace
+
+    assert plan_of(opts=replace(OPTS, engine_port_base=65335)).process("encoder-0").ports[0].port == 65535
+    with pytest.raises(OmniPdError) as e:
+        plan_of(opts=replace(OPTS, engine_port_base=65336))
+    assert e.value.diagnostic.message == ("--engine-port-base 65336: encoder-0 would listen on HTTP port 65536, "
+                                          "above 65535")
+    assert e.value.diagnostic.help.startswith("pass --engine-port-base 65335 or lower")

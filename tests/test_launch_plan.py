@@ -322,3 +322,88 @@ def test_launch_plan_leaves_out_exactly_the_deploy_only_keys():
     from omni_pd.launch import plan
 
     assert plan.NON_ENGINE_KEYS is DEPLOY_ONLY_KEYS
+
+
+# --- ports from options are TCP ports (issue 16: --engine-port-base 65500 planned 65600, preflight exit 3) ---
+
+@pytest.mark.parametrize("args,option,value", [
+    (["--engine-port-base", "70000"], "--engine-port-base", "70000"),
+    (["--engine-port-base", "0"], "--engine-port-base", "0"),
+    (["--port", "65536"], "--port", "65536"),
+    (["--port", "-1"], "--port", "-1"),
+])
+def test_launch_refuses_a_port_option_outside_the_tcp_range(tmp_path, capsys, args, option, value):
+    from omni_pd.cli import main
+
+    cfg = compiled(tmp_path, LLM, ExpandOptions(), "llm")
+    rc = main(["launch", str(cfg), "--model", "m", "--dry-run", *args])
+    out, err = capsys.readouterr()
+    assert (rc, out) == (2, "")
+    assert err == (f"error[OPD006]: {option} {value}: not a TCP port (1..65535)\n"
+                   f"  = help: pass {option} with a port from 1 to 65535\n")
+
+
+def test_expand_refuses_a_port_base_outside_the_tcp_range(tmp_path, capsys):
+    from omni_pd.cli import main
+
+    out_file = tmp_path / "pd.yaml"
+    rc = main(["expand", str(LLM), "--pipeline", "llm", "--port-base", "70000", "-o", str(out_file)])
+    out, err = capsys.readouterr()
+    assert (rc, out) == (2, "")
+    assert err == ("error[OPD006]: --port-base 70000: not a TCP port (1..65535)\n"
+                   "  = help: pass --port-base with a port from 1 to 65535\n")
+    assert not out_file.exists()
+
+
+def test_an_engine_port_base_whose_decode_port_overflows_is_a_plan_error(tmp_path, capsys):
+    from omni_pd.cli import main
+
+    cfg = compiled(tmp_path, LLM, ExpandOptions(), "llm")
+    with pytest.raises(OmniPdError) as e:
+        plan_of(cfg, model="m", engine_port_base=65500)
+    d = e.value.diagnostic
+    assert (d.code, e.value.exit_code) == ("OPD006", 2)
+    assert d.message == "--engine-port-base 65500: decode-0 would listen on HTTP port 65600, above 65535"
+    assert d.help == ("pass --engine-port-base 65435 or lower (prefill instances listen on it +0.., "
+                      "decode on +100.., the encoder on +200)")
+    assert plan_of(cfg, model="m", engine_port_base=65435).process("decode-0").ports[0].port == 65535
+    rc = main(["launch", str(cfg), "--model", "m", "--engine-port-base", "65500"])  # not --dry-run: preflight too
+    out, err = capsys.readouterr()
+    assert (rc, out) == (2, "")
+    assert err.startswith("error[OPD006]: --engine-port-base 65500: decode-0 would listen on HTTP port 65600")
+
+
+@pytest.mark.parametrize("name,port,message,help", [
+    ("prefill-0", 65536, "{cfg}: prefill-0 would bind NIXL side channel port 65536 (from the config), outside 1..65535",
+     "re-run `omni-pd expand` with a lower --port-base"),
+    ("router", 0, "--port 8000: router would listen on port 0, outside 1..65535", "pass --port with a port from 1 to 65535"),
+])
+def test_check_ports_names_where_an_out_of_range_port_came_from(tmp_path, name, port, message, help):
+    """The plan-level check on its own (validate and the CLI stop these earlier; an API
+    caller building LaunchOptions by hand does not pass through either)."""
+    from dataclasses import replace
+
+    from omni_pd.launch.plan import check_ports
+    from omni_pd.launch.spec import PortUse
+
+    cfg = compiled(tmp_path, LLM, ExpandOptions(connector="NixlConnector", kv_buffer_device="cpu"), "llm")
+    opts = LaunchOptions(model="m", platform="cpu")
+    plan = plan_of(cfg, model="m", platform="cpu")
+    assert check_ports(plan, opts) is plan
+    bad = replace(plan, processes=tuple(
+        replace(p, ports=tuple(PortUse(port, u.purpose, u.host) if u.purpose != "http" or p.role == "router" else u
+                               for u in p.ports)) if p.name == name else p for p in plan.processes))
+    with pytest.raises(OmniPdError) as e:
+        check_ports(bad, opts)
+    assert (e.value.diagnostic.code, e.value.diagnostic.message, e.value.diagnostic.help) == (
+        "OPD006", message.format(cfg=cfg), help)
+
+
+def test_launch_refuses_a_host_that_is_no_address(tmp_path, capsys):
+    from omni_pd.cli import main
+
+    cfg = compiled(tmp_path, LLM, ExpandOptions(), "llm")
+    rc = main(["launch", str(cfg), "--model", "m", "--dry-run", "--host", "a b"])
+    out, err = capsys.readouterr()
+    assert (rc, out) == (2, "")
+    assert err.startswith("error[OPD006]: --host 'a b': not an IP address or host name\n")

@@ -270,6 +270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--connector {ns.connector}: this front serves MooncakeLayerwiseConnector only")
     if not ns.prefill or not ns.decode:
         p.error("give at least one --prefill and one --decode")
+    if not 0 <= ns.port <= 65535:  # bind() would raise OverflowError, not OSError
+        p.error(f"--port {ns.port} is outside 0..65535")
     for url in (*ns.prefill, *ns.decode):
         if not url.startswith(("http://", "https://")):
             p.error(f"{url}: expected a base URL such as http://10.0.0.1:8100")

@@ -213,6 +213,43 @@ def _hccl_port(env: dict[str, str], node: StageNode, replica: int) -> int | None
     return port
 
 
+#: the highest TCP port a planned listener may use
+PORT_MAX = 65535
+
+
+def check_ports(plan: LaunchPlan, opts: LaunchOptions) -> LaunchPlan:
+    """``plan`` when every port it binds is a TCP port (1..:data:`PORT_MAX`).
+
+    HTTP ports come from the options (``--port``; ``--engine-port-base`` + 0/100/200 +
+    instance); connector ports from the compiled file (``expand --port-base``). Raises
+    :class:`~omni_pd.diagnostics.OmniPdError` OPD006 (exit 2) naming the option to change
+    and the highest value that fits, so nothing reaches preflight's ``bind`` with a port
+    the OS cannot take.
+    """
+    from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
+
+    for proc in plan.processes:
+        for use in proc.ports:
+            if 1 <= use.port <= PORT_MAX:
+                continue
+            if use.purpose == "http" and proc.role != "router" and proc.role != "omni":
+                top = max(u.port for p in plan.processes if p.role not in ("router", "omni")
+                          for u in p.ports[:1])
+                msg = (f"--engine-port-base {opts.engine_port_base}: {proc.name} would listen on HTTP port "
+                       f"{use.port}, above {PORT_MAX}")
+                help = (f"pass --engine-port-base {opts.engine_port_base - (top - PORT_MAX)} or lower (prefill "
+                        "instances listen on it +0.., decode on +100.., the encoder on +200)")
+            elif use.purpose == "http":
+                msg = f"--port {opts.port}: {proc.name} would listen on port {use.port}, outside 1..{PORT_MAX}"
+                help = f"pass --port with a port from 1 to {PORT_MAX}"
+            else:
+                msg = (f"{plan.config}: {proc.name} would bind {use.purpose} port {use.port} (from the config), "
+                       f"outside 1..{PORT_MAX}")
+                help = "re-run `omni-pd expand` with a lower --port-base"
+            raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR, message=msg, help=help))
+    return plan
+
+
 def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: Any = None) -> LaunchPlan:
     """The launch plan for a compiled PD topology.
 
@@ -363,7 +400,8 @@ def plan_document(doc: Any, config_path: str, opts: LaunchOptions) -> Planned:
     """Validate ``doc`` (a loaded compiled config) for ``opts.platform`` and build its plan.
 
     Validation errors leave ``plan`` None (the caller prints them). Raises
-    :class:`~omni_pd.diagnostics.OmniPdError` OPD966 when the config is not a PD config.
+    :class:`~omni_pd.diagnostics.OmniPdError` OPD966 when the config is not a PD config,
+    OPD006 when a planned port is outside 1..65535 (:func:`check_ports`).
     """
     from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
     from omni_pd.compile.parse import parse_config
@@ -395,4 +433,4 @@ def plan_document(doc: Any, config_path: str, opts: LaunchOptions) -> Planned:
             message=f"{doc.name} is not a PD config (pipeline `{res.pipeline_name}`)",
             help=f"compile it first: `omni-pd expand {config_path} -o pd.yaml`, then launch pd.yaml"))
     topo = resolve(parse_config(doc), pipe, overlay, doc)
-    return Planned(build_plan(topo, config_path, opts, make_target(None)), res, topo)
+    return Planned(check_ports(build_plan(topo, config_path, opts, make_target(None)), opts), res, topo)
