@@ -527,3 +527,92 @@ def test_sigkilled_launcher_leaves_no_orphans(tmp_path: Path) -> None:
     # the watchdog: SIGTERM to each group, then SIGKILL after the grace (decode-0 ignores SIGTERM)
     assert wait_for(lambda: not any(alive(pid) for pid in pids), 10), [pid for pid in pids if alive(pid)]
     assert bindable(pa) and bindable(pb)
+
+
+# --- the first Ctrl-C after a failure or during teardown is not the second (issue 16) ---
+
+
+def _failed_supervisor(tmp_path: Path, out: io.StringIO, grace_s: float = 60.0,
+                       quitter_args: tuple = ()) -> tuple[Supervisor, int, int]:
+    """A supervisor whose ``quitter`` exited (a failure) while ``stubborn`` (ignores
+    SIGTERM) still runs: returns it with the two pids."""
+    p = plan(child("stubborn", "--ignore-term", port=free_port()),
+             child("quitter", "--exit-after", 0.3, *quitter_args, depends_on=("stubborn",)))
+    sup = Supervisor(p, tmp_path, out=out, live=False, grace_s=grace_s, watchdog=False)
+    assert sup.start_and_wait_healthy()
+    assert sup.wait() == 1 and sup.failure is not None
+    return sup, sup.pids()["stubborn"], sup.pids()["quitter"]
+
+
+def test_first_signal_after_a_failure_does_not_kill(tmp_path: Path) -> None:
+    out = io.StringIO()
+    sup, stubborn, _ = _failed_supervisor(tmp_path, out)
+    try:
+        sup.request_stop(signal.SIGINT)  # the first Ctrl-C: the normal teardown follows
+        time.sleep(0.3)
+        assert alive(stubborn)  # before the fix: SIGKILLed here, as if it were the second
+        sup.request_stop(signal.SIGINT)  # the second one kills at once
+        assert wait_for(lambda: not alive(stubborn), 5)
+    finally:
+        sup.shutdown()
+    assert "received SIGINT: stopping" in out.getvalue()
+    assert sup.exit_code == 1  # the failure, not the signal, decides the exit code
+
+
+def test_first_signal_during_teardown_waits_for_the_grace_period(tmp_path: Path) -> None:
+    import threading
+
+    p = plan(child("stubborn", "--ignore-term", "--grandchild", tmp_path / "gc.pid", port=free_port()))
+    out = io.StringIO()
+    sup = Supervisor(p, tmp_path, out=out, live=False, grace_s=60, watchdog=False)
+    assert sup.start_and_wait_healthy()
+    pids = [sup.pids()["stubborn"], read_pid(tmp_path / "gc.pid")]
+    t = threading.Thread(target=sup.shutdown)  # e.g. `launch --once` tearing down
+    t.start()
+    try:
+        assert wait_for(lambda: "stopping 1 process group" in out.getvalue(), 5)
+        sup.request_stop(signal.SIGINT)
+        t.join(0.3)
+        assert t.is_alive() and all(alive(pid) for pid in pids)  # still in the 60 s grace
+        sup.request_stop(signal.SIGINT)
+        t.join(10)
+        assert not t.is_alive()
+    finally:
+        sup.request_stop(signal.SIGINT)
+        t.join(10)
+    text = out.getvalue()
+    assert "received SIGINT while stopping: waiting up to 60 s (send it again to kill at once)" in text
+    assert "SIGKILL to every process group (a second signal)" in text
+    assert [pid for pid in pids if alive(pid)] == []
+
+
+def test_a_reaped_process_group_is_not_signalled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a leader is reaped its pid may be reused: its group is signalled only while
+    members of it still run (here none do)."""
+    sent: list[tuple[int, int]] = []
+    real = os.killpg
+
+    def killpg(pgid: int, sig: int) -> None:
+        sent.append((pgid, sig))
+        real(pgid, sig)
+
+    out = io.StringIO()
+    sup, stubborn, quitter = _failed_supervisor(tmp_path, out)
+    monkeypatch.setattr(os, "killpg", killpg)
+    try:
+        sup.request_stop(signal.SIGINT)
+        sup.request_stop(signal.SIGINT)
+    finally:
+        sup.shutdown()
+    assert (stubborn, signal.SIGKILL) in sent
+    assert [s for s in sent if s[0] == quitter] == []
+
+
+def test_a_reaped_leaders_group_members_are_still_stopped(tmp_path: Path) -> None:
+    out = io.StringIO()
+    sup, stubborn, _ = _failed_supervisor(tmp_path, out, grace_s=0.5,
+                                          quitter_args=("--grandchild", tmp_path / "qgc.pid"))
+    orphan = read_pid(tmp_path / "qgc.pid")  # still in the quitter's process group
+    assert alive(orphan)
+    sup.shutdown()
+    assert not alive(orphan) and not alive(stubborn)

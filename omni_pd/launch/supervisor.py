@@ -375,6 +375,8 @@ class Supervisor:
         self._stop = threading.Event()  # tells health threads to finish
         self._wake = threading.Event()  # threads -> main loop: something happened
         self._force = False  # a second signal: SIGKILL now
+        self._requests = 0  # stop requests (signals to the launcher) so far
+        self._late_signal: int | None = None  # a first signal that arrived during teardown
         self._in_callback = False
         self._started = False
         self._shut = False
@@ -450,15 +452,22 @@ class Supervisor:
 
     def request_stop(self, signum: int = signal.SIGTERM) -> None:
         """Ask the supervisor to stop as if the launcher had received ``signum``; a
-        second request escalates to SIGKILL of every process group at once. Safe to call
-        from a signal handler (it only sets flags and sends signals)."""
-        if self.stopped_by is None and self.failure is None and not self._shut:
-            self.stopped_by = int(signum)
-            if self._in_callback:
-                raise _Interrupted()
-        else:
+        second request escalates to SIGKILL of every process group that still has a
+        running member. The first request is never the second: after a child failed or
+        once teardown began, it lets the SIGTERM + ``grace_s`` teardown run (the exit
+        code stays 1 after a failure). Safe to call from a signal handler (it only sets
+        flags and sends signals)."""
+        self._requests += 1
+        if self._requests > 1:
             self._force = True
             self._signal_all(signal.SIGKILL)
+            return
+        if self.stopped_by is None:
+            self.stopped_by = int(signum)
+        if self._shut:
+            self._late_signal = int(signum)  # teardown reports it from its grace loop
+        elif self._in_callback and self.failure is None:
+            raise _Interrupted()
 
     def call_ready(self, fn: Callable[[TextIO], int]) -> int | None:
         """Run the readiness callback ``fn`` (e.g. a smoke request) with :meth:`report_stream`
@@ -511,7 +520,8 @@ class Supervisor:
             self._shut = True
         self._stop.set()
         if self.stopped_by is not None:
-            self._say(f"received {_signame(self.stopped_by)}: stopping (send it again to kill at once)")
+            self._say(f"received {_signame(self.stopped_by)}: stopping"
+                      + (" (killed at once: a second signal)" if self._force else " (send it again to kill at once)"))
         self._reap(report=False)
         started = [p for p in self._procs if p.popen is not None]
         groups = [p.popen.pid for p in reversed(started) if p.popen is not None]
@@ -530,6 +540,10 @@ class Supervisor:
             while not self._force and time.monotonic() < deadline:
                 if not self._anything_alive(groups, escaped):
                     break
+                if self._late_signal is not None:
+                    self._say(f"received {_signame(self._late_signal)} while stopping: waiting up to "
+                              f"{self.grace_s:g} s (send it again to kill at once)")
+                    self._late_signal = None
                 time.sleep(_TICK_S)
             table = _proc_table()
             if self._force or self._anything_alive(groups, escaped, table):
@@ -842,10 +856,20 @@ class Supervisor:
     # -- teardown helpers ---------------------------------------------------------------
 
     def _signal_all(self, sig: int, escaped: Iterable[int] = ()) -> None:
+        """``sig`` to every started process group, and to ``escaped`` pids. A group whose
+        leader was reaped is signalled only while a member of it still runs: once the
+        group is empty its pid may belong to another process."""
+        table: Any = False
         for p in reversed(self._procs):
-            if p.popen is not None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(p.popen.pid, sig)
+            if p.popen is None:
+                continue
+            if p.popen.returncode is not None:  # leader reaped (poll/wait)
+                if table is False:
+                    table = _proc_table()
+                if not _group_alive(p.popen.pid, table):
+                    continue
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.popen.pid, sig)
         for pid in escaped:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
