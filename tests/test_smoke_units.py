@@ -332,3 +332,25 @@ def test_smoke_target_of_an_encoder_split_without_a_run_dir_or_prefill(tmp_path)
     assert smoke_target(no_p, "m", 2, str(tmp_path)).ec_log is None
     plain = SimpleNamespace(processes=[_proc("prefill", None)], runtime="vllm", entrypoint="http://r:8000")
     assert smoke_target(plain, "m", 2, str(tmp_path)) == SmokeTarget("http://r:8000", "m", None)
+
+
+def test_tiny_png_pixels_and_chunks_exactly() -> None:
+    """A 2 x 2 image with seed 0x030201: the gradient (2x + seed, 2y + seed>>8, x + y + seed>>16)
+    mod 256, filter byte 0 per row, valid CRCs, then IEND."""
+    import struct
+    import zlib
+
+    png = sm.tiny_png(2, 2, seed=0x030201)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    chunks, i = [], 8
+    while i < len(png):
+        (n,) = struct.unpack(">I", png[i:i + 4])
+        kind, data, (crc,) = png[i + 4:i + 8], png[i + 8:i + 8 + n], struct.unpack(">I", png[i + 8 + n:i + 12 + n])
+        assert crc == zlib.crc32(kind + data) & 0xFFFFFFFF
+        chunks.append((kind, data))
+        i += 12 + n
+    assert [k for k, _ in chunks] == [b"IHDR", b"IDAT", b"IEND"] and chunks[2][1] == b""
+    assert chunks[0][1] == struct.pack(">IIBBBBB", 2, 2, 8, 2, 0, 0, 0)
+    assert zlib.decompress(chunks[1][1]) == bytes([0, 1, 2, 3, 3, 2, 4,
+                                                   0, 1, 4, 4, 3, 4, 5])
+    assert len(sm.tiny_png()) > 100 and sm.tiny_png(seed=1) != sm.tiny_png(seed=2)
