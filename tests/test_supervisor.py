@@ -616,3 +616,26 @@ def test_a_reaped_leaders_group_members_are_still_stopped(tmp_path: Path) -> Non
     assert alive(orphan)
     sup.shutdown()
     assert not alive(orphan) and not alive(stubborn)
+
+
+# --- process tree discovery (psutil): daemons and grace-period children (issue 16) ------
+
+
+def test_a_double_forked_daemon_is_stopped_too(tmp_path: Path) -> None:
+    """The daemon's parent exits at once, so at teardown it is no descendant of any
+    child: the supervisor must have seen it while supervising."""
+    p = plan(child("prefill-0", "--daemon", tmp_path / "daemon.pid", "--exit-after", 2.5, port=free_port()))
+    rc = run(p, tmp_path, out=io.StringIO(), live=False, grace_s=2, handle_signals=False)
+    assert rc == 1  # prefill-0 exited
+    daemon = read_pid(tmp_path / "daemon.pid")
+    assert wait_for(lambda: not alive(daemon), 2), "the re-parented daemon outlived the launch"
+
+
+def test_a_child_spawned_during_the_grace_period_is_stopped_too(tmp_path: Path) -> None:
+    p = plan(child("prefill-0", "--spawn-on-term", tmp_path / "late.pid", port=free_port()))
+    out = io.StringIO()
+    with Supervisor(p, tmp_path, out=out, live=False, grace_s=5, watchdog=False) as sup:
+        assert sup.start_and_wait_healthy()
+        sup.request_stop(signal.SIGTERM)
+    late = read_pid(tmp_path / "late.pid")
+    assert wait_for(lambda: not alive(late), 2), "a process started during the grace period survived"

@@ -35,9 +35,12 @@ The supervisor is the side-effecting end of ``omni-pd launch``::
   sees EOF and stops every process group in ``<run_dir>/pids``.
 * **Teardown.** A child exiting while supervised (with any code, before or after it
   became healthy; after it only as described above), a health timeout, or
-  SIGINT/SIGTERM/SIGHUP to the launcher stops everything: SIGTERM to every process group (and to descendants that left their group
-  with ``setsid``, found through ``/proc``), ``grace_s`` seconds, then SIGKILL. A second
-  signal sends SIGKILL at once. A failure report names the process, its exit code and its
+  SIGINT/SIGTERM/SIGHUP to the launcher stops everything: SIGTERM to every process group (and to
+  the launch's processes outside them: descendants that left their group with ``setsid``,
+  double-forked daemons and processes started during the grace period, found with psutil by
+  the ``OMNI_PD_LAUNCH_ID`` every child inherits; :mod:`omni_pd.launch.proctree`),
+  ``grace_s`` seconds, then SIGKILL. A second signal sends SIGKILL at once (the first one
+  never does, also after a failure or during teardown). A failure report names the process, its exit code and its
   last log lines.
 
 Files in ``run_dir``: ``plan.json`` (the plan, secrets masked), ``pids`` (``<pid>
@@ -71,6 +74,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, TextIO
 
 from omni_pd.io import atomic_write
+from omni_pd.launch import proctree
 from omni_pd.launch.preflight import bind_error
 from omni_pd.launch.spec import MASK, LaunchPlan, ProcessSpec, is_secret
 
@@ -83,6 +87,11 @@ KILL_WAIT_S = 5.0
 #: secret values shorter than this are not masked (masking "0" would mangle every line)
 MIN_SECRET_LEN = 4
 _TICK_S = 0.05
+#: seconds between looks for new processes of the launch during the grace period
+LOOK_S = 0.25
+#: environment variable set on every child (inherited by its descendants): teardown finds
+#: the launch's processes by it, also those re-parented away from their child
+LAUNCH_ENV = "OMNI_PD_LAUNCH_ID"
 _LAUNCHER = "omni-pd"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
@@ -377,6 +386,8 @@ class Supervisor:
         self._force = False  # a second signal: SIGKILL now
         self._requests = 0  # stop requests (signals to the launcher) so far
         self._late_signal: int | None = None  # a first signal that arrived during teardown
+        self._launch_id = f"{os.getpid()}-{id(self):x}-{time.time_ns()}"  # LAUNCH_ENV of every child
+        self._escaped: list[Any] = []  # processes outside the groups, found at teardown
         self._in_callback = False
         self._started = False
         self._shut = False
@@ -460,7 +471,7 @@ class Supervisor:
         self._requests += 1
         if self._requests > 1:
             self._force = True
-            self._signal_all(signal.SIGKILL)
+            self._signal_all(signal.SIGKILL, self._escaped)
             return
         if self.stopped_by is None:
             self.stopped_by = int(signum)
@@ -525,9 +536,10 @@ class Supervisor:
         self._reap(report=False)
         started = [p for p in self._procs if p.popen is not None]
         groups = [p.popen.pid for p in reversed(started) if p.popen is not None]
-        table = _proc_table()
-        escaped = _escaped_descendants(table, groups) if table is not None else []
-        alive = [p for p in started if _group_alive(p.popen.pid, table)]  # type: ignore[union-attr]
+        snap = proctree.snapshot()
+        escaped = self._find_escaped(groups, snap)
+        self._escaped = escaped  # a second signal kills these too
+        alive = [p for p in started if snap.group_alive(p.popen.pid)]  # type: ignore[union-attr]
         killed: list[str] = []
         if alive or escaped:
             n = len(alive)
@@ -537,7 +549,13 @@ class Supervisor:
                     p.state = "stopping"
             self._signal_all(signal.SIGTERM, escaped)
             deadline = time.monotonic() + self.grace_s
+            look_at = time.monotonic() + LOOK_S
             while not self._force and time.monotonic() < deadline:
+                if time.monotonic() >= look_at:  # processes started during the grace period
+                    new = [e for e in self._find_escaped(groups) if e not in escaped]
+                    proctree.signal_each(new, signal.SIGTERM)
+                    escaped += new
+                    look_at = time.monotonic() + LOOK_S
                 if not self._anything_alive(groups, escaped):
                     break
                 if self._late_signal is not None:
@@ -545,9 +563,10 @@ class Supervisor:
                               f"{self.grace_s:g} s (send it again to kill at once)")
                     self._late_signal = None
                 time.sleep(_TICK_S)
-            table = _proc_table()
-            if self._force or self._anything_alive(groups, escaped, table):
-                killed = [p.name for p in started if _group_alive(p.popen.pid, table)]  # type: ignore[union-attr]
+            snap = proctree.snapshot()
+            escaped += [e for e in self._find_escaped(groups, snap) if e not in escaped]
+            if self._force or self._anything_alive(groups, escaped, snap):
+                killed = [p.name for p in started if snap.group_alive(p.popen.pid)]  # type: ignore[union-attr]
                 why = "a second signal" if self._force else f"still running after {self.grace_s:g} s"
                 who = ", ".join(killed) or ("every process group" if self._force else "leftover descendants")
                 self._say(f"SIGKILL to {who} ({why})", error=True)
@@ -619,7 +638,7 @@ class Supervisor:
 
     def _spawn(self, p: _Proc) -> bool:
         spec = p.spec
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env, LAUNCH_ENV: self._launch_id}
         try:
             log = open(p.log_path, "a" if p.restarts else "w", encoding="utf-8", errors="replace", buffering=1)
         except OSError as e:
@@ -859,28 +878,36 @@ class Supervisor:
         """``sig`` to every started process group, and to ``escaped`` pids. A group whose
         leader was reaped is signalled only while a member of it still runs: once the
         group is empty its pid may belong to another process."""
-        table: Any = False
+        snap: proctree.Snapshot | None = None
         for p in reversed(self._procs):
             if p.popen is None:
                 continue
             if p.popen.returncode is not None:  # leader reaped (poll/wait)
-                if table is False:
-                    table = _proc_table()
-                if not _group_alive(p.popen.pid, table):
+                snap = snap or proctree.snapshot()
+                if not snap.group_alive(p.popen.pid):
                     continue
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p.popen.pid, sig)
-        for pid in escaped:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
+        proctree.signal_each(escaped, sig)
 
-    def _anything_alive(self, groups: list[int], escaped: list[int], table: Any = False) -> bool:
+    def _find_escaped(self, groups: list[int], snap: "proctree.Snapshot | None" = None) -> list[Any]:
+        """Processes of this launch outside the ``groups`` killpg reaches: descendants that
+        left their group, and any process carrying this launch's :data:`LAUNCH_ENV` (a
+        double-forked daemon re-parented away, a child started during the grace period)."""
+        snap = snap or proctree.snapshot()
+        gs = set(groups)
+        found = snap.escaped(groups)
+        for q in proctree.tagged(LAUNCH_ENV, self._launch_id):
+            if snap.pgid.get(q.pid) not in gs and q not in found and q.pid != os.getpid():
+                found.append(q)
+        return found
+
+    def _anything_alive(self, groups: list[int], escaped: list[Any], snap: Any = None) -> bool:
         self._reap(report=False)  # a zombie leader keeps its group "alive" for killpg(0)
-        if table is False:
-            table = _proc_table()
-        if any(_group_alive(g, table) for g in groups):
+        snap = snap or proctree.snapshot()
+        if any(snap.group_alive(g) for g in groups):
             return True
-        return any(_pid_alive(pid, table) for pid in escaped)
+        return any(proctree.running(e) for e in escaped)
 
     def _ports_in_use(self, started: list[_Proc]) -> list[str]:
         busy = []
@@ -1037,72 +1064,6 @@ def _describe_rc(rc: int) -> str:
         except ValueError:
             return f"signal {-rc} (exit code {rc})"
     return f"exit code {rc}"
-
-
-def _proc_table() -> dict[int, tuple[str, int, int]] | None:
-    """``{pid: (state, ppid, pgrp)}`` from ``/proc`` (None where there is no /proc)."""
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return None
-    if "self" not in names:
-        return None
-    table: dict[int, tuple[str, int, int]] = {}
-    for n in names:
-        if not n.isdigit():
-            continue
-        try:
-            with open(f"/proc/{n}/stat", "rb") as f:
-                data = f.read()
-            rest = data[data.rindex(b")") + 2:].split()
-            table[int(n)] = (rest[0].decode(), int(rest[1]), int(rest[2]))
-        except (OSError, ValueError, IndexError):
-            continue
-    return table
-
-
-def _group_alive(pgid: int, table: dict[int, tuple[str, int, int]] | None) -> bool:
-    """True while a process of group ``pgid`` is alive (zombies do not count)."""
-    if table is not None:
-        return any(pg == pgid and st != "Z" for st, _pp, pg in table.values())
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _pid_alive(pid: int, table: dict[int, tuple[str, int, int]] | None) -> bool:
-    if table is not None:
-        e = table.get(pid)
-        return e is not None and e[0] != "Z"
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _escaped_descendants(table: dict[int, tuple[str, int, int]], groups: list[int]) -> list[int]:
-    """Descendants of the ``groups`` leaders that moved to another process group
-    (``setsid``/``setpgid``): killpg would miss them."""
-    gs = set(groups)
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    for pid, (_st, ppid, _pg) in table.items():
-        children[ppid].append(pid)
-    roots = [pid for pid, (_st, _pp, pg) in table.items() if pg in gs]
-    seen: set[int] = set()
-    stack = list(roots)
-    while stack:
-        for c in children.get(stack.pop(), ()):
-            if c not in seen:
-                seen.add(c)
-                stack.append(c)
-    return sorted(pid for pid in seen if table[pid][2] not in gs and table[pid][0] != "Z")
 
 
 def _port_in_use(host: str, port: int) -> bool:

@@ -9,7 +9,10 @@ seconds have passed, then 200; the first 200 prints ``served 200 at <time.time()
 Prints ``start <pid> at <time.time()>`` first. ``--grandchild``: spawn a sleeping
 grandchild in the same process group and write its pid to FILE;
 ``--escaped-grandchild``: one that calls setsid (leaves the group). ``--ignore-term``:
-ignore SIGTERM (the grandchildren too). Without ``--exit-after`` it runs until killed.
+ignore SIGTERM (the grandchildren too). ``--daemon FILE``: a double-forked sleeper in its
+own session (its parent exits: it is re-parented away from this child).
+``--spawn-on-term FILE``: SIGTERM starts a setsid sleeper, then exits 1 s later. Without
+``--exit-after`` it runs until killed.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ def main() -> int:
     ap.add_argument("--stderr")
     ap.add_argument("--pidfile")
     ap.add_argument("--unhealthy-while", help="/health answers 503 while this file exists")
+    ap.add_argument("--daemon", help="double-fork a setsid sleeper (re-parented away: no longer a descendant)")
+    ap.add_argument("--spawn-on-term", help="on SIGTERM: start a setsid sleeper, write its pid here, exit 1 s later")
     a = ap.parse_args()
 
     t0 = time.monotonic()
@@ -55,6 +60,20 @@ def main() -> int:
     if a.escaped_grandchild:
         g = subprocess.Popen([sys.executable, "-c", SLEEPER.format(ign=ign)], start_new_session=True)
         _write(a.escaped_grandchild, g.pid)
+    if a.daemon:  # the intermediate starts the sleeper in its own session and exits at once
+        code = ("import subprocess, sys\n"
+                "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
+                f"open({a.daemon + '.tmp'!r}, 'w').write(str(g.pid))\n")
+        subprocess.run([sys.executable, "-c", code], check=True)
+        os.replace(a.daemon + ".tmp", a.daemon)
+    if a.spawn_on_term:
+        def on_term(_n: int, _f: object) -> None:
+            g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+            _write(a.spawn_on_term, g.pid)
+            time.sleep(1.0)
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, on_term)
     for name in a.print_env:
         print(f"{name}={os.environ.get(name, '')}", flush=True)
     for i in range(a.lines):
