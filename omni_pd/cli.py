@@ -163,6 +163,10 @@ def expand(
     cli_options.encoder_split(encoder_split, ec_connector=ec_connector, storage=ec_storage_path,
                               devices=encoder_devices)
     src = input if input is not None else preset_path("qwen3_omni_moe")
+    if connector is not None:  # `nixl`, `mooncake`: the spellings the router accepts too
+        from omni_pd.compile import connectors
+
+        connector = connectors.canonical(connector) or connector  # unknown: OPD804 names the choices
     opts = ExpandOptions(
         connector=connector, tp=tp,
         prefill_devices=_devices_opt(prefill_devices, "--prefill-devices"),

@@ -55,7 +55,7 @@ def test_vllm_omni_runtime_is_one_omni_serve_of_the_compiled_file(tmp_path, conn
     assert dict(p.env) == {}
     assert ports(p) == [(8000, "http")] + kv_ports
     assert p.health.url == "http://127.0.0.1:8000/health" and p.health.timeout_s == 1200.0
-    assert p.modules == ("vllm", "mooncake" if connector == "MooncakeConnector" else "nixl", "vllm_omni", "omni_pd")
+    assert p.modules == ("vllm", "mooncake.engine" if connector == "MooncakeConnector" else "nixl", "vllm_omni", "omni_pd")
     assert p.python == "/opt/venv/bin/python"
 
 

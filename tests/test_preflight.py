@@ -142,19 +142,25 @@ def test_missing_and_non_executable_argv0(tmp_path) -> None:
 
 def test_missing_modules_per_interpreter_with_pip_names() -> None:
     py = sys.executable
-    p1 = proc("prefill", python=py, modules=("json", "mooncake", "nixl"))
-    p2 = proc("decode", python=py, modules=("vllm_omni", "no_such_mod_opd"))
+    p1 = proc("prefill", python=py, modules=("json", "mooncake.engine", "nixl"))
+    p2 = proc("decode", python=py, modules=("vllm_omni", "no_such_mod_opd", "no_such_pkg_opd.engine"))
     p3 = proc("router", python=None, modules=("not_checked_without_python",))
     p4 = proc("x", python=py, modules=())
     got = view(pf.check_modules(plan(p1, p2, p3, p4)))
-    want = {"mooncake": "mooncake-transfer-engine", "nixl": "nixl", "vllm_omni": "vllm-omni",
-            "no_such_mod_opd": "no_such_mod_opd"}
+    want = {"mooncake.engine": "mooncake-transfer-engine", "nixl": "nixl", "vllm_omni": "vllm-omni",
+            "no_such_mod_opd": "no_such_mod_opd", "no_such_pkg_opd.engine": "no_such_pkg_opd.engine"}
     import importlib.util
 
-    missing = sorted(m for m in want if importlib.util.find_spec(m) is None)
+    def gone(m: str) -> bool:
+        try:
+            return importlib.util.find_spec(m) is None
+        except ImportError:  # a dotted name whose parent is missing
+            return True
+
+    missing = sorted(m for m in want if gone(m))
     assert got == [("OPD962", E, f"module `{m}` is not importable by {py}", f"`{py} -m pip install {want[m]}`")
                    for m in missing]
-    assert "no_such_mod_opd" in missing
+    assert "no_such_mod_opd" in missing and "no_such_pkg_opd.engine" in missing
 
 
 def test_an_interpreter_that_is_not_there(tmp_path) -> None:

@@ -41,8 +41,14 @@ DEVICE_ENV: dict[str, str | None] = {
 #: validate's unknown-flag check)
 NON_ENGINE_KEYS = DEPLOY_ONLY_KEYS
 
-#: connector name -> python module the engine must import (preflight)
-CONNECTOR_MODULES = {"NixlConnector": "nixl", "MooncakeConnector": "mooncake"}
+def connector_modules(connector: str) -> tuple[str, ...]:
+    """The Python module the engines import for ``connector``'s transport (preflight
+    checks it): the connector module's ``import_name`` (omni_pd/compile/connectors), ()
+    for an unknown connector or one without a transport package."""
+    from omni_pd.compile import connectors
+
+    c = connectors.get(connector)
+    return (c.import_name,) if c is not None and c.import_name else ()
 
 
 @dataclass(frozen=True)
@@ -266,7 +272,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
     served = opts.served_model_name or opts.model
     env_all = dict(opts.env)
     engine_py = opts.python or _python_of(opts.vllm)
-    mods = ("vllm",) + ((CONNECTOR_MODULES[conn],) if conn in CONNECTOR_MODULES else ())
+    mods = ("vllm",) + connector_modules(conn)
     if topo.pipeline.launcher == "vllm-omni":
         ports = [PortUse(opts.port, "http", opts.host)]
         for s in topo.stages:

@@ -112,6 +112,22 @@ def check_executables(plan: LaunchPlan) -> list[Diagnostic]:
     return out
 
 
+#: module -> pip package for the modules a plan checks that are no connector transport
+_PACKAGES = {"vllm": "vllm", "vllm_omni": "vllm-omni", "omni_pd": "omni-pd"}
+
+
+def pip_package(module: str) -> str:
+    """The pip package that provides ``module``: a connector transport's from its connector
+    module (``import_name`` -> ``pip_package``, omni_pd/compile/connectors), vLLM, vllm-omni
+    and omni-pd from :data:`_PACKAGES`, else the module name itself."""
+    from omni_pd.compile import connectors
+
+    for c in connectors.registry().values():
+        if c.import_name == module and c.pip_package:
+            return c.pip_package
+    return _PACKAGES.get(module, module)
+
+
 def check_modules(plan: LaunchPlan, timeout_s: float = 60.0) -> list[Diagnostic]:
     """OPD962 for each module a process's interpreter cannot find (``find_spec``, no import)."""
     out = []
@@ -125,8 +141,14 @@ def check_modules(plan: LaunchPlan, timeout_s: float = 60.0) -> list[Diagnostic]
                                   message=f"interpreter `{py}` not found, so {', '.join(sorted(mods))} cannot be checked",
                                   help="pass the vLLM environment's python with `--python PATH`"))
             continue
+        # a dotted name (mooncake.engine) imports its parent: a missing parent raises
         code = ("import importlib.util, sys\n"
-                "print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))")
+                "def gone(m):\n"
+                "    try:\n"
+                "        return importlib.util.find_spec(m) is None\n"
+                "    except (ImportError, ValueError):\n"
+                "        return True\n"
+                "print(' '.join(m for m in sys.argv[1:] if gone(m)))")
         try:
             r = subprocess.run([py, "-c", code, *sorted(mods)], capture_output=True, text=True, timeout=timeout_s)
             missing = r.stdout.split()
@@ -134,8 +156,7 @@ def check_modules(plan: LaunchPlan, timeout_s: float = 60.0) -> list[Diagnostic]
             out.append(Diagnostic(code="OPD965", severity=Severity.INFO, message=f"could not run {py}: {e}"))
             continue
         for m in missing:
-            pkg = {"nixl": "nixl", "mooncake": "mooncake-transfer-engine", "vllm_omni": "vllm-omni",
-                   "omni_pd": "omni-pd", "vllm": "vllm"}.get(m, m)
+            pkg = pip_package(m)
             out.append(Diagnostic(code="OPD962", severity=Severity.ERROR,
                                   message=f"module `{m}` is not importable by {py}",
                                   help=f"`{py} -m pip install {pkg}`"))

@@ -37,5 +37,19 @@ def get(name: str) -> KVConnector | None:
     return low.get(name.lower())
 
 
+def canonical(typed: str) -> str | None:
+    """The registered name a user typed (an option, a router flag): exact, case-insensitive,
+    with or without the ``Connector`` suffix, surrounding blanks ignored (``nixl``,
+    ``Mooncake``, ``mooncakeconnectorv1``); None when no connector module has it. Deploy
+    files are not normalised: vLLM matches ``kv_connector`` exactly."""
+    want = typed.strip().lower()
+    if not want:
+        return None
+    for name in registry():
+        if want in (name.lower(), name.lower().removesuffix("connector")):
+            return name
+    return None
+
+
 def names() -> list[str]:
     return sorted(registry())

@@ -290,11 +290,13 @@ CONNECTORS: dict[str, type[ConnectorStrategy]] = {
 
 
 def connector_class(name: str) -> type[ConnectorStrategy]:
-    """The strategy for ``name``: a key of :data:`CONNECTORS`, case-insensitive, with or
-    without the ``Connector`` suffix (``nixl``, ``Mooncake``). Raises ValueError listing the
-    known names."""
-    want = name.strip().lower()
-    for key, cls in CONNECTORS.items():
-        if want in (key.lower(), key.lower().removesuffix("connector")):
-            return cls
-    raise ValueError(f"unknown connector {name!r}; the router knows {', '.join(CONNECTORS)}")
+    """The strategy for ``name``: a key of :data:`CONNECTORS`, spelled any way the
+    connector registry accepts (:func:`omni_pd.compile.connectors.canonical`:
+    case-insensitive, with or without the ``Connector`` suffix: ``nixl``, ``Mooncake``).
+    Raises ValueError listing the names the router serves."""
+    from omni_pd.compile import connectors
+
+    cls = CONNECTORS.get(connectors.canonical(name) or "")
+    if cls is None:
+        raise ValueError(f"unknown connector {name!r}; the router knows {', '.join(CONNECTORS)}")
+    return cls
