@@ -82,3 +82,26 @@ def test_every_connector_module_preflight_can_check_names_its_package():
     for c in connectors.registry().values():
         if c.import_name is not None:
             assert c.pip_package and pip_package(c.import_name) == c.pip_package, c.name
+
+
+def test_the_router_gets_a_prefill_port_when_the_contract_asks_for_it(tmp_path, monkeypatch):
+    """The plan reads ``router_bootstrap`` from the connector module, not the connector's
+    name: switched on for NixlConnector, prefill's URL carries its first connector port."""
+    from omni_pd.compile.connectors.nixl import NixlConnector
+    from omni_pd.compile.expand import expand_document
+    from omni_pd.compile.passes.pd_split import ExpandOptions
+    from omni_pd.io import load_file, parse_text
+    from omni_pd.launch.plan import LaunchOptions, plan_document
+
+    src = ROOT / "tests" / "fixtures" / "llm.yaml"
+    cfg = tmp_path / "pd.yaml"
+    cfg.write_text(expand_document(parse_text(src.read_text(), src.name),
+                                   ExpandOptions(connector="NixlConnector", kv_buffer_device="cpu"), pipeline="llm").text)
+
+    def router_argv():
+        return plan_document(load_file(cfg), str(cfg), LaunchOptions(model="m", platform="cpu")).plan.process("router").argv
+
+    assert connectors.get("MooncakeConnector").router_bootstrap and not NixlConnector.router_bootstrap
+    assert router_argv()[-4:] == ("--prefill", "http://127.0.0.1:8100", "--decode", "http://127.0.0.1:8200")
+    monkeypatch.setattr(NixlConnector, "router_bootstrap", True)
+    assert router_argv()[-4:] == ("--prefill", "http://127.0.0.1:8100,5600", "--decode", "http://127.0.0.1:8200")

@@ -142,7 +142,8 @@ class Instance:
     no device list). ``kv``: the stage's ``kv_transfer_config`` with this instance's
     ``engine_id``. ``env``: the connector port variable set to this instance's port.
     ``ports``: connector ports it binds (one entry per port). ``bootstrap_port``: the
-    Mooncake bootstrap port of a prefill (for the router), else None.
+    port the router must know (a prefill of a connector whose contract sets
+    ``router_bootstrap``: Mooncake's bootstrap server), else None.
     """
 
     replica: int
@@ -191,7 +192,7 @@ def instances(node: StageNode, target: Any) -> list[Instance]:
         ikv = dict(kv)
         if isinstance(kv.get("engine_id"), str):
             ikv["engine_id"] = instance_engine_id(kv["engine_id"], r, reps)
-        bp = mine[0].port if (mine and str(kv.get("kv_connector")) == "MooncakeConnector") else None
+        bp = mine[0].port if (mine and conn is not None and conn.router_bootstrap) else None
         out.append(Instance(r, format_devices(instance_devices(node.devices, reps, r)), ikv, env, ports, bp))
     return out
 
@@ -321,7 +322,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
                 modules=mods, python=engine_py,
                 memory_fraction=float(node.settings.get("gpu_memory_utilization") or 0.9)))
             url = f"http://{opts.host}:{port}"
-            if role == "prefill" and conn == "MooncakeConnector" and inst.bootstrap_port is not None:
+            if role == "prefill" and inst.bootstrap_port is not None:
                 url += f",{inst.bootstrap_port}"
             urls[role].append(url)
     ec_storage, ec_name = None, None

@@ -113,6 +113,9 @@ class KVConnector:
     import_name: ClassVar[str | None] = None
     #: env var carrying this connector's base port, if any
     port_env: ClassVar[str | None] = None
+    #: the PD router must know each prefill's first connector port (``--prefill URL,PORT``):
+    #: MooncakeConnector's decode asks the prefill's bootstrap server there
+    router_bootstrap: ClassVar[bool] = False
     #: kv_transfer_params keys the router/orchestrator must carry from P to D
     routing_fields: ClassVar[tuple[str, ...]] = ()
     #: docs for `omni-pd connectors`

@@ -99,6 +99,7 @@ class MooncakeConnector(KVConnector):
     import_name = "mooncake.engine"
     port_env = ENV_PORT
     routing_fields = ("transfer_id", "remote_bootstrap_addr", "remote_engine_id")
+    router_bootstrap = True
     summary = "Mooncake Transfer Engine; prefill serves an HTTP bootstrap port"
 
     def default_port_base(self, target):
