@@ -67,7 +67,8 @@ def test_the_plan_checks_the_module_the_contract_names(tmp_path, connector):
 
 
 @pytest.mark.parametrize("module,package", [
-    ("nixl", "nixl"), ("mooncake.engine", "mooncake-transfer-engine"), ("vllm_omni", "vllm-omni"),
+    ("nixl", "nixl"), ("mooncake.engine", "mooncake-transfer-engine"), ("mooncake", "mooncake-transfer-engine"),
+    ("vllm_omni", "vllm-omni"),
     ("omni_pd", "omni-pd"), ("vllm", "vllm"), ("aiohttp", "aiohttp"),
 ])
 def test_preflight_pip_package_of_a_missing_module(module, package):

@@ -117,13 +117,14 @@ _PACKAGES = {"vllm": "vllm", "vllm_omni": "vllm-omni", "omni_pd": "omni-pd"}
 
 
 def pip_package(module: str) -> str:
-    """The pip package that provides ``module``: a connector transport's from its connector
-    module (``import_name`` -> ``pip_package``, omni_pd/compile/connectors), vLLM, vllm-omni
-    and omni-pd from :data:`_PACKAGES`, else the module name itself."""
+    """The pip package that provides ``module``: a connector transport's (its
+    ``import_name`` or that module's top-level package) from its connector module
+    (``pip_package``, omni_pd/compile/connectors), vLLM, vllm-omni and omni-pd from
+    :data:`_PACKAGES`, else the module name itself."""
     from omni_pd.compile import connectors
 
     for c in connectors.registry().values():
-        if c.import_name == module and c.pip_package:
+        if c.import_name and c.pip_package and module in (c.import_name, c.import_name.split(".")[0]):
             return c.pip_package
     return _PACKAGES.get(module, module)
 
