@@ -259,3 +259,29 @@ def test_preflight_runs_every_check_in_order(listener, tmp_path, monkeypatch) ->
     p = proc("prefill", argv=("no-such-exe-omni-pd",), python=sys.executable, modules=("no_such_mod_opd",),
              devices="0", ports=(PortUse(listener, "http"),), writable_dirs=(str(f),))
     assert [d.code for d in pf.preflight(plan(p), "cuda")] == ["OPD961", "OPD962", "OPD965", "OPD960", "OPD967"]
+
+
+def test_pip_names_and_every_interpreter_checked(tmp_path) -> None:
+    """A stand-in interpreter that reports every module it is asked about as missing; a
+    missing interpreter first does not stop the check of the next one."""
+    py = tmp_path / "python"
+    py.write_text('#!/bin/sh\nshift 2\necho "$@"\n')
+    py.chmod(0o755)
+    gone = str(tmp_path / "gone" / "python")
+    got = view(pf.check_modules(plan(proc("a", python=gone, modules=("vllm",)),
+                                     proc("b", python=str(py), modules=("omni_pd", "vllm_omni", "mooncake.engine")))))
+    assert [m for _, _, m, _ in got] == [
+        f"interpreter `{gone}` not found, so vllm cannot be checked",
+        f"module `mooncake.engine` is not importable by {py}", f"module `omni_pd` is not importable by {py}",
+        f"module `vllm_omni` is not importable by {py}"]
+    assert [h for *_, h in got][1:] == [f"`{py} -m pip install mooncake-transfer-engine`",
+                                        f"`{py} -m pip install omni-pd`", f"`{py} -m pip install vllm-omni`"]
+
+
+def test_a_missing_gpu_does_not_stop_the_memory_sum_of_the_next_one() -> None:
+    inv = [(0, 1000, 100), (1, 1000, 100)]
+    got = view(pf.check_devices(plan(proc("a", devices="3,0", memory_fraction=0.5),
+                                     proc("b", devices="x,1", memory_fraction=0.5)), "cuda", inv))
+    assert [m for _, _, m, _ in got] == ["a is given GPU 3, this machine has [0, 1]",
+                                         "GPU 0: engines ask 0.5 GiB, 0.1 GiB of 1.0 GiB is free",
+                                         "GPU 1: engines ask 0.5 GiB, 0.1 GiB of 1.0 GiB is free"]
