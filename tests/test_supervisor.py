@@ -639,3 +639,24 @@ def test_a_child_spawned_during_the_grace_period_is_stopped_too(tmp_path: Path) 
         sup.request_stop(signal.SIGTERM)
     late = read_pid(tmp_path / "late.pid")
     assert wait_for(lambda: not alive(late), 2), "a process started during the grace period survived"
+
+
+def test_sigkilled_launcher_also_stops_daemons_and_setsid_children(tmp_path: Path) -> None:
+    """The orphan watchdog finds what killpg misses by the launch's OMNI_PD_LAUNCH_ID."""
+    pa = free_port()
+    procs = [{"name": "prefill-0", "role": "prefill",
+              "argv": [sys.executable, CHILD, "--port", str(pa), "--daemon", str(tmp_path / "daemon.pid"),
+                       "--escaped-grandchild", str(tmp_path / "esc.pid")],
+              "health_url": f"http://127.0.0.1:{pa}/health", "ports": [pa]}]
+    proc, run_dir = _launch(tmp_path, procs, grace_s=1.0)
+    _wait_healthy(proc, run_dir, tmp_path)
+    others = [read_pid(tmp_path / f) for f in ("daemon.pid", "esc.pid")]
+    try:
+        assert all(alive(pid) for pid in others)
+        proc.kill()
+        assert proc.wait(5) == -signal.SIGKILL
+        assert wait_for(lambda: not any(alive(pid) for pid in others), 10), [pid for pid in others if alive(pid)]
+    finally:
+        for pid in others:
+            with __import__("contextlib").suppress(OSError):
+                os.kill(pid, signal.SIGKILL)

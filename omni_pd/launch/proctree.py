@@ -18,6 +18,11 @@ from dataclasses import dataclass
 
 import psutil
 
+#: environment variable the supervisor sets on every child to its launch's id (descendants
+#: inherit it): teardown and the orphan watchdog find the launch's processes by it, also
+#: those re-parented away from their child
+LAUNCH_ENV = "OMNI_PD_LAUNCH_ID"
+
 #: what a signal to a tracked process may meet: it is gone, or is not ours to signal
 GONE = (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError, PermissionError)
 

@@ -89,9 +89,8 @@ MIN_SECRET_LEN = 4
 _TICK_S = 0.05
 #: seconds between looks for new processes of the launch during the grace period
 LOOK_S = 0.25
-#: environment variable set on every child (inherited by its descendants): teardown finds
-#: the launch's processes by it, also those re-parented away from their child
-LAUNCH_ENV = "OMNI_PD_LAUNCH_ID"
+#: environment variable set on every child (see :data:`omni_pd.launch.proctree.LAUNCH_ENV`)
+LAUNCH_ENV = proctree.LAUNCH_ENV
 _LAUNCHER = "omni-pd"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
@@ -765,7 +764,8 @@ class Supervisor:
         r, w = os.pipe()  # both close-on-exec: no child inherits the write end
         try:
             self._watchdog = subprocess.Popen(
-                [sys.executable, "-m", "omni_pd.launch.watchdog", str(self.run_dir / "pids"), str(self.grace_s)],
+                [sys.executable, "-m", "omni_pd.launch.watchdog", str(self.run_dir / "pids"), str(self.grace_s),
+                 self._launch_id],
                 stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                 close_fds=True)
         except OSError as e:
