@@ -285,3 +285,22 @@ def test_a_missing_gpu_does_not_stop_the_memory_sum_of_the_next_one() -> None:
     assert [m for _, _, m, _ in got] == ["a is given GPU 3, this machine has [0, 1]",
                                          "GPU 0: engines ask 0.5 GiB, 0.1 GiB of 1.0 GiB is free",
                                          "GPU 1: engines ask 0.5 GiB, 0.1 GiB of 1.0 GiB is free"]
+
+
+def test_pip_package_of_a_transport_module_and_its_top_package() -> None:
+    assert [pf.pip_package(m) for m in ("mooncake.engine", "mooncake", "nixl", "vllm_omni", "omni_pd", "other")] == [
+        "mooncake-transfer-engine", "mooncake-transfer-engine", "nixl", "vllm-omni", "omni-pd", "other"]
+
+
+def test_inventory_read_from_nvidia_smi_when_not_given(monkeypatch) -> None:
+    monkeypatch.setattr(pf, "gpu_inventory", lambda: [(0, 1000, 100)])
+    assert [d.code for d in pf.check_devices(plan(proc("a", devices="0", memory_fraction=0.5)), "cuda")] == ["OPD964"]
+
+
+def test_every_directory_is_checked_after_a_good_or_repeated_one(tmp_path) -> None:
+    f = tmp_path / "file"
+    f.write_text("x")
+    a = proc("encoder", writable_dirs=(str(tmp_path), str(f)))
+    b = proc("prefill", writable_dirs=(str(f), str(f / "x")))
+    assert [d.message.split(":")[0] for d in pf.check_dirs(plan(a, b))] == [
+        f"encoder must write encoder outputs to {f}", f"prefill must write encoder outputs to {f / 'x'}"]
