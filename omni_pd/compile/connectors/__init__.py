@@ -7,25 +7,16 @@ Adding a connector is one new module; nothing here changes.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from functools import lru_cache
 
 from omni_pd.compile.connectors.base import KVConnector
+from omni_pd.compile.discovery import discover_contracts
 
 
 @lru_cache(maxsize=1)
 def registry() -> dict[str, KVConnector]:
     """Connector name -> contract, discovered from this package's modules."""
-    out: dict[str, KVConnector] = {}
-    for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if mod.name.startswith("_") or mod.name == "base":
-            continue
-        m = importlib.import_module(f"{__name__}.{mod.name}")
-        c = getattr(m, "CONNECTOR", None)
-        if isinstance(c, KVConnector):
-            out[c.name] = c
-    return out
+    return discover_contracts(__name__, __path__, KVConnector)
 
 
 def get(name: str) -> KVConnector | None:

@@ -13,25 +13,16 @@ adding one is one new module. Facts per vLLM release stay in
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from functools import lru_cache
 
 from omni_pd.compile.ec_connectors.base import ECConnector
+from omni_pd.compile.discovery import discover_contracts
 
 
 @lru_cache(maxsize=1)
 def registry() -> dict[str, ECConnector]:
     """EC connector name -> contract, discovered from this package's modules."""
-    out: dict[str, ECConnector] = {}
-    for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if mod.name.startswith("_") or mod.name == "base":
-            continue
-        m = importlib.import_module(f"{__name__}.{mod.name}")
-        c = getattr(m, "CONNECTOR", None)
-        if isinstance(c, ECConnector):
-            out[c.name] = c
-    return out
+    return discover_contracts(__name__, __path__, ECConnector)
 
 
 def get(name: str) -> ECConnector | None:
