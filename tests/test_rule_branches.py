@@ -16,27 +16,8 @@ import pytest
 
 from omni_pd.check.validate import ValidateOptions, validate_text
 from omni_pd.diagnostics import Severity
+from pd_fixture import PD  # tests/pd_fixture.py
 
-PD = """pipeline: qwen3_omni_moe_pd
-async_chunk: false
-stages:
-  - stage_id: 0
-    devices: "0"
-    env:
-      VLLM_NIXL_SIDE_CHANNEL_PORT: "5600"
-    kv_transfer_config:
-      kv_connector: NixlConnector
-      kv_role: kv_producer
-      engine_id: p
-  - stage_id: 1
-    devices: "1"
-    env:
-      VLLM_NIXL_SIDE_CHANNEL_PORT: "5601"
-    kv_transfer_config:
-      kv_connector: NixlConnector
-      kv_role: kv_consumer
-      engine_id: d
-"""
 P_KV = "    kv_transfer_config:\n      kv_connector: NixlConnector\n      kv_role: kv_producer\n      engine_id: p\n"
 D_KV = "    kv_transfer_config:\n      kv_connector: NixlConnector\n      kv_role: kv_consumer\n      engine_id: d\n"
 P = "{kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}"

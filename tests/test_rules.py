@@ -8,6 +8,7 @@ import pytest
 from omni_pd.diagnostics import Severity
 from omni_pd.check.rules import FAMILIES, registry
 from omni_pd.check.validate import ValidateOptions, options_from_example, validate_text
+from pd_fixture import PD  # tests/pd_fixture.py
 
 RULES = registry()
 
@@ -93,26 +94,6 @@ def _one(text: str, code: str, opts: ValidateOptions | None = None):
     return hits[0]
 
 
-PD = """pipeline: qwen3_omni_moe_pd
-async_chunk: false
-stages:
-  - stage_id: 0
-    devices: "0"
-    env:
-      VLLM_NIXL_SIDE_CHANNEL_PORT: "5600"
-    kv_transfer_config:
-      kv_connector: NixlConnector
-      kv_role: kv_producer
-      engine_id: p
-  - stage_id: 1
-    devices: "1"
-    env:
-      VLLM_NIXL_SIDE_CHANNEL_PORT: "5601"
-    kv_transfer_config:
-      kv_connector: NixlConnector
-      kv_role: kv_consumer
-      engine_id: d
-"""
 
 
 def test_clean_pd_pair_has_no_errors_or_warnings() -> None:
