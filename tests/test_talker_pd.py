@@ -16,7 +16,7 @@ from omni_pd.compile.pipelines import load_catalogue
 from omni_pd.diagnostics import Severity
 from omni_pd.io import parse_text
 from omni_pd.resources import preset_path
-from omni_pd.upstream import talker_pd
+from omni_pd.compile import talker_pd
 
 QWEN25 = """async_chunk: false
 stages:

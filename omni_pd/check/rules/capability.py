@@ -1016,19 +1016,17 @@ def lmcache_pd_transport(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
 
 
 def _ec_facts() -> dict[str, Any]:
-    from omni_pd.resources import data_dir, load_data
+    from omni_pd.compile.ec_connectors.base import ec_facts
 
-    return load_data(data_dir("presets") / "targets" / "ec_connectors.yaml")
+    return ec_facts()
 
 
 def ec_fact(name: str, version: tuple[int, int]) -> dict[str, Any] | None:
     """The ec_connectors.yaml row of EC connector ``name`` for vLLM ``version``, or None
-    (not registered in that release, or unknown)."""
-    out = None
-    for row in _ec_facts()["connectors"].get(name) or []:
-        if version >= _v(row["since"]):
-            out = row
-    return out
+    (not registered in that release, or unknown): :func:`omni_pd.compile.ec_connectors.base.ec_row`."""
+    from omni_pd.compile.ec_connectors.base import ec_row
+
+    return ec_row(name, version)
 
 
 def _ec_nodes(ctx: Context) -> list[tuple["StageNode", dict[str, Any]]]:

@@ -175,8 +175,8 @@ def talker_pd_conditioning(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     ``thinker2talker_full_payload``, ``models/qwen3_omni/qwen3_omni.py``
     ``_thinker_to_talker_prefill``, ``engine/orchestrator.py`` ``pd_prefill_multimodal_output``;
     vLLM ``v1/core/sched/scheduler.py`` ``_update_waiting_for_remote_kv``; details in
-    omni_pd/upstream/talker_pd.py."""
-    from omni_pd.upstream import talker_pd
+    omni_pd/compile/talker_pd.py."""
+    from omni_pd.compile import talker_pd
 
     pair = ctx.pd_pair
     if pair is None or ctx.topology is None or not ctx.platform_first:

@@ -132,9 +132,9 @@ def plan_encoder_split(topo: Topology, catalogue: Catalogue, target: Target, eop
     tgt_pipe = catalogue.get(f"{src.name}_{eopts.layout}") or derive_encoder(src, eopts.layout)
     contract = ec_connectors.get(eopts.ec_connector)
     if contract is None:
-        from omni_pd.check.rules.capability import ec_fact
+        from omni_pd.compile.ec_connectors.base import ec_row
 
-        known = ec_fact(eopts.ec_connector, target.version) is not None
+        known = ec_row(eopts.ec_connector, target.version) is not None
         raise _err("OPD807", f"omni-pd has no EC connector contract for `{eopts.ec_connector}`"
                    + (" (validate checks it, expand does not emit it yet)" if known else ""), None,
                    help="omni-pd can emit: " + ", ".join(ec_connectors.names()))

@@ -333,9 +333,9 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
 
 def _talker_note(target_pipe: Pipeline, topo: Topology, doc: Document | None) -> list[Diagnostic]:
     """OPD704 (warning) when the PD pipeline's Talker reads the decode stage: on vllm-omni
-    0.30 it gets no prompt rows (facts and sources: omni_pd/upstream/talker_pd.py).
+    0.30 it gets no prompt rows (facts and sources: omni_pd/compile/talker_pd.py).
     Located at the input's ``pipeline:`` key, else the Talker's entry of the input."""
-    from omni_pd.upstream import talker_pd
+    from omni_pd.compile import talker_pd
 
     found = talker_pd.talker_after_decode(target_pipe)
     if found is None:

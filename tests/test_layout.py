@@ -1,0 +1,90 @@
+"""The package layering the README describes: compile -> upstream -> check -> launch -> cli.
+
+Every ``omni_pd`` import (module level or inside a function) is read from the source
+with :mod:`ast`; a later layer may import an earlier one, never the reverse, and no
+module imports itself back through a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "omni_pd"
+#: layer of each top-level part of the package; foundations are 0
+LAYER = {"diagnostics": 0, "io": 0, "resources": 0, "compile": 1, "upstream": 2, "check": 3, "launch": 4, "cli": 5,
+         "cli_options": 5, "cli_graph": 5, "__main__": 5}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for f in PKG.rglob("*.py"):
+        if "oracle_standins" in f.parts:
+            continue
+        parts = f.relative_to(PKG.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return out
+
+
+def _imports(mods: dict[str, Path]) -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for m, f in mods.items():
+        for n in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+                names = [n.module] + [f"{n.module}.{a.name}" for a in n.names]
+            elif isinstance(n, ast.Import):
+                names = [a.name for a in n.names]
+            edges[m] |= {x for x in names if x in mods and x != m}
+    return edges
+
+
+def _part(mod: str) -> str:
+    return mod.split(".")[1] if "." in mod else mod
+
+
+def test_no_layer_imports_a_later_one() -> None:
+    mods = _modules()
+    unknown = sorted({_part(m) for m in mods if m != "omni_pd"} - set(LAYER))
+    assert not unknown, f"new top-level parts need a layer in tests/test_layout.py: {unknown}"
+    upward = sorted((a, b) for a, bs in _imports(mods).items() for b in bs
+                    if a != "omni_pd" and b != "omni_pd" and LAYER[_part(b)] > LAYER[_part(a)])
+    assert upward == []
+
+
+def test_no_import_cycles() -> None:
+    edges = _imports(_modules())
+    # package __init__ files discovering their own plug-in modules are not cycles of code
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    cycles: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    assert cycles == []
