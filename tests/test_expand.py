@@ -573,3 +573,18 @@ def test_replicas_that_would_share_one_port_are_refused(connector, version, what
     assert (d.code, d.message) == ("OPD805", f"cannot place 2 replicas of the prefill stage on one host: "
                                              f"vllm-omni {version} gives every replica the same {what}")
     assert (d.location.line, d.location.column) == (25, 19)
+
+
+def test_a_base_config_child_is_refused_at_its_base_config_key(tmp_path, capsys):
+    """expand rewrites the stages it reads, so a file whose stages come from base_config
+    (vllm-omni merges them at load time) is refused, located, with nothing written; it
+    used to be split as an `llm` file and fail expand's own self-check (exit 3, fuzz)."""
+    src = tmp_path / "child.yaml"
+    src.write_text("base_config: qwen3_omni_moe.yaml\nasync_chunk: false\n")
+    out = tmp_path / "out.yaml"
+    assert main(["expand", str(src), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "error[OPD808]: expand takes a flat deploy config; this one takes its stages from base_config " \
+           "`qwen3_omni_moe.yaml`" in err
+    assert f"--> {src}:1:14" in err
+    assert not out.exists()

@@ -134,6 +134,13 @@ CODES: tuple[CodeDoc, ...] = (
             register it (``presets/targets/ec_connectors.yaml``). ``validate`` still checks files
             that use the others (OPD614/OPD615).""",
             "omni_pd/compile/passes/encoder_split.py plan_encoder_split()", exit=2),
+    CodeDoc("OPD808", "base-config-input", _E, "expand", "expand takes a flat deploy config, not one with base_config",
+            """A file with ``base_config:`` takes its stages from another file, which vllm-omni
+            merges at load time (``vllm_omni/config/stage_config.py`` ``resolve_deploy_yaml``).
+            ``expand`` rewrites the stages it reads, so it needs them in one file: write the
+            merged stages into the file (or expand the base file) and keep the override keys
+            there. ``validate`` follows ``base_config`` chains.""",
+            "omni_pd/compile/expand.py _front()", exit=2),
     CodeDoc("OPD901", "async-chunk-off", _I, "expand", "expand set async_chunk to false",
             """vllm-omni's orchestrator routes prefill -> decode only when ``async_chunk`` is false
             (``vllm_omni/engine/orchestrator.py``); with it on, decode would get a placeholder

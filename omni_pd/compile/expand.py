@@ -44,6 +44,14 @@ def _front(doc: Document, vllm_version: str | None, pipeline: str | None,
         tgt = make_target(vllm_version)
     except ValueError as e:
         raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR, message=str(e))) from None
+    tree = doc.tree
+    if isinstance(tree, dict) and tree.get("base_config") is not None:
+        raise OmniPdError(Diagnostic(
+            code="OPD808", severity=Severity.ERROR, location=doc.loc(("base_config",), value=True),
+            message=f"expand takes a flat deploy config; this one takes its stages from base_config "
+                    f"`{tree.get('base_config')}`",
+            help="write the merged stages into this file (or expand the base file), then run expand again; "
+                 "`omni-pd validate` follows base_config"))
     cfg = parse_config(doc)
     pipe = select_pipeline(cfg, cat, doc, pipeline)
     return cat, tgt, resolve(cfg, pipe, None, doc)
