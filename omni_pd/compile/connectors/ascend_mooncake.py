@@ -26,16 +26,7 @@ from typing import Any
 
 from omni_pd.compile import ascend
 from omni_pd.compile.connectors.base import (
-    LAUNCHER_RUNTIME, Endpoint, KVConnector, PortUse, SideConfig, Side, instance_port)
-
-
-def _int(raw: Any) -> int | None:
-    if isinstance(raw, bool):
-        return None
-    try:
-        return int(str(raw).strip())
-    except (TypeError, ValueError):
-        return None
+    LAUNCHER_RUNTIME, Endpoint, KVConnector, PortUse, SideConfig, Side, config_int, instance_port)
 
 
 class AscendMooncakeConnector(KVConnector):
@@ -68,7 +59,7 @@ class AscendMooncakeConnector(KVConnector):
               runtime: str = "vllm", replicas: int = 1) -> list[PortUse]:
         """``[kv_port + r*span, kv_port + (r+1)*span)`` per launched instance r on omni-pd's
         launcher; on vllm-omni every replica reads the same ``kv_port``."""
-        port = _int((kv or {}).get("kv_port"))
+        port = config_int((kv or {}).get("kv_port"))
         if port is None:
             return []
         span = ascend.kv_port_span(self.name, ascend.Sizes(tp=tp, dp=dp))

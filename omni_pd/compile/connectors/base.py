@@ -75,6 +75,17 @@ class PortUse:
 LAUNCHER_RUNTIME = "vllm"
 
 
+def config_int(raw: Any) -> int | None:
+    """A port or size written in a config (``25201``, ``"25201"``, ``" 25201 "``) as an int;
+    None for a bool or anything that is not an integer (validate reports those)."""
+    if isinstance(raw, bool):
+        return None
+    try:
+        return int(str(raw).strip())
+    except (TypeError, ValueError):
+        return None
+
+
 def launched_replicas(runtime: str, num_replicas: int | None) -> int:
     """Engines a stage's deploy entry starts: ``num_replicas`` on both runtimes. vllm-omni's
     stage runtime starts one engine per replica (vllm_omni/engine/stage_runtime.py

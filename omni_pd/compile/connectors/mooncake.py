@@ -27,22 +27,13 @@ from __future__ import annotations
 from typing import Any
 
 from omni_pd.compile.connectors.base import (
-    LAUNCHER_RUNTIME, ROLE, Endpoint, KVConnector, PortUse, SideConfig, Side, instance_port)
+    LAUNCHER_RUNTIME, ROLE, Endpoint, KVConnector, PortUse, SideConfig, Side, config_int, instance_port)
 
 ENV_PORT = "VLLM_MOONCAKE_BOOTSTRAP_PORT"
 #: first port of omni-pd's allocation (vllm-omni's PD recipe value), away from vLLM's
 #: 8998 default so a plain Mooncake engine on the same host does not collide
 BASE_PORT = 25201
 EXTRA = "kv_connector_extra_config"
-
-
-def _int(raw: Any) -> int | None:
-    if isinstance(raw, bool):
-        return None
-    try:
-        return int(str(raw).strip())
-    except (TypeError, ValueError):
-        return None
 
 
 def deciding_setting(kv: dict[str, Any] | None, target, runtime: str) -> str:
@@ -78,7 +69,7 @@ def bootstrap_ports(kv: dict[str, Any] | None, env: dict[str, Any] | None, tp: i
         raw, key = (kv.get(EXTRA) or {}).get(facts.extra_key), setting
     if raw is None:
         raw, key = facts.default, None
-    port = _int(raw)
+    port = config_int(raw)
     if port is None:
         return []
     offset = setting != "env" and facts.replica_offset
