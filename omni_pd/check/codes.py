@@ -75,7 +75,7 @@ CODES: tuple[CodeDoc, ...] = (
             option and the help lists what it accepts.""",
             "omni_pd/cli.py, omni_pd/check/validate.py, omni_pd/compile/expand.py", exit=2),
     CodeDoc("OPD007", "not-a-deploy-config", _E, "input", "the file is not a deploy config",
-            """``expand`` and ``validate`` share one gate (``check/inputs.py not_a_deploy_config``):
+            """``expand`` and ``validate`` share one gate (omni_pd/check/inputs.py ``not_a_deploy_config``):
             a file without a non-empty ``stages:`` list (and no ``base_config`` to inherit one
             from) says what it looks like instead (an omni-pd pipeline definition from
             ``presets/pipelines/``, ``stages: []``, a launch inventory, a Hugging Face config.json,

@@ -2,9 +2,11 @@
 
 Facts come from ``presets/targets/vllm.yaml`` (registry, renames, kv fields per
 version) and the connector contracts in ``omni_pd/compile/connectors``; the tables below
-hold what those do not cover yet, each with its source. Sources:
-vllm_kv_connectors.md §1-3, §6, §8 (vLLM 0.11-0.33 wheels), vllm-ascend PD guide
-(seed 004), and the case reports named per rule.
+hold what those do not cover yet, each with its source. Sources: vLLM
+``vllm/config/kv_transfer.py``, ``vllm/distributed/kv_transfer/kv_connector/factory.py``
+and the connectors under ``kv_connector/v1/`` (wheels 0.11-0.33), vllm-ascend
+``docs/source/developer_guide/feature_guide/disaggregated_prefill.md``, and the case
+reports named per rule.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ ASCEND_CONNECTORS = frozenset({"MooncakeConnectorV1", "MooncakeLayerwiseConnecto
 #: MultiConnector child names that resolve to a different class (alias) on a platform.
 ALIASES = {("npu", "OffloadingConnector"): "AscendOffloadingConnector"}
 #: MLA KV layout support. True: supported; False: not; absent: unknown (no finding).
-#: NIXL: MLA needs no head split (vllm_kv_connectors.md §3.1); PyNccl V0 pipe: no MLA
+#: NIXL: MLA needs no head split (vLLM v1/nixl/tp_mapping.py); PyNccl V0 pipe: no MLA
 #: (vllm#14324); MooncakeConnector: added by vllm PR #46807.
 MLA_SUPPORT = {"NixlConnector": True, "NixlPullConnector": True, "NixlPushConnector": True,
                "PyNcclConnector": False, "LMCacheConnector": False}
-#: Required kv_connector_extra_config keys (vllm_kv_connectors.md §3.3, §3.4, checklist 6).
+#: Required kv_connector_extra_config keys (vLLM v1/moriio/moriio_common.py ``MoRIIOConfig``).
 REQUIRED_EXTRA = {"MoRIIOConnector": ("http_port", "handshake_port", "notify_port")}
 
 _PD = "pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
@@ -395,7 +397,8 @@ def hetero_tp_problem(ctx: Context, p: "StageNode", d: "StageNode") -> str | Non
 
     Connector contracts (Nixl, Mooncake) answer for their versions; P2pNccl and the V0
     PyNccl pipe pair ranks one to one (equal TP); vllm-ascend's MooncakeConnectorV1 needs
-    P_tp >= D_tp and P_tp % D_tp == 0 (seed 004); with ``num_key_value_heads`` known,
+    P_tp >= D_tp and P_tp % D_tp == 0 (vllm-ascend disaggregated_prefill.md, limits);
+    with ``num_key_value_heads`` known,
     differing TPs above the head count fail NIXL's shape check (vllm#45330).
     """
     from omni_pd.compile import connectors
@@ -439,7 +442,10 @@ def hetero_tp(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     of prefill TP, 0.18+ either way if divisible; Mooncake equal TP before 0.22, then
     divisible; P2pNccl equal; vllm-ascend MooncakeConnectorV1 P_tp >= D_tp and
     P_tp % D_tp == 0; differing TPs above ``num_key_value_heads`` fail (needs
-    ``--model-info``). Sources: vllm_kv_connectors.md §3, §6; seed 004;
+    ``--model-info``). Sources: vLLM ``vllm/distributed/kv_transfer/kv_connector/utils.py``
+    ``TransferTopology.tp_ratio`` (0.30; ``v1/nixl_connector.py`` in 0.11-0.13),
+    ``v1/mooncake/mooncake_connector.py`` ``_get_tp_ratio``; vllm-ascend
+    ``docs/source/developer_guide/feature_guide/disaggregated_prefill.md`` (limits);
     https://github.com/ai-dynamo/dynamo/issues/2295,
     https://github.com/vllm-project/vllm/issues/14952,
     https://github.com/vllm-project/vllm/issues/45330."""
@@ -481,7 +487,8 @@ def mla_unsupported(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
 def kv_dtype_mismatch(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Prefill and decode must store KV in the same ``kv_cache_dtype``: NIXL hashes it
     into the handshake compatibility check (0.13+), Mooncake copies raw bytes. Sources:
-    vllm_kv_connectors.md §6 and checklist 7; https://github.com/vllm-project/vllm/issues/42179."""
+    vLLM ``vllm/distributed/kv_transfer/kv_connector/v1/nixl/metadata.py``
+    ``compute_nixl_compatibility_hash``; https://github.com/vllm-project/vllm/issues/42179."""
     pair = ctx.pd_pair
     if pair is None:
         return
@@ -521,8 +528,11 @@ def block_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``block_size`` must be equal on both sides, except NIXL 0.13+ where decode's may
     be a multiple of prefill's (not with ``kv_buffer_device: cpu``). For a hybrid model
     (``--model-info``) with different P/D layouts and no pinned ``block_size`` the
-    physical block size may differ (observed 16 vs 32): warning. Sources:
-    vllm_kv_connectors.md §3.1, §6, checklist 9; https://github.com/vllm-project/vllm/issues/42895."""
+    physical block size may differ (observed 16 vs 32): warning. Sources: vLLM
+    ``vllm/distributed/kv_transfer/kv_connector/utils.py`` ``TransferTopology.block_size_ratio``,
+    ``v1/nixl/base_worker.py`` ("Heterogeneous block sizes are not supported with host
+    buffer");
+    https://github.com/vllm-project/vllm/issues/42895."""
     pair = ctx.pd_pair
     if pair is None or not (pair[0].kv and pair[1].kv):
         return
@@ -563,7 +573,8 @@ def extra_required(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Per connector required ``kv_connector_extra_config`` keys: P2pNcclConnector with a
     proxy (``proxy_ip``/``proxy_port``) needs ``http_port`` (= the instance's API port);
     MoRIIOConnector needs ``http_port``, ``handshake_port`` and ``notify_port`` (KeyError
-    at start otherwise). Sources: vllm_kv_connectors.md §3.3, §3.4, checklist 6;
+    at start otherwise). Sources: vLLM ``v1/moriio/moriio_common.py`` ``MoRIIOConfig``
+    (0.18+), ``v1/p2p/p2p_nccl_engine.py`` (0.11-0.22);
     https://github.com/vllm-project/vllm/pull/26628."""
     for n in _kv_nodes(ctx):
         kv = n.kv or {}
@@ -587,7 +598,8 @@ def kv_field(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """From vLLM 0.18 KVTransferConfig forbids unknown keys (hard error at start); 0.32
     removed ``kv_ip``, ``kv_rank``, ``kv_parallel_size`` and ``kv_buffer_size``. On older
     versions unknown keys are silently ignored (warning). Sources: vLLM
-    config/kv_transfer.py, config/utils.py (vllm_kv_connectors.md §1.1-1.2, checklist 2)."""
+    ``vllm/config/kv_transfer.py`` ``KVTransferConfig`` (fields per version),
+    ``vllm/config/utils.py`` ``config`` (``extra="forbid"``)."""
     tgt = ctx.target
     if tgt.version < (0, 11):
         return
@@ -657,7 +669,7 @@ def _vllm_kv_class() -> tuple[Any, str | None]:
 
 
 #: kv_buffer_device values a connector accepts, per platform and from which vLLM version
-#: (vllm_kv_connectors.md §3.1, checklist 4). Connectors not listed are not checked.
+#: (vLLM v1/nixl/utils.py ``_NIXL_SUPPORTED_DEVICE``). Connectors not listed are not checked.
 BUFFER_DEVICES = {
     "NixlConnector": [
         ("cuda", (0, 11), ("cuda",)), ("cuda", (0, 13), ("cuda", "cpu")),
@@ -675,7 +687,9 @@ BUFFER_DEVICES = {
 def kv_buffer_device(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """NixlConnector's ``kv_buffer_device``: on CUDA/ROCm ``cuda`` only in vLLM 0.11,
     ``cuda`` or ``cpu`` (host staging) from 0.13; on XPU ``cpu``, and ``xpu`` too from
-    0.18. Source: vLLM v1/nixl_connector.py (vllm_kv_connectors.md §3.1, checklist 4)."""
+    0.18. Source: vLLM ``vllm/distributed/kv_transfer/kv_connector/v1/nixl/utils.py``
+    ``_NIXL_SUPPORTED_DEVICE``, checked in ``v1/nixl/base_worker.py`` (0.24+; in
+    ``v1/nixl_connector.py`` for 0.11-0.13)."""
     for n in _kv_nodes(ctx):
         kv = n.kv or {}
         dev = kv.get("kv_buffer_device")

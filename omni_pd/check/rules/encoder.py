@@ -1,10 +1,10 @@
 """Encoder-disaggregation topology rules (E -> PD, E -> P -> D): OPD616-OPD619.
 
 Connector names, roles, options per release and producer/consumer along the edges are
-OPD614/OPD615 (capability.py, facts in presets/targets/ec_connectors.yaml); these rules
-check what the topology adds: which stage consumes (the one that runs prefill), the
-shared storage both sides must see, what the encoder-only instance may carry, and the
-model. Layouts: ``omni-pd expand --encoder-split 1e1pd|1e1p1d`` (README).
+OPD614/OPD615 (omni_pd/check/rules/capability.py, facts in
+presets/targets/ec_connectors.yaml); these rules check what the topology adds: which
+stage consumes (the one that runs prefill), the shared storage both sides must see,
+what the encoder-only instance may carry, and the model. Layouts: ``omni-pd expand --encoder-split 1e1pd|1e1p1d`` (README).
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def ec_port_conflict(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     5601: the port ``expand`` gives decode's NIXL side channel after prefill's 5600),
     ECMooncakeConnector's consumer ``ec_port`` + rank (default 14579, also P2pNccl's
     ``kv_port`` default). Each must be disjoint from every other range on its host: the
-    KV connector and API ports of OPD501 (ports.py ``bound_ports``) and the other stages'
+    KV connector and API ports of OPD501 (omni_pd/check/rules/ports.py ``bound_ports``) and the other stages'
     EC ports. Source: vLLM 0.30.0 envs.py, ec_connector/cpu/scheduler/__init__.py,
     ec_connector/mooncake/config.py."""
     from omni_pd.check.rules.ports import bound_ports

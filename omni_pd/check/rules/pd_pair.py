@@ -1,9 +1,10 @@
 """PD pair rules (OPD3xx): the invariants vllm-omni checks at engine init, and more.
 
-Upstream source: vllm-omni ``entrypoints/pd_utils.py`` ``_validate_pd_separation_config``
-(rules 1-6 of vllm_omni_deploy_schema.md §e2), docs ``features/pd_disaggregation.md``
-(seed 000), vLLM ``config/kv_transfer.py`` (role sets), and the case reports named
-in each rule.
+Upstream source: vllm-omni ``vllm_omni/entrypoints/pd_utils.py``
+``_validate_pd_separation_config`` (its checks in order: kv_transfer_config present, roles,
+decode lists prefill in ``engine_input_source``, one connector, matching connector
+settings, equal TP), vllm-omni ``docs/features/pd_disaggregation.md``, vLLM
+``vllm/config/kv_transfer.py`` (role sets), and the case reports named in each rule.
 """
 
 from __future__ import annotations
@@ -107,7 +108,10 @@ def kv_both(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``kv_both`` makes a stage both send and receive. vLLM 0.24+ NixlConnector warns
     that it is deprecated (use producer on prefill, consumer on decode); Mooncake
     asserts when a request is routed the wrong way. Sources: vLLM
-    v1/nixl_connector.py (0.24); vllm_kv_connectors.md §3, checklist 10."""
+    ``vllm/distributed/kv_transfer/kv_connector/v1/nixl/connector.py``
+    ``NixlConnector.__init__`` (the deprecation warning, 0.24+);
+    ``v1/mooncake/mooncake_connector.py`` ``MooncakeConnectorScheduler``
+    (``assert not self.is_kv_producer`` / ``is_kv_consumer`` per request)."""
     pair = ctx.pd_pair
     if pair is None:
         return
@@ -126,8 +130,10 @@ def kv_both(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
       passing=_pd_yaml(OK_P, OK_D))
 def connector_mismatch(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``kv_connector`` must be set and equal on both sides: a NIXL producer and a
-    Mooncake consumer never exchange a block. Source: vllm-omni pd_utils.py rule 4;
-    vllm_kv_connectors.md checklist 7."""
+    Mooncake consumer never exchange a block. Source: vllm-omni
+    ``vllm_omni/entrypoints/pd_utils.py`` ``_validate_pd_separation_config`` ("PD
+    connector mismatch"); vLLM ``vllm/distributed/kv_transfer/kv_connector/factory.py``
+    (each side loads only its own connector class)."""
     pair = ctx.pd_pair
     if pair is None or not (pair[0].kv and pair[1].kv):
         return
@@ -282,7 +288,8 @@ def engine_id_unique(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``engine_id`` names an engine in transfers (NIXL handshakes, Mooncake bootstrap
     ``remote_engine_id``); two engines with one id confuse the peer lookup. vllm-omni's
     PD recipe sets ``omni-thinker-prefill`` / ``omni-thinker-decode``. Sources: vllm-omni
-    docs features/pd_disaggregation.md; vllm-ascend PD tutorial (seed 004)."""
+    ``docs/features/pd_disaggregation.md``; vllm-ascend
+    ``docs/source/developer_guide/feature_guide/disaggregated_prefill.md``."""
     if ctx.topology is None:
         return
     seen: dict[str, Any] = {}
@@ -313,7 +320,8 @@ def async_chunk_kv(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     downstream stage at request start with a zero-filled placeholder prompt; decode then
     gets a bogus prompt instead of prefill's routing, so PD needs ``async_chunk: false``.
     A vllm-omni orchestrator rule (not checked for plain ``vllm serve`` engines).
-    Source: vllm-omni 0.30.0 engine/orchestrator.py (vllm_omni_deploy_schema.md §e4.3)."""
+    Source: vllm-omni 0.30.0 ``vllm_omni/engine/orchestrator.py``
+    ``OrchestratorBase._prewarm_async_chunk_stages``."""
     topo = ctx.topology
     if topo is None or not topo.async_chunk:
         return
@@ -348,7 +356,8 @@ def peer_topology(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     equal the stages' real parallel sizes or the rank mapping reads the wrong blocks.
     Generate them from the stages. Sources:
     https://github.com/vllm-project/vllm-ascend/issues/8442,
-    https://github.com/vllm-project/vllm-ascend/issues/8344; seed 004."""
+    https://github.com/vllm-project/vllm-ascend/issues/8344; vllm-ascend
+    ``docs/source/developer_guide/feature_guide/disaggregated_prefill.md`` (limits)."""
     pair = ctx.pd_pair
     if pair is None:
         return

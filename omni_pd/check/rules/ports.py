@@ -3,8 +3,10 @@ routable addresses across hosts, valid port numbers.
 
 What each connector binds comes from its contract (``omni_pd/compile/connectors``: NIXL side
 channel ``[base, base + span)`` with the span per vLLM version, Mooncake bootstrap) plus
-the connectors listed here. Sources: vllm_kv_connectors.md §3 and checklist 13-16;
-vllm_omni_deploy_schema.md §e3; the case reports named per rule.
+the connectors listed here. Sources: vLLM ``vllm/envs.py`` (``VLLM_NIXL_SIDE_CHANNEL_PORT``,
+``VLLM_MOONCAKE_BOOTSTRAP_PORT``), ``kv_connector/v1/nixl/`` and ``v1/mooncake/``; vllm-omni
+``vllm_omni/engine/stage_runtime.py`` ``_prepare_replica_vllm_config`` (per-replica
+ports); the case reports named per rule.
 """
 
 from __future__ import annotations
@@ -346,7 +348,9 @@ def cross_host_localhost(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
 def port_invalid(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Ports (``kv_port``, ``*_port`` extra-config keys, ``*_PORT`` env vars) must be
     integers in 1..65535 (P2pNccl rejects ``kv_port`` 0); a range ``[base, base + span)``
-    must also end at or below 65535. Source: vllm_kv_connectors.md §1.2, checklist 6."""
+    must also end at or below 65535 (the operating system's port range; vLLM does not
+    range-check ``kv_port``). Sources: vLLM ``vllm/config/kv_transfer.py``
+    ``KVTransferConfig`` (``kv_port: int``), ``v1/p2p/p2p_nccl_engine.py`` (0.11-0.22)."""
     if ctx.topology is None:
         return
     for n in ctx.topology.stages:

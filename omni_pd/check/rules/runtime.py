@@ -1,9 +1,9 @@
 """Runtime-contract rules (OPD7xx): what the request path must do for a PD pair.
 
-Sources: vllm-omni ``engine/orchestrator.py`` ``_prepare_prefill_sampling_params`` and
-``_build_pd_decode_params`` (vllm_omni_deploy_schema.md §e4-e5), connector routing
-fields in ``omni_pd/compile/connectors`` (vllm_kv_connectors.md §3, §4), the case reports
-named per rule.
+Sources: vllm-omni ``vllm_omni/entrypoints/pd_utils.py`` ``PDDisaggregationMixin``
+(``_prepare_prefill_sampling_params``, ``_build_decode_kv_params``), connector routing
+fields in ``omni_pd/compile/connectors`` (from vLLM's ``kv_connector/v1/nixl/`` and
+``v1/mooncake/`` request handling), the case reports named per rule.
 """
 
 from __future__ import annotations

@@ -267,7 +267,7 @@ def base_config_missing(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``base_config`` is resolved next to the file, then among omni-pd's bundled
     presets (which mirror vllm-omni's ``vllm_omni/deploy/``), at any depth; a chain that
     comes back to one of its own files is reported too (vllm-omni recurses until
-    ``RecursionError``). The diagnostic is emitted while loading (validate.py), before
+    ``RecursionError``). The diagnostic is emitted while loading (omni_pd/check/validate.py), before
     the rules run. Source: vllm-omni 0.30.0 config/stage_config.py
     (``resolve_deploy_yaml``, ``load_deploy_config``)."""
     return []

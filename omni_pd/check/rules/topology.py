@@ -200,8 +200,8 @@ def final_output(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """The pipeline decides final outputs; a PD split must keep them: decode carries
     the Thinker's text, Code2Wav the audio, and prefill none (it generates one token).
     A deploy entry that sets ``final_output`` against that loses an output or returns
-    the prefill token to the client. Source: vllm-omni docs features/pd_disaggregation.md
-    (seed 000: "Text remains a final output of the decode stage")."""
+    the prefill token to the client. Source: vllm-omni ``docs/features/pd_disaggregation.md``
+    ("Text remains a final output of the decode stage")."""
     if ctx.topology is None or not ctx.platform_first:
         return
     topo = ctx.topology
@@ -265,5 +265,5 @@ def pipeline_inferred(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     naming a catalogued ``model_type``) validate infers PD from a kv_producer/kv_consumer
     pair, treats a single stage as ``llm``, and otherwise checks the stages as a linear
     chain; role-dependent checks are then weaker. Emitted while choosing the pipeline
-    (validate.py). Source: vllm-omni 0.30.0 config/pipeline_registry.py."""
+    (omni_pd/check/validate.py). Source: vllm-omni 0.30.0 config/pipeline_registry.py."""
     return []
