@@ -209,14 +209,14 @@ def test_plain_vllm_counters_that_do_not_grow_fail_with_recomputed(name):
 
 def test_a_failing_request_fails_the_smoke_check():
     rc, out, _ = run_check(page("omni_before"), page("omni_after_pd"), omni=True, status=500)
-    assert rc == 1 and out.startswith("smoke: request failed: HTTPError")
+    assert rc == 1 and out.startswith(f"smoke: request failed: POST {run_check.url}/v1/chat/completions: HTTPError")
 
 
 def test_no_metrics_url_is_reported_as_not_measurable():
     with FakeServer("", "") as srv:
         out = io.StringIO()
         rc = smoke_check(SmokeTarget(srv.url, "tiny", None), out)
-    assert rc == 0 and "(KV transfer not measurable here)" in out.getvalue()
+    assert rc == 0 and out.getvalue().endswith("KV transfer not checked: no decode metrics URL\n")
 
 
 # --- smoke.json: the result stays in the run directory (issue 13) ----------------------------------
@@ -252,7 +252,9 @@ def test_smoke_json_of_a_pd_pass_on_plain_vllm(tmp_path, clock):
         "seconds": 2.5,
         "measured": {"metrics_url": url + "/metrics", "decode_stage": None, "counters": COUNTERS,
                      "counters_seen": True, "before": 0.0, "after": 126.0},
+        "not_checked": {},
         "error": None,
+        "error_kind": None,
         "message": f"smoke: ok in 2.50 s: ' x * 3'; decode received KV from prefill (counters 0 -> 126, {url}/metrics)",
     }
     assert out == json.loads((tmp_path / "smoke.json").read_text())["message"] + "\n"
@@ -273,7 +275,9 @@ def test_smoke_json_of_a_recompute_on_vllm_omni(tmp_path, clock):
         "seconds": 2.5,
         "measured": {"metrics_url": url + "/metrics", "decode_stage": "1", "counters": COUNTERS,
                      "counters_seen": True, "before": 126.0, "after": 126.0},
+        "not_checked": {},
         "error": "decode's KV-received counters did not grow: it recomputed the prompt",
+        "error_kind": "check",
         "message": out.rstrip("\n"),
     }
 
@@ -284,9 +288,10 @@ def test_smoke_json_of_a_failed_request(tmp_path):
     rep = json.loads((tmp_path / "smoke.json").read_text())
     assert rc == 1
     assert (rep["ok"], rep["answer_excerpt"], rep["seconds"]) == (False, None, None)
-    assert rep["error"] == "HTTPError: HTTP Error 500: Internal Server Error"
+    failed = f"POST {run_check.url}/v1/chat/completions: HTTPError: HTTP Error 500: Internal Server Error"
+    assert (rep["error"], rep["error_kind"]) == (failed, "server")
     assert rep["measured"]["before"] is None and rep["measured"]["counters"] == COUNTERS
-    assert rep["message"] == out.rstrip("\n") == "smoke: request failed: HTTPError: HTTP Error 500: Internal Server Error"
+    assert rep["message"] == out.rstrip("\n") == "smoke: request failed: " + failed
 
 
 def test_smoke_json_when_kv_is_not_measurable(tmp_path, clock):
@@ -295,8 +300,8 @@ def test_smoke_json_when_kv_is_not_measurable(tmp_path, clock):
                          runtime="vllm-ascend")
     rep = json.loads((tmp_path / "smoke.json").read_text())
     assert rc == 0
-    assert (rep["ok"], rep["runtime"], rep["measured"], rep["error"], rep["answer_excerpt"]) == (
-        True, "vllm-ascend", None, None, " x * 3")
+    assert (rep["ok"], rep["runtime"], rep["measured"], rep["error"], rep["answer_excerpt"], rep["not_checked"]) == (
+        True, "vllm-ascend", None, None, " x * 3", {"kv_transfer": "no decode metrics URL"})
 
 
 def test_an_unwritable_smoke_json_is_said_and_keeps_the_verdict(tmp_path):

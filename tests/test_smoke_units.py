@@ -73,7 +73,7 @@ def _plan(runtime: str, entrypoint: str, processes=()):
 
 
 def _proc(role: str, url: str | None):
-    return SimpleNamespace(role=role, health=SimpleNamespace(url=url) if url else None)
+    return SimpleNamespace(name=role + "-0", role=role, health=SimpleNamespace(url=url) if url else None)
 
 
 def test_smoke_target_strips_a_trailing_slash_and_keeps_no_stage() -> None:
@@ -84,7 +84,7 @@ def test_smoke_target_strips_a_trailing_slash_and_keeps_no_stage() -> None:
 
 def test_smoke_target_without_a_decode_process_or_health_url_is_not_measurable() -> None:
     assert smoke_target(_plan("vllm", "http://r:8000", [_proc("prefill", "http://p:8100/health")]), "m", 1) == \
-        SmokeTarget("http://r:8000", "m", None)
+        SmokeTarget("http://r:8000", "m", None, not_checked="the plan has no decode process")
     assert smoke_target(_plan("vllm", "http://r:8000", [_proc("decode", None)]), "m", 1).metrics_url is None
     assert smoke_target(_plan("vllm", "http://r:8000", [_proc("prefill", "http://p:8100/health"),
                                                         _proc("decode", "http://d:8200/health")]), "m", 1) == \
@@ -217,7 +217,7 @@ def test_not_measurable_report(clock) -> None:
         assert smoke_check(SmokeTarget(srv.url, "tiny", None), out) == 0
     finally:
         srv.close()
-    assert out.getvalue() == "smoke: completion in 2.50 s: 'y' (KV transfer not measurable here)\n"
+    assert out.getvalue() == "smoke: completion in 2.50 s: 'y'; KV transfer not checked: no decode metrics URL\n"
     assert [s[0] for s in srv.seen] == ["POST"]  # no metrics page asked for
 
 
@@ -253,8 +253,9 @@ def test_the_timeout_reaches_the_socket(call) -> None:
     s.listen(1)
     url = f"http://127.0.0.1:{s.getsockname()[1]}/metrics"
     try:
-        with pytest.raises((TimeoutError, OSError)):
+        with pytest.raises(sm.ServerError, match="timed out") as e:
             sm._get(url, 0.2) if call == "get" else sm._post(url, {}, 0.2)
+        assert str(e.value).startswith(("GET " if call == "get" else "POST ") + url + ": ")
     finally:
         s.close()
 
@@ -297,7 +298,7 @@ def test_ec_smoke_sends_one_greedy_image_request_and_reports_exactly(tmp_path, c
     assert out.getvalue() == (f"smoke: encoder ok in 2.50 s: E stored h1 and prefill loaded it ({log}); "
                               "answer 'a cat'\n")
     assert rep == {"ok": True, "storage": str(storage), "log": str(log), "stored": ["h1"], "loaded": ["h1"],
-                   "answer_excerpt": "a cat", "seconds": 2.5, "error": None,
+                   "answer_excerpt": "a cat", "seconds": 2.5, "error": None, "error_kind": None,
                    "message": f"smoke: encoder ok in 2.50 s: E stored h1 and prefill loaded it ({log}); answer 'a cat'"}
     [(method, path, headers, body)] = srv.seen
     assert (method, path, headers["Content-Type"]) == ("POST", "/v1/chat/completions", "application/json")
@@ -331,7 +332,8 @@ def test_smoke_target_of_an_encoder_split_without_a_run_dir_or_prefill(tmp_path)
     no_p = SimpleNamespace(processes=[_proc("decode", "http://d:8200/health")], **base)
     assert smoke_target(no_p, "m", 2, str(tmp_path)).ec_log is None
     plain = SimpleNamespace(processes=[_proc("prefill", None)], runtime="vllm", entrypoint="http://r:8000")
-    assert smoke_target(plain, "m", 2, str(tmp_path)) == SmokeTarget("http://r:8000", "m", None)
+    assert smoke_target(plain, "m", 2, str(tmp_path)) == SmokeTarget("http://r:8000", "m", None,
+                                                                      not_checked="the plan has no decode process")
 
 
 def test_tiny_png_pixels_and_chunks_exactly() -> None:

@@ -22,16 +22,26 @@ Where decode's counters are, per runtime (:func:`smoke_target`):
   stage-to-stage KV channel, not the vLLM KV connector between prefill and decode, and is
   not used. The request goes to ``/v1/chat/completions`` with ``modalities: ["text"]``
   (Qwen3-Omni refuses ``/v1/completions``; text stops at the decode stage).
+
+Whose fault a failure is: a server that does not answer, answers an HTTP error, a body
+that is not JSON or JSON that is not the OpenAI reply shape is the server's
+(:class:`ServerError`, exit 1, ``error_kind: server``); counters that did not grow are the
+deployment's (exit 1, ``error_kind: check``); any other exception is a bug in omni-pd's
+own smoke code (exit :data:`EXIT_BUG`, ``error_kind: omni-pd bug``; ``OMNI_PD_DEBUG=1``
+lets it propagate). What cannot be measured is said, never passed silently:
+``not_checked`` in ``smoke.json``.
 """
 
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import re
 import struct
 import time
+import traceback
 import zlib
 import urllib.request
 from dataclasses import dataclass
@@ -46,6 +56,9 @@ KV_RECEIVED: tuple[tuple[str, dict[str, str]], ...] = (
     ("vllm:prompt_tokens_by_source_total", {"source": "external_kv_transfer"}),
     ("vllm:nixl_xfer_time_seconds_count", {}),
 )
+#: exit status of a smoke check that failed because of a bug in omni-pd itself (the
+#: status ``omni-pd`` gives every internal error, see omni_pd/cli.py ``main``)
+EXIT_BUG = 3
 #: long enough that whole KV blocks move (CPU block size is 128 tokens)
 PROMPT = " ".join(f"def f{i}(x): return x * {i}" for i in range(60))
 
@@ -104,7 +117,8 @@ class SmokeTarget:
     ``metrics_url``: decode's counters (None: not measurable); ``decode_stage``: the
     ``stage`` label of decode's series on a vllm-omni page (None: the page is decode's
     own); ``chat``: send ``/v1/chat/completions`` with text output (vllm-omni) instead of
-    ``/v1/completions``."""
+    ``/v1/completions``; ``not_checked``: why ``metrics_url`` is None (said in the result
+    line and ``smoke.json`` instead of passing silently)."""
 
     entrypoint: str
     model: str
@@ -116,6 +130,7 @@ class SmokeTarget:
     ec_connector: str | None = None
     ec_storage: str | None = None
     ec_log: str | None = None
+    not_checked: str | None = None
 
 
 def smoke_target(plan: Any, model: str, decode_stage_id: int | None, run_dir: str | None = None) -> SmokeTarget:
@@ -129,12 +144,17 @@ def smoke_target(plan: Any, model: str, decode_stage_id: int | None, run_dir: st
                            None if decode_stage_id is None else str(decode_stage_id), chat=True)
     decode = next((p for p in plan.processes if p.role == "decode"), None)
     metrics = decode.health.url.rsplit("/", 1)[0] + "/metrics" if decode and decode.health else None
+    why = None
+    if decode is None:
+        why = "the plan has no decode process"
+    elif metrics is None:
+        why = f"{decode.name} has no health URL, so its /metrics is not known"
     ec_log = None
     if getattr(plan, "ec_storage", None) and run_dir is not None:
         consumer = next((p for p in plan.processes if p.role == "prefill"), None)
         ec_log = os.path.join(run_dir, consumer.name + ".log") if consumer else None
     return SmokeTarget(plan.entrypoint, model, metrics, ec_connector=getattr(plan, "ec_connector", None),
-                       ec_storage=getattr(plan, "ec_storage", None), ec_log=ec_log)
+                       ec_storage=getattr(plan, "ec_storage", None), ec_log=ec_log, not_checked=why)
 
 
 def tiny_png(width: int = 112, height: int = 112, seed: int | None = None) -> bytes:
@@ -188,15 +208,16 @@ def ec_smoke(target: SmokeTarget, *, max_tokens: int = 4, timeout_s: float = 300
 
     contract = ec_connectors.get(target.ec_connector or "")
     before = stored_items(target.ec_storage)
-    url = "data:image/png;base64," + base64.b64encode(tiny_png()).decode()
+    image = "data:image/png;base64," + base64.b64encode(tiny_png()).decode()
+    url = target.entrypoint.rstrip("/") + "/v1/chat/completions"
     t0 = time.monotonic()
-    r = _post(target.entrypoint.rstrip("/") + "/v1/chat/completions",
+    r = _post(url,
               {"model": target.model, "max_tokens": max_tokens, "temperature": 0,
-               "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+               "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image}},
                                                          {"type": "text", "text": "What is in the image?"}]}]},
               timeout_s)
     dt = time.monotonic() - t0
-    text = ((r.get("choices") or [{}])[0].get("message") or {}).get("content") or ""
+    text = answer_text(r, True, "POST " + url)
     new = stored_items(target.ec_storage) - before
     loaded: set[str] | None = None
     line = contract.load_log() if contract is not None else None
@@ -219,20 +240,25 @@ def ec_smoke_check(target: SmokeTarget, out: TextIO, report: dict[str, Any] | No
     """:func:`ec_smoke` as a check: 0 when E stored the image's output and (where its DEBUG
     log shows loads) the consumer loaded it; 1 otherwise; one line either way.
     ``report``: filled with ``ok``, ``storage``, ``stored``/``loaded`` (mm_hashes; loaded
-    None when not visible), ``answer_excerpt``, ``seconds``, ``error`` and ``message``."""
+    None when not visible), ``answer_excerpt``, ``seconds``, ``error``, ``error_kind`` and
+    ``message``. A server's failure is 1 (``error_kind: server``), an exception of omni-pd's
+    own code :data:`EXIT_BUG` (see :func:`smoke_check`)."""
     rep: dict[str, Any] = report if report is not None else {}
     rep.update(ok=False, storage=target.ec_storage, log=target.ec_log, stored=None, loaded=None,
-               answer_excerpt=None, seconds=None, error=None, message=None)
+               answer_excerpt=None, seconds=None, error=None, error_kind=None, message=None)
 
     def say(msg: str, error: str | None = None) -> int:
-        _say(out, rep, msg, error)
+        _say(out, rep, msg, error, None if error is None else "check")
         rep["ok"] = error is None
         return 0 if error is None else 1
 
     try:
         res = ec_smoke(target)
-    except Exception as e:  # any failure of the request is a failed smoke test
-        return say(f"smoke: image request failed: {type(e).__name__}: {e}", f"{type(e).__name__}: {e}")
+    except ServerError as e:
+        _say(out, rep, f"smoke: image request failed: {e}", str(e), "server")
+        return 1
+    except Exception as e:
+        return _bug(out, rep, e)
     rep.update(stored=sorted(res.new), loaded=None if res.loaded is None else sorted(res.loaded),
                answer_excerpt=_excerpt(res.text), seconds=round(res.seconds, 3))
     if not res.new:
@@ -251,17 +277,86 @@ def ec_smoke_check(target: SmokeTarget, out: TextIO, report: dict[str, Any] | No
                f"({target.ec_log}); answer {res.text!r}")
 
 
+class ServerError(Exception):
+    """A server the smoke check asked failed: no answer, an HTTP error status, a reply that
+    is not JSON or not the OpenAI reply shape. ``str()``: ``"<METHOD> <url>: <what>"``."""
+
+
+#: what a server's failure raises on the way (``urllib.error.URLError``/``HTTPError`` and
+#: timeouts are OSErrors; a connection dropped mid-reply an ``http.client.HTTPException``)
+_TRANSPORT_ERRORS = (OSError, http.client.HTTPException)
+
+
 def _get(url: str, timeout: float) -> str:
+    """The body of ``GET url`` as text (bytes that are not UTF-8 replaced), no proxy.
+    Raises :class:`ServerError`."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(url, timeout=timeout) as r:
-        return r.read().decode("utf-8", "replace")
+    try:
+        with opener.open(url, timeout=timeout) as r:
+            return r.read().decode("utf-8", "replace")
+    except _TRANSPORT_ERRORS as e:
+        raise ServerError(f"GET {url}: {type(e).__name__}: {e}") from e
 
 
-def _post(url: str, body: dict, timeout: float) -> dict:
+def _post(url: str, body: dict, timeout: float) -> Any:
+    """``POST url`` with the JSON ``body``, no proxy; the reply parsed as JSON (any JSON
+    value: its shape is :func:`answer_text`'s to check). Raises :class:`ServerError`."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with opener.open(req, timeout=timeout) as r:
-        return json.loads(r.read())
+    try:
+        with opener.open(req, timeout=timeout) as r:
+            data = r.read()
+    except _TRANSPORT_ERRORS as e:
+        raise ServerError(f"POST {url}: {type(e).__name__}: {e}") from e
+    try:
+        return json.loads(data)
+    except ValueError as e:  # JSONDecodeError, or bytes that are no Unicode
+        raise ServerError(f"POST {url}: the reply is not JSON: {type(e).__name__}: {e}") from e
+
+
+#: the JSON type name of a value ``json.loads`` returns
+_JSON_KIND = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+              type(None): "null"}
+
+
+def _not(where: str, value: Any, want: str) -> str:
+    return f"{where} is a JSON {_JSON_KIND[type(value)]}, not {want}"
+
+
+def answer_text(reply: Any, chat: bool, request: str) -> str:
+    """The answer of an OpenAI-style reply: ``choices[0].message.content`` of a chat
+    completion (``chat``), ``choices[0].text`` of a completion. Absent or null parts read
+    as empty text (no choice, no content); parts of another JSON type raise
+    :class:`ServerError` naming ``request`` (``"POST <url>"``) and the part. Pure."""
+    def bad(what: str) -> ServerError:
+        return ServerError(f"{request}: unexpected reply: {what}")
+
+    if not isinstance(reply, dict):
+        raise bad(_not("the reply", reply, "an object"))
+    choices = reply.get("choices")
+    if choices is None:
+        return ""
+    if not isinstance(choices, list):
+        raise bad(_not("`choices`", choices, "an array"))
+    if not choices:
+        return ""
+    first = choices[0]
+    if not isinstance(first, dict):
+        raise bad(_not("`choices[0]`", first, "an object"))
+    if chat:
+        where, msg = "`choices[0].message.content`", first.get("message")
+        if msg is None:
+            return ""
+        if not isinstance(msg, dict):
+            raise bad(_not("`choices[0].message`", msg, "an object"))
+        text = msg.get("content")
+    else:
+        where, text = "`choices[0].text`", first.get("text")
+    if text is None:
+        return ""
+    if not isinstance(text, str):
+        raise bad(_not(where, text, "a string"))
+    return text
 
 
 @dataclass
@@ -296,16 +391,12 @@ def _request(target: SmokeTarget, max_tokens: int) -> tuple[str, dict]:
 def smoke(target: SmokeTarget, *, max_tokens: int = 8, timeout_s: float = 300.0) -> SmokeResult:
     """One greedy request through ``target.entrypoint`` and decode's KV counters around it.
 
-    Raises ``OSError``/``urllib.error.URLError`` when a server does not answer."""
+    Raises :class:`ServerError` when a server does not answer or answers out of the API."""
     page = _get(target.metrics_url, 30) if target.metrics_url else ""
     before = kv_received(page, target.decode_stage)
     t0 = time.monotonic()
     url, body = _request(target, max_tokens)
-    r = _post(url, body, timeout_s)
-    if target.chat:
-        text = ((r.get("choices") or [{}])[0].get("message") or {}).get("content") or ""
-    else:
-        text = (r.get("choices") or [{}])[0].get("text", "")
+    text = answer_text(_post(url, body, timeout_s), target.chat, "POST " + url)
     dt = time.monotonic() - t0
     page = _get(target.metrics_url, 30) if target.metrics_url else ""
     seen = target.decode_stage is None or has_stage_counters(page, target.decode_stage)
@@ -332,7 +423,8 @@ def smoke_report(target: SmokeTarget, runtime: str | None = None, max_tokens: in
     """The skeleton of ``smoke.json`` before the request: ``ok`` False, the request (URL,
     model, max_tokens, prompt length in characters and its first :data:`EXCERPT_CHARS`
     characters) and what will be measured (decode's metrics URL and stage, the counter
-    selectors; ``measured`` None when the runtime exposes no decode metrics).
+    selectors; ``measured`` None when the runtime exposes no decode metrics, and
+    ``not_checked`` then says why: ``{"kv_transfer": <why>}``).
     ``runtime``: the plan's runtime (default: ``vllm-omni`` for a chat target, else
     ``vllm``). Pure."""
     url, body = _request(target, max_tokens)
@@ -346,7 +438,10 @@ def smoke_report(target: SmokeTarget, runtime: str | None = None, max_tokens: in
         "measured": None if target.metrics_url is None else {
             "metrics_url": target.metrics_url, "decode_stage": target.decode_stage,
             "counters": _counter_names(), "counters_seen": None, "before": None, "after": None},
+        "not_checked": {} if target.metrics_url is not None else {
+            "kv_transfer": target.not_checked or "no decode metrics URL"},
         "error": None,
+        "error_kind": None,
         "message": None,
     }
 
@@ -354,12 +449,16 @@ def smoke_report(target: SmokeTarget, runtime: str | None = None, max_tokens: in
 def smoke_check(target: SmokeTarget, out: TextIO, *, report: str | os.PathLike[str] | None = None,
                 runtime: str | None = None) -> int:
     """:func:`smoke` as a readiness callback: 0 when the KV moved (or cannot be measured:
-    no decode metrics URL on the plain-vLLM runtime), 1 otherwise; prints one line either way.
+    no decode metrics URL on the plain-vLLM runtime, said as "KV transfer not checked:
+    <why>"), 1 when a server failed or decode recomputed, :data:`EXIT_BUG` when omni-pd's
+    own code raised; prints one line either way (and one for the encoder leg of an
+    E -> P -> D split, checked whether or not the KV transfer could be).
 
     ``report``: also write the outcome as JSON there (``<run-dir>/smoke.json``, atomically;
     the fields of :func:`smoke_report` filled in: ``ok``, ``answer_excerpt``, ``seconds``
     (request latency), counter values ``before``/``after``, ``error`` (why it failed, None
-    when ok), ``message`` (the printed line) and, for an encoder split, ``encoder``).
+    when ok), ``error_kind`` (``server``, ``check`` or ``omni-pd bug``), ``message`` (the
+    printed line) and, for an encoder split, ``encoder``).
     A report that cannot be written is said on ``out`` and does not change the verdict."""
     rep = smoke_report(target, runtime)
     rc = _smoke_check(target, out, rep)
@@ -373,43 +472,70 @@ def smoke_check(target: SmokeTarget, out: TextIO, *, report: str | os.PathLike[s
     return rc
 
 
-def _say(out: TextIO, rep: dict[str, Any], msg: str, error: str | None = None) -> None:
+def _say(out: TextIO, rep: dict[str, Any], msg: str, error: str | None = None, kind: str | None = None) -> None:
     out.write(msg + "\n")
-    rep["message"], rep["error"] = msg, error
+    rep["message"], rep["error"], rep["error_kind"] = msg, error, kind
+
+
+def _bug(out: TextIO, rep: dict[str, Any], e: Exception) -> int:
+    """An exception of omni-pd's own smoke code: said as omni-pd's bug with where it was
+    raised (re-raised with ``OMNI_PD_DEBUG`` set), :data:`EXIT_BUG`."""
+    if os.environ.get("OMNI_PD_DEBUG"):
+        raise e
+    frame = traceback.extract_tb(e.__traceback__)[-1]
+    err = f"{type(e).__name__}: {e}"
+    _say(out, rep, f"smoke: omni-pd bug: {err} (in {os.path.basename(frame.filename)}:{frame.lineno} in {frame.name}; "
+                   "a bug in omni-pd's smoke check, not a server failure: please report it, OMNI_PD_DEBUG=1 shows "
+                   "the traceback)", err, "omni-pd bug")
+    return EXIT_BUG
 
 
 def _smoke_check(target: SmokeTarget, out: TextIO, rep: dict[str, Any]) -> int:
     try:
+        return _kv_check(target, out, rep)
+    except Exception as e:
+        return _bug(out, rep, e)
+
+
+def _kv_check(target: SmokeTarget, out: TextIO, rep: dict[str, Any]) -> int:
+    try:
         res = smoke(target)
-    except Exception as e:  # any failure of the request is a failed smoke test
-        _say(out, rep, f"smoke: request failed: {type(e).__name__}: {e}", f"{type(e).__name__}: {e}")
+    except ServerError as e:
+        _say(out, rep, f"smoke: request failed: {e}", str(e), "server")
         return 1
     rep["answer_excerpt"], rep["seconds"] = _excerpt(res.text), round(res.seconds, 3)
     if target.metrics_url is None:
-        _say(out, rep, f"smoke: completion in {res.seconds:.2f} s: {res.text!r} (KV transfer not measurable here)")
+        _say(out, rep, f"smoke: completion in {res.seconds:.2f} s: {res.text!r}; KV transfer not checked: "
+                       f"{rep['not_checked']['kv_transfer']}")
         rep["ok"] = True
-        return 0
+        return _ec_check(target, out, rep)
     rep["measured"].update(counters_seen=res.counters_seen, before=res.kv_before, after=res.kv_after)
     where = f"decode stage {target.decode_stage} on {target.metrics_url}" if target.decode_stage else target.metrics_url
     if not res.counters_seen:
         _say(out, rep, f"smoke: FAILED: decode answered {res.text!r} but {where} has no vllm:prompt_tokens_by_source "
                        "series, so whether it recomputed the prompt cannot be told (is --disable-log-stats set?)",
-             "decode's counters are not on the metrics page")
+             "decode's counters are not on the metrics page", "check")
         return 1
     if not res.kv_moved:
         _say(out, rep, f"smoke: FAILED: decode answered {res.text!r} but its KV-received counters did not grow "
                        f"({res.kv_before:g} -> {res.kv_after:g}, {where}): it recomputed the prompt instead of "
                        "using prefill's KV",
-             "decode's KV-received counters did not grow: it recomputed the prompt")
+             "decode's KV-received counters did not grow: it recomputed the prompt", "check")
         return 1
     _say(out, rep, f"smoke: ok in {res.seconds:.2f} s: {res.text!r}; decode received KV from prefill "
                    f"(counters {res.kv_before:g} -> {res.kv_after:g}, {where})")
     rep["ok"] = True
-    if target.ec_storage:
-        rep["encoder"] = {}
-        rc = ec_smoke_check(target, out, rep["encoder"])
-        rep["ok"] = rc == 0
-        if rc:
-            rep["error"] = "encoder leg: " + str(rep["encoder"].get("error"))
-        return rc
-    return 0
+    return _ec_check(target, out, rep)
+
+
+def _ec_check(target: SmokeTarget, out: TextIO, rep: dict[str, Any]) -> int:
+    """After the KV check passed: the encoder leg's check when the target has one."""
+    if not target.ec_storage:
+        return 0
+    rep["encoder"] = {}
+    rc = ec_smoke_check(target, out, rep["encoder"])
+    rep["ok"] = rc == 0
+    if rc:
+        rep["error"] = "encoder leg: " + str(rep["encoder"].get("error"))
+        rep["error_kind"] = rep["encoder"].get("error_kind")
+    return rc
