@@ -55,6 +55,14 @@ TARGETS: dict[str, list[str]] = {
     "omni_pd/check/rules/schema.py": ["tests/test_rules.py", "tests/test_rule_branches.py"],
     "omni_pd/check/rules/capability.py": ["tests/test_rules.py", "tests/test_rule_branches.py"],
     "omni_pd/check/rules/__init__.py": ["tests/test_rules.py", "tests/test_rule_branches.py"],
+    "omni_pd/check/rules/encoder.py": ["tests/test_rules.py", "tests/test_rule_branches.py",
+                                       "tests/test_encoder_split.py"],
+    "omni_pd/compile/alloc.py": ["tests/test_alloc_branches.py", "tests/test_expand.py", "tests/test_xpyd.py"],
+    "omni_pd/compile/passes/pd_split.py": ["tests/test_passes_branches.py", "tests/test_expand.py",
+                                           "tests/test_xpyd.py", "tests/test_talker_pd.py"],
+    "omni_pd/compile/passes/ascend.py": ["tests/test_passes_branches.py", "tests/test_ascend_expand.py"],
+    "omni_pd/compile/passes/encoder_split.py": ["tests/test_passes_branches.py", "tests/test_encoder_split.py",
+                                                "tests/test_epd.py"],
 }
 #: copied into each scratch tree (besides omni_pd/ and tests/)
 COPY = ["presets", "schemas", "pyproject.toml"]
