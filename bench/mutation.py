@@ -39,7 +39,8 @@ RESULTS = SCRATCH / "results.json"
 
 #: module -> the smallest test files that cover it (mutmut narrows further per mutant)
 TARGETS: dict[str, list[str]] = {
-    "omni_pd/launch/smoke.py": ["tests/test_smoke.py", "tests/test_smoke_units.py", "tests/test_epd_launch.py"],
+    "omni_pd/launch/smoke.py": ["tests/test_smoke.py", "tests/test_smoke_units.py", "tests/test_smoke_faults.py",
+                                "tests/test_epd_launch.py"],
     "omni_pd/launch/preflight.py": ["tests/test_preflight.py", "tests/test_launch_plan.py", "tests/test_epd_launch.py"],
     "omni_pd/compile/connectors/__init__.py": ["tests/test_connectors.py", "tests/test_expand.py"],
     "omni_pd/compile/connectors/base.py": ["tests/test_connectors.py", "tests/test_expand.py"],
