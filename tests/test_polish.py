@@ -111,3 +111,64 @@ def test_explain_of_a_connector_rule_names_the_upstream_function():
     assert "vllm/distributed/kv_transfer/kv_connector/v1/nixl/utils.py" in text
     assert "_NIXL_SUPPORTED_DEVICE" in text
     assert "checklist" not in text
+
+
+# --------------------------------------------------------------------------------------
+# 2. a message names the product whose behaviour it states, at a release that exists
+# --------------------------------------------------------------------------------------
+
+from omni_pd.check.validate import ValidateOptions, options_from_example, validate_text  # noqa: E402
+from omni_pd.compile.targets import target  # noqa: E402
+from omni_pd.compile.versions import known_vllm_versions, runtime_release, vllm_omni_releases  # noqa: E402
+
+
+def test_runtime_release_names_vllm_or_the_vllm_omni_release_that_runs_on_it():
+    assert runtime_release("vllm", target("0.24")) == "vLLM 0.24"
+    assert runtime_release("vllm-omni", target("0.24")) == "vllm-omni 0.24"
+    assert runtime_release("vllm-omni", target("0.31")) == "vllm-omni 0.30 (the newest release before vLLM 0.31)"
+    assert runtime_release("vllm-omni", target("0.13")) == "vllm-omni (no release for vLLM 0.13; the first is 0.14)"
+
+
+def _messages(diags) -> str:
+    return "\n".join(x for d in diags for x in (d.message, d.help or "", *d.notes))
+
+
+def _version_messages(version: str) -> str:
+    """Every message omni-pd prints for the rules and the expand check whose text depends
+    on the runtime's release, at ``--vllm-version version``."""
+    out = []
+    for code in ("OPD502", "OPD505"):
+        r = registry()[code]
+        opts = options_from_example(r.example_context)
+        opts.vllm_version = version
+        out.append(_messages(validate_text(r.fail, "t.yaml", opts).diagnostics))
+    from omni_pd.compile.expand import ExpandOptions, expand_document  # the OPD805 replica check
+    from omni_pd.diagnostics import OmniPdError
+    from omni_pd.io import parse_text
+
+    doc = parse_text((ROOT / "presets" / "qwen3_omni_moe.yaml").read_text(), "in.yaml")
+    for conn in ("MooncakeConnector", "NixlConnector"):
+        try:
+            res = expand_document(doc, ExpandOptions(connector=conn, prefill_replicas=2), vllm_version=version)
+            out.append(_messages(res.diagnostics))
+        except OmniPdError as e:
+            out.append(_messages([e.diagnostic]))
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize("version", known_vllm_versions())
+def test_messages_name_releases_that_exist(version):
+    text = _version_messages(version)
+    # "vllm-omni 0.30.0" (with the patch level) names the release a fact was read from
+    omni = set(re.findall(r"vllm-omni (\d+\.\d+)(?![.\d])", text))
+    vllm = set(re.findall(r"vLLM (\d+\.\d+)", text))
+    assert omni <= set(vllm_omni_releases()), text
+    assert vllm <= set(known_vllm_versions()), text
+    if version in vllm_omni_releases():
+        assert omni <= {version}, text
+
+
+def test_vllm_version_without_a_vllm_omni_release_says_which_release_applies():
+    text = _version_messages("0.31")
+    assert "vllm-omni 0.31" not in text
+    assert "vllm-omni 0.30 (the newest release before vLLM 0.31) sets it from" in text

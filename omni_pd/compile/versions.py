@@ -63,6 +63,31 @@ def default_vllm_omni_version() -> str:
     return str(load_data(data_dir("presets") / "targets" / "vllm_omni_stage_keys.yaml")["vllm_omni"])
 
 
+def vllm_omni_releases() -> list[str]:
+    """vllm-omni ``major.minor`` releases, oldest first (``vllm_omni_releases`` in
+    presets/targets/vllm.yaml)."""
+    return [str(v) for v in _vllm_facts()["vllm_omni_releases"]]
+
+
+def runtime_release(runtime: str, target: Target) -> str:
+    """How a message names the runtime whose behaviour it states at ``--vllm-version``
+    ``target``: ``"vLLM 0.24"`` for plain ``vllm serve`` engines (``runtime="vllm"``); for
+    ``"vllm-omni"`` the vllm-omni release that runs on that vLLM minor, ``"vllm-omni 0.24"``,
+    or where none does, the newest release before it whose facts apply, named with the
+    vLLM version so nobody looks for a release that does not exist: ``"vllm-omni 0.30 (the
+    newest release before vLLM 0.31)"`` / ``"vllm-omni (no release for vLLM 0.13; the
+    first is 0.14)"``."""
+    if runtime != "vllm-omni":
+        return f"vLLM {target.label}"
+    releases = vllm_omni_releases()
+    if target.label in releases:
+        return f"vllm-omni {target.label}"
+    older = [r for r in releases if parse_version(r) < target.version]
+    if not older:
+        return f"vllm-omni (no release for vLLM {target.label}; the first is {releases[0]})"
+    return f"vllm-omni {older[-1]} (the newest release before vLLM {target.label})"
+
+
 def omni_pd_version() -> str:
     """The installed omni-pd distribution's version (``importlib.metadata``); ``"unknown"``
     when run from a source tree that was never installed."""

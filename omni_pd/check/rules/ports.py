@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Location, Severity
 from omni_pd.check.rules import Context, Example, Rule, rule
+from omni_pd.compile.versions import runtime_release
 
 if TYPE_CHECKING:
     from omni_pd.compile.topology import StageNode
@@ -237,7 +238,8 @@ def bootstrap_disagree(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                           label=f"{facts.extra_key} {bound[0].port}") if set_here
                  else ctx.sloc(n, "kv_transfer_config", "kv_connector", value=True,
                                label=f"{facts.extra_key} unset: default {facts.default}"))
-        yield r.diag(f"stage {n.stage_id}: env {facts.env} = {env_v} is ignored: vllm-omni {facts.label} sets it from "
+        yield r.diag(f"stage {n.stage_id}: env {facts.env} = {env_v} is ignored: "
+                     f"{runtime_release(facts.runtime, ctx.target)} sets it from "
                      f"{setting}{'' if set_here else f' (unset, default {facts.default})'} plus the replica id, "
                      f"so this stage binds {_ports_text(bound)}",
                      ctx.sloc(n, "env", facts.env, value=True), related=[where],
@@ -274,7 +276,7 @@ def bootstrap_key_unread(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             top, _, key = path.partition(".")
             if top != "kv_connector_extra_config" or key not in extra:
                 continue
-            rt = f"vllm-omni {facts.label}" if runtime == "vllm-omni" else f"vLLM {facts.label}"
+            rt = runtime_release(runtime, ctx.target)
             if got is None:
                 msg = (f"stage {n.stage_id}: {path} is read by nothing on {rt}, and a kv_consumer binds no "
                        f"bootstrap port")

@@ -149,8 +149,10 @@ def check_replicas_apart(contract: Any, side: str, cfg: SideConfig, tp: int, dp:
     for u in uses:
         for port in range(u.port, u.port + max(u.span, 1)):
             if port in seen and seen[port] != u.replica:
+                from omni_pd.compile.versions import runtime_release
+
                 raise _err("OPD805", f"cannot place {replicas} replicas of the {side} stage on one host: "
-                           f"{runtime} {target.label} gives every replica the same {u.purpose} port ({port})",
+                           f"{runtime_release(runtime, target)} gives every replica the same {u.purpose} port ({port})",
                            loc, help=("set num_replicas: 1 on the Thinker (one engine per side), or serve the "
                                       "replicas from different hosts"))
             seen.setdefault(port, u.replica)
