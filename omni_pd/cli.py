@@ -308,11 +308,40 @@ def pipelines() -> None:
     from omni_pd.compile.pipelines import load_catalogue
 
     cat = load_catalogue()
+    rows = []
     for name in cat.names():
         p = cat.get(name)
         assert p is not None
-        stages = " -> ".join(f"{s.stage_id}:{s.role}{'/' + s.pd_role if s.pd_role else ''}" for s in p.stages)
-        sys.stdout.write(f"{name:32} {p.runtime:9} {stages}\n")
+        rows.append((name, p.runtime,
+                     " -> ".join(f"{s.stage_id}:{s.role}{'/' + s.pd_role if s.pd_role else ''}" for s in p.stages)))
+    print_table(("pipeline", "runtime", "stages"), rows)
+
+
+def print_table(columns: tuple[str, ...], rows: list[tuple[str, ...]], *, header: bool = True) -> None:
+    """Print ``rows`` under ``columns`` with rich's Table (as ``launch`` prints its plan and
+    status), each column as wide as its widest cell. On a terminal: bold header, the last
+    column folded to the terminal's width. In a pipe or file: one line per row at the
+    width the longest row needs, no trailing blanks, no markup (for grep, awk, diff)."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    tty = sys.stdout.isatty()
+    t = Table(box=None, pad_edge=False, show_header=header, header_style="bold" if tty else "",
+              show_edge=False)
+    for i, col in enumerate(columns):
+        last = i == len(columns) - 1
+        t.add_column(col, no_wrap=not (tty and last), overflow="fold")
+    for row in rows:
+        t.add_row(*row)
+    if tty:
+        Console(highlight=False, markup=False).print(t)
+        return
+    width = sum(max(len(str(r[i])) for r in [columns, *rows]) + 2 for i in range(len(columns)))
+    buf = Console(file=io.StringIO(), width=width + 1, highlight=False, color_system=None, markup=False)
+    buf.print(t)
+    sys.stdout.write("".join(line.rstrip() + "\n" for line in buf.file.getvalue().splitlines()))
 
 
 def _npu_platform_opt(value: Optional[str]) -> Optional[str]:
@@ -341,13 +370,15 @@ def connectors() -> None:
     from omni_pd.compile import ascend
     from omni_pd.compile import connectors as reg
 
+    rows = []
     for name in reg.names():
         c = reg.get(name)
         if ascend.is_ascend(name):
             where = "npu (vllm-ascend " + ", ".join(f"{r}/vLLM {v}" for r, v in ascend.releases().items()) + ")"
         else:
             where = "cuda, rocm, xpu (vLLM)"
-        sys.stdout.write(f"{name:27} {where:64} {c.summary}\n")  # type: ignore[union-attr]
+        rows.append((name, where, c.summary))  # type: ignore[union-attr]
+    print_table(("connector", "platforms", "what it does"), rows)
 
 
 #: what each option file is, for the help of a diagnostic about it
@@ -650,10 +681,9 @@ def rules_cmd() -> None:
     from omni_pd.check.codes import CODES
     from omni_pd.check.rules import registry
 
-    for code, r in registry().items():
-        sys.stdout.write(f"{code}  {r.severity.value:7}  {r.name:24} {r.summary}\n")
-    for c in CODES:
-        sys.stdout.write(f"{c.code}  {c.severity.value:7}  {c.name:24} {c.summary}\n")
+    # no header: one code per line, first field the code (grep OPD3, awk '{print $1}')
+    print_table(("code", "severity", "name", "summary"),
+                [(e.code, e.severity.value, e.name, e.summary) for e in (*registry().values(), *CODES)], header=False)
 
 
 @app.command()

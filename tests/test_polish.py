@@ -172,3 +172,53 @@ def test_vllm_version_without_a_vllm_omni_release_says_which_release_applies():
     text = _version_messages("0.31")
     assert "vllm-omni 0.31" not in text
     assert "vllm-omni 0.30 (the newest release before vLLM 0.31) sets it from" in text
+
+
+# --------------------------------------------------------------------------------------
+# 3. list commands are tables: columns stay aligned whatever the longest name
+# --------------------------------------------------------------------------------------
+
+
+def _columns_start_together(lines: list[str], header: str) -> None:
+    """Every line has its second and third fields at the columns the header puts them."""
+    starts = [m.start() for m in re.finditer(r"(?<=  )\S", header)]
+    assert len(starts) >= 2, header
+    for ln in lines:
+        for s in starts:
+            assert ln[s - 2:s] == "  " and ln[s] != " ", (ln, s)
+
+
+def test_pipelines_table_stays_aligned_with_a_long_registered_name(monkeypatch, capsys):
+    from dataclasses import replace
+
+    from omni_pd.cli import main
+    from omni_pd.compile import pipelines as pl
+
+    real = pl.load_catalogue()
+    long = "a_registered_pipeline_whose_name_is_much_longer_than_32_characters"
+    extra = replace(real.get("llm_pd"), name=long)
+    monkeypatch.setattr(pl, "load_catalogue", lambda: pl.Catalogue({**real.pipelines, long: extra}))
+    assert main(["pipelines"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"pipeline +runtime +stages", lines[0])
+    assert len(lines) == 1 + len(real.names()) + 1  # header, one line per pipeline
+    row = next(ln for ln in lines if ln.startswith(long))
+    assert re.fullmatch(re.escape(long) + r"  vllm +0:llm/prefill -> 1:llm/decode", row)
+    _columns_start_together(lines[1:], lines[0])
+    assert all(ln == ln.rstrip() for ln in lines)
+
+
+def test_connectors_and_rules_are_tables_too(capsys):
+    from omni_pd.cli import main
+
+    assert main(["connectors"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"connector +platforms +what it does", lines[0])
+    _columns_start_together(lines[1:], lines[0])
+    assert main(["rules"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("OPD000  error ") or lines[0].startswith("OPD101  error ")
+    # no header there: the severity and name columns start at the same place on every line
+    sev = {ln.index(ln.split()[1]) for ln in lines}
+    name = {ln.index(" " + ln.split()[2] + " ") + 1 for ln in lines}
+    assert len(sev) == 1 and len(name) == 1
