@@ -49,7 +49,10 @@ def load_data(path: Path) -> Any:
         pass
     from ruamel.yaml import YAML
 
-    data = YAML(typ="safe").load(path.read_text(encoding="utf-8"))
+    # pure: the YAML 1.2 loader the files are written for; with ruamel.yaml.clib installed
+    # typ="safe" alone picks libyaml (YAML 1.1), which refuses "module:Class" in a flow
+    # mapping (presets/targets/vllm_ascend.yaml) and reads yes/no/on/off as booleans
+    data = YAML(typ="safe", pure=True).load(path.read_text(encoding="utf-8"))
     if not sys.dont_write_bytecode:
         tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
         try:

@@ -68,3 +68,20 @@ def test_bundled_data_loads_as_yaml_does():
     files = sorted((data_dir("presets") / "pipelines").glob("*.yaml")) + [data_dir("presets") / "targets" / "vllm.yaml"]
     for f in files:
         assert load_data(f) == y.load(f.read_text(encoding="utf-8")), f
+
+
+def test_yaml_1_2_plain_scalars_with_colons_parse_with_or_without_libyaml(tmp_path, monkeypatch):
+    # presets/targets/vllm_ascend.yaml maps connector names to "module:Class" inside flow
+    # mappings; libyaml (ruamel.yaml.clib, picked by typ="safe" when installed) refuses a
+    # ':' inside a plain scalar there, the pure YAML 1.2 loader reads it
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    p = tmp_path / "facts.yaml"
+    p.write_text("value: {AscendStore: vllm_ascend.kv_pool.store:AscendStore, B: m:C}\n", encoding="utf-8")
+    assert load_data(p) == {"value": {"AscendStore": "vllm_ascend.kv_pool.store:AscendStore", "B": "m:C"}}
+
+
+def test_every_bundled_data_file_parses(monkeypatch):
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    for sub in ("presets", "schemas"):
+        for p in sorted(data_dir(sub).rglob("*.yaml")):
+            assert load_data(p) is not None, p
