@@ -222,3 +222,38 @@ def test_connectors_and_rules_are_tables_too(capsys):
     sev = {ln.index(ln.split()[1]) for ln in lines}
     name = {ln.index(" " + ln.split()[2] + " ") + 1 for ln in lines}
     assert len(sev) == 1 and len(name) == 1
+
+
+# --------------------------------------------------------------------------------------
+# 4. OPD703 only where validate cannot see the transfer path, once, saying why
+# --------------------------------------------------------------------------------------
+
+
+def _expanded(path: Path, connector: str) -> str:
+    from omni_pd.compile.expand import expand_document
+    from omni_pd.compile.passes.pd_split import ExpandOptions
+    from omni_pd.io import parse_text
+
+    return expand_document(parse_text(path.read_text(), path.name), ExpandOptions(connector=connector)).text
+
+
+@pytest.mark.parametrize("connector", ["MooncakeConnector", "NixlConnector"])
+@pytest.mark.parametrize("src", ["presets/qwen3_omni_moe.yaml", "tests/fixtures/llm.yaml"])
+def test_verify_transfer_advisory_is_not_on_every_valid_pd_file(src, connector):
+    from omni_pd.check.context import Inventory, ModelInfo
+
+    text = _expanded(ROOT / src, connector)
+    assert "OPD703" not in validate_text(text, "pd.yaml").codes()
+    inv = Inventory.from_dict({"hosts": {"a": {}, "b": {}}, "placement": {"all": "a", "1": "b"},
+                               "router": {"relays_kv_transfer_params": True}})
+    res = validate_text(text, "pd.yaml", ValidateOptions(inventory=inv, model=ModelInfo(attention="hybrid")))
+    hits = [d for d in res.diagnostics if d.code == "OPD703"]
+    assert len(hits) == 1
+    assert hits[0].message == (
+        "PD pair stage 0 -> 1: prefill runs on a and decode on b; a hybrid-attention model decides its physical "
+        "block size at start; the inventory's router is not omni-pd's and must relay kv_transfer_params: only a "
+        "real transfer shows the KV arrives; do not report ready before one prefill -> decode transfer succeeded")
+    assert hits[0].help.startswith("`omni-pd launch --smoke` checks it")
+    # --all-platforms: still once per file
+    res = validate_text(text, "pd.yaml", ValidateOptions(inventory=inv, all_platforms=True))
+    assert [d.code for d in res.diagnostics].count("OPD703") == 1

@@ -130,23 +130,64 @@ def routing_params(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                      help="add `engine_id: omni-thinker-prefill` to the prefill kv_transfer_config")
 
 
+_XHOST = {"inventory": {"hosts": {"host-a": {}, "host-b": {}}, "placement": {"all": "host-a", "1": "host-b"}}}
+
+
 @rule("OPD703", "verify-transfer", Severity.INFO,
-      "gate readiness on one successful prefill -> decode KV transfer",
+      "prove one prefill -> decode KV transfer before serving: validate cannot see this pair's transfer path",
       fail=(_PD + "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer, engine_id: p}}\n" + _D),
-      passing="stages:\n  - {stage_id: 0, devices: \"0\"}\n", labels=("RT-VERIFY-TRANSFER",))
+      passing=(_PD + "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer, engine_id: p}}\n" + _D),
+      example_context=_XHOST, pass_context={}, labels=("RT-VERIFY-TRANSFER",),
+      examples=(
+          Example("hybrid-attention model: the physical block size is decided at start",
+                  _PD + "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, "
+                  "engine_id: p}}\n  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: NixlConnector, "
+                  "kv_role: kv_consumer, engine_id: d}}\n", True, {"model": {"attention": "hybrid"}},
+                  contains="hybrid-attention model"),
+          Example("a router other than omni-pd's", _PD + "  - {stage_id: 0, devices: \"0\", kv_transfer_config: "
+                  "{kv_connector: MooncakeConnector, kv_role: kv_producer, engine_id: p}}\n" + _D, True,
+                  {"inventory": {"hosts": {"host-a": {}}, "router": {"relays_kv_transfer_params": True}}},
+                  contains="the inventory's router"),
+          Example("one host, omni-pd's router, a plain model: nothing validate cannot see", _PD +
+                  "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer, "
+                  "engine_id: p}}\n" + _D, False, {"model": {"attention": "GQA", "num_kv_heads": 4}}),
+      ))
 def verify_transfer(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
-    """A misconfigured PD pair often fails silently: answers are right, decode just
-    recomputes. Before reporting the deployment ready, send one request and check that
-    decode reports external (transferred) KV tokens > 0. Informational, on every PD
-    config. Sources: https://github.com/vllm-project/vllm/issues/42895,
-    https://github.com/vllm-project/vllm/issues/26896."""
+    """A PD pair that validates can still move no KV at all: answers stay right and decode
+    silently recomputes every prompt. The rules check what the files say; some causes
+    only show in a real transfer, and this info names the one that applies: prefill and
+    decode on different hosts (the side-channel or bootstrap address and the transport
+    must be reachable between them), a hybrid-attention model (``--model-info``: the
+    physical block size is derived at start and may differ between prefill and decode,
+    vllm#42895), or a router that is not omni-pd's (the inventory's ``router:``; it must
+    relay ``kv_transfer_params``, vllm#26896). Then prove one transfer before serving:
+    ``omni-pd launch --smoke`` does (decode's
+    ``vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}`` must grow), or
+    send one request and read that counter. On one host, with omni-pd's router and a model
+    without hybrid attention, nothing is left that validate cannot see, and the info is
+    not shown (it was shown on every PD file, where it said nothing about the file). Once
+    per file. Sources: https://github.com/vllm-project/vllm/issues/42895,
+    https://github.com/vllm-project/vllm/issues/26896; vLLM ``vllm/v1/metrics/loggers.py``
+    (``vllm:prompt_tokens_by_source``), ``vllm/v1/metrics/stats.py`` (its
+    ``external_kv_transfer`` source)."""
     pair = ctx.pd_pair
     if pair is None or not ctx.platform_first:
         return
     p, d = pair
-    yield r.diag(f"PD pair stage {p.stage_id} -> {d.stage_id}: do not report ready until one prefill -> decode handshake and transfer succeed",
+    why = []
+    if ctx.inventory is not None and ctx.host_of(p) != ctx.host_of(d):
+        why.append(f"prefill runs on {ctx.host_of(p)} and decode on {ctx.host_of(d)}")
+    if ctx.model is not None and ctx.model.is_hybrid:
+        why.append("a hybrid-attention model decides its physical block size at start")
+    if ctx.inventory is not None and ctx.inventory.router is not None:
+        why.append("the inventory's router is not omni-pd's and must relay kv_transfer_params")
+    if not why:
+        return
+    yield r.diag(f"PD pair stage {p.stage_id} -> {d.stage_id}: {'; '.join(why)}: only a real transfer shows the KV "
+                 "arrives; do not report ready before one prefill -> decode transfer succeeded",
                  ctx.sloc(d, "kv_transfer_config"),
-                 help="after start, send one request and check decode's external prefix-cache hits (KV tokens received) > 0")
+                 help="`omni-pd launch --smoke` checks it; by hand: send one request and check that decode's "
+                      "vllm:prompt_tokens_by_source_total{source=\"external_kv_transfer\"} grew")
 
 
 _AUDIO_PD = ("pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
