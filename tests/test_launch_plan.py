@@ -299,10 +299,11 @@ def test_single_llm_engines_get_the_pipeline_wide_deploy_keys(tmp_path):
     assert (pre.devices, dec.devices) == ("0,1", "2,3")  # expand sized both for DP 2
     kv = pre.argv.index("--kv-transfer-config") + 2
     assert pre.argv[kv:] == ("--trust-remote-code", "--dtype", "bfloat16", "--quantization", "fp8",
-                             "--data-parallel-size", "2", "--max-model-len", "1024", "--no-async-scheduling")
+                             "--data-parallel-size", "2", "--max-model-len", "1024", "--no-async-scheduling",
+                             "--data-parallel-rpc-port", "8400")
     kv = dec.argv.index("--kv-transfer-config") + 2
     assert dec.argv[kv:] == ("--trust-remote-code", "--dtype", "bfloat16", "--quantization", "fp8",
-                             "--data-parallel-size", "2", "--max-model-len", "1024")
+                             "--data-parallel-size", "2", "--max-model-len", "1024", "--data-parallel-rpc-port", "8500")
 
 
 def test_a_stage_key_overrides_the_pipeline_wide_key(tmp_path):
@@ -407,3 +408,96 @@ def test_launch_refuses_a_host_that_is_no_address(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert (rc, out) == (2, "")
     assert err.startswith("error[OPD006]: --host 'a b': not an IP address or host name\n")
+
+
+# --- data parallel: vLLM's own DP ports (issue 16) ---------------------------------------------------
+
+DP2 = "data_parallel_size: 2\nstages:\n  - stage_id: 0\n    max_model_len: 1024\n"
+DP_RPC = "data-parallel RPC (--data-parallel-rpc-port)"
+
+
+def test_dp_engines_get_their_own_data_parallel_rpc_port(tmp_path):
+    """vLLM 0.30 gives every engine the same default ``--data-parallel-rpc-port`` 29550
+    (vllm/config/parallel.py:143) and binds it, on the DP head's address, as soon as a DP
+    rank is not local (vllm/v1/engine/utils.py:1196-1217). Each DP > 1 engine gets its own,
+    its HTTP port + 300, in the argv and among the ports it binds (so preflight try-binds
+    it and the plan's clash check sees it); DP 1 engines get neither."""
+    src = tmp_path / "llm.yaml"
+    src.write_text(DP2)
+    plan = plan_of(compiled(tmp_path, src, ExpandOptions(prefill_replicas=2), "llm"), model="m")
+    p0, p1, d0, router = plan.processes
+    tail = ("--data-parallel-size", "2", "--max-model-len", "1024")
+    assert p0.argv[p0.argv.index("--kv-transfer-config") + 2:] == tail + ("--no-async-scheduling",
+                                                                         "--data-parallel-rpc-port", "8400")
+    assert p1.argv[p1.argv.index("--kv-transfer-config") + 2:] == tail + ("--no-async-scheduling",
+                                                                         "--data-parallel-rpc-port", "8401")
+    assert d0.argv[d0.argv.index("--kv-transfer-config") + 2:] == tail + ("--data-parallel-rpc-port", "8500")
+    assert ports(p0) == [(8100, "http"), (25201, "Mooncake bootstrap instance 0"), (8400, DP_RPC)]
+    assert ports(p1) == [(8101, "http"), (25202, "Mooncake bootstrap instance 1"), (8401, DP_RPC)]
+    assert ports(d0) == [(8200, "http"), (8500, DP_RPC)]
+    assert ports(router) == [(8000, "http")]
+    from omni_pd.launch.preflight import plan_checks
+
+    assert plan_checks(plan) == []
+    moved = plan_of(compiled(tmp_path, src, ExpandOptions(), "llm"), model="m", engine_port_base=9100)
+    assert [ports(p)[-1] for p in moved.processes[:2]] == [(9400, DP_RPC), (9500, DP_RPC)]
+
+
+def test_dp_1_engines_get_no_data_parallel_rpc_port(tmp_path):
+    plan = plan_of(compiled(tmp_path, LLM, ExpandOptions(prefill_replicas=2), "llm"), model="m")
+    for p in plan.processes:
+        assert "--data-parallel-rpc-port" not in p.argv and DP_RPC not in [u.purpose for u in p.ports], p.name
+
+
+def test_a_stage_data_parallel_rpc_port_is_kept_per_instance_and_its_clash_reported(tmp_path):
+    """A stage's own ``data_parallel_rpc_port`` wins (instance r of ``num_replicas`` N binds
+    it + r); written on the source stage it reaches prefill and decode alike, and the
+    plan's clash check says so instead of vLLM's second engine dying at startup."""
+    from omni_pd.launch.preflight import plan_checks
+
+    src = tmp_path / "llm.yaml"
+    src.write_text(DP2 + "    data_parallel_rpc_port: 29600\n")
+    plan = plan_of(compiled(tmp_path, src, ExpandOptions(prefill_replicas=2), "llm"), model="m")
+    p0, p1, d0, _ = plan.processes
+    for p, port in ((p0, "29600"), (p1, "29601"), (d0, "29600")):
+        assert p.argv.count("--data-parallel-rpc-port") == 1, p.name
+        assert p.argv[p.argv.index("--data-parallel-rpc-port") + 1] == port, p.name
+        assert ports(p)[-1] == (int(port), DP_RPC)
+    assert [(d.code, d.message) for d in plan_checks(plan)] == [
+        ("OPD960", f"port 29600 on 127.0.0.1 is planned for both prefill-0 ({DP_RPC}) and decode-0 ({DP_RPC})")]
+
+
+def test_an_engine_port_base_whose_dp_rpc_port_overflows_is_a_plan_error(tmp_path):
+    src = tmp_path / "llm.yaml"
+    src.write_text(DP2)
+    cfg = compiled(tmp_path, src, ExpandOptions(), "llm")
+    with pytest.raises(OmniPdError) as e:
+        plan_of(cfg, model="m", engine_port_base=65200)
+    d = e.value.diagnostic
+    assert (d.code, d.message) == ("OPD006", "--engine-port-base 65200: decode-0 would bind its data-parallel RPC "
+                                             "port 65600 (its HTTP port + 300), above 65535")
+    assert d.help == ("pass --engine-port-base 65135 or lower (a data_parallel_size > 1 engine binds its HTTP "
+                      "port + 300 for vLLM's data-parallel RPC)")
+    assert plan_of(cfg, model="m", engine_port_base=65135).process("decode-0").ports[-1] == \
+        __import__("omni_pd.launch.spec", fromlist=["PortUse"]).PortUse(65535, DP_RPC, "127.0.0.1")
+
+
+def test_two_dp_engines_drawing_from_one_vllm_port_are_refused(tmp_path):
+    """With ``VLLM_PORT`` set, vLLM draws a DP engine's 5 data-parallel process-group ports
+    upward from it when the engine starts (vllm/config/parallel.py:910-927,
+    vllm/utils/network_utils.py:197-208) and binds them later: two DP engines given the
+    same ``VLLM_PORT`` (``--env`` reaches every process) pick the same ports."""
+    from omni_pd.launch.preflight import plan_checks
+
+    src = tmp_path / "llm.yaml"
+    src.write_text(DP2)
+    cfg = compiled(tmp_path, src, ExpandOptions(), "llm")
+    plan = plan_of(cfg, model="m", env={"VLLM_PORT": "30000"})
+    assert [(d.code, d.message, d.help) for d in plan_checks(plan)] == [(
+        "OPD960", "prefill-0 (VLLM_PORT=30000) and decode-0 (VLLM_PORT=30000) have data_parallel_size > 1 on "
+                  "127.0.0.1: vLLM draws each one's data-parallel ports from VLLM_PORT upward (5 of them) before "
+                  "binding them, so both pick the same ports",
+        "leave VLLM_PORT unset for these engines (vLLM then asks the kernel for free ports), or set it per stage "
+        "(the stage's env) at least 5 apart")]
+    assert plan_checks(plan_of(compiled(tmp_path, LLM, ExpandOptions(), "llm"), model="m",
+                               env={"VLLM_PORT": "30000"})) == []  # DP 1: nothing drawn at startup

@@ -304,3 +304,55 @@ def test_every_directory_is_checked_after_a_good_or_repeated_one(tmp_path) -> No
     b = proc("prefill", writable_dirs=(str(f), str(f / "x")))
     assert [d.message.split(":")[0] for d in pf.check_dirs(plan(a, b))] == [
         f"encoder must write encoder outputs to {f}", f"prefill must write encoder outputs to {f / 'x'}"]
+
+
+# --- data parallel (issue 16) -------------------------------------------------------------------------------
+
+DP_RPC = "data-parallel RPC (--data-parallel-rpc-port)"
+
+
+def test_a_taken_data_parallel_rpc_port_names_the_option_that_moves_it(listener) -> None:
+    [d] = pf.check_ports(plan(proc("decode-0", ports=(PortUse(listener, DP_RPC),))))
+    assert d.message == (f"port {listener} on 127.0.0.1 (decode-0 {DP_RPC}) cannot be bound: "
+                         "EADDRINUSE (Address already in use)")
+    assert d.help == (f"stop what holds it (`ss -ltnp 'sport = :{listener}'`) or move it: `--engine-port-base` (a "
+                      "data_parallel_size > 1 engine's data-parallel RPC port is its HTTP port + 300) or the stage's "
+                      "`data_parallel_rpc_port`")
+
+
+_HTTP = {"prefill-0": 8100, "prefill-1": 8101, "decode-0": 8200}
+
+
+def _dp(name: str, vllm_port: str | None, host: str = "127.0.0.1", dp: bool = True) -> ProcessSpec:
+    http = _HTTP[name]
+    return proc(name, env={} if vllm_port is None else {"VLLM_PORT": vllm_port},
+                ports=(PortUse(http, "http"),) + ((PortUse(http + 300, DP_RPC, host),) if dp else ()))
+
+
+@pytest.mark.parametrize("a,b,clash", [
+    ("30000", "30000", True), ("30000", "30004", True), ("30004", "30000", True),
+    ("30000", "30005", False), ("30005", "30000", False), ("30000", None, False), ("x", "x", False),
+])
+def test_dp_engines_drawing_overlapping_vllm_port_ranges(a, b, clash) -> None:
+    diags = pf.shared_vllm_port(plan(_dp("prefill-0", a), _dp("decode-0", b)))
+    if not clash:
+        assert diags == []
+        return
+    assert view(diags) == [(
+        "OPD960", E, f"prefill-0 (VLLM_PORT={a}) and decode-0 (VLLM_PORT={b}) have data_parallel_size > 1 on "
+                     "127.0.0.1: vLLM draws each one's data-parallel ports from VLLM_PORT upward (5 of them) before "
+                     "binding them, so both pick the same ports",
+        "leave VLLM_PORT unset for these engines (vLLM then asks the kernel for free ports), or set it per stage "
+        "(the stage's env) at least 5 apart")]
+
+
+def test_vllm_port_draws_only_count_dp_engines_on_one_host() -> None:
+    assert pf.shared_vllm_port(plan(_dp("prefill-0", "30000"), _dp("decode-0", "30000", dp=False))) == []
+    assert pf.shared_vllm_port(plan(_dp("prefill-0", "30000"), _dp("decode-0", "30000", host="10.0.0.2"))) == []
+    three = pf.shared_vllm_port(plan(_dp("prefill-0", "30000"), _dp("prefill-1", "30010"), _dp("decode-0", "30002")))
+    assert [d.message.split(" have ")[0] for d in three] == ["prefill-0 (VLLM_PORT=30000) and decode-0 (VLLM_PORT=30002)"]
+    # plan_checks and check_ports run it
+    assert view(pf.plan_checks(plan(_dp("prefill-0", "30000"), _dp("decode-0", "30000")))) == \
+        view(pf.shared_vllm_port(plan(_dp("prefill-0", "30000"), _dp("decode-0", "30000"))))
+    assert [d.message for d in pf.check_ports(plan(_dp("prefill-0", "30000"), _dp("decode-0", "30000")))
+            if "VLLM_PORT" in d.message] != []

@@ -13,7 +13,9 @@ else ``runtime:``):
 * ``vllm`` (plain LLMs, and thinker-only pipelines: their catalogue entries set
   ``launch_runtime: vllm``): one ``vllm serve`` per prefill and per decode instance with
   ``--kv-transfer-config`` (JSON) and the connector's env, plus the PD router
-  (:mod:`omni_pd.launch.router`) in front, started once both are healthy.
+  (:mod:`omni_pd.launch.router`) in front, started once both are healthy. An engine with
+  ``data_parallel_size`` > 1 also gets its own ``--data-parallel-rpc-port``
+  (:func:`dp_rpc_port`).
 
 Argv is always a list; env values are strings passed as data; nothing here touches
 processes, files or the network.
@@ -223,6 +225,39 @@ def _hccl_port(env: dict[str, str], node: StageNode, replica: int) -> int | None
 #: the highest TCP port a planned listener may use
 PORT_MAX = 65535
 
+#: a ``data_parallel_size`` > 1 engine's ``--data-parallel-rpc-port``: its HTTP port + this
+#: (prefill instances ``--engine-port-base`` + 300.., decode + 400.., the encoder + 500)
+DP_RPC_PORT_OFFSET = 300
+#: the :class:`~omni_pd.launch.spec.PortUse` purpose of that port
+DP_RPC = "data-parallel RPC (--data-parallel-rpc-port)"
+
+
+def dp_rpc_port(settings: dict[str, Any], dp: int, http_port: int, replica: int) -> int | None:
+    """The ``--data-parallel-rpc-port`` of one engine, None for ``dp`` 1.
+
+    vLLM 0.30 gives every engine the same default, 29550 (vllm/config/parallel.py:143
+    ``data_parallel_rpc_port``), and its DP head binds it (ZMQ ROUTER on
+    ``data_parallel_address``) whenever a DP rank is not local: ``data_parallel_size_local``
+    below ``data_parallel_size``, hybrid or external load balancing
+    (vllm/v1/engine/utils.py:1196-1217 ``launch_core_engines``; with every rank local the
+    handshake is IPC, vllm/engine/arg_utils.py:2330). omni-pd sets it per engine anyway,
+    so no two engines on a host can share it in any mode and preflight holds it free:
+    the stage's own ``data_parallel_rpc_port`` + ``replica`` when it sets one (instance
+    ``replica`` of ``num_replicas``), else ``http_port`` + :data:`DP_RPC_PORT_OFFSET`.
+    ``settings``: the engine keys (pipeline-wide and the stage's). Pure."""
+    if dp <= 1:
+        return None
+    own = settings.get("data_parallel_rpc_port")
+    return int(own) + replica if own is not None else http_port + DP_RPC_PORT_OFFSET
+
+
+def _dp_flags(settings: dict[str, Any], rpc: int | None) -> tuple[dict[str, Any], list[str]]:
+    """``settings`` without ``data_parallel_rpc_port`` and the flag that replaces it, when
+    the engine has a planned data-parallel RPC port (``rpc``); as given otherwise."""
+    if rpc is None:
+        return settings, []
+    return {k: v for k, v in settings.items() if k != "data_parallel_rpc_port"}, ["--data-parallel-rpc-port", str(rpc)]
+
 
 def check_ports(plan: LaunchPlan, opts: LaunchOptions) -> LaunchPlan:
     """``plan`` when every port it binds is a TCP port (1..:data:`PORT_MAX`).
@@ -249,6 +284,13 @@ def check_ports(plan: LaunchPlan, opts: LaunchOptions) -> LaunchPlan:
             elif use.purpose == "http":
                 msg = f"--port {opts.port}: {proc.name} would listen on port {use.port}, outside 1..{PORT_MAX}"
                 help = f"pass --port with a port from 1 to {PORT_MAX}"
+            elif use.purpose == DP_RPC and use.port == proc.ports[0].port + DP_RPC_PORT_OFFSET:
+                top = max(u.port for p in plan.processes for u in p.ports if u.purpose == DP_RPC)
+                msg = (f"--engine-port-base {opts.engine_port_base}: {proc.name} would bind its data-parallel RPC "
+                       f"port {use.port} (its HTTP port + {DP_RPC_PORT_OFFSET}), above {PORT_MAX}")
+                help = (f"pass --engine-port-base {opts.engine_port_base - (top - PORT_MAX)} or lower (a "
+                        f"data_parallel_size > 1 engine binds its HTTP port + {DP_RPC_PORT_OFFSET} for vLLM's "
+                        "data-parallel RPC)")
             else:
                 msg = (f"{plan.config}: {proc.name} would bind {use.purpose} port {use.port} (from the config), "
                        f"outside 1..{PORT_MAX}")
@@ -305,19 +347,23 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
             if _is_ascend(conn):  # an npu overlay keeps the base's CUDA-connector env: unread there
                 for k in ("VLLM_MOONCAKE_BOOTSTRAP_PORT", "VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_NIXL_SIDE_CHANNEL_HOST"):
                     env.pop(k, None)
+            settings = {**wide, **node.settings}
+            rpc = dp_rpc_port(settings, node.dp, port, inst.replica)
+            settings, dp_flags = _dp_flags(settings, rpc)
             argv = [opts.vllm, "serve", opts.model, "--host", opts.host, "--port", str(port),
                     "--served-model-name", served,
                     "--kv-transfer-config", json.dumps(inst.kv, separators=(",", ":")),
-                    *engine_flags({**wide, **node.settings})]
+                    *engine_flags(settings)]
             if node.tp > 1 and "tensor_parallel_size" not in node.settings:
                 argv += ["--tensor-parallel-size", str(node.tp)]
-            argv += list(opts.extra_args)
+            argv += dp_flags + list(opts.extra_args)
             procs.append(ProcessSpec(
                 name=f"{role}-{inst.replica}", role=role, argv=tuple(argv), env=env, devices=devs,
                 device_env=dev_var if devs is not None else None,
                 ports=(PortUse(port, "http", opts.host),) + tuple(
                     PortUse(x.port, x.purpose, opts.host) for x in inst.ports) + (
-                    (PortUse(hccl, "HCCL listener (HCCL_IF_BASE_PORT)", opts.host),) if hccl is not None else ()),
+                    (PortUse(hccl, "HCCL listener (HCCL_IF_BASE_PORT)", opts.host),) if hccl is not None else ()) + (
+                    (PortUse(rpc, DP_RPC, opts.host),) if rpc is not None else ()),
                 health=HealthCheck(f"http://{opts.host}:{port}/health", timeout_s=opts.ready_timeout_s),
                 modules=mods, python=engine_py,
                 memory_fraction=float(node.settings.get("gpu_memory_utilization") or 0.9)))
@@ -380,12 +426,15 @@ def _encoder_process(node: StageNode, prefill: StageNode, opts: LaunchOptions, s
     ec = node.settings.get("ec_transfer_config") or {}
     contract = ec_connectors.get(str(ec.get("ec_connector") or ""))
     storage = contract.storage_path(ec) if contract is not None else None
+    settings = {**(wide or {}), **node.settings}
+    rpc = dp_rpc_port(settings, node.dp, port, 0)
+    settings, dp_flags = _dp_flags(settings, rpc)
     argv = [opts.vllm, "serve", opts.model, "--host", opts.host, "--port", str(port),
-            "--served-model-name", served, *engine_flags({**(wide or {}), **node.settings}), *opts.extra_args]
+            "--served-model-name", served, *engine_flags(settings), *dp_flags, *opts.extra_args]
     proc = ProcessSpec(
         name="encoder-0", role="encoder", argv=tuple(argv), env=env, devices=devs,
         device_env=dev_var if devs is not None else None,
-        ports=(PortUse(port, "http", opts.host),),
+        ports=(PortUse(port, "http", opts.host),) + ((PortUse(rpc, DP_RPC, opts.host),) if rpc is not None else ()),
         health=HealthCheck(f"http://{opts.host}:{port}/health", timeout_s=opts.ready_timeout_s),
         modules=("vllm",), python=engine_py,
         memory_fraction=float(node.settings.get("gpu_memory_utilization") or 0.9),

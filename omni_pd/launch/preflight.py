@@ -2,7 +2,8 @@
 
 Every finding is a :class:`~omni_pd.diagnostics.Diagnostic`:
 
-* OPD960 (error) a planned port cannot be bound on its host (try-bind, no listen);
+* OPD960 (error) a planned port cannot be bound on its host (try-bind, no listen), is
+  planned twice, or two data-parallel engines draw their DP ports from one ``VLLM_PORT``;
 * OPD961 (error) an executable in a process's argv is missing or not executable;
 * OPD962 (error) a Python module a process needs (vllm, the connector's package,
   vllm_omni, omni_pd for the plugin) is not importable by that process's interpreter;
@@ -21,6 +22,7 @@ import shutil
 import socket
 import subprocess
 from omni_pd.diagnostics import Diagnostic, Severity
+from omni_pd.launch.plan import DP_RPC, DP_RPC_PORT_OFFSET
 from omni_pd.launch.spec import LaunchPlan
 
 
@@ -72,16 +74,54 @@ def planned_port_clashes(plan: LaunchPlan) -> list[Diagnostic]:
     return out
 
 
+#: how many data-parallel process-group ports vLLM 0.30 draws per DP > 1 engine at startup
+#: (vllm/config/parallel.py:910-927 ``get_open_ports_list(5)``)
+DP_MASTER_PORTS = 5
+
+
+def shared_vllm_port(plan: LaunchPlan) -> list[Diagnostic]:
+    """OPD960 for two ``data_parallel_size`` > 1 engines on one host whose ``VLLM_PORT``
+    values are less than :data:`DP_MASTER_PORTS` apart.
+
+    Such an engine's config draws its data-parallel process-group ports when it starts
+    (vllm/config/parallel.py:910-927, no flag sets them) and binds them later, in the DP
+    rank-0 engine core; with ``VLLM_PORT`` set the draw is the first free ports from
+    ``VLLM_PORT`` upward (vllm/utils/network_utils.py:197-208 ``get_open_ports_list``), so
+    two engines drawing from overlapping ranges before either binds pick the same ports
+    (without ``VLLM_PORT`` the kernel picks them). A DP > 1 engine is one with a
+    :data:`~omni_pd.launch.plan.DP_RPC` port in the plan. Pure."""
+    out: list[Diagnostic] = []
+    drawn: list[tuple[str, int, str]] = []  # (host, VLLM_PORT, process)
+    for p in plan.processes:
+        dp = next((u for u in p.ports if u.purpose == DP_RPC), None)
+        raw = p.env.get("VLLM_PORT")
+        if dp is None or raw is None or not raw.strip().isdigit():
+            continue
+        port = int(raw)
+        for host, other, name in drawn:
+            if host == dp.host and abs(other - port) < DP_MASTER_PORTS:
+                out.append(Diagnostic(
+                    code="OPD960", severity=Severity.ERROR,
+                    message=f"{name} (VLLM_PORT={other}) and {p.name} (VLLM_PORT={port}) have data_parallel_size > 1 "
+                            f"on {host}: vLLM draws each one's data-parallel ports from VLLM_PORT upward "
+                            f"({DP_MASTER_PORTS} of them) before binding them, so both pick the same ports",
+                    help="leave VLLM_PORT unset for these engines (vLLM then asks the kernel for free ports), or set "
+                         f"it per stage (the stage's env) at least {DP_MASTER_PORTS} apart"))
+        drawn.append((dp.host, port, p.name))
+    return out
+
+
 def plan_checks(plan: LaunchPlan) -> list[Diagnostic]:
-    """The checks that need no system state (today: :func:`planned_port_clashes`);
-    ``launch --dry-run`` runs these, a real launch runs them inside :func:`preflight`."""
-    return planned_port_clashes(plan)
+    """The checks that need no system state (:func:`planned_port_clashes`,
+    :func:`shared_vllm_port`); ``launch --dry-run`` runs these, a real launch runs them
+    inside :func:`preflight`."""
+    return planned_port_clashes(plan) + shared_vllm_port(plan)
 
 
 def check_ports(plan: LaunchPlan) -> list[Diagnostic]:
-    """OPD960 for every planned port that is planned twice on one host
-    (:func:`planned_port_clashes`) or cannot be bound (try-bind, each port once)."""
-    out = planned_port_clashes(plan)
+    """OPD960 for every planned port that is planned twice on one host or drawn twice
+    (:func:`plan_checks`) or cannot be bound (try-bind, each port once)."""
+    out = plan_checks(plan)
     tried: set[tuple[str, int]] = set()
     for p in plan.processes:
         for u in p.ports:
@@ -94,9 +134,18 @@ def check_ports(plan: LaunchPlan) -> list[Diagnostic]:
                 out.append(Diagnostic(code="OPD960", severity=Severity.ERROR, 
                                       message=f"port {u.port} on {u.host} ({p.name} {u.purpose}) cannot be bound: {why}",
                                       help=("stop what holds it (`ss -ltnp 'sport = :%d'`) or move it: " % u.port)
-                                      + ("`--port`/`--engine-port-base`" if u.purpose == "http"
-                                         else "`omni-pd expand --port-base N` (connector ports)")))
+                                      + _move_hint(u.purpose)))
     return out
+
+
+def _move_hint(purpose: str) -> str:
+    """Which option moves a planned port of ``purpose``."""
+    if purpose == "http":
+        return "`--port`/`--engine-port-base`"
+    if purpose == DP_RPC:
+        return (f"`--engine-port-base` (a data_parallel_size > 1 engine's data-parallel RPC port is its HTTP port "
+                f"+ {DP_RPC_PORT_OFFSET}) or the stage's `data_parallel_rpc_port`")
+    return "`omni-pd expand --port-base N` (connector ports)"
 
 
 def check_executables(plan: LaunchPlan) -> list[Diagnostic]:
