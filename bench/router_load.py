@@ -116,6 +116,7 @@ async def client(target: str, conc: int, duration: float, stream: bool, p_url: s
         s = socket.create_connection(("127.0.0.1", int(target.rsplit(":", 1)[1])))
         idle_socks.append(s)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as sess:
+        cpu0 = time.process_time()
         t_start = time.monotonic()
         stop_at = t_start + duration
 
@@ -153,11 +154,12 @@ async def client(target: str, conc: int, duration: float, stream: bool, p_url: s
 
         await asyncio.gather(*(worker() for _ in range(conc)))
         wall = time.monotonic() - t_start
+        cpu = time.process_time() - cpu0
     for s in idle_socks:
         s.close()
     return {"ok": len(lat), "codes": codes, "unanswered": unanswered, "rps": len(lat) / wall,
             "p50_ms": _ms(pct(lat, 0.5)), "p99_ms": _ms(pct(lat, 0.99)), "ttfb_p50_ms": _ms(pct(ttfb, 0.5)),
-            "per_second": [per_second.get(i, 0) for i in range(int(wall) + 1)]}
+            "per_second": [per_second.get(i, 0) for i in range(int(wall) + 1)], "client_cpu_s": cpu}
 
 
 def _ms(x: float | None) -> float | None:
@@ -217,8 +219,28 @@ def fake(procs: Procs, role: str, port: int, a: argparse.Namespace) -> subproces
     return p
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` and its live descendants
+    (the router's forked workers; a Rust router's threads are in its own figure)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
+
+
 def start_router(procs: Procs, kind: str, port: int, prefills: list[str], decodes: list[str],
-                 a: argparse.Namespace) -> None:
+                 a: argparse.Namespace) -> subprocess.Popen:
     if kind == "omni-pd":
         argv = [sys.executable, "-m", "omni_pd.launch.router", "--connector", "nixl", "--port", str(port),
                 "--log-level", "WARNING", "--health-interval", "1", "--workers", str(a.workers)]
@@ -234,11 +256,12 @@ def start_router(procs: Procs, kind: str, port: int, prefills: list[str], decode
         for u in decodes:
             argv += ["--decode", u]
     log = f"/tmp/router_load-{kind}-{port}.log"
-    procs.start(argv, log=log, cwd=REPO)
+    proc = procs.start(argv, log=log, cwd=REPO)
     try:
         wait_http(f"http://127.0.0.1:{port}/health", 60)
     except RuntimeError as e:
         raise RuntimeError(f"{kind}: {e}; its log: {Path(log).read_text()[-1500:]}") from None
+    return proc
 
 
 def run_client(target: str, conc: int, duration: float, stream: bool, p_url: str, d_url: str,
@@ -350,11 +373,16 @@ def main() -> int:
     ap.add_argument("--chunks", type=int, default=32)
     ap.add_argument("--chunk-gap", type=float, default=0.005)
     ap.add_argument("--workers", type=int, default=2, help="omni-pd router --workers (default 2: the cores)")
+    ap.add_argument("--conc", default=None, help="comma-separated concurrencies (default 1,16,64,256,1024)")
+    ap.add_argument("--modes", default="json,stream", help="json, stream or both (default both)")
+    ap.add_argument("--no-peer", action="store_true", help="leave vllm-router out (iterating on omni-pd)")
+    ap.add_argument("--no-faults", action="store_true", help="skip the fault runs (iterating)")
     ap.add_argument("--out", default=str(REPO / "bench" / "router_load.json"))
     ap.add_argument("--results", default=None, help="update this RESULTS.md's router-load section")
     a = ap.parse_args()
-    concs = [1, 16, 64] if a.quick else [1, 16, 64, 256, 1024]
-    kinds = ["omni-pd"] + (["vllm-router"] if VLLM_ROUTER.exists() else [])
+    concs = [int(x) for x in a.conc.split(",")] if a.conc else [1, 16, 64] if a.quick else [1, 16, 64, 256, 1024]
+    kinds = ["omni-pd"] + (["vllm-router"] if VLLM_ROUTER.exists() and not a.no_peer else [])
+    modes = [m == "stream" for m in a.modes.split(",")]
     result: dict = {"machine": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()}, "omni_pd_workers": a.workers,
                     "setup": {"p_delay_s": a.p_delay, "d_delay_s": a.d_delay, "chunks": a.chunks,
                               "chunk_gap_s": a.chunk_gap, "duration_s": a.duration},
@@ -364,25 +392,34 @@ def main() -> int:
     procs = Procs()
     try:
         pp, dp = free_port(), free_port()
-        fake(procs, "prefill", pp, a)
-        fake(procs, "decode", dp, a)
+        fake_p = fake(procs, "prefill", pp, a)
+        fake_d = fake(procs, "decode", dp, a)
         p_url, d_url = f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{dp}"
         ports = {k: free_port() for k in kinds}
-        for k in kinds:
-            start_router(procs, k, ports[k], [p_url], [d_url], a)
-        for stream in (False, True):
+        router_proc = {k: start_router(procs, k, ports[k], [p_url], [d_url], a) for k in kinds}
+        for stream in modes:
             for c in concs:
                 for k in ["direct"] + kinds:
                     target = "direct" if k == "direct" else f"http://127.0.0.1:{ports[k]}"
                     bad0 = stats(d_url)["kv_bad"]
+                    cpu0 = {"router": tree_cpu_s(router_proc[k].pid) if k in router_proc else 0.0,
+                            "fakes": tree_cpu_s(fake_p.pid) + tree_cpu_s(fake_d.pid)}
                     r = run_client(target, c, a.duration, stream, p_url, d_url)
+                    cpu1 = {"router": tree_cpu_s(router_proc[k].pid) if k in router_proc else 0.0,
+                            "fakes": tree_cpu_s(fake_p.pid) + tree_cpu_s(fake_d.pid)}
                     r.update(kind=k, concurrency=c, stream=stream, kv_bad=stats(d_url)["kv_bad"] - bad0)
+                    n = max(r["ok"], 1)
+                    r["cpu_us_per_request"] = {
+                        "router": round((cpu1["router"] - cpu0["router"]) / n * 1e6),
+                        "fakes": round((cpu1["fakes"] - cpu0["fakes"]) / n * 1e6),
+                        "client": round(r.pop("client_cpu_s") / n * 1e6)}
                     result["load"].append(r)
                     print(f"{'stream' if stream else 'json':6} c={c:<5} {k:12} {r['rps']:7.1f} req/s  "
                           f"p50 {r['p50_ms']} p99 {r['p99_ms']} ttfb {r['ttfb_p50_ms']} ms  "
-                          f"unanswered {r['unanswered']} codes {r['codes']} kv_bad {r['kv_bad']}", flush=True)
+                          f"unanswered {r['unanswered']} codes {r['codes']} kv_bad {r['kv_bad']} "
+                          f"cpu us/req {r['cpu_us_per_request']}", flush=True)
         # faults: a client leaving during the decode stream / during the prefill leg
-        for k in kinds:
+        for k in ([] if a.no_faults else kinds):
             url = f"http://127.0.0.1:{ports[k]}"
             out = {}
             for leg, after_first in (("decode", True), ("prefill", False)):
@@ -395,12 +432,12 @@ def main() -> int:
             result["faults"].setdefault("client_leaves_backend_sees_it_after_s", {})[k] = out
             print(f"client leaves: {k} backend sees it after {out} s (None: never)", flush=True)
         # 100 idle connections held open during a c=16 JSON run
-        for k in kinds:
+        for k in ([] if a.no_faults else kinds):
             r = run_client(f"http://127.0.0.1:{ports[k]}", 16, a.duration, False, p_url, d_url, idle=100)
             result["faults"].setdefault("idle_100", {})[k] = r
             print(f"100 idle: {k} {r['rps']:.1f} req/s p99 {r['p99_ms']} unanswered {r['unanswered']}", flush=True)
         # a decode instance killed and restarted under load (2 decodes)
-        for k in kinds:
+        for k in ([] if a.no_faults else kinds):
             d2p = free_port()
             d2 = fake(procs, "decode", d2p, a)
             d2_url = f"http://127.0.0.1:{d2p}"

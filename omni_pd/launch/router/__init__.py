@@ -128,4 +128,4 @@ from omni_pd.launch.router.protocol import (  # noqa: F401
     CONNECTORS, DEFAULT_MOONCAKE_BOOTSTRAP_PORT, PREFILL_DROP, ConnectorStrategy, MooncakeStrategy,
     NixlStrategy, PrefillTarget, connector_class, decode_request_body, parse_bootstrap_query,
     prefill_request_body, transfer_id_for)
-from omni_pd.launch.router.server import GENERATE_ROUTES, MAX_BODY_BYTES, RouterServer, build_app  # noqa: F401
+from omni_pd.launch.router.server import GENERATE_ROUTES, MAX_BODY_BYTES, Front, RouterServer  # noqa: F401

@@ -16,10 +16,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import aiohttp
+from yarl import URL
+
+import omni_pd.launch.router.codec as codec
+import omni_pd.launch.router.legs as legs
 
 from omni_pd.launch.router.backends import Backend, Instance, Pool, _host_for_url
 from omni_pd.launch.router.protocol import (
-    ConnectorStrategy, PrefillTarget, decode_request_body, prefill_request_body, transfer_id_for)
+    ConnectorStrategy, PrefillTarget, decode_request_bytes, prefill_request_body, transfer_id_for)
 
 log = logging.getLogger("omni_pd.router")
 
@@ -54,7 +58,7 @@ def bad_gateway(leg: str, backend: Backend, detail: str, *, retryable: bool = Tr
 def error_detail(raw: bytes, limit: int = 500) -> str:
     """A short, printable reason out of a backend's error body."""
     try:
-        data = json.loads(raw)
+        data = codec.loads(raw)
         if isinstance(data, dict):
             err = data.get("error", data.get("message", data.get("detail")))
             if isinstance(err, dict):
@@ -71,10 +75,12 @@ def describe_exc(exc: BaseException) -> str:
     """A short, secret-free description of a transport failure."""
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
         return "timed out"
-    if isinstance(exc, aiohttp.ClientConnectorError):
+    if isinstance(exc, (aiohttp.ClientConnectorError, legs.BackendConnectError)):
         if isinstance(exc.os_error, ConnectionRefusedError):
             return "connection refused"
         return f"cannot connect ({exc.os_error.strerror or type(exc.os_error).__name__})"
+    if isinstance(exc, legs.BackendDisconnected):
+        return str(exc)
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused"
     if isinstance(exc, aiohttp.ServerDisconnectedError):
@@ -167,14 +173,23 @@ class PDRouter:
         self.timeouts, self.retries = timeouts, retries
         self.health_interval, self.discovery_interval = health_interval, discovery_interval
         self.session: aiohttp.ClientSession | None = None
+        self.legs: legs.LegClient | None = None  # the P/D/pre-leg POSTs (aiohttp's client without httptools)
         self._poller: asyncio.Task | None = None
+        self._urls: dict[tuple[str, str], URL] = {}  # (base URL, path) -> parsed once
+        t = timeouts
+        self._leg_timeouts = {
+            leg: aiohttp.ClientTimeout(total=t.prefill if leg == "prefill" else None, connect=t.connect,
+                                       sock_read=t.read) for leg in ("prefill", "other")}
 
     # lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         """Open the pooled client session and start the health poller."""
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0, use_dns_cache=True),
-            auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None))
+            auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None),
+            cookie_jar=aiohttp.DummyCookieJar())  # a proxy keeps no cookies between clients
+        if legs.available():
+            self.legs = legs.LegClient(connect_timeout=self.timeouts.connect)
         await self.probe_all()
         self._poller = asyncio.create_task(self._poll_loop())
 
@@ -190,6 +205,9 @@ class PDRouter:
         if self.session is not None:
             await self.session.close()
             self.session = None
+        if self.legs is not None:
+            await self.legs.close()
+            self.legs = None
 
     def close(self) -> None:
         """Compatibility no-op: the server closes the router when it stops."""
@@ -259,15 +277,21 @@ class PDRouter:
 
     # legs ------------------------------------------------------------------------------
     def _timeout(self, leg: str) -> aiohttp.ClientTimeout:
-        t = self.timeouts
-        return aiohttp.ClientTimeout(total=t.prefill if leg == "prefill" else None,
-                                     connect=t.connect, sock_read=t.read)
+        return self._leg_timeouts["prefill" if leg == "prefill" else "other"]
 
-    async def _post(self, inst: Instance, path: str, body: dict[str, Any], headers: Mapping[str, str],
-                    leg: str) -> aiohttp.ClientResponse:
-        """POST and return the response with headers read, body unread (caller releases)."""
-        data = json.dumps(body).encode()
-        return await self.session.post(inst.url + path, data=data, timeout=self._timeout(leg),
+    async def _post(self, inst: Instance, path: str, body: dict[str, Any] | bytes, headers: Mapping[str, str],
+                    leg: str) -> aiohttp.ClientResponse | legs.LegResponse:
+        """POST ``body`` (a JSON object, or its UTF-8 JSON bytes) and return the response with
+        headers read, body unread (caller releases). On :mod:`.legs` when httptools is
+        installed (the prefill bound is then :meth:`_json_once`'s), else aiohttp's client."""
+        data = body if isinstance(body, bytes) else codec.dumps(body)
+        key = (inst.url, path)
+        url = self._urls.get(key)
+        if url is None:
+            url = self._urls[key] = URL(inst.url + path)
+        if self.legs is not None:
+            return await self.legs.post(url, data, headers, read_timeout=self.timeouts.read)
+        return await self.session.post(url, data=data, timeout=self._timeout(leg),
                                        headers={"Content-Type": "application/json", **headers})
 
     def _failed(self, inst: Instance, leg: str, exc: BaseException) -> LegError:
@@ -281,13 +305,15 @@ class PDRouter:
     async def _json_once(self, inst: Instance, path: str, body: dict[str, Any],
                          headers: Mapping[str, str], leg: str) -> dict[str, Any]:
         inst.outstanding += 1
+        bound = self.timeouts.prefill if (leg == "prefill" and self.legs is not None) else None
         try:
             try:
-                resp = await self._post(inst, path, body, headers, leg)
-                try:
-                    raw = await resp.read()
-                finally:
-                    resp.release()
+                async with asyncio.timeout(bound):
+                    resp = await self._post(inst, path, body, headers, leg)
+                    try:
+                        raw = await resp.read()
+                    finally:
+                        resp.release()
             except TRANSPORT_ERRORS as exc:
                 raise self._failed(inst, leg, exc) from None
         finally:
@@ -300,7 +326,7 @@ class PDRouter:
             inst.failures += 1
             raise bad_gateway(leg, inst.backend, f"HTTP {resp.status}: {error_detail(raw)}")
         try:
-            data = json.loads(raw)
+            data = codec.loads(raw)
         except ValueError:
             data = None
         if not isinstance(data, dict):
@@ -345,7 +371,7 @@ class PDRouter:
                                               err_type="service_unavailable"))
         raise last
 
-    async def open_decode(self, path: str, body: dict[str, Any], headers: Mapping[str, str],
+    async def open_decode(self, path: str, body: dict[str, Any] | bytes, headers: Mapping[str, str],
                           tried: list[Instance]) -> tuple[Instance, aiohttp.ClientResponse]:
         """Send the decode leg to a decode instance not in ``tried`` (appended to) and
         return (instance, response) with D's headers read and its body unread; the
@@ -395,12 +421,14 @@ class PDRouter:
                 resp.close()
 
     # one request -----------------------------------------------------------------------
-    async def dispatch(self, path: str, body: dict[str, Any], auth: str | None
+    async def dispatch(self, path: str, body: dict[str, Any], auth: str | None, *, raw: bytes | None = None
                        ) -> tuple[LegContext, PrefillTarget, Instance, aiohttp.ClientResponse]:
-        """Run the pre-legs and the P/D legs of one request. Returns (context, prefill
-        target, decode instance, D's response with the body unread; the caller relays it
-        and calls :meth:`finish_decode`). Raises LegError. Cancelling the task that runs
-        it (the client left) cancels every leg in flight and closes their connections."""
+        """Run the pre-legs and the P/D legs of one request. ``raw``: the client's body
+        bytes ``body`` was parsed from, if known (D then gets them without re-encoding,
+        :func:`~.protocol.decode_request_bytes`). Returns (context, prefill target, decode
+        instance, D's response with the body unread; the caller relays it and calls
+        :meth:`finish_decode`). Raises LegError. Cancelling the task that runs it (the
+        client left) cancels every leg in flight and closes their connections."""
         reason = self.strategy.not_ready_reason()
         if reason or not self.strategy.prefill_targets():
             raise LegError(503, error_payload(503, f"router not ready: {reason or 'no prefill target'}",
@@ -410,12 +438,15 @@ class PDRouter:
         if auth is not None:
             common["Authorization"] = auth
         ctx = LegContext(self, rid, path, common)
+        original = body
         for leg in self.pre_legs:
             body = await leg.apply(ctx, body)
+        if body is not original:
+            raw = None
         if self.strategy.concurrent:
-            target, inst, resp = await self._concurrent(ctx, body)
+            target, inst, resp = await self._concurrent(ctx, body, raw)
         else:
-            target, inst, resp = await self._sequential(ctx, body)
+            target, inst, resp = await self._sequential(ctx, body, raw)
         return ctx, target, inst, resp
 
     async def _redo_pair(self, rid: str, target: PrefillTarget, inst: Instance,
@@ -424,37 +455,43 @@ class PDRouter:
         run again with another prefill (the KV source may have died under D: vLLM fails
         a request whose KV cannot be read), after closing D's answer; else False (D's
         answer is relayed as it is)."""
-        others = [t for t in self.strategy.prefill_targets() if t.instance is not target.instance]
-        if resp.status < 500 or attempt >= self.retries or not others:
+        if resp.status < 500 or attempt >= self.retries:
+            return False
+        if not any(t.instance is not target.instance for t in self.strategy.prefill_targets()):
             return False
         log.warning("rid=%s decode %s answered %d after prefill %s; running the pair again with another "
                     "prefill", rid, inst.url, resp.status, target.describe())
         self.finish_decode(inst, resp, ok=False)
         return True
 
-    async def _sequential(self, ctx: LegContext, body: dict[str, Any]):
-        """NIXL: P to completion (retried on another P), then D with P's parameters; a 5xx
-        of D reruns the pair with another P (:meth:`_redo_pair`)."""
+    async def _sequential(self, ctx: LegContext, body: dict[str, Any], raw: bytes | None = None):
+        """Sequential connectors (NIXL pull): P to completion (retried on another P), then D
+        with P's parameters; a 5xx of D reruns the pair with another P (:meth:`_redo_pair`)."""
         s, rid = self.strategy, ctx.request_id
         used: list[PrefillTarget] = []
         for attempt in range(self.retries + 1):
-            units = [t for t in s.prefill_targets() if t.instance not in {u.instance for u in used}]
+            targets = s.prefill_targets()
+            if used:
+                used_inst = {id(u.instance) for u in used}
+                units = [t for t in targets if id(t.instance) not in used_inst] or targets
+            else:
+                units = targets
             target, answer = await self.json_leg(
                 "prefill", ctx.path,
                 lambda t: (prefill_request_body(body, s.prefill_kv_params(rid, t)),
                            {**ctx.headers, **s.prefill_headers(t)}),
-                units=units or s.prefill_targets(), instance_of=lambda t: t.instance)
+                units=units, instance_of=_instance_of_target)
             kv = s.decode_kv_params(rid, target, answer)
             if kv is None:
                 log.warning("rid=%s prefill %s answered without kv_transfer_params; decode computes "
                             "the prompt itself", rid, target.describe())
-            inst, resp = await self.open_decode(ctx.path, decode_request_body(body, kv), ctx.headers, [])
+            inst, resp = await self.open_decode(ctx.path, decode_request_bytes(body, raw, kv), ctx.headers, [])
             if not await self._redo_pair(rid, target, inst, resp, attempt):
                 return target, inst, resp
             used.append(target)
         raise AssertionError("unreachable: the last attempt returns")
 
-    async def _concurrent(self, ctx: LegContext, body: dict[str, Any]):
+    async def _concurrent(self, ctx: LegContext, body: dict[str, Any], raw: bytes | None = None):
         """Mooncake: P and D at once per attempt; D's response is handed back only after
         P's leg succeeded. P failing aborts D (its request would wait for KV that never
         comes) and the pair is retried on another P with a fresh ``transfer_id``; D
@@ -470,7 +507,7 @@ class PDRouter:
             tried_p.append(target)
             xid = rid if attempt == 0 else f"{rid}-{attempt}"
             p_body = prefill_request_body(body, s.prefill_kv_params(xid, target))
-            d_body = decode_request_body(body, s.decode_kv_params(xid, target, None))
+            d_body = decode_request_bytes(body, raw, s.decode_kv_params(xid, target, None))
             p_task = asyncio.create_task(self._json_once(
                 target.instance, ctx.path, p_body, {**ctx.headers, **s.prefill_headers(target)}, "prefill"))
             d_task = asyncio.create_task(self.open_decode(ctx.path, d_body, ctx.headers, []))
@@ -523,6 +560,10 @@ class PDRouter:
         raise last
 
 
+def _instance_of_target(target: PrefillTarget) -> Instance:
+    return target.instance
+
+
 async def _cancel(task: asyncio.Task) -> None:
     """Cancel ``task`` and wait for it; a decode response it already produced is closed."""
     if not task.done():
@@ -534,5 +575,6 @@ async def _cancel(task: asyncio.Task) -> None:
         return
     if not task.cancelled() and task.exception() is None:
         result = task.result()
-        if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], aiohttp.ClientResponse):
+        if isinstance(result, tuple) and len(result) == 2 and isinstance(
+                result[1], (aiohttp.ClientResponse, legs.LegResponse)):
             PDRouter.finish_decode(result[0], result[1], ok=False)

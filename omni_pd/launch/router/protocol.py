@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, ClassVar, Mapping, Sequence
 
+import omni_pd.launch.router.codec as codec
 from omni_pd.launch.router.backends import Backend, Instance
 
 log = logging.getLogger("omni_pd.router")
@@ -52,6 +53,25 @@ def decode_request_body(body: Mapping[str, Any], kv_transfer_params: Mapping[str
     if kv_transfer_params is not None:
         out["kv_transfer_params"] = dict(kv_transfer_params)
     return out
+
+
+def decode_request_bytes(body: Mapping[str, Any], raw: bytes | None,
+                         kv_transfer_params: Mapping[str, Any] | None) -> bytes:
+    """:func:`decode_request_body` as the UTF-8 JSON bytes D receives, without re-encoding
+    the client's body where that is exact: ``raw`` (the client's bytes, of which ``body``
+    is the parse; None when the body was changed, e.g. by a pre-leg) is sent as it is
+    when there are no parameters to add, and with ``,"kv_transfer_params":{...}`` spliced
+    before its closing brace when ``body`` is a non-empty object without that key and
+    ``raw`` is UTF-8 text (starts with ``{`` and ends with ``}`` after blanks; UTF-16/32
+    and BOM-prefixed text fail that test). Every other case encodes the whole body. The
+    JSON value D parses is the same either way."""
+    if raw is not None:
+        if kv_transfer_params is None:
+            return raw
+        text = raw.strip()
+        if body and "kv_transfer_params" not in body and text[:1] == b"{" and text[-1:] == b"}":
+            return b"%s,\"kv_transfer_params\":%s}" % (text[:-1], codec.dumps(kv_transfer_params))
+    return codec.dumps(decode_request_body(body, kv_transfer_params))
 
 
 def transfer_id_for(request_id: str) -> str:
@@ -96,10 +116,12 @@ class ConnectorStrategy:
     def __init__(self, prefills: Sequence[Backend]):
         self.prefills = list(prefills)
         self.instances: list[Instance] = []
+        self._targets: list[PrefillTarget] = []
 
     def bind(self, instances: Sequence[Instance]) -> None:
         """Called once by the router with the prefill pool's instances (same order)."""
         self.instances = list(instances)
+        self._targets = [PrefillTarget(i) for i in self.instances]
 
     async def on_healthy(self, inst: Instance, get: HttpGet) -> None:
         """Called after each ``/health`` 200 of prefill ``inst`` (default: nothing to learn)."""
@@ -112,8 +134,10 @@ class ConnectorStrategy:
         return None
 
     def prefill_targets(self) -> list[PrefillTarget]:
-        """The prefill rotation, in order (default: one entry per instance)."""
-        return [PrefillTarget(i) for i in self.instances]
+        """The prefill rotation, in order (default: one entry per instance). The list is
+        the strategy's own (built when the rotation changes, not per request): read it,
+        never mutate it."""
+        return self._targets
 
     def prefill_headers(self, target: PrefillTarget) -> dict[str, str]:
         """Extra headers of the prefill leg (default: none)."""
@@ -213,6 +237,11 @@ class MooncakeStrategy(ConnectorStrategy):
     def bind(self, instances):
         super().bind(instances)
         self._state = {id(i): _BootstrapState() for i in self.instances}
+        self._rebuild_targets()
+
+    def _rebuild_targets(self) -> None:
+        self._targets = [PrefillTarget(i, rank) for i in self.instances
+                         for rank in (self._state[id(i)].engine_ids if self._state[id(i)].ready else ())]
 
     async def on_healthy(self, inst, get):
         st = self._state[id(inst)]
@@ -225,26 +254,25 @@ class MooncakeStrategy(ConnectorStrategy):
             engine_ids = parse_bootstrap_query(json.loads(raw))
         except (OSError, ValueError) as exc:
             st.ready, st.error = False, str(exc) or type(exc).__name__
+            self._rebuild_targets()
             return
         if st.engine_ids and st.engine_ids != engine_ids:
             log.info("MooncakeConnector: prefill %s came back with new engine ids %s", inst.url, engine_ids)
         else:
             log.info("MooncakeConnector: prefill %s engine ids %s", inst.url, engine_ids)
         st.engine_ids, st.ready, st.error, st.generation = engine_ids, True, None, inst.generation
+        self._rebuild_targets()
 
     def on_down(self, inst):
         st = self._state[id(inst)]
         st.ready, st.error = False, f"prefill marked down ({inst.last_error})"
+        self._rebuild_targets()
 
     def not_ready_reason(self):
         if any(st.ready for st in self._state.values()):
             return None
         pending = [f"{i.url} ({self._state[id(i)].error})" for i in self.instances]
         return "waiting for the Mooncake bootstrap /query of prefill " + ", ".join(pending)
-
-    def prefill_targets(self):
-        return [PrefillTarget(i, rank) for i in self.instances
-                for rank in (self._state[id(i)].engine_ids if self._state[id(i)].ready else ())]
 
     def prefill_headers(self, target):
         return {"X-data-parallel-rank": str(target.dp_rank)}

@@ -1,6 +1,6 @@
-"""The router's HTTP front: an aiohttp application on one event loop.
+"""The router's HTTP front: aiohttp's low-level server on one event loop.
 
-:func:`build_app` maps the routes to a :class:`~.core.PDRouter`; :class:`RouterServer`
+:class:`Front` maps the routes to a :class:`~.core.PDRouter`; :class:`RouterServer`
 binds the listening socket up front (so a taken port fails before anything starts) and
 serves the app on its own event loop, from a thread or from ``main``.
 """
@@ -8,7 +8,6 @@ serves the app on its own event loop, from a thread or from ``main``.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import socket
@@ -19,6 +18,7 @@ from typing import Any, Mapping
 import aiohttp
 from aiohttp import web
 
+import omni_pd.launch.router.codec as codec
 from omni_pd.launch.router.backends import _host_for_url
 from omni_pd.launch.router.core import LegError, PDRouter, describe_exc, error_payload
 
@@ -37,8 +37,9 @@ CLIENT_KEEPALIVE_S = 75.0
 
 
 def _json_response(status: int, obj: Any, headers: Mapping[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=json.dumps(obj).encode(), content_type="application/json",
-                        headers=dict(headers or {}))
+    resp = web.Response(status=status, body=codec.dumps(obj), headers=headers)
+    resp.content_type = "application/json"
+    return resp
 
 
 def _error_response(err: LegError, extra: Mapping[str, str] | None = None) -> web.Response:
@@ -59,33 +60,49 @@ class _Admission:
         self.limit, self.retry_after_s, self.inflight, self.rejected = limit, retry_after_s, 0, 0
 
 
-ROUTER_KEY: web.AppKey[PDRouter] = web.AppKey("router", PDRouter)
-ADMISSION_KEY: web.AppKey[_Admission] = web.AppKey("admission", _Admission)
+class Front:
+    """The router's request handler on aiohttp's low-level server (:class:`aiohttp.web.Server`:
+    no application router, middleware or signals on the hot path; the routes are three
+    string compares). POST :data:`GENERATE_ROUTES` run the P/D legs, GET ``/health`` and
+    GET ``/v1/models``; every other route or method is a JSON 404/405. ``max_concurrency``:
+    generation requests in flight before 503 + ``Retry-After``."""
 
+    def __init__(self, router: PDRouter, *, max_concurrency: int = 1024):
+        self.router = router
+        self.admission = _Admission(max_concurrency)
 
-def build_app(router: PDRouter, *, max_concurrency: int = 1024) -> web.Application:
-    """The aiohttp application: POST :data:`GENERATE_ROUTES`, GET ``/health``,
-    GET ``/v1/models``; every other route or method is a JSON 404/405."""
-    admission = _Admission(max_concurrency)
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
-    app[ROUTER_KEY], app[ADMISSION_KEY] = router, admission
+    async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
+        path, method = request.path, request.method
+        if path in GENERATE_ROUTES and method == "POST":
+            return await self.generate(request, path)
+        if path == "/health" and method in ("GET", "HEAD"):
+            return await self.health()
+        if path == "/v1/models" and method in ("GET", "HEAD"):
+            return await self.models(request)
+        if method not in ("GET", "POST", "HEAD"):
+            return _json_response(405, error_payload(405, f"method {method} not allowed",
+                                                     err_type="invalid_request_error"))
+        return _json_response(404, error_payload(
+            404, f"no route {path}; the router serves POST {', '.join(GENERATE_ROUTES)}, "
+                 "GET /health, GET /v1/models", err_type="not_found"))
 
-    async def health(request: web.Request) -> web.Response:
-        status, body = await router.health()
-        body["inflight"], body["rejected"] = admission.inflight, admission.rejected
+    async def health(self) -> web.Response:
+        status, body = await self.router.health()
+        body["inflight"], body["rejected"] = self.admission.inflight, self.admission.rejected
+        body["json"] = codec.BACKEND
         return _json_response(status, body)
 
-    async def models(request: web.Request) -> web.Response:
+    async def models(self, request: web.BaseRequest) -> web.Response:
         try:
-            status, data, ctype = await router.models(request.headers.get("Authorization"))
+            status, data, ctype = await self.router.models(request.headers.get("Authorization"))
         except LegError as err:
             return _error_response(err)
         resp = web.Response(status=status, body=data)
         resp.headers["Content-Type"] = ctype
         return resp
 
-    async def generate(request: web.Request) -> web.StreamResponse:
-        path = request.path
+    async def generate(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
+        admission, router = self.admission, self.router
         if admission.inflight >= admission.limit:
             admission.rejected += 1
             return _json_response(503, error_payload(
@@ -96,15 +113,16 @@ def build_app(router: PDRouter, *, max_concurrency: int = 1024) -> web.Applicati
         rid, target, inst, resp, outcome, status = "-", None, None, None, "ok", 0
         try:
             try:
-                body = await _read_json(request)
-                ctx, target, inst, resp = await router.dispatch(path, body, request.headers.get("Authorization"))
+                raw, body = await _read_json(request)
+                ctx, target, inst, resp = await router.dispatch(path, body, request.headers.get("Authorization"),
+                                                                raw=raw)
                 rid = ctx.request_id
             except LegError as err:
                 status = err.status
                 outcome = err.payload.get("error", {}).get("message", "") if err.payload else "prefill 4xx"
                 return _error_response(err)
             status = resp.status
-            out, outcome = await _relay(request, resp, {"X-Request-Id": rid})
+            out, outcome = await _relay(request, resp, rid)
             router.finish_decode(inst, resp, ok=outcome == "ok")
             inst = None
             return out
@@ -121,65 +139,56 @@ def build_app(router: PDRouter, *, max_concurrency: int = 1024) -> web.Applicati
             if inst is not None:
                 router.finish_decode(inst, resp, ok=False)
             admission.inflight -= 1
-            log.info("POST %s rid=%s prefill=%s decode=%s -> %s %s (%.3f s)", path, rid,
-                     target.describe() if target else "-", inst.url if inst else (
-                         "-" if resp is None else str(resp.url.origin())),
-                     status, outcome, time.monotonic() - t0)
-
-    async def not_found(request: web.Request) -> web.Response:
-        if request.method not in ("GET", "POST", "HEAD"):
-            return _json_response(405, error_payload(405, f"method {request.method} not allowed",
-                                                     err_type="invalid_request_error"))
-        return _json_response(404, error_payload(
-            404, f"no route {request.path}; the router serves POST {', '.join(GENERATE_ROUTES)}, "
-                 "GET /health, GET /v1/models", err_type="not_found"))
-
-    app.router.add_get("/health", health)
-    app.router.add_get("/v1/models", models)
-    for r in GENERATE_ROUTES:
-        app.router.add_post(r, generate)
-    app.router.add_route("*", "/{tail:.*}", not_found)
-    return app
+            if log.isEnabledFor(logging.INFO):
+                log.info("POST %s rid=%s prefill=%s decode=%s -> %s %s (%.3f s)", path, rid,
+                         target.describe() if target else "-", inst.url if inst else (
+                             "-" if resp is None else str(resp.url.origin())),
+                         status, outcome, time.monotonic() - t0)
 
 
-async def _read_json(request: web.Request) -> dict[str, Any]:
-    """The request body as a JSON object (Content-Length or chunked). Raises LegError 400/413."""
+def _make_request(message, payload, protocol, writer, task) -> web.BaseRequest:
+    """aiohttp's request factory with the router's body limit (:data:`MAX_BODY_BYTES`)."""
+    return web.BaseRequest(message, payload, protocol, writer, task, asyncio.get_running_loop(),
+                           client_max_size=MAX_BODY_BYTES)
+
+
+async def _read_json(request: web.BaseRequest) -> tuple[bytes, dict[str, Any]]:
+    """The request body: (bytes, its JSON object) (Content-Length or chunked). Raises
+    LegError 400/413."""
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise LegError(413, error_payload(413, f"request body must be at most {MAX_BODY_BYTES} bytes",
                                           err_type="invalid_request_error")) from None
     try:
-        body = json.loads(raw)
+        body = codec.loads(raw)
     except ValueError as exc:
         raise LegError(400, error_payload(400, f"request body is not valid JSON: {exc}",
                                           err_type="invalid_request_error")) from None
     if not isinstance(body, dict):
         raise LegError(400, error_payload(400, "request body must be a JSON object",
                                           err_type="invalid_request_error"))
-    return body
+    return raw, body
 
 
-async def _relay(request: web.Request, resp: aiohttp.ClientResponse,
-                 headers: Mapping[str, str]) -> tuple[web.StreamResponse, str]:
-    """Relay D's answer: with a Content-Length as one block, else chunk by chunk as D
-    produces it. Returns (response, outcome): "ok", or "backend error" (D's stream cut
-    short: the client's connection is closed with the stream unterminated, so it sees an
-    error rather than a clean end)."""
-    out_headers = {name: resp.headers[name] for name in RELAYED_HEADERS if name in resp.headers}
-    out_headers.update(headers)
-    if resp.headers.get("Content-Length") is not None and "Transfer-Encoding" not in resp.headers:
+async def _relay(request: web.BaseRequest, resp: aiohttp.ClientResponse,
+                 request_id: str) -> tuple[web.StreamResponse, str]:
+    """Relay D's answer (its :data:`RELAYED_HEADERS` and ``X-Request-Id``): with a
+    Content-Length as one block, else chunk by chunk as D produces it. Returns (response,
+    outcome): "ok", or "backend error" (D's stream cut short: the client's connection is
+    closed with the stream unterminated, so it sees an error rather than a clean end)."""
+    src = resp.headers
+    out_headers = {name: src[name] for name in RELAYED_HEADERS if name in src}
+    out_headers["X-Request-Id"] = request_id
+    if resp.content_length is not None and "Transfer-Encoding" not in src:
         try:
             data = await resp.read()
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             log.warning("decode %s: body read failed: %s", resp.url.origin(), describe_exc(exc))
-            out = web.Response(status=502, body=json.dumps(error_payload(
+            return _json_response(502, error_payload(
                 502, f"decode backend {resp.url.origin()} failed: {describe_exc(exc)}",
-                err_type="bad_gateway", backend=str(resp.url.origin()), leg="decode")).encode(),
-                content_type="application/json")
-            return out, "backend error"
-        out = web.Response(status=resp.status, body=data, headers=out_headers)
-        return out, "ok"
+                err_type="bad_gateway", backend=str(resp.url.origin()), leg="decode")), "backend error"
+        return web.Response(status=resp.status, body=data, headers=out_headers), "ok"
     out = web.StreamResponse(status=resp.status, headers=out_headers)
     if request.version >= aiohttp.HttpVersion11:
         out.enable_chunked_encoding()
@@ -190,7 +199,7 @@ async def _relay(request: web.Request, resp: aiohttp.ClientResponse,
                 await out.write(chunk)
             except ConnectionError:
                 return out, "client gone"
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
         log.warning("decode %s: stream cut short: %s", resp.url.origin(), describe_exc(exc))
         if request.transport is not None:
             request.transport.abort()
@@ -255,9 +264,10 @@ class RouterServer:
         """Serve on the running loop until :meth:`shutdown` / :meth:`request_stop`."""
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         await self.router.start()
-        runner = web.AppRunner(build_app(self.router, max_concurrency=self.max_concurrency),
-                               handler_cancellation=True, access_log=None,
-                               keepalive_timeout=CLIENT_KEEPALIVE_S, shutdown_timeout=1.0)
+        front = Front(self.router, max_concurrency=self.max_concurrency)
+        low = web.Server(front, request_factory=_make_request, handler_cancellation=True, access_log=None,
+                         keepalive_timeout=CLIENT_KEEPALIVE_S)
+        runner = web.ServerRunner(low, shutdown_timeout=1.0)
         await runner.setup()
         site = web.SockSite(runner, self._sock, backlog=self.backlog)
         try:
