@@ -24,9 +24,6 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-_DOCS: dict[str, object] = {}
-
-
 def _version_cb(value: bool) -> None:
     if value:
         from omni_pd.compile.versions import version_text
@@ -44,7 +41,9 @@ def _root(
 
 
 def _line_source(docs: dict):
-    """Source line lookup for diagnostics: loaded documents first, else the file on disk."""
+    """Source line lookup for diagnostics: ``docs`` (name -> the documents the command
+    itself loaded, passed explicitly: nothing is kept between commands) first, else the
+    file as it is on disk now."""
     from omni_pd.io import MAX_INPUT_BYTES
 
     cache: dict[str, list[str] | None] = {}
@@ -66,11 +65,12 @@ def _line_source(docs: dict):
 
 
 def _emit_diags(diags, docs: dict | None = None) -> None:
+    """Render ``diags`` on stderr, source lines from ``docs`` (see :func:`_line_source`)."""
     from omni_pd.diagnostics import render_text, sort_key
 
     if not diags:
         return
-    sys.stderr.write(render_text(sorted(diags, key=sort_key), _line_source(docs or _DOCS)))
+    sys.stderr.write(render_text(sorted(diags, key=sort_key), _line_source(docs or {})))
     sys.stderr.flush()
 
 
@@ -177,7 +177,6 @@ def expand(
         platform=_npu_platform_opt(platform), npu_connector=_npu_connector_opt(npu_connector),
         npu_decode_tp=npu_decode_tp)
     doc = load_file(src)
-    _DOCS[doc.name] = doc
     _require_deploy_config(doc, pipeline, vllm_version)
     if encoder_split is not None:
         from omni_pd.compile.expand import expand_encoder_document
@@ -198,7 +197,7 @@ def expand(
         cli_options.kv_buffer_device(kv_buffer_device, res.plan.connector, tgt)
     _self_check(res.text, doc, vllm_version, output, platform=opts.platform)
     diags = [d for d in res.diagnostics if not (quiet and d.severity is Severity.INFO)]
-    _emit_diags(diags)
+    _emit_diags(diags, {doc.name: doc})
     if output is None:
         sys.stdout.write(res.text)
     else:
@@ -588,7 +587,6 @@ def graph(
     tgt = cli_options.vllm_version(vllm_version)
     src = input if input is not None else preset_path("qwen3_omni_moe")
     doc = load_file(src)
-    _DOCS[doc.name] = doc
     g = stage_graph(*_graph_inputs(doc, pipeline, platform, tgt))
     if fmt == "tree" and output is None and sys.stdout.isatty():
         from rich.console import Console
@@ -658,20 +656,23 @@ def diff_cmd(
         raise typer.BadParameter("use text or json", param_hint="--format")
     a_doc = load_file(before)
     b_doc = load_stream(sys.stdin.buffer, "<stdin>") if after == "-" else load_file(after)
-    for d in (a_doc, b_doc):
-        _DOCS[d.name] = d
     from omni_pd.compile.topology import PLATFORMS
 
     if platform is not None and platform not in PLATFORMS:
         raise typer.BadParameter("one of: " + ", ".join(PLATFORMS), param_hint="--platform")
-    a_topo, a_plain = _resolve(a_doc, pipeline, platform)
-    b_topo, b_plain = _resolve(b_doc, None, platform)
-    try:
-        d = config_diff(a_topo, b_topo, a_plain, b_plain)
-    except ValueError as e:
-        raise OmniPdError(Diagnostic(code="OPD008", severity=Severity.ERROR, location=b_doc.loc(()),
-                                     message=f"{b_doc.name} is not a prefill/decode split: {e}",
-                                     help=f"give the output of `omni-pd expand {a_doc.name}` as the second file")) from None
+    try:  # errors are shown with these two documents' lines (stdin has no file to read back)
+        a_topo, a_plain = _resolve(a_doc, pipeline, platform)
+        b_topo, b_plain = _resolve(b_doc, None, platform)
+        try:
+            d = config_diff(a_topo, b_topo, a_plain, b_plain)
+        except ValueError as e:
+            raise OmniPdError(Diagnostic(
+                code="OPD008", severity=Severity.ERROR, location=b_doc.loc(()),
+                message=f"{b_doc.name} is not a prefill/decode split: {e}",
+                help=f"give the output of `omni-pd expand {a_doc.name}` as the second file")) from None
+    except OmniPdError as e:
+        _emit_diags([e.diagnostic], {a_doc.name: a_doc, b_doc.name: b_doc})
+        raise SystemExit(e.exit_code) from None
     sys.stdout.write(json.dumps(diff_json(d), indent=2) + "\n" if fmt == "json" else diff_text(d, a_doc.name, b_doc.name))
 
 
