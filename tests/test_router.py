@@ -849,3 +849,28 @@ def test_the_fallbacks_keep_the_protocol(fakes, router, monkeypatch, fallback):
     test_streaming_relays_sse_chunks_as_they_come(fakes, router, "NixlConnector")
     srv = router([fakes("P2", post=p_nixl).url], [fakes("D2").url])
     assert (srv.router.legs is None) == (fallback == "aiohttp-legs")
+
+
+def test_the_router_has_no_connector_names_of_its_own():
+    """Connector behaviour lives in the contract modules (omni_pd/compile/connectors/):
+    no string in the router's code (docstrings aside) names a registered connector, in
+    any spelling the command line accepts, and each served connector's strategy reads
+    its legs from its contract."""
+    from omni_pd.compile import connectors
+
+    spellings = {w for n in connectors.names() for w in (n.lower(), n.lower().removesuffix("connector"))}
+    found = []
+    for f in sorted((REPO / "omni_pd" / "launch" / "router").glob("*.py")):
+        tree = ast.parse(f.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs:
+                found += [(f.name, n.lineno, w) for w in spellings if w in n.value.lower()]
+    assert found == []
+    for name, cls in R.CONNECTORS.items():
+        contract = connectors.get(name)
+        assert cls.contract is contract and cls.name == name
+        assert issubclass(cls, R.PROTOCOLS[contract.router_protocol])
+    assert {n for n in connectors.names() if connectors.get(n).router_protocol in R.PROTOCOLS} == set(R.CONNECTORS)

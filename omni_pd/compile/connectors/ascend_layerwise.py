@@ -24,6 +24,8 @@ class AscendLayerwiseConnector(AscendMooncakeConnector):
 
     name = ascend.PUSH
     routing_fields = ("metaserver",)
+    #: decode first; omni_pd.launch.ascend_proxy serves it behind the router's command line
+    router_protocol = "push_front"
     summary = "vllm-ascend Mooncake layerwise (npu only): prefill pushes; router serves /v1/metaserver"
 
 

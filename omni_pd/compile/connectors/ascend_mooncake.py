@@ -22,6 +22,7 @@ npu pass (:mod:`omni_pd.compile.passes.ascend`) writes the real asymmetric block
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 from omni_pd.compile import ascend
@@ -39,6 +40,12 @@ class AscendMooncakeConnector(KVConnector):
     routing_fields = ("remote_engine_id", "remote_host", "remote_port", "remote_block_ids")
     summary = "vllm-ascend Mooncake (npu only): decode pulls; kv_port range + peer tp/dp blocks"
     platforms = ("npu",)
+    #: the router's two sequential legs, as vllm-ascend 0.23.0.post1's proxy
+    #: (examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py lines 792-798, 925-927)
+    router_protocol = "pull"
+    router_prefill_params = MappingProxyType({
+        "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+        "remote_block_ids": None, "remote_host": None, "remote_port": None})
 
     def default_port_base(self, target):
         return int(ascend.rules()["kv_port_base"])

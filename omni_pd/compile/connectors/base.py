@@ -12,12 +12,21 @@ binds per host (base port and how many consecutive ports from it, per TP/DP rank
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping
 
 if TYPE_CHECKING:
     from omni_pd.compile.targets import Target
 
 Side = Literal["prefill", "decode"]
+
+#: how the PD router (``omni_pd.launch.router``) carries a request of a connector
+#: (:attr:`KVConnector.router_protocol`): ``pull``: prefill first, decode gets the
+#: ``kv_transfer_params`` prefill answered, verbatim; ``bootstrap``: prefill and decode at
+#: once, joined by a ``transfer_id``, decode told the prefill's bootstrap address and the
+#: engine id read from ``GET <bootstrap>/query``; ``push_front``: decode first, prefill
+#: pushes into it (served by ``omni_pd.launch.ascend_proxy``, not the pull/bootstrap router).
+ROUTER_PROTOCOLS = ("pull", "bootstrap", "push_front")
 
 #: kv_role emitted for each side. kv_both is never emitted (deprecated for NIXL in
 #: vLLM 0.24; Mooncake asserts on misrouted requests): vllm_kv_connectors.md §3.
@@ -129,6 +138,18 @@ class KVConnector:
     router_bootstrap: ClassVar[bool] = False
     #: kv_transfer_params keys the router/orchestrator must carry from P to D
     routing_fields: ClassVar[tuple[str, ...]] = ()
+    #: how omni-pd's PD router carries this connector (one of :data:`ROUTER_PROTOCOLS`), or
+    #: None when the router does not serve it (``python -m omni_pd.launch.router`` refuses it)
+    router_protocol: ClassVar[str | None] = None
+    #: ``kv_transfer_params`` the router sends on the prefill leg (``bootstrap`` adds the
+    #: request's ``transfer_id``)
+    router_prefill_params: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+    #: ``kv_transfer_params`` flags of the decode leg (``bootstrap``; ``pull`` relays prefill's)
+    router_decode_params: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+    #: bootstrap port of a prefill the router is given no port for (``bootstrap``)
+    router_default_bootstrap_port: ClassVar[int | None] = None
+    #: header of the prefill leg naming the prefill's DP rank the request goes to (``bootstrap``)
+    router_dp_rank_header: ClassVar[str | None] = None
     #: docs for `omni-pd connectors`
     summary: ClassVar[str] = ""
 

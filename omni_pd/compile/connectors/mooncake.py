@@ -24,12 +24,15 @@ engine/stage_runtime.py; ``presets/targets/mooncake_bootstrap.yaml`` per runtime
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 from omni_pd.compile.connectors.base import (
     LAUNCHER_RUNTIME, ROLE, Endpoint, KVConnector, PortUse, SideConfig, Side, config_int, instance_port)
 
 ENV_PORT = "VLLM_MOONCAKE_BOOTSTRAP_PORT"
+#: vLLM's default of ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` (vllm_kv_connectors.md §3.2)
+VLLM_DEFAULT_PORT = 8998
 #: first port of omni-pd's allocation (vllm-omni's PD recipe value), away from vLLM's
 #: 8998 default so a plain Mooncake engine on the same host does not collide
 BASE_PORT = 25201
@@ -92,6 +95,14 @@ class MooncakeConnector(KVConnector):
     routing_fields = ("transfer_id", "remote_bootstrap_addr", "remote_engine_id")
     router_bootstrap = True
     summary = "Mooncake Transfer Engine; prefill serves an HTTP bootstrap port"
+    #: vLLM >= 0.18 protocol (examples/disaggregated/mooncake_connector/mooncake_connector_proxy.py;
+    #: vllm_kv_connectors.md §3.2): P gets these + ``transfer_id`` and its DP rank in a header,
+    #: D gets these + ``remote_bootstrap_addr``, ``remote_engine_id``, ``transfer_id`` at once
+    router_protocol = "bootstrap"
+    router_prefill_params = MappingProxyType({"do_remote_decode": True, "do_remote_prefill": False})
+    router_decode_params = MappingProxyType({"do_remote_decode": False, "do_remote_prefill": True})
+    router_default_bootstrap_port = VLLM_DEFAULT_PORT
+    router_dp_rank_header = "X-data-parallel-rank"
 
     def default_port_base(self, target):
         return BASE_PORT

@@ -23,6 +23,7 @@ Facts (vllm_kv_connectors.md §3.1; vLLM v1/nixl_connector.py, v1/nixl/*.py):
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 from omni_pd.compile.connectors.base import (
@@ -40,6 +41,12 @@ class NixlConnector(KVConnector):
     routing_fields = ("remote_block_ids", "remote_engine_id", "remote_host", "remote_port",
                       "remote_request_id", "tp_size")
     summary = "NIXL (UCX) pull; each engine binds a ZMQ side-channel port range"
+    #: the router sends P these and gives D P's answer verbatim (vLLM
+    #: tests/v1/kv_connector/nixl_integration/toy_proxy_server.py; vllm_kv_connectors.md §3.1)
+    router_protocol = "pull"
+    router_prefill_params = MappingProxyType({
+        "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+        "remote_block_ids": None, "remote_host": None, "remote_port": None})
 
     def default_port_base(self, target):
         return target.nixl_side_channel_default_port

@@ -24,6 +24,9 @@ class NixlPushConnector(NixlConnector):
     name = "NixlPushConnector"
     routing_fields = ("remote_engine_id", "remote_host", "remote_port", "tp_size", "pp_size")
     summary = "NIXL (UCX) push: prefill WRITEs into blocks decode registers; same side-channel ports as NixlConnector"
+    #: decode needs prefill's identity before prefill runs: not the pull protocol; the
+    #: router does not serve it (yet)
+    router_protocol = None
 
 
 CONNECTOR = NixlPushConnector()

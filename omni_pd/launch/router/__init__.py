@@ -45,6 +45,11 @@ stream_options; clearing stop conditions and EOS is omni-pd's addition.
 
 Connector contracts (:data:`CONNECTORS`, keyed by the ``kv_connector`` name)
 ---------------------------------------------------------------------------
+Each connector's routing behaviour is read from its contract module in
+:mod:`omni_pd.compile.connectors` (``router_protocol`` ``pull`` | ``bootstrap`` |
+``push_front``, ``router_prefill_params``, ``router_decode_params``,
+``router_default_bootstrap_port``, ``router_dp_rank_header``); the router holds one
+strategy per protocol (:data:`PROTOCOLS`) and no connector names of its own.
 NixlConnector (sequential; vLLM ``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py``)
     P gets ``{"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id":
     null, "remote_block_ids": null, "remote_host": null, "remote_port": null}``; the
@@ -85,11 +90,19 @@ the router's credentials.
 
 Serving behaviour
 -----------------
-* Transport: aiohttp (server and client) on one asyncio loop. Why aiohttp: vLLM itself
-  depends on it (so every vLLM install has it), it is one package for both the server
-  and a pooled keep-alive client, it streams without a thread per stream, and it cancels
-  a handler when its client disconnects. It is an omni-pd dependency (pyproject), so the
-  router runs under omni-pd's own interpreter (``sys.executable`` of ``omni-pd launch``).
+* Transport: aiohttp's low-level server on one asyncio loop (uvloop when installed) faces
+  the clients; the backend legs go over :mod:`.legs`, a lean keep-alive HTTP/1.1 client on
+  httptools (llhttp, the parser uvicorn runs vLLM's own server on), or over aiohttp's
+  client when httptools is missing; health probes and ``/v1/models`` use aiohttp's client.
+  Why aiohttp for the front: vLLM itself depends on it, it streams without a thread per
+  stream, enforces body limits, accepts chunked uploads and cancels a handler when its
+  client disconnects. Why not aiohttp's client for the legs: ~55 µs of CPU per request
+  against ~12 µs (bench/RESULTS.md, "Router under load"), and a leg is one POST to a
+  server omni-pd launched. JSON: orjson when importable (:mod:`.codec`); D's body is the
+  client's bytes with ``kv_transfer_params`` spliced in, not a re-encoding. aiohttp is an
+  omni-pd dependency (pyproject), so the router runs under omni-pd's own interpreter
+  (``sys.executable`` of ``omni-pd launch``); ``pip install 'omni-pd[router]'`` adds
+  uvloop, httptools and orjson.
 * Backend connections are pooled and kept alive (no connect per leg); TCP_NODELAY on
   both sides; listen backlog 4096.
 * Retry: a leg that cannot connect, is dropped, times out, or gets 5xx from P / 503 from
@@ -115,8 +128,8 @@ with the items' ``ec_transfer_params`` merged in. Its pool appears in ``/health`
 P/D protocol (:mod:`.protocol`) and the transport (:mod:`.core`) are not edited.
 
 Modules: :mod:`.backends` (URLs, instance state, picking), :mod:`.protocol` (bodies,
-connector contracts), :mod:`.core` (legs, retry, health), :mod:`.server` (aiohttp app),
-:mod:`.cli` (command line).
+routing protocols), :mod:`.core` (legs, retry, health), :mod:`.legs` (the backend HTTP/1.1
+client), :mod:`.codec` (JSON), :mod:`.server` (aiohttp front), :mod:`.cli` (command line).
 """
 
 from omni_pd.launch.router.backends import (  # noqa: F401 - the package's public names
@@ -125,7 +138,7 @@ from omni_pd.launch.router.cli import RouterConfig, build_parser, main, make_ser
 from omni_pd.launch.router.core import (  # noqa: F401
     LegContext, LegError, PDRouter, PreLeg, Timeouts, error_payload)
 from omni_pd.launch.router.protocol import (  # noqa: F401
-    CONNECTORS, DEFAULT_MOONCAKE_BOOTSTRAP_PORT, PREFILL_DROP, ConnectorStrategy, MooncakeStrategy,
-    NixlStrategy, PrefillTarget, connector_class, decode_request_body, parse_bootstrap_query,
-    prefill_request_body, transfer_id_for)
+    CONNECTORS, DEFAULT_MOONCAKE_BOOTSTRAP_PORT, PREFILL_DROP, PROTOCOLS, BootstrapStrategy, ConnectorStrategy,
+    MooncakeStrategy, NixlStrategy, PrefillTarget, PullStrategy, connector_class, decode_request_body,
+    decode_request_bytes, parse_bootstrap_query, prefill_request_body, transfer_id_for)
 from omni_pd.launch.router.server import GENERATE_ROUTES, MAX_BODY_BYTES, Front, RouterServer  # noqa: F401

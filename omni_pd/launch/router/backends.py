@@ -46,7 +46,7 @@ class Backend:
         """``http://<host>:<bootstrap port>``: what Mooncake's D dials (``remote_bootstrap_addr``;
         vLLM's decode side appends ``/query``). Raises ValueError without a bootstrap port."""
         if self.bootstrap_port is None:
-            raise ValueError(f"prefill {self.url} has no Mooncake bootstrap port")
+            raise ValueError(f"prefill {self.url} has no bootstrap port")
         return f"http://{_host_for_url(self.host)}:{self.bootstrap_port}"
 
 

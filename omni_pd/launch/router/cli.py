@@ -14,8 +14,8 @@ from typing import Sequence
 
 from omni_pd.launch.router.backends import BALANCE_POLICIES, Backend, parse_backend, parse_port
 from omni_pd.launch.router.core import PDRouter, Timeouts
-from omni_pd.launch.router.protocol import (
-    CONNECTORS, DEFAULT_MOONCAKE_BOOTSTRAP_PORT, ConnectorStrategy, MooncakeStrategy, connector_class)
+import omni_pd.compile.connectors as connectors
+from omni_pd.launch.router.protocol import CONNECTORS, ConnectorStrategy, connector_class
 from omni_pd.launch.router.server import RouterServer, run_loop
 
 log = logging.getLogger("omni_pd.router")
@@ -51,8 +51,15 @@ class RouterConfig:
     encoders: tuple[Backend, ...] = ()
 
 
+def _bootstrap_connectors() -> list[str]:
+    """Names of the served connectors whose prefills have a bootstrap port (``router_bootstrap``)."""
+    return [name for name, cls in CONNECTORS.items() if cls.contract.router_bootstrap]
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The router's argparse parser."""
+    short = ", ".join(n.removesuffix("Connector").lower() for n in CONNECTORS if n.endswith("Connector"))
+    boot = [(n, CONNECTORS[n].contract.router_default_bootstrap_port) for n in _bootstrap_connectors()]
     p = argparse.ArgumentParser(
         prog="python -m omni_pd.launch.router",
         description="PD router for single-LLM pipelines: sends each request to a prefill and a "
@@ -60,10 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on; 0 = any free (default 8000)")
     p.add_argument("--connector", required=True,
-                   help=f"KV connector of the P/D engines: {', '.join(CONNECTORS)} (or nixl, mooncake)")
+                   help=f"KV connector of the P/D engines: {', '.join(CONNECTORS)} (or {short})")
     p.add_argument("--prefill", action="append", nargs="+", default=[], metavar="URL",
-                   help="prefill base URL, repeatable. MooncakeConnector: URL,BOOTSTRAP_PORT "
-                        f"(or URL BOOTSTRAP_PORT; default port {DEFAULT_MOONCAKE_BOOTSTRAP_PORT})")
+                   help="prefill base URL, repeatable. "
+                        + "; ".join(f"{n}: URL,BOOTSTRAP_PORT (or URL BOOTSTRAP_PORT; default port {port})"
+                                    for n, port in boot))
     p.add_argument("--decode", action="append", default=[], metavar="URL",
                    help="decode base URL, repeatable")
     p.add_argument("--encoder", action="append", default=[], metavar="URL",
@@ -110,8 +118,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterConfig:
             backend = parse_backend(words[0], bootstrap_port=bp)
         except ValueError as exc:
             parser.error(f"--prefill: {exc}")
-        if backend.bootstrap_port is not None and connector is not MooncakeStrategy:
-            parser.error(f"--prefill {' '.join(words)}: a bootstrap port applies to MooncakeConnector only")
+        if backend.bootstrap_port is not None and not connector.contract.router_bootstrap:
+            parser.error(f"--prefill {' '.join(words)}: a bootstrap port applies to "
+                         f"{' and '.join(_bootstrap_connectors())} only")
         prefills.append(backend)
     decodes = []
     for text in ns.decode:
@@ -170,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse, bind, serve until SIGTERM/SIGINT. Exit status 0 on a clean stop,
     1 when the address cannot be bound, 2 on bad usage."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if any(a.lower().endswith("mooncakelayerwiseconnector") for a in args):  # vllm-ascend push: decode first
+    if _connector_protocol(args) == "push_front":  # vllm-ascend layerwise push: decode first
         from omni_pd.launch.ascend_proxy import main as push_main
 
         return push_main(args)
@@ -206,6 +215,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
     return 0
+
+
+def _connector_protocol(args: Sequence[str]) -> str | None:
+    """``router_protocol`` of the registered connector named by ``--connector X`` /
+    ``--connector=X`` in ``args`` (any spelling :func:`omni_pd.compile.connectors.canonical`
+    accepts), or None."""
+    for i, a in enumerate(args):
+        value = a.split("=", 1)[1] if a.startswith("--connector=") else (
+            args[i + 1] if a == "--connector" and i + 1 < len(args) else None)
+        if value is not None:
+            contract = connectors.get(connectors.canonical(value) or "")
+            return contract.router_protocol if contract is not None else None
+    return None
 
 
 def _fork_workers(server: RouterServer, n: int) -> list[int]:

@@ -1,8 +1,13 @@
-"""The P/D protocol of the router: request bodies and the KV connector contracts (pure).
+"""The P/D protocol of the router: request bodies and the routing protocols (pure).
 
-Everything a connector needs to know lives here, one class per connector
-(:data:`CONNECTORS`); the transport (:mod:`.core`) never looks inside
-``kv_transfer_params``. See the package docstring for the rules and their sources.
+What each KV connector needs on its legs is read from its contract module in
+:mod:`omni_pd.compile.connectors` (``router_protocol``, ``router_prefill_params``,
+``router_decode_params``, ``router_default_bootstrap_port``, ``router_dp_rank_header``):
+this module holds one strategy class per *protocol* (:data:`PROTOCOLS`: ``pull``,
+``bootstrap``) and builds the per-connector classes of :data:`CONNECTORS` from the
+registry, so adding a connector is one contract module and no router edit. The transport
+(:mod:`.core`) never looks inside ``kv_transfer_params``. See the package docstring for
+the rules and their sources.
 """
 
 from __future__ import annotations
@@ -10,15 +15,21 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Awaitable, Callable, ClassVar, Mapping, Sequence
 
+import omni_pd.compile.connectors as connectors
+import omni_pd.compile.connectors.ascend_mooncake as _ascend_mooncake
+import omni_pd.compile.connectors.mooncake as _mooncake
+import omni_pd.compile.connectors.nixl as _nixl
 import omni_pd.launch.router.codec as codec
+from omni_pd.compile.connectors.base import KVConnector
 from omni_pd.launch.router.backends import Backend, Instance
 
 log = logging.getLogger("omni_pd.router")
 
-#: vLLM's default ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` (vllm_kv_connectors.md §3.2).
-DEFAULT_MOONCAKE_BOOTSTRAP_PORT = 8998
+#: vLLM's default ``VLLM_MOONCAKE_BOOTSTRAP_PORT``, from the Mooncake contract module.
+DEFAULT_MOONCAKE_BOOTSTRAP_PORT = _mooncake.CONNECTOR.router_default_bootstrap_port
 
 #: keys removed from the prefill body (see the package docstring for why)
 PREFILL_DROP = ("min_tokens", "min_completion_tokens", "stop", "stop_token_ids", "stream_options")
@@ -104,13 +115,16 @@ class PrefillTarget:
 class ConnectorStrategy:
     """How one KV connector's routing contract is carried between P and D.
 
-    Subclasses set ``name`` (the vLLM ``kv_connector`` name) and ``concurrent`` (P and D
-    dispatched together, or D after P's answer), and override the ``*_kv_params`` methods.
-    ``prefills``: the prefill backends (normalized by the connector, e.g. Mooncake's
-    default bootstrap port); the router builds its prefill pool from this list, in order.
+    Per connector, :func:`connector_class` makes a subclass of a protocol class
+    (:data:`PROTOCOLS`) with ``name`` (the vLLM ``kv_connector`` name) and ``contract``
+    (its :class:`~omni_pd.compile.connectors.base.KVConnector`) set. ``concurrent``: P and
+    D dispatched together, or D after P's answer. ``prefills``: the prefill backends
+    (normalized by the protocol, e.g. a default bootstrap port); the router builds its
+    prefill pool from this list, in order.
     """
 
     name: ClassVar[str]
+    contract: ClassVar[KVConnector]
     concurrent: ClassVar[bool] = False
 
     def __init__(self, prefills: Sequence[Backend]):
@@ -159,20 +173,16 @@ class ConnectorStrategy:
         return {}
 
 
-class NixlStrategy(ConnectorStrategy):
-    """NixlConnector, pull mode: P first; D gets P's returned ``kv_transfer_params`` verbatim.
+class PullStrategy(ConnectorStrategy):
+    """Protocol ``pull``: P first with the contract's ``router_prefill_params``; D gets the
+    ``kv_transfer_params`` P answered, verbatim (every key, including ones newer releases
+    add). Sources: each contract module (NIXL: vLLM ``toy_proxy_server.py``;
+    vllm-ascend ``MooncakeConnectorV1``: its load-balance proxy example)."""
 
-    Source: vLLM ``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py``;
-    vllm_kv_connectors.md §3.1 (P answers ``do_remote_prefill, remote_block_ids,
-    remote_engine_id, remote_host, remote_port, tp_size`` + newer keys per release).
-    """
-
-    name = "NixlConnector"
     concurrent = False
 
     def prefill_kv_params(self, request_id, target):
-        return {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
-                "remote_block_ids": None, "remote_host": None, "remote_port": None}
+        return dict(self.contract.router_prefill_params)
 
     def decode_kv_params(self, request_id, target, prefill_response):
         params = (prefill_response or {}).get("kv_transfer_params")
@@ -209,29 +219,29 @@ class _BootstrapState:
     generation: int = -1  # the instance generation the ids were read in
 
 
-class MooncakeStrategy(ConnectorStrategy):
-    """MooncakeConnector, vLLM >= 0.18 protocol: P and D at once, joined by ``transfer_id``.
+class BootstrapStrategy(ConnectorStrategy):
+    """Protocol ``bootstrap`` (MooncakeConnector, vLLM >= 0.18): P and D at once, joined
+    by ``transfer_id``.
 
     Source: vLLM ``examples/disaggregated/mooncake_connector/mooncake_connector_proxy.py``;
     vllm_kv_connectors.md §3.2 (P answers no kv_transfer_params; D needs all of
     ``remote_bootstrap_addr``, ``remote_engine_id``, ``transfer_id`` or silently runs
-    without a transfer). Engine ids are read from ``GET <bootstrap>/query`` after P's
-    ``/health`` is 200, and read again whenever P comes back after being marked down (a
-    restarted engine has new ids).
+    without a transfer). P gets the contract's ``router_prefill_params`` and its DP rank in
+    the ``router_dp_rank_header``; D the ``router_decode_params``. Engine ids are read from
+    ``GET <bootstrap>/query`` after P's ``/health`` is 200, and read again whenever P comes
+    back after being marked down (a restarted engine has new ids).
     """
 
-    name = "MooncakeConnector"
     concurrent = True
 
     def __init__(self, prefills: Sequence[Backend]):
+        default = self.contract.router_default_bootstrap_port
         missing = [p.url for p in prefills if p.bootstrap_port is None]
-        prefills = [p if p.bootstrap_port is not None
-                    else Backend(p.url, p.scheme, p.host, p.port, DEFAULT_MOONCAKE_BOOTSTRAP_PORT)
+        prefills = [p if p.bootstrap_port is not None else Backend(p.url, p.scheme, p.host, p.port, default)
                     for p in prefills]
         super().__init__(prefills)
         if missing:
-            log.info("MooncakeConnector: no bootstrap port given for %s; using %d",
-                     ", ".join(missing), DEFAULT_MOONCAKE_BOOTSTRAP_PORT)
+            log.info("%s: no bootstrap port given for %s; using %d", self.name, ", ".join(missing), default)
         self._state: dict[int, _BootstrapState] = {}
 
     def bind(self, instances):
@@ -257,9 +267,9 @@ class MooncakeStrategy(ConnectorStrategy):
             self._rebuild_targets()
             return
         if st.engine_ids and st.engine_ids != engine_ids:
-            log.info("MooncakeConnector: prefill %s came back with new engine ids %s", inst.url, engine_ids)
+            log.info("%s: prefill %s came back with new engine ids %s", self.name, inst.url, engine_ids)
         else:
-            log.info("MooncakeConnector: prefill %s engine ids %s", inst.url, engine_ids)
+            log.info("%s: prefill %s engine ids %s", self.name, inst.url, engine_ids)
         st.engine_ids, st.ready, st.error, st.generation = engine_ids, True, None, inst.generation
         self._rebuild_targets()
 
@@ -272,18 +282,19 @@ class MooncakeStrategy(ConnectorStrategy):
         if any(st.ready for st in self._state.values()):
             return None
         pending = [f"{i.url} ({self._state[id(i)].error})" for i in self.instances]
-        return "waiting for the Mooncake bootstrap /query of prefill " + ", ".join(pending)
+        kind = self.name.removesuffix("Connector")
+        return f"waiting for the {kind} bootstrap /query of prefill " + ", ".join(pending)
 
     def prefill_headers(self, target):
-        return {"X-data-parallel-rank": str(target.dp_rank)}
+        header = self.contract.router_dp_rank_header
+        return {header: str(target.dp_rank)} if header else {}
 
     def prefill_kv_params(self, request_id, target):
-        return {"do_remote_decode": True, "do_remote_prefill": False,
-                "transfer_id": transfer_id_for(request_id)}
+        return {**self.contract.router_prefill_params, "transfer_id": transfer_id_for(request_id)}
 
     def decode_kv_params(self, request_id, target, prefill_response):
         engine_id = self._state[id(target.instance)].engine_ids[target.dp_rank]
-        return {"do_remote_decode": False, "do_remote_prefill": True,
+        return {**self.contract.router_decode_params,
                 "remote_bootstrap_addr": target.backend.bootstrap_addr,
                 "remote_engine_id": engine_id, "transfer_id": transfer_id_for(request_id)}
 
@@ -298,23 +309,29 @@ class MooncakeStrategy(ConnectorStrategy):
         return {"bootstrap": out}
 
 
-class AscendMooncakeStrategy(NixlStrategy):
-    """vllm-ascend ``MooncakeConnectorV1`` (decode pulls): the same two sequential legs as
-    NIXL; P gets ``{"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id":
-    null, "remote_block_ids": null, "remote_host": null, "remote_port": null}`` and D gets
-    P's ``kv_transfer_params`` verbatim. Source: vllm-ascend 0.23.0.post1
-    examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py (lines 792-798,
-    925-927). The layerwise push connector is :mod:`omni_pd.launch.ascend_proxy`."""
-
-    name = "MooncakeConnectorV1"
+#: routing protocol (a contract's ``router_protocol``) -> strategy class. ``push_front``
+#: (decode first) is :mod:`omni_pd.launch.ascend_proxy`, started by the router's command line.
+PROTOCOLS: dict[str, type[ConnectorStrategy]] = {"pull": PullStrategy, "bootstrap": BootstrapStrategy}
 
 
-#: connector name -> strategy class. Adding a connector is one entry here.
+@lru_cache(maxsize=None)
+def _strategy_for(contract: KVConnector) -> type[ConnectorStrategy]:
+    base = PROTOCOLS[contract.router_protocol]
+    return type(f"{contract.name}Strategy", (base,), {
+        "name": contract.name, "contract": contract, "__module__": __name__,
+        "__doc__": f"{contract.name} on the router's ``{contract.router_protocol}`` protocol "
+                   f"(contract: {type(contract).__module__})."})
+
+
+#: connector name -> strategy class, for every registered contract whose ``router_protocol``
+#: is one of :data:`PROTOCOLS`. Adding a connector is one contract module.
 CONNECTORS: dict[str, type[ConnectorStrategy]] = {
-    NixlStrategy.name: NixlStrategy,
-    MooncakeStrategy.name: MooncakeStrategy,
-    AscendMooncakeStrategy.name: AscendMooncakeStrategy,
-}
+    name: _strategy_for(c) for name, c in sorted(connectors.registry().items()) if c.router_protocol in PROTOCOLS}
+
+#: the strategies of the connectors the router served first, by their contract modules' names
+NixlStrategy = CONNECTORS[_nixl.CONNECTOR.name]
+MooncakeStrategy = CONNECTORS[_mooncake.CONNECTOR.name]
+AscendMooncakeStrategy = CONNECTORS[_ascend_mooncake.CONNECTOR.name]
 
 
 def connector_class(name: str) -> type[ConnectorStrategy]:
@@ -322,8 +339,6 @@ def connector_class(name: str) -> type[ConnectorStrategy]:
     connector registry accepts (:func:`omni_pd.compile.connectors.canonical`:
     case-insensitive, with or without the ``Connector`` suffix: ``nixl``, ``Mooncake``).
     Raises ValueError listing the names the router serves."""
-    from omni_pd.compile import connectors
-
     cls = CONNECTORS.get(connectors.canonical(name) or "")
     if cls is None:
         raise ValueError(f"unknown connector {name!r}; the router knows {', '.join(CONNECTORS)}")
