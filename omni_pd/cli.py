@@ -546,7 +546,8 @@ def _validate_one(name: str, opts, against: bool, python: Optional[str], model: 
     from omni_pd.check.validate import validate_document
     from omni_pd.io import load_file, load_stream
 
-    doc = load_stream(sys.stdin.buffer, "<stdin>") if name == "-" else load_file(name)
+    # comments=False: validate never writes the tree back, so libyaml may read it (io.parse_text)
+    doc = load_stream(sys.stdin.buffer, "<stdin>", comments=False) if name == "-" else load_file(name, comments=False)
     res = validate_document(doc, opts)
     found = list(res.diagnostics)
     if against:

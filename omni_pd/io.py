@@ -152,6 +152,150 @@ def _loader_classes() -> tuple[type, type, type]:
 _LOADER: tuple[type, type, type] | None = None
 
 
+class _Fallback(Exception):
+    """The libyaml fast path cannot promise the round-trip loader's result for this
+    input; :func:`parse_text` loads it with the round-trip loader instead."""
+
+
+#: Composition depth past which the fast path hands the text to the round-trip loader,
+#: whose scanner enforces :data:`MAX_DEPTH` (and words its error). The scanner's depth
+#: (open block indents plus open flow brackets) never exceeds the number of open
+#: collections, so every document the round-trip loader rejects for depth is handed
+#: over. Deploy configs nest about 6 levels.
+FAST_MAX_DEPTH = 32
+
+#: Input the fast path hands to the round-trip loader unread: ``%`` directives (a
+#: ``%YAML 1.1`` line changes how the round-trip loader resolves scalars), tabs (the
+#: round-trip scanner refuses some that libyaml reads, e.g. after a value), line breaks
+#: other than ``\n`` (``\r``, NEL, LS, PS: libyaml and ruamel.yaml count lines
+#: differently), a byte-order mark past the start, and every character ruamel.yaml's
+#: reader refuses (its ``NON_PRINTABLE``), so the reader's error and position are ruamel's.
+_NOT_FAST = None
+
+
+def _not_fast() -> Any:
+    global _NOT_FAST
+    if _NOT_FAST is None:
+        import re
+
+        _NOT_FAST = re.compile("(?:^|\n)%|[\t\r\x85\u2028\u2029\ufeff]"
+                               "|[^\x09\x0A\x0D\x20-\x7E\x85\xA0-\uD7FF\uE000-\uFFFD\U00010000-\U0010FFFF]")
+    return _NOT_FAST
+
+
+def _fast_classes() -> tuple[type, type, type] | None:
+    """libyaml's event parser (``_ruamel_yaml.CParser``, from ruamel.yaml.clib), the
+    bounded composer and the round-trip constructor of :func:`_loader_classes`; None
+    when ruamel.yaml.clib is not installed.
+
+    The nodes carry libyaml's marks, which equal ruamel.yaml's for every node except an
+    empty scalar (``key:`` with no value): libyaml puts it right after the ``:``, the
+    round-trip parser at the next token or, when a comment follows the ``:``, after it.
+    The composer therefore hands any document with an empty scalar, or nesting deeper
+    than :data:`FAST_MAX_DEPTH`, to the round-trip loader (:class:`_Fallback`).
+    """
+    global _FAST
+    if _FAST is not None:
+        return _FAST or None
+    try:
+        from _ruamel_yaml import CParser
+    except ImportError:
+        _FAST = ()
+        return None
+    _, BoundedComposer, Constructor = _loader_classes()
+
+    class FastComposer(BoundedComposer):
+        _depth = 0
+        # plain attributes set by _EventLoader, in place of the base class's properties
+        # that look them up on the loader at every event
+        parser: Any = None
+        resolver: Any = None
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            self._depth += 1
+            if self._depth > FAST_MAX_DEPTH:
+                raise _Fallback("deep nesting")
+            if getattr(self.parser.peek_event(), "tag", None) is not None:
+                # an explicit tag (``!!str 3``, ``!foo x``): the round-trip parser keeps
+                # the tag's handle and builds a TaggedScalar where libyaml's resolved
+                # tag string gives a plain value
+                raise _Fallback("explicit tag")
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+
+        def compose_scalar_node(self, anchor: Any) -> Any:
+            event = self.parser.peek_event()
+            if event.value == "" and not event.style:
+                raise _Fallback("empty scalar")
+            return super().compose_scalar_node(anchor)
+
+    class FastConstructor(Constructor):
+        composer: Any = None
+        resolver: Any = None
+
+    _FAST = (CParser, FastComposer, FastConstructor)
+    return _FAST
+
+
+_FAST: tuple[type, type, type] | tuple[()] | None = None
+
+
+class _NoDirective:
+    """Stands in for the round-trip scanner where ruamel.yaml's resolver asks it which
+    ``%YAML`` version the document declared."""
+
+    yaml_version = None
+
+
+class _EventLoader:
+    """The object ruamel.yaml's composer and constructor ask for their parser, resolver
+    and settings (in place of a ``YAML`` instance or a ``Loader`` class)."""
+
+    def __init__(self, text: str, classes: tuple[type, type, type], node_limit: bool):
+        from ruamel.yaml.resolver import VersionedResolver
+
+        parser, composer, constructor = classes
+        self.comment_handling = None
+        self.max_depth = None  # ruamel.yaml 0.19's own composer depth check: ours is FAST_MAX_DEPTH
+        # what the resolver reads for the YAML version: none declared (a %YAML directive
+        # never reaches this path), as the round-trip scanner says without one
+        self._scanner = _NoDirective()
+        self._parser = parser(text)
+        self._resolver = VersionedResolver(loader=self)
+        self._composer = composer(loader=self)
+        self._composer.parser, self._composer.resolver = self._parser, self._resolver
+        self._composer.node_limit = node_limit
+        self._constructor = constructor(preserve_quotes=True, loader=self)
+        self._constructor.composer, self._constructor.resolver = self._composer, self._resolver
+        self._constructor.allow_duplicate_keys = False
+
+    def load(self) -> Any:
+        try:
+            return self._constructor.get_single_data()
+        finally:
+            dispose = getattr(self._parser, "dispose", None)
+            if dispose is not None:
+                dispose()
+
+
+def _load_fast(text: str, node_limit: bool) -> Any:
+    """The round-trip tree of ``text`` (without comments) built from libyaml's events,
+    or raise :class:`_Fallback` when the round-trip loader must read it: ruamel.yaml.clib
+    missing, input :func:`_not_fast` matches, or any problem at all (a syntax error,
+    a limit, a duplicate key: the round-trip loader then reports it as always)."""
+    classes = _fast_classes()
+    if classes is None or _not_fast().search(text):
+        raise _Fallback("not for the fast path")
+    try:
+        return _EventLoader(text, classes, node_limit).load()
+    except _Fallback:
+        raise
+    except Exception as e:  # anything else: the round-trip loader reads it and reports it
+        raise _Fallback(type(e).__name__) from None
+
+
 def _yaml():
     from ruamel.yaml import YAML
 
@@ -313,7 +457,8 @@ def _load_error(code: str, name: str, message: str, line: int | None = None,
     )
 
 
-def parse_text(text: str, name: str = "<string>", *, own_output: bool = False) -> Document:
+def parse_text(text: str, name: str = "<string>", *, own_output: bool = False,
+               comments: bool = True) -> Document:
     """Parse YAML text into a :class:`Document`.
 
     Raises :class:`OmniPdError` (exit 2) with a located diagnostic for syntax errors,
@@ -324,14 +469,28 @@ def parse_text(text: str, name: str = "<string>", *, own_output: bool = False) -
     ``own_output=True`` is for text omni-pd wrote itself from an input that passed
     these checks (``expand`` re-reads its result): no node limit there, since a split
     adds nodes and an input just under the limit must not fail on its own output.
+
+    ``comments=False`` is for readers that never write the tree back (``validate``):
+    the tree is the round-trip loader's (same keys, values, scalar types and positions)
+    without comments, built from libyaml's events when ruamel.yaml.clib is installed,
+    about 5x faster (bench/RESULTS.md, figure 5). Anything that path cannot promise to
+    read exactly as the round-trip loader does (:func:`_load_fast`), including every
+    error, is read by the round-trip loader, so diagnostics are the same either way.
     """
     from ruamel.yaml.error import MarkedYAMLError, YAMLError
     from ruamel.yaml.reader import ReaderError
 
+    tree: Any = _MISSING
+    if not comments:
+        try:
+            tree = _load_fast(text, node_limit=not own_output)
+        except _Fallback:
+            pass
     try:
-        y = _yaml()
-        y.composer.node_limit = not own_output
-        tree = y.load(text)
+        if tree is _MISSING:
+            y = _yaml()
+            y.composer.node_limit = not own_output
+            tree = y.load(text)
     except _LoadLimit as e:
         mark = e.mark
         rel = [Location(file=name, line=ln, column=col, label="first defined here") for ln, col in e.related]
@@ -409,9 +568,10 @@ def _value_kind(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def load_file(path: str | os.PathLike[str]) -> Document:
+def load_file(path: str | os.PathLike[str], *, comments: bool = True) -> Document:
     """Read and parse a YAML file. Raises :class:`OmniPdError` (exit 2) when the file is
-    missing (OPD001), too large, not UTF-8, or not valid YAML."""
+    missing (OPD001), too large, not UTF-8, or not valid YAML. ``comments``: as in
+    :func:`parse_text`."""
     p = Path(path)
     name = str(path)
     too_big = _load_error("OPD001", name, f"file is larger than {MAX_INPUT_BYTES} bytes; larger inputs are refused",
@@ -434,10 +594,10 @@ def load_file(path: str | os.PathLike[str]) -> Document:
         raise _load_error("OPD001", name, "permission denied") from None
     except OSError as e:
         raise _load_error("OPD001", name, f"cannot read file: {e.strerror or e}") from None
-    return parse_bytes(data, name)
+    return parse_bytes(data, name, comments=comments)
 
 
-def load_stream(stream: Any, name: str = "<stdin>") -> Document:
+def load_stream(stream: Any, name: str = "<stdin>", *, comments: bool = True) -> Document:
     """Read and parse YAML from a binary stream (``sys.stdin.buffer``), at most
     :data:`MAX_INPUT_BYTES` bytes. Raises :class:`OmniPdError` (exit 2) like :func:`load_file`."""
     data = stream.read(MAX_INPUT_BYTES + 1)
@@ -446,12 +606,13 @@ def load_stream(stream: Any, name: str = "<stdin>") -> Document:
     if len(data) > MAX_INPUT_BYTES:
         raise _load_error("OPD001", name, f"input is larger than {MAX_INPUT_BYTES} bytes; larger inputs are refused",
                           help="a deploy config is a few KiB; check that this is the right input")
-    return parse_bytes(data, name)
+    return parse_bytes(data, name, comments=comments)
 
 
-def parse_bytes(data: bytes, name: str) -> Document:
-    """Decode ``data`` as UTF-8 (a leading BOM dropped) and parse it. Raises
-    :class:`OmniPdError` OPD001 (located at the bad byte) for text that is not UTF-8."""
+def parse_bytes(data: bytes, name: str, *, comments: bool = True) -> Document:
+    """Decode ``data`` as UTF-8 (a leading BOM dropped) and parse it (``comments``: as in
+    :func:`parse_text`). Raises :class:`OmniPdError` OPD001 (located at the bad byte) for
+    text that is not UTF-8."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -462,7 +623,7 @@ def parse_bytes(data: bytes, name: str) -> Document:
                           line, col, help="save the file as UTF-8") from None
     if text.startswith("\ufeff"):
         text = text[1:]
-    return parse_text(text, name)
+    return parse_text(text, name, comments=comments)
 
 
 def dump(tree: Any) -> str:

@@ -141,7 +141,7 @@ def _merge_base(child: Document, plain: dict, chain: tuple[Path, ...] = ()) -> t
             location=child.loc(("base_config",), value=True),
             help=f"remove `base_config` from {path.name}, or point it at a file outside the chain")]
     try:
-        bdoc = load_file(path)
+        bdoc = load_file(path, comments=False)
     except OmniPdError as e:
         return plain, Locator(child), [e.diagnostic]
     bplain, bloc, diags = _merge_base(bdoc, to_plain(bdoc.tree), (*chain, path.resolve()))
@@ -429,10 +429,11 @@ def _finish(diags: list[Diagnostic]) -> list[Diagnostic]:
 
 
 def validate_text(text: str, name: str = "<string>", opts: ValidateOptions | None = None) -> ValidateResult:
-    """Parse ``text`` and validate it (convenience for tests and rule examples)."""
+    """Parse ``text`` (as ``omni-pd validate`` reads files: ``comments=False``) and
+    validate it (convenience for tests and rule examples)."""
     from omni_pd.io import parse_text
 
-    return validate_document(parse_text(text, name), opts)
+    return validate_document(parse_text(text, name, comments=False), opts)
 
 
 def options_from_example(ctx: dict[str, Any]) -> ValidateOptions:
