@@ -736,6 +736,9 @@ def launch(
         False, "--fail-fast", help="tear everything down when any process exits or turns unhealthy after "
         "readiness (default: an xPyD instance is restarted while another of its role serves)"),
     no_preflight: bool = typer.Option(False, "--no-preflight", help="skip the port/device/module checks"),
+    router_workers: Optional[int] = typer.Option(
+        None, "--router-workers", help="PD router processes (1..64; default: a quarter of this host's CPUs, "
+        "at least 1, at most 8; bench/RESULTS.md \"Router under load\")"),
 ) -> None:
     """Validate, plan, preflight, start and supervise the engines of a compiled PD config."""
     import json
@@ -754,10 +757,13 @@ def launch(
     cli_options.host(host, "--host")
     cli_options.port(port, "--port")
     cli_options.port(engine_port_base, "--engine-port-base")
+    if router_workers is not None and not 1 <= router_workers <= 64:
+        raise typer.BadParameter(f"{router_workers} is outside 1..64", param_hint="--router-workers")
     doc = load_file(config)
     opts = LaunchOptions(model=model, vllm=vllm, host=host, port=port, engine_port_base=engine_port_base,
                          platform=platform, served_model_name=served_model_name, ready_timeout_s=ready_timeout,
-                         extra_args=tuple(extra_arg or ()), env=_pairs(env, "--env"), python=python)
+                         extra_args=tuple(extra_arg or ()), env=_pairs(env, "--env"), python=python,
+                         router_workers=router_workers)
     planned = plan_document(doc, str(config.resolve()), opts)
     res, topo, plan = planned.validation, planned.topology, planned.plan
     if plan is None or topo is None:

@@ -11,6 +11,7 @@ import pytest
 
 from omni_pd.io import load_file, parse_text
 from omni_pd.launch.plan import LaunchOptions, plan_document
+from omni_pd.launch.router.sizing import default_workers
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "ascend"
 
@@ -50,8 +51,10 @@ def test_npu_plan_argv_env_and_ports(golden, connector, blocks) -> None:
         (8200, "http"), *[(36004 + i, f"kv_port + rank ({connector})[{i}]") for i in range(2)],
         (61064, "HCCL listener (HCCL_IF_BASE_PORT)")]
     # the router's port is also the layerwise metaserver's (POST /v1/metaserver)
+    # the decode-first (layerwise) front keeps its metaserver state in one process: no --workers
+    workers = () if connector == "MooncakeLayerwiseConnector" else ("--workers", str(default_workers()))
     assert router.argv == (sys.executable, "-m", "omni_pd.launch.router", "--connector", connector,
-                           "--host", "127.0.0.1", "--port", "8000", "--prefill", "http://127.0.0.1:8100",
+                           "--host", "127.0.0.1", "--port", "8000", *workers, "--prefill", "http://127.0.0.1:8100",
                            "--decode", "http://127.0.0.1:8200")
     assert [(u.port, u.purpose) for u in router.ports] == [(8000, "http")]
 

@@ -17,6 +17,7 @@ from omni_pd.diagnostics import OmniPdError
 from omni_pd.io import load_file
 from omni_pd.launch.plan import LaunchOptions, plan_document
 from omni_pd.launch.preflight import check_dirs
+from omni_pd.launch.router.sizing import default_workers
 from omni_pd.launch.smoke import SmokeTarget, ec_smoke_check, smoke_target, stored_items, tiny_png
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,8 +54,9 @@ def test_plan_e_p_d_exact_argv_env_and_router():
     assert "--ec-transfer-config" not in plan.process("decode-0").argv
     r = plan.process("router")
     assert list(r.argv) == [sys.executable, "-m", "omni_pd.launch.router", "--connector", "NixlConnector",
-                            "--host", "127.0.0.1", "--port", "8000", "--prefill", "http://127.0.0.1:8100",
-                            "--decode", "http://127.0.0.1:8200", "--encoder", "http://127.0.0.1:8300"]
+                            "--host", "127.0.0.1", "--port", "8000", "--workers", str(default_workers()),
+                            "--prefill", "http://127.0.0.1:8100", "--decode", "http://127.0.0.1:8200",
+                            "--encoder", "http://127.0.0.1:8300"]
     assert r.depends_on == ("prefill-0", "decode-0", "encoder-0")
     assert (plan.ec_connector, plan.ec_storage) == ("ECExampleConnector", "/tmp/omni-pd-ec")
 

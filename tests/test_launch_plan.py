@@ -14,6 +14,7 @@ from omni_pd.compile.expand import expand_document
 from omni_pd.diagnostics import OmniPdError
 from omni_pd.io import load_file, parse_text
 from omni_pd.launch.plan import LaunchOptions, engine_flags, plan_document
+from omni_pd.launch.router.sizing import default_workers
 from omni_pd.launch.spec import LaunchPlan
 from omni_pd.compile.passes.pd_split import ExpandOptions
 from omni_pd.resources import preset_path
@@ -80,8 +81,8 @@ def test_single_llm_1p1d_nixl_plan(tmp_path):
     assert ports(pre) == [(8100, "http"), (5600, "NIXL side channel")]
     assert ports(dec) == [(8200, "http"), (5601, "NIXL side channel")]
     assert router.argv == (sys.executable, "-m", "omni_pd.launch.router", "--connector", "NixlConnector",
-                           "--host", "127.0.0.1", "--port", "8000", "--prefill", "http://127.0.0.1:8100",
-                           "--decode", "http://127.0.0.1:8200")
+                           "--host", "127.0.0.1", "--port", "8000", "--workers", str(default_workers()),
+                           "--prefill", "http://127.0.0.1:8100", "--decode", "http://127.0.0.1:8200")
     assert router.depends_on == ("prefill-0", "decode-0")
     assert [p.health.url for p in plan.processes] == ["http://127.0.0.1:8100/health", "http://127.0.0.1:8200/health",
                                                       "http://127.0.0.1:8000/health"]
@@ -283,8 +284,8 @@ def test_thinker_only_pipelines_launch_plain_vllm_engines_behind_the_router(tmp_
     assert dict(pre.env) == {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600"}
     assert pre.modules == dec.modules == ("vllm", "nixl")  # no vllm_omni needed in the engines' env
     assert router.argv[2:] == ("omni_pd.launch.router", "--connector", "NixlConnector", "--host", "127.0.0.1",
-                               "--port", "8000", "--prefill", "http://127.0.0.1:8100",
-                               "--decode", "http://127.0.0.1:8200")
+                               "--port", "8000", "--workers", str(default_workers()), "--prefill",
+                               "http://127.0.0.1:8100", "--decode", "http://127.0.0.1:8200")
 
 
 def test_single_llm_engines_get_the_pipeline_wide_deploy_keys(tmp_path):
@@ -501,3 +502,31 @@ def test_two_dp_engines_drawing_from_one_vllm_port_are_refused(tmp_path):
         "(the stage's env) at least 5 apart")]
     assert plan_checks(plan_of(compiled(tmp_path, LLM, ExpandOptions(), "llm"), model="m",
                                env={"VLLM_PORT": "30000"})) == []  # DP 1: nothing drawn at startup
+
+
+def test_router_workers_are_planned_into_the_router_argv(tmp_path, monkeypatch):
+    """``--router-workers N`` reaches the router's command line; without it the router gets
+    the default for the host's CPUs (1 up to 7, a quarter from 8, at most 8); a
+    decode-first (push) front gets none (it keeps its metaserver state in one process)."""
+    from omni_pd.launch.router import sizing
+
+    cfg = compiled(tmp_path, LLM, ExpandOptions(connector="NixlConnector"), "llm")
+    router = plan_of(cfg, model="m", router_workers=3).processes[-1]
+    assert router.argv[2:] == ("omni_pd.launch.router", "--connector", "NixlConnector", "--host", "127.0.0.1",
+                               "--port", "8000", "--workers", "3", "--prefill", "http://127.0.0.1:8100",
+                               "--decode", "http://127.0.0.1:8200")
+    for cpus, workers in ((1, 1), (2, 1), (7, 1), (8, 2), (16, 4), (64, 8)):
+        monkeypatch.setattr(sizing, "usable_cpus", lambda cpus=cpus: cpus)
+        argv = plan_of(cfg, model="m").processes[-1].argv
+        assert argv[argv.index("--workers") + 1] == str(workers), cpus
+    from omni_pd.launch.plan import _router_workers_args
+
+    assert _router_workers_args("MooncakeLayerwiseConnector", LaunchOptions(model="m", router_workers=4)) == []
+    r = subprocess.run([sys.executable, "-m", "omni_pd.cli", "launch", str(cfg), "--model", "m", "--dry-run",
+                        "--format", "json", "--router-workers", "2"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    argv = json.loads(r.stdout)["processes"][-1]["argv"]
+    assert argv[argv.index("--workers") + 1] == "2"
+    r = subprocess.run([sys.executable, "-m", "omni_pd.cli", "launch", str(cfg), "--model", "m", "--dry-run",
+                        "--router-workers", "0"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "--router-workers" in r.stdout + r.stderr

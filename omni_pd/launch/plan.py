@@ -77,6 +77,24 @@ class LaunchOptions:
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     python: str | None = None  # interpreter of the vllm install (preflight); None: next to `vllm`
+    #: PD router processes (``--workers``); None: the router's default for this host's CPUs
+    #: (:func:`omni_pd.launch.router.sizing.default_workers`)
+    router_workers: int | None = None
+
+
+def _router_workers_args(conn: str, opts: LaunchOptions) -> list[str]:
+    """``["--workers", N]`` for the PD router: ``opts.router_workers``, else the router's
+    default for this host (:func:`omni_pd.launch.router.sizing.default_workers`). None for
+    a decode-first connector (``router_protocol`` ``push_front``): its front keeps the
+    metaserver state in one process."""
+    from omni_pd.compile import connectors
+    from omni_pd.launch.router.sizing import default_workers
+
+    contract = connectors.get(conn)
+    if contract is not None and contract.router_protocol == "push_front":
+        return []
+    n = opts.router_workers if opts.router_workers is not None else default_workers()
+    return ["--workers", str(n)]
 
 
 def engine_flags(settings: dict[str, Any]) -> list[str]:
@@ -380,7 +398,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
         procs.append(e_proc)
         urls["encoder"] = [e_proc.health.url.rsplit("/", 1)[0]]  # type: ignore[union-attr]
     router_argv = [sys.executable, "-m", "omni_pd.launch.router", "--connector", conn,
-                   "--host", opts.host, "--port", str(opts.port)]
+                   "--host", opts.host, "--port", str(opts.port)] + _router_workers_args(conn, opts)
     for u in urls["prefill"]:
         router_argv += ["--prefill", u]
     for u in urls["decode"]:

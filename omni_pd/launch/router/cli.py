@@ -17,6 +17,7 @@ from omni_pd.launch.router.core import PDRouter, Timeouts
 import omni_pd.compile.connectors as connectors
 from omni_pd.launch.router.protocol import CONNECTORS, ConnectorStrategy, connector_class
 from omni_pd.launch.router.server import RouterServer, run_loop
+from omni_pd.launch.router.sizing import MAX_DEFAULT, default_workers
 
 log = logging.getLogger("omni_pd.router")
 
@@ -91,8 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds per backend /health probe (default 2)")
     p.add_argument("--health-interval", type=float, default=2.0,
                    help="seconds between background /health polls of every backend (default 2)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="router processes sharing the listening socket (default 1; more use more cores, "
+    p.add_argument("--workers", type=int, default=default_workers(),
+                   help="router processes sharing the listening socket (default: a quarter of the CPUs, "
+                        f"at least 1, at most {MAX_DEFAULT}: {default_workers()} here; more use more cores, "
                         "each balancing on its own counts)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
