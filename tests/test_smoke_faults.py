@@ -208,3 +208,62 @@ def test_without_decode_metrics_the_encoder_leg_is_still_checked(tmp_path, monke
     rep = json.loads((tmp_path / "smoke.json").read_text())
     assert (rep["ok"], rep["error"], rep["error_kind"], rep["not_checked"]) == (
         False, "encoder leg: the encoder stored nothing", "check", {"kv_transfer": "the plan has no decode process"})
+
+
+@pytest.mark.parametrize("reply,chat,what", [
+    (b'{"choices": [{"text": true}]}', False, "`choices[0].text` is a JSON boolean, not a string"),
+    (b'{"choices": [{"text": 1.5}]}', False, "`choices[0].text` is a JSON number, not a string"),
+    (b'{"choices": [{"text": {}}]}', False, "`choices[0].text` is a JSON object, not a string"),
+    (b'"ok"', True, "the reply is a JSON string, not an object"),
+    (b'{"choices": {}}', True, "`choices` is a JSON object, not an array"),
+])
+def test_every_json_type_is_named(tmp_path, reply, chat, what):
+    rc, out, rep, url = check(reply, tmp_path, chat=chat)
+    assert rc == 1 and rep["error"].endswith(f": unexpected reply: {what}")
+
+
+@pytest.mark.parametrize("reply,chat", [
+    ({}, True), ({"choices": None}, True), ({"choices": []}, True), ({"choices": [{}]}, True),
+    ({"choices": [{"message": None}]}, True), ({"choices": [{"message": {"content": None}}]}, True),
+    ({"choices": [{}]}, False), ({"choices": [{"text": None}]}, False),
+])
+def test_absent_or_null_parts_are_empty_text(reply, chat):
+    assert sm.answer_text(reply, chat, "POST u") == ""
+
+
+def test_answer_text_reads_the_right_field():
+    both = {"choices": [{"text": "completion", "message": {"content": "chat"}}, {"text": "second"}]}
+    assert (sm.answer_text(both, False, "r"), sm.answer_text(both, True, "r")) == ("completion", "chat")
+
+
+def test_a_reply_cut_short_is_the_servers_failure(tmp_path):
+    """The server promises 100 bytes and closes after 10: ``http.client.IncompleteRead``
+    (an ``HTTPException``, no ``OSError``)."""
+    import socket as so
+
+    s = so.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    port = s.getsockname()[1]
+
+    def serve():
+        c, _ = s.accept()
+        c.recv(65536)
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"choices\"")
+        c.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(sm.ServerError) as e:
+            sm._post(f"http://127.0.0.1:{port}/v1/completions", {}, 10)
+    finally:
+        t.join(5)
+        s.close()
+    assert str(e.value).startswith(f"POST http://127.0.0.1:{port}/v1/completions: IncompleteRead: ")
+
+
+def test_a_reply_that_is_no_unicode_is_the_servers_failure(tmp_path):
+    with Fake(b"\xff\xfe\xfa") as srv:
+        with pytest.raises(sm.ServerError, match=r": the reply is not JSON: UnicodeDecodeError: "):
+            sm._post(srv.url + "/v1/completions", {}, 10)

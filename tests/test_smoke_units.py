@@ -356,3 +356,129 @@ def test_tiny_png_pixels_and_chunks_exactly() -> None:
     assert zlib.decompress(chunks[1][1]) == bytes([0, 1, 2, 3, 3, 2, 4,
                                                    0, 1, 4, 4, 3, 4, 5])
     assert len(sm.tiny_png()) > 100 and sm.tiny_png(seed=1) != sm.tiny_png(seed=2)
+
+
+# --- ec_smoke on its own: the request it sends and how it reads the consumer's log (issue 16 survivors) ---
+
+class FakePost:
+    """Stands for ``_post``: records (url, body, timeout); each call first runs ``then``
+    (e.g. E storing an item) and answers ``reply``."""
+
+    def __init__(self, reply, then=None):
+        self.reply, self.then, self.calls = reply, then, []
+
+    def __call__(self, url, body, timeout):
+        self.calls.append((url, body, timeout))
+        if self.then:
+            self.then()
+        return self.reply
+
+
+def _store(storage, h="h1"):
+    def go():
+        (storage / h).mkdir(parents=True, exist_ok=True)
+        (storage / h / "encoder_cache.safetensors").write_bytes(b"x")
+    return go
+
+
+LOAD = "DEBUG x [example_connector.py:108] Success load encoder cache for hash h1\n"
+
+
+def test_ec_smoke_defaults_and_url(tmp_path, monkeypatch):
+    post = FakePost({"choices": [{"message": {"content": "a"}}]}, _store(tmp_path))
+    monkeypatch.setattr(sm, "_post", post)
+    t = SmokeTarget("http://BOX:1/", "M", None, ec_connector="ECExampleConnector", ec_storage=str(tmp_path))
+    res = sm.ec_smoke(t)
+    [(url, body, timeout)] = post.calls
+    assert (url, body["max_tokens"], timeout) == ("http://BOX:1/v1/chat/completions", 4, 300.0)
+    assert (res.text, res.new, res.loaded) == ("a", {"h1"}, None)  # no log to read: loads not visible
+
+
+def test_ec_smoke_names_the_request_of_a_reply_of_the_wrong_shape(tmp_path, monkeypatch):
+    monkeypatch.setattr(sm, "_post", FakePost({"choices": [1]}))
+    t = SmokeTarget("http://e:1/", "M", None, ec_connector="ECExampleConnector", ec_storage=str(tmp_path))
+    with pytest.raises(sm.ServerError) as e:
+        sm.ec_smoke(t)
+    assert str(e.value) == ("POST http://e:1/v1/chat/completions: unexpected reply: `choices[0]` is a JSON number, "
+                            "not an object")
+
+
+@pytest.mark.parametrize("connector,log", [(None, True), ("NoSuchEC", True), ("ECExampleConnector", False)])
+def test_without_a_load_line_or_a_log_loads_are_not_visible(tmp_path, monkeypatch, connector, log):
+    """No EC contract (no load line to look for) or no consumer log: ``loaded`` is None
+    (not visible), the log is not read."""
+    storage, path = tmp_path / "ec", tmp_path / "prefill-0.log"
+    path.write_text(LOAD)
+    monkeypatch.setattr(sm, "_post", FakePost({"choices": []}, _store(storage)))
+    t = SmokeTarget("http://e", "M", None, ec_connector=connector, ec_storage=str(storage),
+                    ec_log=str(path) if log else None)
+    assert sm.ec_smoke(t).loaded is None
+
+
+def test_a_log_that_is_not_there_yet_shows_no_loads(tmp_path, monkeypatch):
+    storage = tmp_path / "ec"
+    monkeypatch.setattr(sm, "_post", FakePost({"choices": []}, _store(storage)))
+    t = SmokeTarget("http://e", "M", None, ec_connector="ECExampleConnector", ec_storage=str(storage),
+                    ec_log=str(tmp_path / "missing.log"))
+    assert sm.ec_smoke(t).loaded is None
+
+
+def test_a_log_with_bytes_that_are_not_utf8_is_still_read(tmp_path, monkeypatch):
+    storage, path = tmp_path / "ec", tmp_path / "prefill-0.log"
+    path.write_bytes(b"\xff\xfe garbage\n" + LOAD.encode())
+    monkeypatch.setattr(sm, "_post", FakePost({"choices": []}, _store(storage)))
+    t = SmokeTarget("http://e", "M", None, ec_connector="ECExampleConnector", ec_storage=str(storage),
+                    ec_log=str(path))
+    assert sm.ec_smoke(t).loaded == {"h1"}
+
+
+class FakeTime:
+    """``time.monotonic``/``time.sleep`` of the smoke module: sleeping advances the clock
+    by 1.0 s whatever it is asked (the asked values are recorded), ``on_sleep`` runs at
+    each sleep."""
+
+    def __init__(self, on_sleep=None):
+        self.t, self.asked, self.on_sleep = 0.0, [], on_sleep
+
+    def monotonic(self):
+        return self.t
+
+    def sleep(self, s):
+        self.asked.append(s)
+        self.t += 1.0
+        if self.on_sleep:
+            self.on_sleep(len(self.asked))
+
+
+def test_the_log_is_polled_until_the_load_line_arrives(tmp_path, monkeypatch):
+    """The supervisor copies the engine's output with a lag: a DEBUG log without the load
+    line yet is read again (every 0.2 s) until it appears."""
+    storage, path = tmp_path / "ec", tmp_path / "prefill-0.log"
+    path.write_text("DEBUG starting\n")
+    clock = FakeTime(lambda n: n == 2 and path.write_text("DEBUG starting\n" + LOAD))
+    monkeypatch.setattr(sm.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(sm.time, "sleep", clock.sleep)
+    monkeypatch.setattr(sm, "_post", FakePost({"choices": []}, _store(storage)))
+    t = SmokeTarget("http://e", "M", None, ec_connector="ECExampleConnector", ec_storage=str(storage),
+                    ec_log=str(path))
+    assert sm.ec_smoke(t).loaded == {"h1"}
+    assert clock.asked == [0.2, 0.2]
+
+
+def test_the_log_is_given_up_on_after_five_seconds(tmp_path, monkeypatch):
+    """Reads at 0, 1, ..., 6 s of the fake clock: the check after the read at 5 s is not
+    past the deadline (5 s), the one at 6 s is."""
+    storage, path = tmp_path / "ec", tmp_path / "prefill-0.log"
+    path.write_text("DEBUG starting\n")
+    clock = FakeTime()
+    monkeypatch.setattr(sm.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(sm.time, "sleep", clock.sleep)
+    monkeypatch.setattr(sm, "_post", FakePost({"choices": []}, _store(storage)))
+    t = SmokeTarget("http://e", "M", None, ec_connector="ECExampleConnector", ec_storage=str(storage),
+                    ec_log=str(path))
+    assert sm.ec_smoke(t).loaded == set()
+    assert len(clock.asked) == 6
+
+
+def test_smoke_target_strips_only_slashes():
+    assert smoke_target(_plan("vllm-omni", "http://BOX:8091/"), "m", None).metrics_url == "http://BOX:8091/metrics"
