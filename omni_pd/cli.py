@@ -244,13 +244,15 @@ def _self_check(text: str, doc, vllm_version: Optional[str], output: Optional[Pa
     """Validate what expand is about to write. Errors the input already has (the same
     code in the input's own validation) are the input's: shown where the input sets
     them, exit 2 (bad input). Any other error is a bug in expand: OPD000, exit 3.
-    Nothing is written in either case. ``platform``: validate for it (``--platform npu``);
-    without it the base and every ``platforms.<P>`` overlay (expand's npu pass writes one)."""
+    Nothing is written in either case. Checked as ``validate --all-platforms`` does: the
+    base and every ``platforms.<P>`` overlay (expand's npu pass writes one); with
+    ``--platform npu`` the base is checked on npu and no other overlay is left.
+    ``platform``: the ``--platform`` expand was given (kept for callers; the check is the same)."""
     from omni_pd.check.validate import ValidateOptions, validate_document
     from omni_pd.io import parse_text
 
     name = f"{output if output is not None else '<stdout>'} (not written)"
-    vopts = ValidateOptions(vllm_version=vllm_version, platform=platform, all_platforms=platform is None)
+    vopts = ValidateOptions(vllm_version=vllm_version, all_platforms=True)
     out = validate_document(parse_text(text, name, own_output=True), vopts)
     if not out.errors:
         return

@@ -257,3 +257,40 @@ def test_verify_transfer_advisory_is_not_on_every_valid_pd_file(src, connector):
     # --all-platforms: still once per file
     res = validate_text(text, "pd.yaml", ValidateOptions(inventory=inv, all_platforms=True))
     assert [d.code for d in res.diagnostics].count("OPD703") == 1
+
+
+# --------------------------------------------------------------------------------------
+# 5. expand's output validates under --all-platforms whatever --platform it was given
+# --------------------------------------------------------------------------------------
+
+_INPUTS = ["presets/qwen3_omni_moe.yaml", "tests/fixtures/llm.yaml",
+           "tests/fixtures/ascend/qwen3_omni_thinker_npu_tp4.yaml",
+           "tests/fixtures/qwen3_omni_moe_thinker_only_cpu.yaml"]
+
+
+@pytest.mark.parametrize("npu_connector", ["MooncakeConnectorV1", "MooncakeLayerwiseConnector"])
+@pytest.mark.parametrize("platform", [None, "npu"])
+@pytest.mark.parametrize("src", _INPUTS)
+def test_expand_output_validates_on_every_platform_it_keeps(src, platform, npu_connector):
+    from omni_pd.compile.expand import expand_document
+    from omni_pd.compile.parse import to_plain
+    from omni_pd.compile.passes.pd_split import ExpandOptions
+    from omni_pd.io import parse_text
+
+    path = ROOT / src
+    doc = parse_text(path.read_text(), path.name)
+    res = expand_document(doc, ExpandOptions(platform=platform, npu_connector=npu_connector))
+    out = validate_text(res.text, "pd.yaml", ValidateOptions(all_platforms=True))
+    assert [(d.code, d.message, d.notes) for d in out.errors] == []
+    kept = set((to_plain(parse_text(res.text, "pd.yaml").tree).get("platforms") or {}))
+    given = set((to_plain(doc.tree).get("platforms") or {}))
+    if platform == "npu":
+        assert kept <= {"npu"}
+        dropped = sorted(given - {"npu"})
+        if dropped:  # said where the reader looks first
+            assert f"# Not kept from the input: {', '.join(f'platforms.{p}' for p in dropped)} ({npu_connector}" \
+                in res.text
+        assert res.text.endswith("\n") and not res.text.endswith("\n\n")
+    else:
+        assert kept >= given and "Not kept" not in res.text
+

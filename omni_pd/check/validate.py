@@ -382,7 +382,8 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
     diags += pdiags
     platforms: list[str | None]
     if opts.all_platforms:
-        platforms = [None] + [p for p in (cfg.platforms or {})]
+        base = _base_platform(cfg, pipe)
+        platforms = [base] + [p for p in (cfg.platforms or {}) if p != base]
     else:
         platforms = [opts.platform]
     first = True
@@ -401,6 +402,23 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
         diags += found
         first = False
     return ValidateResult(_finish(diags), locator.docs(), pipe.name if cat.get(pipe.name) else None)
+
+
+def _base_platform(cfg: Any, pipe: Any) -> str | None:
+    """The platform ``--all-platforms`` checks the base stages on: ``npu`` when every KV
+    connector the base stages name is a vllm-ascend one (``expand --platform npu`` output,
+    which runs nowhere else; its ``platforms.npu`` overlay, if any, applies there), else
+    None (a platform without its own overlay: the rules assume cuda unless the inventory
+    says otherwise). Another overlay over such a base is still checked on its platform."""
+    from omni_pd.compile import ascend
+    from omni_pd.compile.topology import resolve
+
+    try:
+        topo = resolve(cfg, pipe, None, None)
+    except OmniPdError:
+        return None
+    names = [str(n.kv.get("kv_connector")) for n in topo.stages if n.kv and n.kv.get("kv_connector")]
+    return "npu" if names and all(ascend.is_ascend(x) for x in names) else None
 
 
 def _tag(d: Diagnostic, platform: str) -> Diagnostic:
