@@ -175,14 +175,16 @@ class Pool:
         (instance, dp rank) targets with ``instance_of`` mapping a unit to its instance).
         ``exclude``: units already tried by this request (a retry goes elsewhere).
         """
-        units = list(self.instances if among is None else among)
+        units = self.instances if among is None else among
         ex = list(exclude)
-        candidates = [u for u in units if not any(u is e or u == e for e in ex)]
+        candidates = [u for u in units if not any(u is e or u == e for e in ex)] if ex else units
         if not candidates:
             return None
+        n = next(self._cursor)
+        if len(units) == 1:  # the one unit, not excluded (healthy or not: it is all there is)
+            return candidates[0]
         up = [u for u in candidates if instance_of(u).healthy]
         pool = up or candidates
-        n = next(self._cursor)
         start = n % len(units)
         order = sorted(pool, key=lambda u: (units.index(u) - start) % len(units))
         if self.policy == "round_robin":

@@ -294,6 +294,15 @@ class PDRouter:
         return await self.session.post(url, data=data, timeout=self._timeout(leg),
                                        headers={"Content-Type": "application/json", **headers})
 
+    async def _post_read(self, inst: Instance, path: str, body: dict[str, Any] | bytes,
+                         headers: Mapping[str, str], leg: str) -> tuple[Any, bytes]:
+        """:meth:`_post`, then the whole body; (response, body bytes), response released."""
+        resp = await self._post(inst, path, body, headers, leg)
+        try:
+            return resp, await resp.read()
+        finally:
+            resp.release()
+
     def _failed(self, inst: Instance, leg: str, exc: BaseException) -> LegError:
         inst.failures += 1
         detail = describe_exc(exc)
@@ -308,12 +317,11 @@ class PDRouter:
         bound = self.timeouts.prefill if (leg == "prefill" and self.legs is not None) else None
         try:
             try:
-                async with asyncio.timeout(bound):
-                    resp = await self._post(inst, path, body, headers, leg)
-                    try:
-                        raw = await resp.read()
-                    finally:
-                        resp.release()
+                if bound is None:
+                    resp, raw = await self._post_read(inst, path, body, headers, leg)
+                else:
+                    async with asyncio.timeout(bound):
+                        resp, raw = await self._post_read(inst, path, body, headers, leg)
             except TRANSPORT_ERRORS as exc:
                 raise self._failed(inst, leg, exc) from None
         finally:
@@ -335,9 +343,11 @@ class PDRouter:
 
     def _pick(self, role: str, tried: list[Any], units: Sequence[Any] | None,
               instance_of: Callable[[Any], Instance]) -> Any | None:
-        tried_inst = {id(instance_of(u)) for u in tried}
         pool = self.pools[role]
-        among = [u for u in (pool.instances if units is None else units) if id(instance_of(u)) not in tried_inst]
+        among = pool.instances if units is None else units
+        if tried:
+            tried_inst = {id(instance_of(u)) for u in tried}
+            among = [u for u in among if id(instance_of(u)) not in tried_inst]
         if not among:
             return None
         return pool.pick(among=among, instance_of=instance_of)
