@@ -294,3 +294,59 @@ def test_expand_output_validates_on_every_platform_it_keeps(src, platform, npu_c
     else:
         assert kept >= given and "Not kept" not in res.text
 
+
+# --------------------------------------------------------------------------------------
+# 6. the encoder split keeps the input's key order, as the PD split does
+# --------------------------------------------------------------------------------------
+
+#: an LLM entry with ``devices`` in the middle and keys on both sides of it
+_LLM_MID = ("stages:\n  - stage_id: 0\n    max_model_len: 1024\n    devices: \"0\"\n    enforce_eager: true\n"
+            "    default_sampling_params: {temperature: 0.0}\n    dtype: float32\n")
+
+
+def _keys(text: str) -> list[list[str]]:
+    from omni_pd.compile.parse import to_plain
+    from omni_pd.io import parse_text
+
+    return [list(s) for s in to_plain(parse_text(text, "x.yaml").tree)["stages"]]
+
+
+@pytest.mark.parametrize("layout", ["1e1pd", "1e1p1d"])
+@pytest.mark.parametrize("src", ["tests/fixtures/llm.yaml", "tests/fixtures/qwen3_omni_moe_thinker_only_cpu.yaml", None])
+def test_encoder_split_keeps_the_input_key_order_like_the_pd_split(src, layout):
+    from omni_pd.compile.expand import expand_document, expand_encoder_document
+    from omni_pd.compile.passes.encoder_split import EncoderOptions
+    from omni_pd.compile.passes.pd_split import ExpandOptions
+    from omni_pd.io import parse_text
+
+    text = (ROOT / src).read_text() if src else _LLM_MID
+    pipeline = None if src and "thinker" in src else "llm"
+    doc = parse_text(text, "in.yaml")
+    (given,) = _keys(text)
+    enc = _keys(expand_encoder_document(doc, EncoderOptions(layout), ExpandOptions(), pipeline=pipeline).text)
+    pd = _keys(expand_document(doc, ExpandOptions(), pipeline=pipeline).text)
+    for stage in enc:  # every stage made from the LLM's entry keeps the input's keys in their order
+        kept = [k for k in stage if k in given]
+        assert kept == [k for k in given if k in kept], (stage, given)
+    # the placement of the blocks the split adds follows one rule (emit._insert): right after devices
+    for stage in enc + pd:
+        added = [k for k in stage if k in ("env", "kv_transfer_config", "ec_transfer_config")]
+        if added and "devices" in stage:
+            i = stage.index("devices")
+            assert stage[i + 1:i + 1 + len(added)] == added, stage
+    # E: the encoder entry keeps devices where the LLM entry had it
+    e = enc[0]
+    assert [k for k in e if k in given] == [k for k in given if k in e]
+
+
+def test_encoder_golden_key_order():
+    """The golden (regenerated on purpose): E, prefill and decode of the llm input (devices
+    last) all keep the input's order, with the connector blocks after ``devices``."""
+    got = _keys((ROOT / "tests" / "golden" / "encoder" / "llm_1e1p1d_mooncake_v024.yaml").read_text())
+    assert got == [
+        # E on vLLM 0.24 also sets mm_encoder_only, placed as prefill's async_scheduling is
+        ["stage_id", "max_model_len", "enforce_eager", "dtype", "mm_encoder_only", "devices", "ec_transfer_config"],
+        ["stage_id", "max_model_len", "enforce_eager", "dtype", "async_scheduling", "devices", "env",
+         "kv_transfer_config", "ec_transfer_config"],
+        ["stage_id", "max_model_len", "enforce_eager", "dtype", "devices", "kv_transfer_config"],
+    ]

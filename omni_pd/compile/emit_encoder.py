@@ -20,6 +20,8 @@ from omni_pd.io import copy_tree
 
 _AFTER = ("devices", "env", "kv_transfer_config")
 _BEFORE = ("input_connectors", "output_connectors", "default_sampling_params")
+#: where the PD split puts a stage's new ``devices`` (omni_pd/compile/emit.py ``_set_devices``)
+_DEVICES_BEFORE = ("env", "kv_transfer_config") + _BEFORE
 
 
 def _shift_ids(seq: Any) -> None:
@@ -42,10 +44,20 @@ def _shift_ids(seq: Any) -> None:
 
 
 def _encoder_entry(llm: CommentedMap, plan: EncoderSplitPlan) -> CommentedMap:
+    """E's deploy entry: the LLM entry's keys in their order, minus
+    :data:`~omni_pd.compile.passes.encoder_split.ENCODER_DROP`; E's own ``devices``, engine
+    settings, ``env`` and ``ec_transfer_config`` are placed with the PD split's helper
+    (:func:`omni_pd.compile.emit._insert`, the same anchors), so ``devices`` stays where the
+    LLM entry had it and the connector block follows it."""
     e = CommentedMap()
     e["stage_id"] = 0
     for k, v in llm.items():
-        if k == "stage_id" or k in ENCODER_DROP:
+        if k == "stage_id":
+            continue
+        if k == "devices" and plan.encoder_devices is not None:
+            e[k] = _q(format_devices(plan.encoder_devices) or "")  # E's devices, where the LLM's were
+            continue
+        if k in ENCODER_DROP:
             continue
         if k == "engine_args" and isinstance(v, CommentedMap):
             sub = CommentedMap((ek, copy_tree(ev)) for ek, ev in v.items() if ek not in ENCODER_DROP)
@@ -56,12 +68,12 @@ def _encoder_entry(llm: CommentedMap, plan: EncoderSplitPlan) -> CommentedMap:
             continue  # devices/env/num_replicas: E's own below
         e[k] = copy_tree(v)
     if plan.encoder_devices is not None:
-        e.insert(1, "devices", _q(format_devices(plan.encoder_devices) or ""))
+        _insert(e, "devices", _q(format_devices(plan.encoder_devices) or ""), before=_DEVICES_BEFORE)
     for k, v in plan.encoder_settings.items():
-        e[k] = v
+        _insert(e, k, v, before=("devices",) + _DEVICES_BEFORE)
     if plan.producer.env:
-        e["env"] = _cmap({k: _q(v) for k, v in plan.producer.env.items()})
-    e["ec_transfer_config"] = _cmap(plan.producer.ec_transfer_config)
+        _insert(e, "env", _cmap({k: _q(v) for k, v in plan.producer.env.items()}), after=("devices",), before=_BEFORE)
+    _insert(e, "ec_transfer_config", _cmap(plan.producer.ec_transfer_config), after=_AFTER, before=_BEFORE)
     return e
 
 
