@@ -530,3 +530,17 @@ def test_router_workers_are_planned_into_the_router_argv(tmp_path, monkeypatch):
     r = subprocess.run([sys.executable, "-m", "omni_pd.cli", "launch", str(cfg), "--model", "m", "--dry-run",
                         "--router-workers", "0"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "--router-workers" in r.stdout + r.stderr
+
+
+def test_a_dp_encoder_gets_its_own_data_parallel_rpc_port(tmp_path):
+    """E (``--engine-port-base`` + 200) with data_parallel_size 2 binds + 500; P and D
+    with DP 1 get none."""
+    text = (ROOT / "tests" / "golden" / "encoder" / "qwen3_omni_thinker_1e1p1d.yaml").read_text()
+    text = text.replace('    devices: "2"\n', '    devices: "2,3"\n    data_parallel_size: 2\n', 1)
+    f = tmp_path / "epd.yaml"
+    f.write_text(text)
+    plan = plan_of(f, model="m", platform="cpu")
+    e = plan.process("encoder-0")
+    assert e.argv[-2:] == ("--data-parallel-rpc-port", "8600")
+    assert ports(e) == [(8300, "http"), (8600, DP_RPC)]
+    assert [DP_RPC in [u.purpose for u in p.ports] for p in plan.processes] == [False, False, True, False]
