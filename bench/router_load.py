@@ -241,9 +241,10 @@ def tree_cpu_s(pid: int) -> float:
 
 def start_router(procs: Procs, kind: str, port: int, prefills: list[str], decodes: list[str],
                  a: argparse.Namespace) -> subprocess.Popen:
-    if kind == "omni-pd":
+    if kind.startswith("omni-pd"):
+        workers = int(kind.rsplit("-w", 1)[1]) if "-w" in kind else a.workers
         argv = [sys.executable, "-m", "omni_pd.launch.router", "--connector", "nixl", "--port", str(port),
-                "--log-level", "WARNING", "--health-interval", "1", "--workers", str(a.workers)]
+                "--log-level", "WARNING", "--health-interval", "1", "--workers", str(workers)]
         for u in prefills:
             argv += ["--prefill", u]
         for u in decodes:
@@ -303,10 +304,19 @@ async def leave_early(url: str, stream: bool, after_first: bool, delay: float) -
 START, END = "<!-- router-load:start -->", "<!-- router-load:end -->"
 
 
+def name_of(kind: str, r: dict) -> str:
+    """Column title of a kind (``omni-pd-w2``: the omni-pd router with 2 workers)."""
+    if kind.startswith("omni-pd-w"):
+        return f"omni-pd router, {kind.rsplit('-w', 1)[1]} workers"
+    return {"direct": "direct two-leg client (floor)", "vllm-router": "vllm-router 0.1.17",
+            "omni-pd": f"omni-pd router ({r.get('omni_pd_workers', '?')} worker(s), default)"}[kind]
+
+
 def render(r: dict) -> str:
-    """The RESULTS.md section for one run (req/s · p50 · p99 ms · unanswered · TTFB p50)."""
+    """The RESULTS.md section for one run (req/s · p50 · p99 ms · unanswered · TTFB p50), the
+    CPU per request of each process group, and the fault runs."""
     kinds = ["direct"] + r["peers"]
-    names = {"direct": "direct two-leg client (floor)", "omni-pd": "omni-pd router", "vllm-router": "vllm-router 0.1.17"}
+    names = {k: name_of(k, r) for k in kinds}
     su = r["setup"]
     lines = [START, "## Router under load (issue 15): `python bench/router_load.py`", "",
              f"Fake P ({su['p_delay_s'] * 1000:g} ms) and D ({su['d_delay_s'] * 1000:g} ms JSON, or {su['chunks']} SSE "
@@ -334,9 +344,23 @@ def render(r: dict) -> str:
                     cell += f" · kv_bad {x['kv_bad']}"
                 cells.append(cell)
             lines.append(f"| {'stream' if stream else 'JSON'} | {c} | " + " | ".join(cells) + " |")
+    lines += ["", "CPU per answered request, µs (user + system, psutil, over each point): the router's process "
+              "tree · the two fakes · the client. The floor has no router; its client runs both legs.", "",
+              "| mode | concurrency | " + " | ".join(names[k] for k in kinds) + " |",
+              "|---|---|" + "---|" * len(kinds)]
+    for stream in (False, True):
+        for c in sorted({x["concurrency"] for x in r["load"]}):
+            cells = []
+            for k in kinds:
+                x = next((y for y in r["load"] if y["kind"] == k and y["concurrency"] == c and y["stream"] == stream), None)
+                cpu = (x or {}).get("cpu_us_per_request")
+                cells.append("-" if cpu is None else
+                             f"{cpu['router']} · {cpu['fakes']} · {cpu['client']}" if k != "direct" else
+                             f"- · {cpu['fakes']} · {cpu['client']}")
+            lines.append(f"| {'stream' if stream else 'JSON'} | {c} | " + " | ".join(cells) + " |")
     f = r["faults"]
     lines += ["", "Faults (same run):", ""]
-    for k in r["peers"]:
+    for k in r.get("fault_peers", r["peers"]):
         left = f.get("client_leaves_backend_sees_it_after_s", {}).get(k, {})
         kill = f.get("decode_killed_and_restarted", {}).get(k, {})
         idle = f.get("idle_100", {}).get(k, {})
@@ -372,7 +396,9 @@ def main() -> int:
     ap.add_argument("--d-delay", type=float, default=0.05)
     ap.add_argument("--chunks", type=int, default=32)
     ap.add_argument("--chunk-gap", type=float, default=0.005)
-    ap.add_argument("--workers", type=int, default=2, help="omni-pd router --workers (default 2: the cores)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="omni-pd router --workers (default: the router's own default for this host)")
+    ap.add_argument("--also-workers", default="", help="comma-separated worker counts run as extra omni-pd columns")
     ap.add_argument("--conc", default=None, help="comma-separated concurrencies (default 1,16,64,256,1024)")
     ap.add_argument("--modes", default="json,stream", help="json, stream or both (default both)")
     ap.add_argument("--no-peer", action="store_true", help="leave vllm-router out (iterating on omni-pd)")
@@ -381,12 +407,18 @@ def main() -> int:
     ap.add_argument("--results", default=None, help="update this RESULTS.md's router-load section")
     a = ap.parse_args()
     concs = [int(x) for x in a.conc.split(",")] if a.conc else [1, 16, 64] if a.quick else [1, 16, 64, 256, 1024]
-    kinds = ["omni-pd"] + (["vllm-router"] if VLLM_ROUTER.exists() and not a.no_peer else [])
+    if a.workers is None:
+        from omni_pd.launch.router.sizing import default_workers
+
+        a.workers = default_workers()
+    extra = [f"omni-pd-w{int(w)}" for w in a.also_workers.split(",") if w.strip()]
+    kinds = ["omni-pd"] + extra + (["vllm-router"] if VLLM_ROUTER.exists() and not a.no_peer else [])
+    fault_kinds = [k for k in kinds if k in ("omni-pd", "vllm-router")]
     modes = [m == "stream" for m in a.modes.split(",")]
     result: dict = {"machine": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()}, "omni_pd_workers": a.workers,
                     "setup": {"p_delay_s": a.p_delay, "d_delay_s": a.d_delay, "chunks": a.chunks,
                               "chunk_gap_s": a.chunk_gap, "duration_s": a.duration},
-                    "peers": kinds, "load": [], "faults": {}}
+                    "peers": kinds, "fault_peers": fault_kinds, "load": [], "faults": {}}
     if "vllm-router" not in kinds:
         result["notes"] = [f"vllm-router not found at {VLLM_ROUTER}: its column is missing"]
     procs = Procs()
@@ -419,7 +451,7 @@ def main() -> int:
                           f"unanswered {r['unanswered']} codes {r['codes']} kv_bad {r['kv_bad']} "
                           f"cpu us/req {r['cpu_us_per_request']}", flush=True)
         # faults: a client leaving during the decode stream / during the prefill leg
-        for k in ([] if a.no_faults else kinds):
+        for k in ([] if a.no_faults else fault_kinds):
             url = f"http://127.0.0.1:{ports[k]}"
             out = {}
             for leg, after_first in (("decode", True), ("prefill", False)):
@@ -432,12 +464,12 @@ def main() -> int:
             result["faults"].setdefault("client_leaves_backend_sees_it_after_s", {})[k] = out
             print(f"client leaves: {k} backend sees it after {out} s (None: never)", flush=True)
         # 100 idle connections held open during a c=16 JSON run
-        for k in ([] if a.no_faults else kinds):
+        for k in ([] if a.no_faults else fault_kinds):
             r = run_client(f"http://127.0.0.1:{ports[k]}", 16, a.duration, False, p_url, d_url, idle=100)
             result["faults"].setdefault("idle_100", {})[k] = r
             print(f"100 idle: {k} {r['rps']:.1f} req/s p99 {r['p99_ms']} unanswered {r['unanswered']}", flush=True)
         # a decode instance killed and restarted under load (2 decodes)
-        for k in ([] if a.no_faults else kinds):
+        for k in ([] if a.no_faults else fault_kinds):
             d2p = free_port()
             d2 = fake(procs, "decode", d2p, a)
             d2_url = f"http://127.0.0.1:{d2p}"
