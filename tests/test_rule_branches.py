@@ -9,8 +9,11 @@ mutation run (bench/mutation.py, bench/MUTATION.md) is what found the unpinned b
 from __future__ import annotations
 
 import importlib.machinery
+import json
+import os
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -304,3 +307,55 @@ def test_opd610_no_kv_config_no_import(monkeypatch, conn) -> None:
     _stand_in_vllm(monkeypatch, None)
     text = "pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 0, devices: \"0\"}\n"
     assert hits(text, "OPD610") == []
+
+
+# --- every rule example, every field of every diagnostic ------------------------------------------
+#
+# tests/test_rules.py checks that each example fires (severity + one message fragment) or stays
+# clean; the mutation run (bench/MUTATION.md) showed what that lets through: a dropped help line,
+# a wrong location or related span, a changed message, a second finding, a lost note. This pins
+# the whole of each: tests/golden/rules/examples.json, one entry per rule example (failing,
+# passing, and each extra example), read by eye when written. Regenerate on purpose with
+# OMNI_PD_REGEN=1 and review the diff.
+
+RULE_GOLDEN = Path(__file__).parent / "golden" / "rules" / "examples.json"
+#: rules whose output depends on the environment, pinned by their own tests above instead
+_ENV_DEPENDENT = {"OPD610"}
+
+
+def _rule_examples() -> dict[str, tuple[str, str, dict]]:
+    from omni_pd.check.rules import registry
+
+    out: dict[str, tuple[str, str, dict]] = {}
+    for code, r in registry().items():
+        if code in _ENV_DEPENDENT:
+            continue
+        out[f"{code} fails"] = (code, r.fail, r.example_context)
+        out[f"{code} passes"] = (code, r.passing, r.pass_context if r.pass_context is not None else r.example_context)
+        for e in r.examples:
+            out[f"{code} {e.name}"] = (code, e.yaml, e.context)
+    return out
+
+
+def _full(code: str, text: str, ctx: dict) -> list[dict]:
+    from omni_pd.check.validate import options_from_example
+
+    res = validate_text(text, "t.yaml", options_from_example(ctx))
+
+    def loc(x):
+        return None if x is None else [x.line, x.column, x.label]
+
+    return [{"severity": d.severity.value, "message": d.message, "at": loc(d.location), "help": d.help,
+             "related": [loc(x) for x in d.related], "notes": list(d.notes), "label": d.label}
+            for d in res.diagnostics if d.code == code]
+
+
+def test_every_rule_example_gives_exactly_its_golden_diagnostics() -> None:
+    got = {k: _full(*v) for k, v in _rule_examples().items()}
+    if os.environ.get("OMNI_PD_REGEN") == "1":
+        RULE_GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        RULE_GOLDEN.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    want = json.loads(RULE_GOLDEN.read_text(encoding="utf-8"))
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert got[k] == want[k], k
