@@ -26,7 +26,7 @@ _CONS = ", ec_transfer_config: {{ec_connector: ECExampleConnector, ec_role: ec_c
 _S = ", ec_connector_extra_config: {{shared_storage_path: {}}}"
 
 
-def _epd(e: str = "", es: str = "", p: str | None = None, d: str = "") -> str:
+def _epd(e: str = "", es: str = "", p: str | None = None, d: str = "") -> str:  # pragma: no mutate block (runs at import only)
     return _EPD.format(e=e, es=es, p=_CONS.format(s="") if p is None else p, d=d)
 
 

@@ -21,7 +21,7 @@ ROLES = ("kv_producer", "kv_consumer", "kv_both")
 _PD = "pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
 
 
-def _pd_yaml(p_kv: str, d_kv: str, p_extra: str = "", d_extra: str = "") -> str:
+def _pd_yaml(p_kv: str, d_kv: str, p_extra: str = "", d_extra: str = "") -> str:  # pragma: no mutate block (runs at import only)
     return (_PD + f"  - {{stage_id: 0, devices: \"0\"{p_extra}, kv_transfer_config: {p_kv}}}\n"
             f"  - {{stage_id: 1, devices: \"1\"{d_extra}, kv_transfer_config: {d_kv}}}\n")
 
