@@ -350,3 +350,41 @@ def test_encoder_golden_key_order():
          "kv_transfer_config", "ec_transfer_config"],
         ["stage_id", "max_model_len", "enforce_eager", "dtype", "devices", "kv_transfer_config"],
     ]
+
+
+# --------------------------------------------------------------------------------------
+# 7. a misspelt stage key: one error with the key meant, on every pipeline
+# --------------------------------------------------------------------------------------
+
+_STAGES = {  # pipeline -> a valid stage list to put the typo into (stage 0 gets it)
+    "qwen3_omni_moe": '  - {{stage_id: 0, devices: "0"{x}}}\n  - {{stage_id: 1, devices: "1", gpu_memory_utilization: 0.4}}\n'
+                      '  - {{stage_id: 2, devices: "1", gpu_memory_utilization: 0.4}}\n',
+    "qwen3_omni_moe_thinker_only": '  - {{stage_id: 0, devices: "0"{x}}}\n',
+    "llm": '  - {{stage_id: 0, devices: "0"{x}}}\n',
+    None: '  - {{stage_id: 0, devices: "0"{x}}}\n',
+}
+
+
+@pytest.mark.parametrize("version", ["0.30", "0.24"])
+@pytest.mark.parametrize("where", ["stage", "engine_args", "overlay"])
+@pytest.mark.parametrize("pipeline", list(_STAGES))
+def test_a_misspelt_stage_key_is_one_error_with_the_key_meant_on_every_pipeline(pipeline, where, version):
+    x = {"stage": ", max_num_seqz: 8", "engine_args": ", engine_args: {max_num_seqz: 8}", "overlay": ""}[where]
+    text = (f"pipeline: {pipeline}\n" if pipeline else "") + "stages:\n" + _STAGES[pipeline].format(x=x)
+    if where == "overlay":
+        text += "platforms:\n  rocm:\n    stages:\n      - {stage_id: 0, max_num_seqz: 8}\n"
+    res = validate_text(text, "t.yaml", ValidateOptions(vllm_version=version, all_platforms=True))
+    about = [d for d in res.diagnostics if "max_num_seqz" in d.message or "max-num-seqz" in d.message]
+    assert [(d.code, d.severity.value, d.help) for d in about] == [("OPD103", "error", "did you mean `max_num_seqs`?")]
+    assert [d.code for d in res.errors] == ["OPD103"]  # nothing else is wrong with the file
+
+
+def test_a_misspelt_stage_key_fails_validate(tmp_path, capsys):
+    """What pre-commit sees: exit 1 (it passed with a warning before)."""
+    from omni_pd.cli import main
+
+    f = tmp_path / "deploy.yaml"
+    f.write_text("pipeline: qwen3_omni_moe_thinker_only\nstages:\n  - {stage_id: 0, devices: \"0\", enforce_eagre: true}\n")
+    assert main(["validate", str(f)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("enforce_eagre") == 2  # the message and the source line, once

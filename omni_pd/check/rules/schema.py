@@ -86,8 +86,8 @@ def _stage_fields() -> frozenset[str]:
     return frozenset(StageDeploy.model_fields) | frozenset(KVTransferConfig.model_fields)
 
 
-@rule("OPD103", "unknown-key", Severity.WARNING,
-      "a key is not a deploy-schema field (nearest match suggested)",
+@rule("OPD103", "unknown-key", Severity.ERROR,
+      "a key is one edit from a known key (a typo: the setting is lost), or not a deploy-schema field",
       fail="pipelne: qwen3_omni_moe\nstages:\n  - stage_id: 0\n",
       passing="pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n", labels=("SCH-UNKNOWN-KEY",),
       examples=(
@@ -103,16 +103,32 @@ def _stage_fields() -> frozenset[str]:
                   "  - {stage_id: 0, max_num_seqz: 8}\n", True, contains="max_num_seqz"),
           Example("unknown platform name", "stages:\n  - {stage_id: 0}\nplatforms:\n  cuda2: {}\n", True,
                   contains="cuda2"),
+          Example("stage key typo on a plain vllm serve pipeline: one error, here", "pipeline: llm\nstages:\n"
+                  "  - {stage_id: 0, devices: \"0\", max_num_seqz: 8}\n", True, contains="which vLLM rejects"),
+          Example("a top-level key far from every field: a warning", "my_notes: hi\nstages:\n  - stage_id: 0\n",
+                  True, severity=Severity.WARNING, contains="my_notes"),
+          Example("a stage key far from every known key: OPD111/OPD107 report it", "pipeline: qwen3_omni_moe\n"
+                  "stages:\n  - {stage_id: 0, seq_budget: 8}\n", False),
       ))
 def unknown_key(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
-    """Top-level keys must be ``DeployConfig`` fields; ``platforms:`` keys must be a known
-    platform (cuda, rocm, npu, xpu, musa); a stage key one edit away from a stage field
-    (``tensor_paralel_size``) is almost certainly a typo, because vllm-omni forwards
-    unknown stage keys to the engine as-is and vLLM then fails or ignores them; a
-    ``parallel_config`` key must be one vllm-omni's parallel configs own. Checked
-    everywhere a stage can be written: ``stages``, ``engine_args``, every
-    ``platforms.<p>.stages`` overlay entry and each file of a ``base_config`` chain.
-    Source: vllm-omni 0.30.0 config/stage_config.py (DeployConfig, engine_extras)."""
+    """A key one edit from a known one is a typo, and its setting never takes effect:
+    an error, with the key meant, reported once (OPD111 and OPD107 leave it to this rule)
+    and the same on every pipeline. What the runtime does with it: vllm-omni 0.30 reads
+    only its own top-level fields and the platform it runs on (a misspelt top-level key
+    or platform name is dropped silently), and refuses to start on an LLM stage key no
+    structured config owns ("no structured config owner"; on a diffusion stage "Unknown
+    diffusion config field"); a pipeline launched as plain
+    ``vllm serve`` engines passes every stage key as a flag, which vLLM rejects
+    ("unrecognized arguments"). Known keys: omni-pd's stage model, vllm-omni 0.30's
+    deploy fields and owned engine arguments (presets/targets/vllm_omni_stage_keys.yaml);
+    a key the pipeline's ``vllm serve`` accepts is not a typo. A top-level key or platform
+    far from every known name is a warning (dropped, but not a typo of a setting); a
+    ``parallel_config`` key vllm-omni's parallel configs do not own is an error (it
+    refuses it). Checked everywhere a stage can be written: ``stages``, ``engine_args``,
+    every ``platforms.<p>.stages`` overlay entry and each file of a ``base_config`` chain.
+    Sources: vllm-omni 0.30.0 ``vllm_omni/config/stage_config.py`` (``load_deploy_config``,
+    ``_apply_platform_overrides``), ``vllm_omni/config/omni_config.py``
+    (``_validate_stage_engine_override_ownership``, ``extract_diffusion_stage_config_kwargs``)."""
     from omni_pd.compile.model import TOP_LEVEL_KEYS
     from omni_pd.compile.topology import PLATFORMS
 
@@ -121,26 +137,29 @@ def unknown_key(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     for k in ctx.raw:
         if isinstance(k, str) and k not in TOP_LEVEL_KEYS and not k.startswith("x-"):
             close = get_close_matches(k, sorted(TOP_LEVEL_KEYS), n=1, cutoff=0.75)
-            yield r.diag(f"unknown top-level key `{k}`", ctx.loc((k,)),
-                         help=f"did you mean `{close[0]}`?" if close else
-                         "top-level keys: " + ", ".join(sorted(TOP_LEVEL_KEYS)))
+            if close:
+                yield r.diag(f"unknown top-level key `{k}`: vllm-omni reads only its own fields and drops it, "
+                             f"so `{close[0]}` is not set", ctx.loc((k,)), help=f"did you mean `{close[0]}`?")
+            else:
+                yield r.diag(f"unknown top-level key `{k}` (vllm-omni drops it)", ctx.loc((k,)),
+                             severity=Severity.WARNING,
+                             help="top-level keys: " + ", ".join(sorted(TOP_LEVEL_KEYS)))
     plats = ctx.raw.get("platforms")
     for p in (plats if isinstance(plats, dict) else {}):  # not a mapping: OPD101
         if p not in PLATFORMS:
             close = get_close_matches(str(p), PLATFORMS, n=1, cutoff=0.6)
-            yield r.diag(f"unknown platform `{p}` under `platforms:`", ctx.loc(("platforms", p)),
+            yield r.diag(f"unknown platform `{p}` under `platforms:`: vllm-omni applies the overlay of the platform "
+                         "it runs on only, so this one never applies", ctx.loc(("platforms", p)),
+                         severity=None if close else Severity.WARNING,
                          help=(f"did you mean `{close[0]}`? " if close else "") + "platforms: " + ", ".join(PLATFORMS))
-    fields = sorted(_stage_fields())
     for base, st in stage_entries(ctx):
         where = "" if base[0] == "stages" else f" in the `platforms.{base[1]}` overlay"
         inner = st.get("engine_args") if isinstance(st.get("engine_args"), dict) else {}
         for path, k in [(base + (k,), k) for k in st] + [(base + ("engine_args", k), k) for k in inner]:
-            if not isinstance(k, str) or k in fields or k.startswith("x-"):
-                continue
-            close = get_close_matches(k, fields, n=1, cutoff=0.88)
-            if close:
-                yield r.diag(f"unknown stage key `{k}`{where}", ctx.loc(path),
-                             help=f"did you mean `{close[0]}`?")
+            meant = stage_key_typo(ctx, k)
+            if meant:
+                yield r.diag(f"unknown stage key `{k}`{where}: {_typo_effect(ctx, k, st)}", ctx.loc(path),
+                             help=f"did you mean `{meant}`?")
         for pc_path, pc in ((base + ("parallel_config",), st.get("parallel_config")),
                             (base + ("engine_args", "parallel_config"), inner.get("parallel_config"))):
             for k in (pc if isinstance(pc, dict) else {}):
@@ -149,6 +168,51 @@ def unknown_key(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                     yield r.diag(f"`{k}` is not a parallel_config key{where}", ctx.loc(pc_path + (k,)),
                                  help=(f"did you mean `{close[0]}`? " if close else "") +
                                  "vllm-omni refuses it (\"no structured config owner\")")
+
+
+@lru_cache(maxsize=1)
+def _known_stage_keys() -> tuple[str, ...]:
+    """Every key a stage entry may carry that some part of omni-pd or vllm-omni 0.30 knows:
+    omni-pd's stage model plus vllm-omni's deploy fields and owned engine arguments."""
+    _, deploy, owned = stage_keys()
+    return tuple(sorted(_stage_fields() | deploy | owned | {"engine_args", "runtime"}))
+
+
+def stage_key_typo(ctx: Context, k: Any) -> str | None:
+    """The known stage key ``k`` misspells (one edit away: difflib ratio >= 0.88), or
+    None: ``k`` is known, an ``x-`` key, not close to any known key, or a flag the
+    pipeline's plain ``vllm serve`` accepts. OPD103 reports these; OPD111 and OPD107
+    skip them so a typo is reported once."""
+    if not isinstance(k, str) or k.startswith("x-"):
+        return None
+    known = _known_stage_keys()
+    if k in known:
+        return None
+    close = get_close_matches(k, known, n=1, cutoff=0.88)
+    if not close:
+        return None
+    if _launcher(ctx) == "vllm":
+        from omni_pd.check.serve_flags import flags_for
+
+        fs = flags_for(ctx.target.label)
+        if fs is not None and fs.accepts(k, False):
+            return None
+    return close[0]
+
+
+def _typo_effect(ctx: Context, k: str, stage: dict) -> str:
+    """What the runtime does with the misspelt stage key ``k`` of ``stage``."""
+    from omni_pd.check.serve_flags import flag_name
+
+    if _launcher(ctx) == "vllm":
+        return f"it becomes `{flag_name(k)}` on the engine's `vllm serve` command line, which vLLM rejects"
+    version, _, _ = stage_keys()
+    ps = ctx.topology.pipeline.stage(stage.get("stage_id")) if ctx.topology is not None else None
+    said = ("Unknown diffusion config field" if ps is not None and ps.execution_type.lower() == "diffusion"
+            else "no structured config owner")
+    if ctx.target.label == version:
+        return f"vllm-omni {version} refuses to start (\"{said}\")"
+    return f"the setting it was meant for is not applied (vllm-omni {version} refuses to start: \"{said}\")"
 
 
 @rule("OPD104", "port-type", Severity.WARNING,
@@ -289,15 +353,15 @@ def stage_keys() -> tuple[str, frozenset[str], frozenset[str]]:
 
 @rule("OPD111", "engine-arg-unowned", Severity.ERROR,
       "a stage key is neither a deploy field nor an engine argument vllm-omni can place",
-      fail="pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n    max_num_seqz: 8\n",
+      fail="pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n    seq_budget: 8\n",
       passing="pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n    max_num_seqs: 8\n",
       examples=(
           Example("unowned key in a platform overlay", "pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n"
-                  "platforms:\n  rocm:\n    stages:\n      - {stage_id: 0, max_num_seqz: 8}\n", True,
+                  "platforms:\n  rocm:\n    stages:\n      - {stage_id: 0, seq_budget: 8}\n", True,
                   contains="platforms.rocm"),
           Example("unowned key in a base_config chain child", "base_config: qwen3_omni_moe.yaml\nstages:\n"
-                  "  - {stage_id: 1, max_num_seqz: 8}\n", True, contains="max_num_seqz"),
-          Example("other releases: not checked", "pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n    max_num_seqz: 8\n",
+                  "  - {stage_id: 1, seq_budget: 8}\n", True, contains="seq_budget"),
+          Example("other releases: not checked", "pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n    seq_budget: 8\n",
                   False, {"vllm_version": "0.24"}),
       ))
 def engine_arg_unowned(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
@@ -307,7 +371,8 @@ def engine_arg_unowned(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     engine argument(s) with no structured config owner`` when the server starts.
     Checked for vLLM 0.30 targets (the list omni-pd ships is vllm-omni 0.30.0's), in
     every stage entry, its ``engine_args`` and every ``platforms.<p>.stages`` overlay
-    entry (vllm-omni applies the overlay's keys to the stage).
+    entry (vllm-omni applies the overlay's keys to the stage). A key one edit from a known
+    one is reported by OPD103 instead (a typo, with the key meant), not twice.
     Source: vllm-omni 0.30.0 config/omni_config.py
     ``_validate_stage_engine_override_ownership``; config/stage_config.py
     ``StageDeployConfig``."""
@@ -326,8 +391,8 @@ def engine_arg_unowned(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         where = "" if base[0] == "stages" else f" (`platforms.{base[1]}` overlay)"
         inner = st.get("engine_args") if isinstance(st.get("engine_args"), dict) else {}
         for path, k in [(base + (k,), k) for k in st] + [(base + ("engine_args", k), k) for k in inner]:
-            if not isinstance(k, str) or k in known:
-                continue
+            if not isinstance(k, str) or k in known or stage_key_typo(ctx, k):
+                continue  # a near-miss typo is OPD103's (one report per key)
             close = get_close_matches(k, sorted(deploy | owned), n=1, cutoff=0.8)
             yield r.diag(f"vllm-omni {version} has no place for stage key `{k}`{where}: the server would refuse to start",
                          ctx.loc(path),
@@ -471,8 +536,10 @@ _LLM_PD = ("pipeline: llm_pd\nasync_chunk: false\nstages:\n"
           Example("--omni-only flag on a plain vllm serve pair", _LLM_PD.format(x=""), True,
                   {"cli": {"stage_overrides": "{}"}, "vllm_version": "0.30"}, contains="--stage-overrides"),
           Example("short flag", _TWO, False, {"cli": {"tp": 1}, "vllm_version": "0.30"}),
-          Example("stage key that becomes an unknown flag (plain vllm serve)", _LLM_PD.format(x=", max_num_seq: 8"),
-                  True, {"vllm_version": "0.30"}, contains="max_num_seq"),
+          Example("stage key that becomes an unknown flag (plain vllm serve)", _LLM_PD.format(x=", seq_budget: 8"),
+                  True, {"vllm_version": "0.30"}, contains="seq_budget"),
+          Example("a misspelt stage key is OPD103's (reported once)", _LLM_PD.format(x=", max_num_seq: 8"),
+                  False, {"vllm_version": "0.30"}),
           Example("stage key that is a flag (plain vllm serve)", _LLM_PD.format(x=", max_num_seqs: 8"),
                   False, {"vllm_version": "0.30"}),
           Example("no flag list for the release: info", _TWO, True,
@@ -488,7 +555,8 @@ def serve_flag_unknown(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     ``--stage-0-devices`` is never a ``vllm serve`` flag on any release: a stage's
     devices go in ``stages[N].devices`` (or ``--stage-overrides`` under ``--omni``). For
     pipelines launched as one ``vllm serve`` per engine, each stage key becomes a flag
-    too and is checked the same way. Sources: vLLM vllm/entrypoints/cli/serve.py
+    too and is checked the same way (a key one edit from a known stage key is OPD103's,
+    reported once). Sources: vLLM vllm/entrypoints/cli/serve.py
     (``ServeSubcommand.subparser_init``), vllm-omni 0.30.0 entrypoints/cli/serve.py
     (``OmniServeCommand``); https://github.com/vllm-project/vllm-omni/issues/4508."""
     from omni_pd.check.serve_flags import DEPLOY_ONLY_KEYS, STAGE_SCOPED, flag_name, flags_for, releases
@@ -537,8 +605,9 @@ def serve_flag_unknown(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         st = ctx.raw_at(("stages", n.index)) or {}
         inner = st.get("engine_args") if isinstance(st.get("engine_args"), dict) else {}
         for path, k in [(("stages", n.index, k), k) for k in st] + [(("stages", n.index, "engine_args", k), k) for k in inner]:
-            if not isinstance(k, str) or k in DEPLOY_ONLY_KEYS or k.startswith("x-") or fs.accepts(k, False):
-                continue
+            if (not isinstance(k, str) or k in DEPLOY_ONLY_KEYS or k.startswith("x-") or fs.accepts(k, False)
+                    or stage_key_typo(ctx, k)):
+                continue  # a near-miss typo is OPD103's (one report per key)
             near = fs.nearest(k, False)
             yield r.diag(f"stage {n.stage_id}: `{k}` becomes `{flag_name(k)}` on this engine's `vllm serve` command line, "
                          f"which vLLM {fs.release} does not accept", ctx.loc(path),
