@@ -108,6 +108,11 @@ def expand(
     vllm_version: Optional[str] = typer.Option(None, "--vllm-version",
                                                help="target vLLM major.minor (default and known range: omni-pd --version)"),
     tp: Optional[int] = typer.Option(None, "--tp", min=1, help="tensor parallel size of both prefill and decode"),
+    prefill_tp: Optional[int] = typer.Option(
+        None, "--prefill-tp", min=1, help="prefill's tensor parallel size (per instance); unequal to decode's only "
+        "where the connector, vLLM version and runtime pair them (OPD603, OPD306)"),
+    decode_tp: Optional[int] = typer.Option(None, "--decode-tp", min=1,
+                                            help="decode's tensor parallel size (per instance)"),
     prefill_devices: Optional[str] = typer.Option(None, "--prefill-devices", help='e.g. "0,1"'),
     decode_devices: Optional[str] = typer.Option(None, "--decode-devices", help='e.g. "2,3"'),
     downstream_devices: Optional[str] = typer.Option(None, "--downstream-devices",
@@ -153,7 +158,7 @@ def expand(
     """
     from omni_pd import cli_options
     from omni_pd.compile.expand import expand_document
-    from omni_pd.compile.passes.pd_split import ExpandOptions
+    from omni_pd.compile.passes.pd_split import ExpandOptions, side_tps
     from omni_pd.io import atomic_write, load_file
     from omni_pd.resources import preset_path
 
@@ -168,7 +173,7 @@ def expand(
 
         connector = connectors.canonical(connector) or connector  # unknown: OPD804 names the choices
     opts = ExpandOptions(
-        connector=connector, tp=tp,
+        connector=connector, tp=tp, prefill_tp=prefill_tp, decode_tp=decode_tp,
         prefill_devices=_devices_opt(prefill_devices, "--prefill-devices"),
         decode_devices=_devices_opt(decode_devices, "--decode-devices"),
         downstream_devices=_devices_opt(downstream_devices, "--downstream-devices"),
@@ -176,6 +181,7 @@ def expand(
         prefill_replicas=prefill_replicas, decode_replicas=decode_replicas,
         platform=_npu_platform_opt(platform), npu_connector=_npu_connector_opt(npu_connector),
         npu_decode_tp=npu_decode_tp)
+    side_tps(opts)  # --tp / --prefill-tp / --decode-tp / --npu-decode-tp agree (OPD006) before reading
     doc = load_file(src)
     _require_deploy_config(doc, pipeline, vllm_version)
     if encoder_split is not None:

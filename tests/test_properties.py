@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
 from conftest import example_budget
@@ -506,3 +506,163 @@ def test_overlapping_or_uneven_device_overrides_are_refused(case: Case, data) ->
         expand_document(parse_text(case.text, FILE_NAME), opts, vllm_version=case.version)
     assert e.value.diagnostic.code == "OPD805"
     assert ("overlap" if bad == "overlap" else "same count") in str(e.value)
+
+
+# --- xPyD with per-side TP (issue 15) ----------------------------------------------------
+#
+# A single-LLM deploy config (launched as plain `vllm serve` engines, one per instance)
+# expanded with --prefill-replicas/--decode-replicas and --prefill-tp/--decode-tp. The
+# oracles below are written from the upstream facts (vllm_kv_connectors.md §3.1, §3.2 and
+# the vLLM sources it cites), never through omni-pd's connector contracts, tp_pairs table,
+# target facts or allocator.
+
+
+def tp_pair_allowed(connector: str, version: tuple[int, int], p: int, d: int) -> bool:
+    """Whether vLLM ``version`` pairs prefill TP ``p`` with decode TP ``d`` over ``connector``:
+    NIXL 0.11-0.13 decode TP a multiple of prefill TP (\"Decode TP cannot be smaller than
+    prefill TP\"), from 0.18 either direction when the larger is divisible by the smaller;
+    Mooncake equal TP before 0.22 (0.13 pairs ranks' ports, 0.18 raises NotImplementedError),
+    then divisible either way."""
+    if p == d:
+        return True
+    big, small = max(p, d), min(p, d)
+    if connector == "NixlConnector":
+        return d % p == 0 if version < (0, 18) else big % small == 0
+    return version >= (0, 22) and big % small == 0
+
+
+def engine_ports(connector: str, version: tuple[int, int], side: str, tp: int, dp: int) -> int:
+    """Consecutive connector ports one engine binds from its base: NIXL one ZMQ listener per
+    TP worker on 0.11 (``base + dp_rank*tp + tp_rank``), one per engine (per DP rank) from
+    0.13; a Mooncake prefill one bootstrap port per TP x DP rank on 0.13, one per engine from
+    0.18; a Mooncake decode (kv_consumer) none."""
+    if connector == "NixlConnector":
+        return tp * dp if version < (0, 13) else dp
+    if side == "decode":
+        return 0
+    return tp * dp if version < (0, 18) else 1
+
+
+@dataclass
+class PerSideCase:
+    text: str
+    version: str
+    opts: ExpandOptions
+    thinker_tp: int
+    dp: int
+
+    def __repr__(self) -> str:
+        return f"PerSideCase(version={self.version!r}, opts={self.opts!r}, text=\n{self.text})"
+
+
+@st.composite
+def per_side_cases(draw) -> PerSideCase:
+    version = draw(st.sampled_from(VERSIONS))
+    conn = "NixlConnector" if version == "0.11" else draw(st.sampled_from(["NixlConnector", "MooncakeConnector"]))
+    thinker_tp, dp = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 1, 2]))
+    lines = ["pipeline: llm", "stages:", "  - stage_id: 0", "    max_model_len: 1024",
+             f"    tensor_parallel_size: {thinker_tp}"]
+    if dp > 1:
+        lines.append(f"    data_parallel_size: {dp}")
+    if draw(st.booleans()):
+        lines.append(f'    devices: "{_fmt(_devices(draw, thinker_tp * dp))}"')
+    tps = st.sampled_from([None, 1, 2, 3, 4])
+    kvbd = "cpu" if conn == "NixlConnector" and version != "0.11" and draw(st.booleans()) else None
+    opts = ExpandOptions(connector=conn, prefill_tp=draw(tps), decode_tp=draw(tps), kv_buffer_device=kvbd,
+                         prefill_replicas=draw(st.integers(1, 3)), decode_replicas=draw(st.integers(1, 3)),
+                         port_base=draw(st.sampled_from([None, 20000, 30011])))
+    return PerSideCase("\n".join(lines) + "\n", version, opts, thinker_tp, dp)
+
+
+@settings(max_examples=example_budget(60), deadline=None)
+@given(per_side_cases())
+def test_per_side_tp_xpyd_devices_ports_and_refusals(case: PerSideCase) -> None:
+    from omni_pd.check.validate import ValidateOptions, validate_document
+    from omni_pd.compile.pipelines import load_catalogue
+    from omni_pd.launch.plan import LaunchOptions, plan_document
+
+    o = case.opts
+    version = make_target(case.version).version
+    p_tp, d_tp = o.prefill_tp or case.thinker_tp, o.decode_tp or case.thinker_tp
+    src = parse_text(case.text, FILE_NAME)
+    if not tp_pair_allowed(o.connector, version, p_tp, d_tp):
+        with pytest.raises(OmniPdError) as e:
+            expand_document(src, o, vllm_version=case.version)
+        assert e.value.diagnostic.code == "OPD603", e.value.diagnostic
+        event("refused (OPD603)")
+        return
+    event("unequal TP" if p_tp != d_tp else "equal TP")
+    res = expand_document(src, o, vllm_version=case.version)
+    out = parse_text(res.text, "pd.yaml")
+    assert [(x.code, x.message) for x in validate_document(out, ValidateOptions(vllm_version=case.version)).errors] == []
+    topo = resolve(parse_config(out), load_catalogue().get("llm_pd"), None)
+    p, d = topo.stages[0], topo.stages[1]
+    n, m, dp = o.prefill_replicas, o.decode_replicas, case.dp
+    # devices: every instance TP x DP of its own side, the two pools disjoint
+    assert (p.tp, d.tp, p.num_replicas, d.num_replicas) == (p_tp, d_tp, n, m)
+    assert len(p.devices) == n * p_tp * dp and len(d.devices) == m * d_tp * dp
+    assert not set(p.devices) & set(d.devices) and len(set(p.devices)) == len(p.devices)
+    # connector ports: instance r of a side binds [base + r*per, base + (r+1)*per) on one host,
+    # base from the env the engine reads (plain vllm serve: no runtime rewrites it)
+    env_key = "VLLM_NIXL_SIDE_CHANNEL_PORT" if o.connector == "NixlConnector" else "VLLM_MOONCAKE_BOOTSTRAP_PORT"
+    # first fit from the base (--port-base, else NIXL's default side-channel port: 5557 on vLLM
+    # 0.11, 5600 from 0.13; omni-pd's Mooncake base 25201): the input binds no port, so
+    # prefill's range starts there and decode's right after prefill's last instance
+    want: dict[tuple[str, int], list[int]] = {}
+    nixl_default = 5557 if version < (0, 13) else 5600
+    expect = o.port_base or (nixl_default if o.connector == "NixlConnector" else 25201)
+    for side, node, reps, tp in (("prefill", p, n, p_tp), ("decode", d, m, d_tp)):
+        per = engine_ports(o.connector, version, side, tp, dp)
+        if per == 0:
+            assert env_key not in (node.env or {})
+            continue
+        base = int(node.env[env_key])
+        assert base == expect, (side, base, expect)
+        expect = base + reps * per
+        for r in range(reps):
+            want[(side, r)] = list(range(base + r * per, base + (r + 1) * per))
+    flat = [x for ports in want.values() for x in ports]
+    assert len(flat) == len(set(flat)), want
+    if version < (0, 18):
+        return  # the launch plan computes ports for the vLLM it launches (0.30 facts)
+    event("launch plan compared")
+    planned = plan_document(out, "pd.yaml", LaunchOptions(model="m", vllm="/v/bin/vllm"))
+    assert planned.plan is not None
+    engines = [x for x in planned.plan.processes if x.role in ("prefill", "decode")]
+    assert [x.name for x in engines] == [f"prefill-{r}" for r in range(n)] + [f"decode-{r}" for r in range(m)]
+    seen_devices: list[str] = []
+    for proc in engines:
+        side, r = proc.role, int(proc.name.rsplit("-", 1)[1])
+        tp, pool = (p_tp, p.devices) if side == "prefill" else (d_tp, d.devices)
+        devs = proc.env["CUDA_VISIBLE_DEVICES"].split(",")
+        assert devs == [str(x) for x in pool[r * tp * dp:(r + 1) * tp * dp]], (proc.name, devs)
+        seen_devices += devs
+        assert proc.argv[proc.argv.index("--tensor-parallel-size") + 1] == str(tp)
+        kv_ports = sorted(u.port for u in proc.ports if u.purpose.startswith(("NIXL", "Mooncake")))
+        assert kv_ports == want.get((side, r), []), (proc.name, proc.ports)
+    assert len(seen_devices) == len(set(seen_devices))
+
+
+@PROPS
+@given(cases(), st.sampled_from([(1, 2), (2, 1), (2, 4), (4, 2), (2, 2)]))
+def test_per_side_tp_on_the_vllm_omni_runtime(case: Case, tps) -> None:
+    """vllm-omni's PD validator requires equal TP whatever the connector (vllm_omni/
+    entrypoints/pd_utils.py): unequal per-side TPs are refused (OPD306); equal ones are
+    exactly ``--tp``."""
+    o = case.opts
+    opts = ExpandOptions(connector=o.connector, prefill_tp=tps[0], decode_tp=tps[1])
+    src = parse_text(case.text, FILE_NAME)
+    if tps[0] != tps[1]:
+        with pytest.raises(OmniPdError) as e:
+            expand_document(src, opts, vllm_version=case.version)
+        assert e.value.diagnostic.code == "OPD306"
+        return
+    same = ExpandOptions(connector=o.connector, tp=tps[0])
+    try:
+        want = expand_document(parse_text(case.text, FILE_NAME), same, vllm_version=case.version).text
+    except OmniPdError as e:
+        with pytest.raises(OmniPdError) as got:
+            expand_document(src, opts, vllm_version=case.version)
+        assert got.value.diagnostic == e.diagnostic
+        return
+    assert expand_document(src, opts, vllm_version=case.version).text == want

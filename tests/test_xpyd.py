@@ -74,7 +74,9 @@ def test_plan_2p3d_nixl_exact_instances_and_router(tmp_path):
         ("decode-2", "8202", "4", "5604", "llm-decode-r2", [8202, 5604]),
     ]
     router = lp.process("router")
-    assert router.argv[router.argv.index("--port") + 1:] == (
+    argv = list(router.argv)
+    del argv[argv.index("--workers"):argv.index("--workers") + 2]  # sized from the host's CPUs (router/sizing.py)
+    assert tuple(argv[argv.index("--port") + 1:]) == (
         "8000", "--prefill", "http://127.0.0.1:8100", "--prefill", "http://127.0.0.1:8101",
         "--decode", "http://127.0.0.1:8200", "--decode", "http://127.0.0.1:8201", "--decode",
         "http://127.0.0.1:8202")
@@ -142,3 +144,143 @@ def test_xpyd_instances_never_share_a_port_device_or_engine_id(tmp_path_factory,
     assert len(devs) == len(set(devs)) == (n + m) * tp
     ids = [json.loads(p.argv[p.argv.index("--kv-transfer-config") + 1])["engine_id"] for p in engines]
     assert len(set(ids)) == n + m
+
+
+# --- per-side TP (issue 15): --prefill-tp / --decode-tp ---------------------------------
+
+GOLDEN = ROOT / "tests" / "golden" / "xpyd"
+PER_SIDE = ["expand", "-q", str(LLM), "--pipeline", "llm", "--connector", "NixlConnector", "--kv-buffer-device", "cpu",
+            "--prefill-replicas", "2", "--prefill-tp", "1", "--decode-tp", "2"]
+
+
+def cli(args: list[str], capsys) -> tuple[int, str, str]:
+    from omni_pd.cli import main
+
+    try:
+        rc = main(args)
+    except SystemExit as e:
+        rc = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_golden_2p1d_prefill_tp1_decode_tp2_nixl(capsys):
+    rc, out, err = cli(PER_SIDE, capsys)
+    assert rc == 0, err
+    assert out == (GOLDEN / "llm_2p1d_nixl_prefill_tp1_decode_tp2.yaml").read_text(encoding="utf-8")
+    p, d = stage(out, 0), stage(out, 1)
+    assert (p["tensor_parallel_size"], p["num_replicas"], p["devices"]) == (1, 2, "0,1")
+    assert (d["tensor_parallel_size"], "num_replicas" in d, d["devices"]) == (2, False, "2,3")
+    res = validate_document(parse_text(out, "pd.yaml"))
+    assert [x.code for x in res.diagnostics if x.severity is not Severity.INFO] == []
+
+
+def test_plan_of_per_side_tp_gives_each_instance_its_sides_tp_and_devices(tmp_path, capsys):
+    rc, out, err = cli(PER_SIDE, capsys)
+    assert rc == 0, err
+    lp = plan(out, tmp_path)
+    got = []
+    for p in (x for x in lp.processes if x.role in ("prefill", "decode")):
+        kv = json.loads(p.argv[p.argv.index("--kv-transfer-config") + 1])
+        got.append((p.name, p.argv[p.argv.index("--tensor-parallel-size") + 1], p.env["CUDA_VISIBLE_DEVICES"],
+                    p.env["VLLM_NIXL_SIDE_CHANNEL_PORT"], kv["engine_id"], [u.port for u in p.ports]))
+    assert got == [
+        ("prefill-0", "1", "0", "5600", "llm-prefill-r0", [8100, 5600]),
+        ("prefill-1", "1", "1", "5601", "llm-prefill-r1", [8101, 5601]),
+        ("decode-0", "2", "2,3", "5602", "llm-decode", [8200, 5602]),
+    ]
+
+
+def test_vllm_0_11_nixl_side_channel_spans_follow_each_sides_tp():
+    # vLLM 0.11 binds one NIXL side-channel port per TP worker: prefill TP 1 x 1 instance takes
+    # 5557; decode TP 2 x 2 instances need 4 ports (instance r at base + r*2): 5558-5561 would
+    # hold 5560, which the input already uses, so decode takes 5561-5564 (sized from prefill's
+    # TP it would fit at 5558 and bind 5560 twice)
+    text = "connectors:\n  shm: {name: SharedMemoryConnector, extra: {zmq_port: 5560}}\n" + LLM.read_text()
+    text = expand_document(parse_text(text, LLM.name), ExpandOptions(
+        connector="NixlConnector", decode_replicas=2, prefill_tp=1, decode_tp=2), pipeline="llm",
+        vllm_version="0.11").text
+    p, d = stage(text, 0), stage(text, 1)
+    assert (p["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"], p["devices"]) == ("5557", "0")
+    assert (d["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"], d["devices"], d["num_replicas"]) == ("5561", "1,2,3,4", 2)
+    from omni_pd.check.validate import ValidateOptions
+
+    res = validate_document(parse_text(text, "pd.yaml"), ValidateOptions(vllm_version="0.11"))
+    assert [x.code for x in res.diagnostics if x.severity is Severity.ERROR] == []
+
+
+@pytest.mark.parametrize("args,code,msg,help", [
+    (["--connector", "MooncakeConnector", "--vllm-version", "0.18", "--prefill-tp", "2", "--decode-tp", "1"],
+     "OPD603", "--prefill-tp 2 --decode-tp 1: MooncakeConnector on vLLM 0.18 needs equal TP on prefill and decode",
+     "pick TPs the connector pairs (`omni-pd explain OPD603`), another --connector or another --vllm-version"),
+    (["--connector", "NixlConnector", "--vllm-version", "0.13", "--prefill-tp", "2", "--decode-tp", "1"],
+     "OPD603", "--prefill-tp 2 --decode-tp 1: NixlConnector on vLLM 0.13 allows decode TP >= prefill TP only, "
+     "as a multiple (got P=2, D=1)",
+     "pick TPs the connector pairs (`omni-pd explain OPD603`), another --connector or another --vllm-version"),
+    (["--connector", "NixlConnector", "--prefill-tp", "2", "--decode-tp", "3"],
+     "OPD603", "--prefill-tp 2 --decode-tp 3: NixlConnector needs one TP size to divide the other (got 2 and 3)",
+     "pick TPs the connector pairs (`omni-pd explain OPD603`), another --connector or another --vllm-version"),
+    (["--tp", "2", "--decode-tp", "1"], "OPD006", "--decode-tp 1 contradicts --tp 2 (--tp sets both prefill and decode)",
+     "drop --tp and give --prefill-tp and --decode-tp, or give --decode-tp 2"),
+    (["--platform", "npu", "--decode-tp", "1", "--npu-decode-tp", "2"], "OPD006",
+     "--npu-decode-tp 2 contradicts --decode-tp 1: with --platform npu both set the decode stage's "
+     "tensor_parallel_size", "give one of them"),
+    (["--platform", "npu", "--prefill-tp", "1", "--decode-tp", "2"], "OPD603",
+     "--prefill-tp 1 --decode-tp 2: vllm-ascend MooncakeConnectorV1 needs prefill TP >= decode TP and divisible "
+     "by it (got P=1, D=2)",
+     "pick TPs the connector pairs (`omni-pd explain OPD603`), another --connector or another --vllm-version"),
+])
+def test_refused_tp_combinations_exit_2_with_exact_diagnostics(args, code, msg, help, capsys):
+    rc, out, err = cli(["expand", str(LLM), "--pipeline", "llm", *args], capsys)
+    assert (rc, out) == (2, "")
+    assert err == f"error[{code}]: {msg}\n  = help: {help}\n"
+
+
+def test_vllm_omni_pipeline_refuses_unequal_tp_at_the_file_connector(tmp_path, capsys):
+    # Qwen3-Omni PD runs on vllm-omni, whose PD validator wants equal TP whatever the connector;
+    # the connector named in the file locates the refusal
+    src = tmp_path / "omni.yaml"
+    src.write_text((ROOT / "presets" / "qwen3_omni_moe.yaml").read_text().replace(
+        "  - stage_id: 0   # thinker\n", "  - stage_id: 0\n    kv_transfer_config: {kv_connector: NixlConnector}\n", 1))
+    rc, out, err = cli(["expand", str(src), "--pipeline", "qwen3_omni_moe", "--decode-tp", "4"], capsys)
+    assert (rc, out) == (2, "")
+    first = err.splitlines()[:2]
+    assert first == ["error[OPD306]: --decode-tp 4: tensor_parallel_size differs: prefill 1, decode 4; "
+                     "vllm-omni's PD validator requires them equal (vllm_omni/entrypoints/pd_utils.py)",
+                     f"  --> {src}:18:40"]  # the file's kv_connector value
+    rc, out, err = cli(["expand", "-q", str(src), "--pipeline", "qwen3_omni_moe", "--prefill-tp", "4", "--decode-tp", "4"],
+                       capsys)
+    assert rc == 0, err  # equal per-side TPs are --tp
+
+
+def test_npu_decode_tp_and_decode_tp_are_one_setting_with_platform_npu(capsys):
+    # --platform npu: --npu-decode-tp is decode's TP through the same code path as --decode-tp
+    a = cli(["expand", "-q", str(LLM), "--pipeline", "llm", "--platform", "npu", "--tp", "2", "--npu-decode-tp", "1"],
+            capsys)
+    b = cli(["expand", "-q", str(LLM), "--pipeline", "llm", "--platform", "npu", "--prefill-tp", "2",
+             "--decode-tp", "1"], capsys)
+    assert a[0] == b[0] == 0 and a[1] == b[1]
+    assert (stage(a[1], 1)["tensor_parallel_size"], stage(a[1], 1)["devices"]) == (1, "2")
+
+
+def test_validate_checks_the_pair_and_each_instances_devices():
+    text = (GOLDEN / "llm_2p1d_nixl_prefill_tp1_decode_tp2.yaml").read_text()
+    # vLLM 0.13 NIXL: decode TP 2 is a multiple of prefill TP 1: allowed; the reverse is not
+    assert [x.code for x in validate_document(parse_text(text, "pd.yaml")).diagnostics
+            if x.severity is Severity.ERROR] == []
+    swapped = text.replace("tensor_parallel_size: 1\n", "tensor_parallel_size: X\n").replace(
+        "tensor_parallel_size: 2\n", "tensor_parallel_size: 1\n").replace("tensor_parallel_size: X\n",
+                                                                           "tensor_parallel_size: 2\n")
+    swapped = swapped.replace('devices: "0,1"', 'devices: "0,1,4,5"').replace('devices: "2,3"', 'devices: "2"')
+    from omni_pd.check.validate import ValidateOptions
+
+    res = validate_document(parse_text(swapped, "pd.yaml"), ValidateOptions(vllm_version="0.13"))
+    errs = [(x.code, x.message) for x in res.diagnostics if x.severity is Severity.ERROR]
+    assert errs == [("OPD603", "NixlConnector on vLLM 0.13 allows decode TP >= prefill TP only, as a multiple "
+                               "(got P=2, D=1)")]
+    # one instance short of its side's TP: OPD401 per stage (devices = TP x PP x DP x num_replicas)
+    short = text.replace('devices: "2,3"', 'devices: "2"')
+    res = validate_document(parse_text(short, "pd.yaml"))
+    assert [(x.code, x.message) for x in res.diagnostics if x.severity is Severity.ERROR] == [
+        ("OPD401", "stage 1: tensor_parallel_size 2 x pipeline_parallel_size 1 x data_parallel_size 1 = 2 devices, "
+                   "but devices has 1 entry")]

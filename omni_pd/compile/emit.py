@@ -211,8 +211,9 @@ def _pd_side(stage: CommentedMap, plan: PDSplitPlan, side: str) -> None:
         for holder in (stage, stage.get("engine_args")):
             if isinstance(holder, CommentedMap):
                 holder.pop("input_connectors", None)
-    if plan.tp is not None:
-        _insert(_where(stage, "tensor_parallel_size"), "tensor_parallel_size", plan.tp,
+    side_tp = plan.prefill_tp if side == "prefill" else plan.decode_tp
+    if side_tp is not None:
+        _insert(_where(stage, "tensor_parallel_size"), "tensor_parallel_size", side_tp,
                 before=("devices", "env", "input_connectors", "output_connectors", "default_sampling_params"))
     env_holder = _where(stage, "env")
     env = env_holder.get("env")

@@ -16,13 +16,11 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Severity
 from omni_pd.check.rules import Context, Example, Rule, rule
+from omni_pd.compile.tp_pairs import ASCEND_CONNECTORS  # vllm-ascend's connector names (NPU only)
 
 if TYPE_CHECKING:
     from omni_pd.compile.topology import StageNode
 
-#: vllm-ascend's connector names (registered by the vllm-ascend plugin, NPU only).
-ASCEND_CONNECTORS = frozenset({"MooncakeConnectorV1", "MooncakeLayerwiseConnector", "MooncakeConnectorStoreV1",
-                               "AscendStoreConnector", "LLMDataDistCMgrConnector"})
 #: MultiConnector child names that resolve to a different class (alias) on a platform.
 ALIASES = {("npu", "OffloadingConnector"): "AscendOffloadingConnector"}
 #: MLA KV layout support. True: supported; False: not; absent: unknown (no finding).
@@ -393,41 +391,17 @@ def _replicated_pcp(ctx: Context, n: "StageNode") -> bool:
 
 
 def hetero_tp_problem(ctx: Context, p: "StageNode", d: "StageNode") -> str | None:
-    """Why the connector cannot pair prefill TP with decode TP, or None.
+    """Why the connector cannot pair prefill TP with decode TP, or None: the table of
+    :func:`omni_pd.compile.tp_pairs.connector_tp_problem` (the one ``expand
+    --prefill-tp/--decode-tp`` refuses with), fed the stages' TPs as validate reads them
+    and the model's facts when ``--model-info`` gives them."""
+    from omni_pd.compile.tp_pairs import connector_tp_problem
 
-    Connector contracts (Nixl, Mooncake) answer for their versions; P2pNccl and the V0
-    PyNccl pipe pair ranks one to one (equal TP); vllm-ascend's MooncakeConnectorV1 needs
-    P_tp >= D_tp and P_tp % D_tp == 0 (vllm-ascend disaggregated_prefill.md, limits);
-    with ``num_key_value_heads`` known,
-    differing TPs above the head count fail NIXL's shape check (vllm#45330).
-    """
-    from omni_pd.compile import connectors
-
-    ptp, dtp = ctx.stage_tp(p), ctx.stage_tp(d)
     name = (p.kv or {}).get("kv_connector") or (d.kv or {}).get("kv_connector")
-    if not name or ptp == dtp or ptp < 1 or dtp < 1:
-        return None  # a TP below 1 (engine_args, --serve-arg) is OPD401's finding, not a TP ratio
-    if name in ("P2pNcclConnector", "PyNcclConnector"):
-        return f"{name} pairs ranks one to one and needs equal TP on prefill and decode (got P={ptp}, D={dtp}; it hangs otherwise)"
-    if name in ASCEND_CONNECTORS:
-        if ptp < dtp or ptp % dtp:
-            return f"vllm-ascend {name} needs prefill TP >= decode TP and divisible by it (got P={ptp}, D={dtp})"
-        return None
-    c = connectors.get(name)
-    if c is not None:
-        if name == "NixlConnector" and ctx.target.version < (0, 18) and dtp % ptp:
-            return f"NixlConnector on vLLM {ctx.target.label} allows decode TP >= prefill TP only, as a multiple (got P={ptp}, D={dtp})"
-        msg = c.hetero_tp_error(ptp, dtp, ctx.target)
-        if msg:
-            return msg
     m = ctx.model
-    if m is not None and m.num_kv_heads and not m.is_mla and max(ptp, dtp) > m.num_kv_heads:
-        side, tp = ("decode", dtp) if dtp > ptp else ("prefill", ptp)
-        return (f"{side} TP {tp} > num_key_value_heads {m.num_kv_heads} with the other side at TP {min(ptp, dtp)}: "
-                "KV heads are replicated and the heterogeneous-TP shape check fails")
-    if m is not None and m.is_hybrid and name.startswith("Nixl"):
-        return f"hybrid-attention models need equal TP over NIXL (got P={ptp}, D={dtp})"
-    return None
+    return connector_tp_problem(name, ctx.stage_tp(p), ctx.stage_tp(d), ctx.target,
+                                num_kv_heads=m.num_kv_heads if m is not None else None,
+                                mla=bool(m is not None and m.is_mla), hybrid=bool(m is not None and m.is_hybrid))
 
 
 @rule("OPD603", "hetero-tp", Severity.ERROR,

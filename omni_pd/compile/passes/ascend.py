@@ -33,6 +33,7 @@ from omni_pd.compile.passes.pd_split import check_replicas_apart
 from omni_pd.compile.targets import Target
 from omni_pd.compile.targets import target as make_target
 from omni_pd.compile.topology import Topology
+from omni_pd.compile.tp_pairs import connector_tp_problem
 from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
 
 NPU = "npu"
@@ -85,7 +86,9 @@ def plan_ascend(topo: Topology, connector: str, *, release: str | None = None, d
     p, d = pair
     ps, ds = (ascend.Sizes(tp=n.tp, dp=n.dp, pp=n.pp) for n in (p, d))
     d_settings: dict[str, Any] = {}
-    err = ascend.tp_error(connector, ps.tp, decode_tp or ds.tp)
+    tgt = target if target is not None else make_target(None)
+    # the TP table expand --prefill-tp/--decode-tp and validate's OPD603 use (vllm-ascend's row)
+    err = connector_tp_problem(connector, ps.tp, decode_tp or ds.tp, tgt)
     if err:
         raise OmniPdError(Diagnostic(code="OPD805", severity=Severity.ERROR, message=f"npu overlay: {err}",
                                      help="give prefill the larger TP, a multiple of decode's (seed 004 limits)"))
@@ -104,7 +107,6 @@ def plan_ascend(topo: Topology, connector: str, *, release: str | None = None, d
     hccl = int(hccl_base if hccl_base is not None else ascend.hccl()["base"])
     runtime = topo.pipeline.runtime  # what validate's port rules and the PD split model (rules/ports.py)
     contract = connectors.get(connector)
-    tgt = target if target is not None else make_target(None)
     out = []
     for n, s, side in ((p, ps, "prefill"), (d, ds, "decode")):
         reps = launched_replicas(runtime, n.num_replicas)

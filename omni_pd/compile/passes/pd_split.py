@@ -38,6 +38,8 @@ class ExpandOptions:
 
     connector: str | None = None          # None: the Thinker's own kv_connector, else Mooncake
     tp: int | None = None                 # tensor parallel size for both halves
+    prefill_tp: int | None = None         # prefill's TP (xPyD per-side TP; None: tp, else the Thinker's)
+    decode_tp: int | None = None          # decode's TP (None: tp, else the Thinker's); unequal where tp_pairs allows
     prefill_devices: tuple[int, ...] | None = None
     decode_devices: tuple[int, ...] | None = None
     downstream_devices: tuple[int, ...] | None = None
@@ -72,6 +74,9 @@ class PDSplitPlan:
     #: xPyD: ``num_replicas`` to write on the prefill / decode stage (None: leave as copied)
     prefill_replicas: int | None = None
     decode_replicas: int | None = None
+    #: ``tensor_parallel_size`` to write on the prefill / decode stage (None: leave as copied)
+    prefill_tp: int | None = None
+    decode_tp: int | None = None
 
 
 #: Most devices one engine (TP x PP x DP) may take: far above any host's accelerator
@@ -162,6 +167,57 @@ def _err(code: str, msg: str, loc: Location | None, help: str | None = None) -> 
     return OmniPdError(Diagnostic(code=code, severity=Severity.ERROR, message=msg, location=loc, help=help))
 
 
+def side_tps(opts: ExpandOptions) -> tuple[int | None, int | None]:
+    """``(prefill TP, decode TP)`` the options ask for (None: the side keeps the Thinker's).
+
+    ``--tp`` sets both sides; ``--prefill-tp``/``--decode-tp`` set one each and may repeat
+    ``--tp``'s value but not contradict it. With ``--platform npu`` the base decode stage
+    runs on npu, so ``--npu-decode-tp`` is decode's TP (over ``--tp``, as before) and must
+    agree with a ``--decode-tp`` (without ``--platform npu``, ``--npu-decode-tp`` is the
+    ``platforms.npu`` overlay's decode TP and ``--decode-tp`` the base's: different engines). Raises :class:`OmniPdError` OPD006
+    (exit 2) naming both options for a contradiction. Pure."""
+    def one(flag: str, own: int | None) -> int | None:
+        if own is not None and opts.tp is not None and own != opts.tp:
+            raise _err("OPD006", f"{flag} {own} contradicts --tp {opts.tp} (--tp sets both prefill and decode)",
+                       None, help=f"drop --tp and give --prefill-tp and --decode-tp, or give {flag} {opts.tp}")
+        return own if own is not None else opts.tp
+
+    p_tp, d_tp = one("--prefill-tp", opts.prefill_tp), one("--decode-tp", opts.decode_tp)
+    if opts.platform == "npu" and opts.npu_decode_tp is not None:
+        if opts.decode_tp is not None and opts.npu_decode_tp != opts.decode_tp:
+            raise _err("OPD006", f"--npu-decode-tp {opts.npu_decode_tp} contradicts --decode-tp {opts.decode_tp}: "
+                       "with --platform npu both set the decode stage's tensor_parallel_size", None,
+                       help="give one of them")
+        d_tp = opts.npu_decode_tp  # the base decode runs on npu: one setting, one code path
+    return p_tp, d_tp
+
+
+def check_tp_pair(connector: str, p_tp: int, d_tp: int, target: Target, launcher: str,
+                  given: tuple[int | None, int | None], loc: Location | None) -> None:
+    """Refuse a prefill/decode TP pair the runtime or the connector cannot serve, with the
+    code validate would report on the written file: OPD306 (vllm-omni's PD validator wants
+    equal TP) or OPD603 (the connector's table, :mod:`omni_pd.compile.tp_pairs`).
+    ``given``: the (prefill, decode) TPs the command line set, named in the message (the
+    others come from the Thinker). ``loc``: where the connector is named in the input (None:
+    ``--connector`` or the default). Raises :class:`OmniPdError` (exit 2)."""
+    from omni_pd.compile.tp_pairs import connector_tp_problem, runtime_tp_problem
+
+    if p_tp == d_tp:
+        return
+    asked = " ".join(f"--{side}-tp {v}" for side, v in zip(("prefill", "decode"), given) if v is not None)
+    what = f"{asked}: " if asked else ""
+    msg = runtime_tp_problem(launcher, p_tp, d_tp)
+    if msg:
+        raise _err("OPD306", what + msg + " (vllm_omni/entrypoints/pd_utils.py)", loc,
+                   help="serve per-side TP from a pipeline launched as plain vllm serve engines "
+                        "(llm, *_thinker_only), or give both sides the same TP")
+    msg = connector_tp_problem(connector, p_tp, d_tp, target)
+    if msg:
+        raise _err("OPD603", what + msg, loc,
+                   help="pick TPs the connector pairs (`omni-pd explain OPD603`), another --connector "
+                        "or another --vllm-version")
+
+
 def check_not_pd(topo: Topology, doc: Document | None) -> None:
     """Refuse a config that is already split (OPD803): a PD pipeline, or two stages that
     already form a KV pair (one that can send, ``kv_producer``/``kv_both``, and another
@@ -187,7 +243,13 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
     """Decide the PD split of ``topo`` (resolved without a platform overlay).
 
     Raises :class:`OmniPdError` (exit 2): OPD803 already PD, OPD801 no Thinker/LLM
-    stage, OPD804 unknown connector, OPD805 device/port allocation impossible.
+    stage, OPD804 unknown connector, OPD805 device/port allocation impossible, OPD006
+    contradicting TP options, OPD603/OPD306 a prefill/decode TP pair the connector or the
+    runtime refuses (:func:`check_tp_pair`).
+
+    Per-side TP (``opts.prefill_tp``/``decode_tp``): each instance of a side gets that
+    side's TP x PP x DP devices, its side-channel/bootstrap range is sized from its own TP
+    (the contract's ``port_span``), and its ``Endpoint`` carries its TP.
     """
     check_not_pd(topo, doc)
     src = topo.pipeline
@@ -226,30 +288,39 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
 
     # devices -----------------------------------------------------------------------
     tp = opts.tp
-    world = (tp * thinker.pp * thinker.dp) if tp else (
+    given = side_tps(opts)
+    p_tp, d_tp = given[0] or thinker.tp, given[1] or thinker.tp
+    launcher = target_pipe.launcher
+    tp_conn = opts.npu_connector if opts.platform == "npu" else contract.name
+    check_tp_pair(tp_conn, p_tp, d_tp, target, launcher, given, conn_loc)
+    p_engine, d_engine = (x * thinker.pp * thinker.dp for x in (p_tp, d_tp))
+    world = p_engine if given[0] else (
         len(thinker.devices) if isinstance(thinker.devices, tuple) else thinker.world_size)
-    if not 1 <= world <= MAX_ENGINE_DEVICES:
-        # a parallel size from engine_args, the top level or --tp (the model bounds only
-        # stage keys below by 1): refuse before split_devices builds a list that long
-        where = None if opts.tp else _stage_loc(doc, thinker.index, *_PARALLEL, top=_PARALLEL[1:])
-        raise _err("OPD805", f"cannot place prefill and decode: TP x PP x DP = {world} devices per engine"
-                   + (f", more than the {MAX_ENGINE_DEVICES} omni-pd places" if world > 0 else ""),
-                   where, help="parallel sizes must be at least 1 and fit the host's devices")
+    for w in (world, d_engine):
+        if not 1 <= w <= MAX_ENGINE_DEVICES:
+            # a parallel size from engine_args, the top level or --tp (the model bounds only
+            # stage keys below by 1): refuse before split_devices builds a list that long
+            where = None if any(given) else _stage_loc(doc, thinker.index, *_PARALLEL, top=_PARALLEL[1:])
+            raise _err("OPD805", f"cannot place prefill and decode: TP x PP x DP = {w} devices per engine"
+                       + (f", more than the {MAX_ENGINE_DEVICES} omni-pd places" if w > 0 else ""),
+                       where, help="parallel sizes must be at least 1 and fit the host's devices")
     layout = {s.stage_id: s.devices for s in topo.stages}
     xpyd = opts.prefill_replicas is not None or opts.decode_replicas is not None
-    d_count = None
+    d_count = d_engine if p_tp != d_tp else None
     if xpyd:
-        # xPyD: every instance gets its own devices (TP x PP x DP each), one contiguous
+        # xPyD: every instance gets its own devices (TP x PP x DP of its side), one contiguous
         # chunk per replica, as vllm-omni's split_devices_for_replicas reads a stage's pool
         # (vllm_omni/engine/stage_init_utils.py compute_replica_layout)
-        engine_world = (tp or thinker.tp) * thinker.pp * thinker.dp
         p_n, d_n = opts.prefill_replicas or 1, opts.decode_replicas or 1
-        world, d_count = engine_world * p_n, engine_world * d_n
-        for flag, given, want in (("--prefill-devices", opts.prefill_devices, world),
-                                  ("--decode-devices", opts.decode_devices, d_count)):
-            if given is not None and len(given) != want:
-                raise _err("OPD805", f"{flag} lists {len(given)} device(s); {want} are needed "
-                           f"({want // engine_world} instance(s) x {engine_world} device(s) each)", None)
+        world, d_count = p_engine * p_n, d_engine * d_n
+        for flag, given_devs, n, engine in (("--prefill-devices", opts.prefill_devices, p_n, p_engine),
+                                            ("--decode-devices", opts.decode_devices, d_n, d_engine)):
+            if given_devs is not None and len(given_devs) != n * engine:
+                raise _err("OPD805", f"{flag} lists {len(given_devs)} device(s); {n * engine} are needed "
+                           f"({n} instance(s) x {engine} device(s) each)", None)
+    elif d_count is not None and opts.decode_devices is not None and len(opts.decode_devices) != d_count:
+        raise _err("OPD805", f"--decode-devices lists {len(opts.decode_devices)} device(s); decode at TP {d_tp} "
+                   f"needs {d_count}", None)
     try:
         base = split_devices(layout, t.stage_id, world, opts.prefill_devices, opts.decode_devices,
                              opts.downstream_devices, decode_count=d_count)
@@ -274,20 +345,22 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
     used += _stage_ranges(topo, t.stage_id, target, runtime)
     prefix = opts.engine_id_prefix or ("omni-" + t.role if t.role != "llm" else "llm")
     p_id, d_id = f"{prefix}-prefill", f"{prefix}-decode"
-    p_tp = tp or thinker.tp
     start = opts.port_base or contract.default_port_base(target)
     # a platform overlay may raise the Thinker's TP/DP/replicas: reserve the widest range
     # any platform binds, so prefill and decode ranges stay disjoint on every platform
-    span_tp, span_dp, span_rep = p_tp, thinker.dp, thinker.num_replicas
+    span_tps, span_dp, span_rep = [p_tp, d_tp], thinker.dp, thinker.num_replicas
     for pname in topo.config.platforms or {}:
         node = resolve(topo.config, src, pname).node(t.stage_id)
         if node is not None:
-            span_tp, span_dp = max(span_tp, node.tp), max(span_dp, node.dp)
+            span_tps = [max(x, node.tp) for x in span_tps]
+            span_dp = max(span_dp, node.dp)
             span_rep = max(span_rep, node.num_replicas)
     side_reps = (launched_replicas(runtime, opts.prefill_replicas or span_rep),
                  launched_replicas(runtime, opts.decode_replicas or span_rep))
-    spans = [contract.port_span(side, span_tp, span_dp, target, runtime=runtime, replicas=reps)
-             for side, reps in zip(("prefill", "decode"), side_reps)]
+    # each side's range from its own TP: a NIXL engine binds one port per TP x DP rank on
+    # vLLM 0.11, a Mooncake prefill one per rank on 0.13 (the contracts' port_span)
+    spans = [contract.port_span(side, side_tp, span_dp, target, runtime=runtime, replicas=reps)
+             for side, side_tp, reps in zip(("prefill", "decode"), span_tps, side_reps)]
     bases: list[int | None] = [None, None]
     wanted = [i for i, sp in enumerate(spans) if sp > 0]
     if start is not None and wanted:
@@ -301,13 +374,14 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
     p_port, d_port = bases
     kvbd = opts.kv_buffer_device or (thinker.kv or {}).get("kv_buffer_device")
     p_ep = Endpoint("prefill", p_id, opts.kv_host, p_tp, thinker.dp, p_port, kvbd, runtime)
-    d_ep = Endpoint("decode", d_id, opts.kv_host, p_tp, thinker.dp, d_port, kvbd, runtime)
+    d_ep = Endpoint("decode", d_id, opts.kv_host, d_tp, thinker.dp, d_port, kvbd, runtime)
     unread = contract.unread_keys(target, runtime)
     p_cfg = _merge_user_kv(contract.configure(p_ep, target), thinker.kv, target, unread)
     d_cfg = _merge_user_kv(contract.configure(d_ep, target), thinker.kv, target, unread)
-    for side, cfg, reps in (("prefill", p_cfg, side_reps[0]), ("decode", d_cfg, side_reps[1])):
+    for side, cfg, reps, side_tp in (("prefill", p_cfg, side_reps[0], span_tps[0]),
+                                     ("decode", d_cfg, side_reps[1], span_tps[1])):
         if reps > 1:
-            check_replicas_apart(contract, side, cfg, span_tp, span_dp, target, runtime, reps,
+            check_replicas_apart(contract, side, cfg, side_tp, span_dp, target, runtime, reps,
                                   _stage_loc(doc, thinker.index, "num_replicas"))
 
     # async chunking ----------------------------------------------------------------
@@ -330,7 +404,7 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
                        base_devices=base_devices, overlay_devices=overlay_devices, tp=tp,
                        prefill=p_cfg, decode=d_cfg, prefill_engine_id=p_id, decode_engine_id=d_id,
                        diagnostics=tuple(notes), prefill_replicas=opts.prefill_replicas,
-                       decode_replicas=opts.decode_replicas)
+                       decode_replicas=opts.decode_replicas, prefill_tp=given[0], decode_tp=given[1])
 
 
 def _talker_note(target_pipe: Pipeline, topo: Topology, doc: Document | None) -> list[Diagnostic]:
