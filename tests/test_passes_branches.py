@@ -1,0 +1,217 @@
+"""Branches of the compiler passes (compile/passes/pd_split.py, ascend.py, encoder_split.py)
+that the golden expand tests pass through without pinning: which ports the input already
+claims, where an error points, which of the Thinker's kv keys survive, when a config counts
+as already split, and each refusal's exact code and message (issue 16; measured by
+bench/mutation.py, report in bench/MUTATION.md). Values are worked out from the docstrings.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from omni_pd.compile.connectors.base import SideConfig
+from omni_pd.compile.expand import expand_document
+from omni_pd.compile.passes import pd_split
+from omni_pd.compile.passes.pd_split import ExpandOptions
+from omni_pd.compile.targets import target
+from omni_pd.diagnostics import OmniPdError, Severity
+from omni_pd.io import parse_text
+
+LLM = "stages:\n  - stage_id: 0\n    max_model_len: 1024\n    devices: \"0\"\n"
+
+
+def refusal(text: str, opts: ExpandOptions = ExpandOptions(), **kw) -> tuple:
+    with pytest.raises(OmniPdError) as e:
+        expand_document(parse_text(text, "in.yaml"), opts, **kw)
+    d = e.value.diagnostic
+    return d.code, d.message, (d.location.line, d.location.column) if d.location else None, d.help
+
+
+def stages(text: str, opts: ExpandOptions = ExpandOptions(), **kw):
+    from ruamel.yaml import YAML
+
+    res = expand_document(parse_text(text, "in.yaml"), opts, **kw)
+    return YAML(typ="safe").load(res.text)["stages"], res
+
+
+# --- _used_ports: every int-valued *port key anywhere in the input ---------------------------------
+
+def test_used_ports_reads_every_key_ending_in_port_at_any_depth() -> None:
+    out: list[tuple[int, int]] = []
+    pd_split._used_ports({"a_port": 5000, "nested": {"kv_port": "6000", "PORT": 7000, 3: 9000},
+                          "list": [{"side_port": 8000}, 4], "flag_port": True, "x_port": {"inner_port": 1},
+                          "bad_port": "abc", "zero_port": 0, "big_port": 70000, "neg_port": -1,
+                          "port_count": 5, "last_port": 65535}, out)
+    # strings that read as ints count, booleans/mappings/0/out-of-range/non-numeric do not,
+    # a mapping under a *port key is searched, keys must *end* in port (case-insensitive)
+    assert out == [(5000, 1), (6000, 1), (7000, 1), (8000, 1), (1, 1), (65535, 1)]
+
+
+def test_a_port_already_in_the_input_is_not_given_to_prefill() -> None:
+    # the Thinker already names 5601 in its env: prefill takes 5600, decode steps over 5601 to 5602
+    text = LLM + "    env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"5601\"}\n"
+    st, _ = stages(text, ExpandOptions(connector="NixlConnector"), pipeline="llm")
+    assert [s["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] for s in st] == ["5600", "5602"]
+
+
+# --- _stage_loc: where an error about the Thinker points --------------------------------------------
+
+_LOC = ("pipeline: llm\ntensor_parallel_size: 2\nstages:\n  - stage_id: 0\n    tensor_parallel_size: 1\n"
+        "    engine_args:\n      tensor_parallel_size: 4\n    engine_extras:\n      data_parallel_size: 2\n"
+        "  - stage_id: 1\n")
+
+
+@pytest.mark.parametrize("index, keys, top, where", [
+    (0, ("tensor_parallel_size",), (), (7, 29)),        # engine_args wins over the flat key
+    (0, ("data_parallel_size",), (), (9, 27)),          # engine_extras when nothing else sets it
+    (0, ("pipeline_parallel_size",), ("tensor_parallel_size",), (2, 23)),  # a top-level key
+    (0, ("nope",), (), (4, 5)),                          # the stage entry
+    (None, ("nope",), (), (3, 1)),                       # the stages: key
+    (None, ("x",), ("pipeline",), (1, 11)),
+    (1, ("kv_transfer_config.kv_connector",), (), (10, 5)),
+    (0, ("nope", "tensor_parallel_size"), (), (7, 29)),  # keys tried in order
+])
+def test_stage_loc_looks_where_vllm_omni_reads_first(index, keys, top, where) -> None:
+    loc = pd_split._stage_loc(parse_text(_LOC, "t.yaml"), index, *keys, top=top)
+    assert (loc.line, loc.column) == where
+
+
+def test_stage_loc_without_stages_points_at_the_document_and_without_a_document_nowhere() -> None:
+    loc = pd_split._stage_loc(parse_text("a: 1\n", "t.yaml"), None, "x")
+    assert (loc.line, loc.column) == (1, 1)
+    assert pd_split._stage_loc(None, 0, "x") is None
+
+
+# --- _merge_user_kv: what of the Thinker's kv_transfer_config both halves keep ----------------------
+
+_CFG = SideConfig(kv_transfer_config={"kv_connector": "MooncakeConnector", "kv_role": "kv_producer", "engine_id": "e",
+                                      "kv_connector_extra_config": {"bootstrap_port": 25201}},
+                  env={"A": "1"}, env_remove=("B",))
+_USER = {"kv_role": "kv_both", "engine_id": "mine", "kv_rank": 0, "kv_parallel_size": 2, "kv_buffer_size": 1e9,
+         "kv_buffer_device": "cpu", "kv_connector": "NixlConnector",
+         "kv_connector_extra_config": {"mooncake_bootstrap_port": 1, "keep": 2, "bootstrap_port": 3},
+         "custom": {"mooncake_bootstrap_port": 5}, "kv_ip": "x"}
+
+
+def test_merge_keeps_user_keys_under_the_contract_and_drops_unread_paths() -> None:
+    got = pd_split._merge_user_kv(_CFG, _USER, target("0.30"), (
+        "kv_connector_extra_config.mooncake_bootstrap_port", "custom.mooncake_bootstrap_port", "kv_ip"))
+    # role/engine id/rank/parallel size never copied; connector from the contract; the extra
+    # config merged key by key with the contract's value winning; `custom` emptied -> dropped
+    assert got.kv_transfer_config == {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer", "engine_id": "e",
+                                      "kv_connector_extra_config": {"keep": 2, "bootstrap_port": 25201},
+                                      "kv_buffer_size": 1e9, "kv_buffer_device": "cpu"}
+    assert list(got.kv_transfer_config) == ["kv_connector", "kv_role", "engine_id", "kv_connector_extra_config",
+                                            "kv_buffer_size", "kv_buffer_device"]
+    assert list(got.kv_transfer_config["kv_connector_extra_config"]) == ["keep", "bootstrap_port"]
+    assert (got.env, got.env_remove) == ({"A": "1"}, ("B",))
+
+
+def test_merge_drops_fields_the_target_release_removed() -> None:
+    got = pd_split._merge_user_kv(_CFG, _USER, target("0.32"), ())
+    # vLLM 0.32 has no kv_buffer_size / kv_ip; with no unread paths the rest is kept
+    assert got.kv_transfer_config == {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer", "engine_id": "e",
+                                      "kv_connector_extra_config": {"mooncake_bootstrap_port": 1, "keep": 2,
+                                                                    "bootstrap_port": 25201},
+                                      "kv_buffer_device": "cpu", "custom": {"mooncake_bootstrap_port": 5}}
+
+
+def test_merge_without_user_keys_is_the_contract_unchanged() -> None:
+    assert pd_split._merge_user_kv(_CFG, None, target("0.30")) is _CFG
+    assert pd_split._merge_user_kv(_CFG, {}, target("0.30")) is _CFG
+
+
+# --- check_not_pd: already split ------------------------------------------------------------------
+
+_KV = "    kv_transfer_config: {{kv_connector: MooncakeConnector, kv_role: {role}}}\n"
+_TWO = ("stages:\n  - stage_id: 0\n    devices: \"0\"\n{a}  - stage_id: 1\n    devices: \"1\"\n{b}")
+
+
+def test_a_producer_consumer_pair_without_a_pd_pipeline_is_already_split() -> None:
+    text = _TWO.format(a=_KV.format(role="kv_both"), b=_KV.format(role="kv_consumer"))
+    assert refusal(text, pipeline="qwen3_omni_moe_thinker_only")[:3] == (
+        "OPD803", "this deploy config is already prefill/decode split; refusing to split it twice", (1, 1))
+
+
+@pytest.mark.parametrize("a, b", [("kv_producer", "kv_producer"), ("kv_consumer", "kv_consumer"),
+                                  ("kv_producer", None), ("kv_both", None)])
+def test_roles_that_form_no_pair_are_not_already_split(a, b) -> None:
+    # two senders, two receivers, or one kv stage alone (kv_both cannot pair with itself)
+    if b is None:
+        st, _ = stages(LLM.replace("devices: \"0\"\n", "devices: \"0\"\n" + _KV.format(role=a)), pipeline="llm")
+        assert [s["kv_transfer_config"]["kv_role"] for s in st] == ["kv_producer", "kv_consumer"]
+        return
+    text = "pipeline: qwen3_omni_moe\n" + _TWO.format(a=_KV.format(role=a), b=_KV.format(role=b)) + \
+        "  - stage_id: 2\n    devices: \"1\"\n"
+    st, _ = stages(text)
+    assert [(s["stage_id"], s["kv_transfer_config"]["kv_role"]) for s in st[:3]] == [
+        (0, "kv_producer"), (1, "kv_consumer"), (2, b)]
+
+
+def test_a_pipeline_name_ending_in_pd_is_already_split_at_its_value() -> None:
+    assert refusal("pipeline: llm_pd\n" + LLM)[:3] == (
+        "OPD803", "this deploy config is already prefill/decode split; refusing to split it twice", (1, 11))
+
+
+# --- plan_pd_split refusals -----------------------------------------------------------------------
+
+def test_a_pipeline_without_a_thinker_or_llm_stage_is_refused() -> None:
+    text = "pipeline: llm_1e1pd\nstages:\n  - {stage_id: 0, devices: \"0\"}\n  - {stage_id: 1, devices: \"1\"}\n"
+    assert refusal(text) == (
+        "OPD801", "pipeline `llm_1e1pd` has no Thinker (or single LLM) stage to split", (1, 1),
+        "PD disaggregation splits the Thinker; choose a pipeline that has one with --pipeline")
+
+
+def test_an_unknown_connector_in_the_file_is_located_there_with_the_nearest_name() -> None:
+    text = LLM + "    kv_transfer_config: {kv_connector: NixlConector}\n"
+    code, msg, at, help = refusal(text, pipeline="llm")
+    assert (code, msg, at) == ("OPD804", "no connector contract for `NixlConector`", (5, 40))
+    assert help.startswith("did you mean NixlConnector? omni-pd can emit: MooncakeConnector, ")
+
+
+def test_an_unknown_connector_from_the_command_line_has_no_location_and_no_guess() -> None:
+    code, msg, at, help = refusal(LLM, ExpandOptions(connector="Zzz"), pipeline="llm")
+    assert (code, msg, at) == ("OPD804", "no connector contract for `Zzz`", None)
+    assert help.startswith("omni-pd can emit: MooncakeConnector, ")
+
+
+def test_a_connector_the_target_release_lacks_is_refused() -> None:
+    assert refusal(LLM, ExpandOptions(connector="MooncakeConnector"), pipeline="llm", vllm_version="0.11") == (
+        "OPD804", "MooncakeConnector is not registered in vLLM 0.11", None, "pick another --connector or --vllm-version")
+
+
+def test_an_engine_wider_than_omni_pd_places_is_refused() -> None:
+    assert refusal(LLM, ExpandOptions(tp=4097), pipeline="llm")[:3] == (
+        "OPD805", "cannot place prefill and decode: TP x PP x DP = 4097 devices per engine, more than the 4096 "
+                  "omni-pd places", None)
+
+
+def test_an_engine_exactly_as_wide_as_the_limit_is_placed() -> None:
+    st, _ = stages(LLM, ExpandOptions(tp=4096, connector="NixlConnector"), pipeline="llm")
+    assert [len(s["devices"].split(",")) for s in st] == [4096, 4096]
+
+
+def test_overlapping_device_options_are_refused_with_both_lists() -> None:
+    assert refusal(LLM, ExpandOptions(prefill_devices=(0, 1), decode_devices=(1, 2), tp=2), pipeline="llm")[:3] == (
+        "OPD805", 'cannot place prefill and decode: prefill devices "0,1" and decode devices "1,2" overlap', None)
+
+
+def test_no_room_for_the_connector_ports_is_refused() -> None:
+    assert refusal(LLM, ExpandOptions(connector="NixlConnector", port_base=65535), pipeline="llm") == (
+        "OPD805", "cannot allocate NixlConnector ports: no free range of 1 port(s) at or above 65535", None,
+        "pass --port-base with a lower free port")
+
+
+def test_the_last_port_is_usable_for_the_last_range() -> None:
+    st, _ = stages(LLM, ExpandOptions(connector="NixlConnector", port_base=65534), pipeline="llm")
+    assert [s["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] for s in st] == ["65534", "65535"]
+
+
+# --- notes ----------------------------------------------------------------------------------------
+
+def test_a_thinker_without_devices_is_told_which_devices_it_got() -> None:
+    _, res = stages(LLM.replace("    devices: \"0\"\n", ""), pipeline="llm")
+    d = next(x for x in res.diagnostics if x.code == "OPD902")
+    assert (d.severity, d.message, (d.location.line, d.location.column), d.help) == (
+        Severity.INFO, 'the Thinker had no `devices`; prefill gets "0" and decode "1"', (2, 5),
+        "pass --prefill-devices/--decode-devices to choose them")
