@@ -215,3 +215,129 @@ def test_a_thinker_without_devices_is_told_which_devices_it_got() -> None:
     assert (d.severity, d.message, (d.location.line, d.location.column), d.help) == (
         Severity.INFO, 'the Thinker had no `devices`; prefill gets "0" and decode "1"', (2, 5),
         "pass --prefill-devices/--decode-devices to choose them")
+
+
+# --- encoder_split ----------------------------------------------------------------------------------
+
+def encoder(text: str, eopts, opts: ExpandOptions = ExpandOptions(), **kw):
+    from ruamel.yaml import YAML
+
+    from omni_pd.compile.expand import expand_encoder_document
+
+    res = expand_encoder_document(parse_text(text, "in.yaml"), eopts, opts, **kw)
+    return YAML(typ="safe").load(res.text)["stages"], res
+
+
+def encoder_refusal(text: str, eopts, opts: ExpandOptions = ExpandOptions(), **kw) -> tuple:
+    from omni_pd.compile.expand import expand_encoder_document
+
+    with pytest.raises(OmniPdError) as e:
+        expand_encoder_document(parse_text(text, "in.yaml"), eopts, opts, **kw)
+    d = e.value.diagnostic
+    return d.code, d.message, (d.location.line, d.location.column) if d.location else None, d.help, d.notes
+
+
+def _ec(st: dict) -> tuple:
+    ec = st["ec_transfer_config"]
+    return st.get("devices"), ec["ec_role"], ec["engine_id"], ec["ec_connector_extra_config"]["shared_storage_path"]
+
+
+def test_1e1pd_encoder_takes_the_next_free_device_and_the_consumer_the_llm_engine_id() -> None:
+    from omni_pd.compile.passes.encoder_split import EncoderOptions
+
+    st, res = encoder(LLM, EncoderOptions("1e1pd"), pipeline="llm")
+    assert [_ec(s) for s in st] == [("1", "ec_producer", "llm-encoder", "/tmp/omni-pd-ec"),
+                                    ("0", "ec_consumer", "llm", "/tmp/omni-pd-ec")]
+    assert [d.code for d in res.diagnostics] == []
+
+
+def test_1e1p1d_consumer_is_prefill_and_the_encoder_goes_past_decode() -> None:
+    from omni_pd.compile.passes.encoder_split import EncoderOptions
+
+    st, _ = encoder(LLM, EncoderOptions("1e1p1d"), ExpandOptions(connector="NixlConnector"), pipeline="llm")
+    assert [_ec(s) for s in st[:2]] == [("2", "ec_producer", "llm-encoder", "/tmp/omni-pd-ec"),
+                                        ("0", "ec_consumer", "llm-prefill", "/tmp/omni-pd-ec")]
+    assert (st[2]["devices"], st[2]["kv_transfer_config"]["engine_id"], "ec_transfer_config" in st[2]) == (
+        "1", "llm-decode", False)
+
+
+def test_thinker_engine_ids_and_the_prefix_option() -> None:
+    from omni_pd.compile.passes.encoder_split import EncoderOptions
+
+    st, _ = encoder(LLM, EncoderOptions("1e1pd"), pipeline="qwen3_omni_moe_thinker_only")
+    assert [s["ec_transfer_config"]["engine_id"] for s in st] == ["omni-thinker-encoder", "omni-thinker"]
+    st, _ = encoder(LLM, EncoderOptions("1e1pd"), ExpandOptions(engine_id_prefix="x"), pipeline="llm")
+    assert [s["ec_transfer_config"]["engine_id"] for s in st] == ["x-encoder", "x"]
+
+
+def test_an_llm_without_devices_gives_the_encoder_none() -> None:
+    from omni_pd.compile.passes.encoder_split import EncoderOptions
+
+    st, _ = encoder(LLM.replace("    devices: \"0\"\n", ""), EncoderOptions("1e1pd"), pipeline="llm")
+    assert [s.get("devices") for s in st] == [None, None]
+
+
+def test_encoder_devices_given_apart_from_the_llm_need_no_note() -> None:
+    from omni_pd.compile.passes.encoder_split import EncoderOptions
+
+    st, res = encoder(LLM, EncoderOptions("1e1pd", encoder_devices=(3,)), pipeline="llm")
+    assert [s["devices"] for s in st] == ["3", "0"] and res.diagnostics == ()
+
+
+def test_encoder_devices_shared_with_the_llm_are_named_sorted() -> None:
+    from omni_pd.compile.passes.encoder_split import EncoderOptions
+
+    text = LLM.replace('"0"', '"0,1"') + "    tensor_parallel_size: 2\n"
+    st, res = encoder(text, EncoderOptions("1e1pd", encoder_devices=(1, 0)), pipeline="llm")
+    assert [s["devices"] for s in st] == ["1,0", "0,1"]
+    assert [(d.code, d.severity, d.message, d.help) for d in res.diagnostics] == [(
+        "OPD903", Severity.INFO, "the encoder shares device(s) 0, 1 with the language model",
+        "fine for a small encoder; give --encoder-devices a free device to keep them apart")]
+
+
+def test_a_config_with_an_ec_transfer_config_is_already_split() -> None:
+    from omni_pd.compile.passes.encoder_split import EncoderOptions
+
+    text = LLM + "    ec_transfer_config: {ec_connector: ECExampleConnector, ec_role: ec_producer}\n"
+    assert encoder_refusal(text, EncoderOptions("1e1pd"), pipeline="llm") == (
+        "OPD803", "this deploy config already has an encoder stage (ec_transfer_config); refusing to split it twice",
+        (1, 1), "run `omni-pd validate` on it instead", [])
+
+
+def test_an_unknown_layout_is_refused_with_the_layouts() -> None:
+    from omni_pd.compile.passes.encoder_split import EncoderOptions
+
+    assert encoder_refusal(LLM, EncoderOptions("2e"), pipeline="llm") == (
+        "OPD806", "unknown encoder split `2e`", None, "--encoder-split is one of 1e1pd, 1e1p1d", [])
+
+
+@pytest.mark.parametrize("pipeline", ["qwen3_omni_moe", "qwen2_5_omni"])
+def test_a_full_omni_pipeline_is_refused_pointing_at_its_thinker_only_variant(pipeline) -> None:
+    from omni_pd.compile.passes.encoder_split import OMNI_REFUSAL, EncoderOptions
+
+    three = "stages:\n  - {stage_id: 0, devices: \"0\"}\n  - {stage_id: 1, devices: \"1\"}\n  - {stage_id: 2, devices: \"1\"}\n"
+    assert encoder_refusal(three, EncoderOptions("1e1pd"), pipeline=pipeline) == (
+        "OPD806", f"pipeline `{pipeline}` (thinker -> talker -> code2wav) cannot take an encoder split", (1, 1),
+        f"for text output, serve `{pipeline}_thinker_only` (the Thinker alone) with --encoder-split; the encoder "
+        "split applies to single-LLM pipelines: llm, qwen2_5_omni_thinker_only, qwen3_omni_moe_thinker_only",
+        [OMNI_REFUSAL])
+
+
+@pytest.mark.parametrize("name, msg", [
+    ("ECNope", "omni-pd has no EC connector contract for `ECNope`"),
+    ("ECMooncakeConnector", "omni-pd has no EC connector contract for `ECMooncakeConnector` (validate checks it, "
+                            "expand does not emit it yet)"),
+])
+def test_an_ec_connector_without_a_contract_is_refused(name, msg) -> None:
+    from omni_pd.compile.passes.encoder_split import EncoderOptions
+
+    assert encoder_refusal(LLM, EncoderOptions("1e1pd", ec_connector=name), pipeline="llm") == (
+        "OPD807", msg, None, "omni-pd can emit: ECExampleConnector", [])
+
+
+def test_an_ec_connector_the_release_lacks_is_refused() -> None:
+    from omni_pd.compile.passes.encoder_split import EncoderOptions
+
+    assert encoder_refusal(LLM, EncoderOptions("1e1pd"), pipeline="llm", vllm_version="0.11") == (
+        "OPD807", "ECExampleConnector is not registered in vLLM 0.11", None,
+        "pick another --ec-connector or --vllm-version", [])
