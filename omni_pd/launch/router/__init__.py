@@ -96,8 +96,8 @@ Serving behaviour
   client when httptools is missing; health probes and ``/v1/models`` use aiohttp's client.
   Why aiohttp for the front: vLLM itself depends on it, it streams without a thread per
   stream, enforces body limits, accepts chunked uploads and cancels a handler when its
-  client disconnects. Why not aiohttp's client for the legs: ~55 µs of CPU per request
-  against ~12 µs (bench/RESULTS.md, "Router under load"), and a leg is one POST to a
+  client disconnects. Why not aiohttp's client for the legs: ~57 µs of CPU per request
+  against ~17 µs (bench/router_legs_micro.py), and a leg is one POST to a
   server omni-pd launched. JSON: orjson when importable (:mod:`.codec`); D's body is the
   client's bytes with ``kv_transfer_params`` spliced in, not a re-encoding. aiohttp is an
   omni-pd dependency (pyproject), so the router runs under omni-pd's own interpreter

@@ -1,10 +1,10 @@
 """The router's backend legs: a lean keep-alive HTTP/1.1 client on httptools (llhttp).
 
 Why not aiohttp's client here: a leg is one POST to a ``vllm serve`` we launched, and
-aiohttp's :class:`~aiohttp.ClientSession` spends ~55 µs of CPU per request on generic
-machinery (cookies, tracing, redirects, proxies, per-request objects) against ~12 µs for
-this client on the same loop and parser class (measured in the router-load bench notes,
-bench/RESULTS.md). The parser is httptools (MagicStack's binding of Node's llhttp, the
+aiohttp's :class:`~aiohttp.ClientSession` spends ~57 µs of CPU per request on generic
+machinery (cookies, tracing, redirects, proxies, per-request objects) against ~17 µs for
+this client on the same loop (``python bench/router_legs_micro.py``; bench/RESULTS.md,
+"Router under load"). The parser is httptools (MagicStack's binding of Node's llhttp, the
 one uvicorn runs vLLM's own server on; it comes with ``uvicorn[standard]``, so a vLLM
 host has it). The client-facing server stays on aiohttp (arbitrary clients, limits,
 chunked uploads); health probes and ``/v1/models`` stay on aiohttp's client (not hot).
@@ -259,18 +259,26 @@ class LegResponse:
         finally:
             self._waiter = None
 
-    async def iter_any(self) -> AsyncIterator[bytes]:
-        """The body as it arrives (every chunk buffered so far at each step)."""
+    async def readany(self) -> bytes:
+        """Every body byte buffered so far, waiting for some if none is; ``b""`` at the end.
+        Raises the leg's error once the buffered bytes are taken."""
         conn = self._conn
         while True:
             if self._chunks:
-                yield self._take()
-            elif self._error is not None:
+                return self._take()
+            if self._error is not None:
                 raise self._error
-            elif conn.complete:
+            if conn.complete:
+                return b""
+            await self._wait()
+
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        """The body as it arrives (every chunk buffered so far at each step)."""
+        while True:
+            chunk = await self.readany()
+            if not chunk:
                 return
-            else:
-                await self._wait()
+            yield chunk
 
     async def read(self) -> bytes:
         """The whole body. Raises the leg's error (BackendDisconnected, TimeoutError)."""

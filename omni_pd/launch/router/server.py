@@ -195,8 +195,9 @@ async def _relay(request: web.BaseRequest, resp: aiohttp.ClientResponse,
     if request.version >= aiohttp.HttpVersion11:
         out.enable_chunked_encoding()
     await out.prepare(request)
+    read = resp.content.readany
     try:
-        async for chunk in resp.content.iter_any():
+        while chunk := await read():
             try:
                 await out.write(chunk)
             except ConnectionError:
