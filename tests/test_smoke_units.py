@@ -387,10 +387,10 @@ LOAD = "DEBUG x [example_connector.py:108] Success load encoder cache for hash h
 def test_ec_smoke_defaults_and_url(tmp_path, monkeypatch):
     post = FakePost({"choices": [{"message": {"content": "a"}}]}, _store(tmp_path))
     monkeypatch.setattr(sm, "_post", post)
-    t = SmokeTarget("http://BOX:1/", "M", None, ec_connector="ECExampleConnector", ec_storage=str(tmp_path))
+    t = SmokeTarget("http://BOX/", "M", None, ec_connector="ECExampleConnector", ec_storage=str(tmp_path))
     res = sm.ec_smoke(t)
     [(url, body, timeout)] = post.calls
-    assert (url, body["max_tokens"], timeout) == ("http://BOX:1/v1/chat/completions", 4, 300.0)
+    assert (url, body["max_tokens"], timeout) == ("http://BOX/v1/chat/completions", 4, 300.0)
     assert (res.text, res.new, res.loaded) == ("a", {"h1"}, None)  # no log to read: loads not visible
 
 
@@ -481,4 +481,53 @@ def test_the_log_is_given_up_on_after_five_seconds(tmp_path, monkeypatch):
 
 
 def test_smoke_target_strips_only_slashes():
-    assert smoke_target(_plan("vllm-omni", "http://BOX:8091/"), "m", None).metrics_url == "http://BOX:8091/metrics"
+    assert smoke_target(_plan("vllm-omni", "http://BOX/"), "m", None).metrics_url == "http://BOX/metrics"
+
+
+# --- ec_smoke_check: the exact report of each outcome -------------------------------------------------
+
+ECT = SmokeTarget("http://e", "M", None, ec_connector="ECExampleConnector", ec_storage="/s", ec_log="/l/p.log")
+
+
+def _ec_rep(**kw):
+    base = {"ok": False, "storage": "/s", "log": "/l/p.log", "stored": None, "loaded": None, "answer_excerpt": None,
+            "seconds": None, "error": None, "error_kind": None, "message": None}
+    return {**base, **kw}
+
+
+@pytest.mark.parametrize("new,loaded,rc,rep", [
+    (set(), None, 1, _ec_rep(
+        stored=[], answer_excerpt="a", seconds=2.5, error="the encoder stored nothing", error_kind="check",
+        message="smoke: FAILED: the image request answered 'a' but the encoder stored nothing in /s: the encoder leg "
+                "did not run or E is not an ec_producer there")),
+    ({"h2", "h1"}, None, 0, _ec_rep(
+        ok=True, stored=["h1", "h2"], answer_excerpt="a", seconds=2.5,
+        message="smoke: encoder ok in 2.50 s: E stored h1, h2 in /s; whether prefill loaded it is not visible "
+                "without DEBUG logs (--env VLLM_LOGGING_LEVEL=DEBUG)")),
+    ({"h3", "h1", "h2"}, {"h1"}, 1, _ec_rep(
+        stored=["h1", "h2", "h3"], loaded=["h1"], answer_excerpt="a", seconds=2.5,
+        error="prefill did not load the encoder's output", error_kind="check",
+        message="smoke: FAILED: E stored h1, h2, h3 but prefill's log (/l/p.log) shows no load of h2, h3: it encoded "
+                "the image itself")),
+    ({"h1", "h2"}, {"h1", "h2"}, 0, _ec_rep(
+        ok=True, stored=["h1", "h2"], loaded=["h1", "h2"], answer_excerpt="a", seconds=2.5,
+        message="smoke: encoder ok in 2.50 s: E stored h1, h2 and prefill loaded it (/l/p.log); answer 'a'")),
+])
+def test_ec_smoke_check_reports_each_outcome_exactly(monkeypatch, new, loaded, rc, rep):
+    monkeypatch.setattr(sm, "ec_smoke", lambda t: sm.ECSmokeResult("a", new, loaded, 2.50049))
+    out, got = io.StringIO(), {"stale": 1, "stored": "old"}
+    assert sm.ec_smoke_check(ECT, out, got) == rc
+    assert got == {"stale": 1, **rep}
+    assert out.getvalue() == rep["message"] + "\n"
+
+
+def test_ec_smoke_check_of_a_server_failure_reports_exactly(monkeypatch):
+    def fail(t):
+        raise sm.ServerError("POST http://e/v1/chat/completions: HTTPError: HTTP Error 502: Bad Gateway")
+
+    monkeypatch.setattr(sm, "ec_smoke", fail)
+    out, got = io.StringIO(), {"stored": "old", "seconds": 9}
+    assert sm.ec_smoke_check(ECT, out, got) == 1
+    err = "POST http://e/v1/chat/completions: HTTPError: HTTP Error 502: Bad Gateway"
+    assert got == _ec_rep(error=err, error_kind="server", message="smoke: image request failed: " + err)
+    assert out.getvalue() == "smoke: image request failed: " + err + "\n"
