@@ -267,3 +267,21 @@ def test_a_reply_that_is_no_unicode_is_the_servers_failure(tmp_path):
     with Fake(b"\xff\xfe\xfa") as srv:
         with pytest.raises(sm.ServerError, match=r": the reply is not JSON: UnicodeDecodeError: "):
             sm._post(srv.url + "/v1/completions", {}, 10)
+
+
+def test_smoke_json_when_decodes_counters_are_not_on_the_page(tmp_path, monkeypatch):
+    monkeypatch.setattr(sm, "smoke", lambda t: sm.SmokeResult("x", 0.0, 0.0, 1.25, counters_seen=False))
+    t = SmokeTarget("http://s", "M", "http://s/metrics", "1", chat=True)
+    out = io.StringIO()
+    assert smoke_check(t, out, report=tmp_path / "smoke.json") == 1
+    msg = ("smoke: FAILED: decode answered 'x' but decode stage 1 on http://s/metrics has no "
+           "vllm:prompt_tokens_by_source series, so whether it recomputed the prompt cannot be told (is "
+           "--disable-log-stats set?)")
+    assert out.getvalue() == msg + "\n"
+    rep = json.loads((tmp_path / "smoke.json").read_text())
+    assert (rep["ok"], rep["error"], rep["error_kind"], rep["message"], rep["seconds"], rep["not_checked"]) == (
+        False, "decode's counters are not on the metrics page", "check", msg, 1.25, {})
+    assert rep["measured"] == {"metrics_url": "http://s/metrics", "decode_stage": "1",
+                               "counters": ['vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}',
+                                            "vllm:nixl_xfer_time_seconds_count"],
+                               "counters_seen": False, "before": 0.0, "after": 0.0}
