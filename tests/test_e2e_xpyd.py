@@ -1,15 +1,23 @@
-"""A real xPyD run on CPU through `omni-pd launch` (issue 15): 2 prefill + 1 decode.
+"""A real xPyD run on CPU through `omni-pd launch` (issue 15): 2P1D and 1P2D.
 
 Runs where the e2e venv exists (``OMNI_PD_E2E_PYTHON``, built by ``.ci/e2e_venv.sh``),
-on the shared tiny random-weight Qwen2 model. At most three engines run at once: first a
-plain instance records the greedy outputs, then ``expand --prefill-replicas 2`` (NIXL,
-``kv_buffer_device: cpu``) is launched as prefill-0, prefill-1, decode-0 and the router.
-Checked: every answer through the router equals the plain instance's; both prefills
-computed prompts (their ``vllm:prompt_tokens_by_source_total{source="local_compute"}``
-grew) and decode received KV; then prefill-1 is SIGKILLed while requests run and every
-request still succeeds with the same output (the router retries on prefill-0 and skips
-prefill-1), the launcher keeps serving and restarts prefill-1; after SIGINT nothing is
-left.
+on the shared tiny random-weight Qwen2 model. At most three engines run at once. The
+module builds the model and records a plain instance's greedy outputs once (module
+fixtures; the plain instance is stopped before any xPyD run starts), then:
+
+* 2P1D: ``expand --prefill-replicas 2`` (NIXL, ``kv_buffer_device: cpu``) is launched as
+  prefill-0, prefill-1, decode-0 and the router. Every answer through the router equals
+  the plain instance's; both prefills computed prompts (their
+  ``vllm:prompt_tokens_by_source_total{source="local_compute"}`` grew) and decode received
+  KV; then prefill-1 is SIGKILLed while requests run and every request still succeeds with
+  the same output (the router retries on prefill-0 and skips prefill-1), the launcher
+  keeps serving and restarts prefill-1.
+* 1P2D: ``expand --decode-replicas 2``: prefill-0, decode-0, decode-1. Every answer equals
+  the plain instance's and each decode instance received KV for some of the requests
+  (``source="external_kv_transfer"`` grew on both).
+
+After SIGINT nothing is left (processes, ports). Wall times and the engines' resident
+memory are printed (``pytest -rP``).
 """
 
 from __future__ import annotations
@@ -23,13 +31,16 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e.harness import Launcher, alive, engine_env, get, port_free, post_json, prompt_tokens_by_source, wait_health
+from e2e.harness import (Launcher, PlainInstance, alive, engine_env, get, port_free, post_json,
+                         prompt_tokens_by_source, rss_bytes)
 
 ROOT = Path(__file__).resolve().parents[1]
 E2E = os.environ.get("OMNI_PD_E2E_PYTHON")
 pytestmark = pytest.mark.skipif(not E2E, reason="OMNI_PD_E2E_PYTHON not set (build it with .ci/e2e_venv.sh)")
 
-ROUTER, ENGINES, PLAIN, SIDE = 18600, 18700, 18900, 19000
+PLAIN = 18900
+#: router, first engine HTTP port (prefill; decode + 100), first NIXL side-channel port, per layout
+PORTS = {"2p1d": (18600, 18700, 19000), "1p2d": (18610, 18720, 19010)}
 PROMPTS = [" ".join(f"def g{i}_{k}(x):\n    return x * {i} - {k}" for i in range(36)) for k in range(3)] + [
     "def hello_world(x):"]
 
@@ -37,6 +48,17 @@ PROMPTS = [" ".join(f"def g{i}_{k}(x):\n    return x * {i} - {k}" for i in range
 def complete(base: str, prompt: str) -> str:
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
     return post_json(base + "/v1/completions", body, timeout=120)["choices"][0]["text"]
+
+
+def through(launcher: Launcher, base: str, prompt: str) -> str:
+    """:func:`complete` through the router; an HTTP error fails with its body and the
+    launcher's last output lines (every engine's and the router's log lines)."""
+    import urllib.error
+
+    try:
+        return complete(base, prompt)
+    except urllib.error.HTTPError as e:
+        raise AssertionError(f"{e}: {e.read()[:2000]!r}\n" + "\n".join(launcher.lines[-80:])) from None
 
 
 def local_compute(port: int) -> float:
@@ -47,38 +69,64 @@ def kv_transferred(port: int) -> float:
     return prompt_tokens_by_source(get(f"http://127.0.0.1:{port}/metrics")).get("external_kv_transfer", 0.0)
 
 
-def test_2p1d_on_cpu_spreads_equals_plain_and_survives_a_prefill_kill(tmp_path, tiny_model):
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tiny_model):
+    """``(tmp, model, vllm, want)``: the tiny model, the e2e venv's ``vllm`` and the plain
+    instance's answer to each of :data:`PROMPTS` (one engine, stopped before returning)."""
+    tmp = tmp_path_factory.mktemp("e2e-xpyd")
     model = tiny_model("qwen2")
     vllm = str(Path(E2E).parent / "vllm")
-    env = engine_env(tmp_path)
-    # 1. the plain instance's answers (one engine, stopped before the xPyD run starts)
-    log = open(tmp_path / "plain.log", "w")
-    plain = subprocess.Popen([vllm, "serve", str(model), "--host", "127.0.0.1", "--port", str(PLAIN),
-                              "--served-model-name", "tiny", "--max-model-len", "1024", "--enforce-eager",
-                              "--dtype", "float32"], env={**os.environ, **env}, stdout=log,
-                             stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_health(f"http://127.0.0.1:{PLAIN}/health", 600, plain)
-        want = {p: complete(f"http://127.0.0.1:{PLAIN}", p) for p in PROMPTS}
-    finally:
-        os.killpg(plain.pid, signal.SIGKILL)
-        plain.wait()
-    # 2. 2P1D from expand to launch
-    pd = tmp_path / "pd.yaml"
+    t0 = time.monotonic()
+    with PlainInstance(vllm, model, PLAIN, engine_env(tmp), tmp / "plain.log") as plain:
+        want = {p: complete(plain.url, p) for p in PROMPTS}
+        rss = plain.rss_gib()
+    print(f"plain instance: healthy after {plain.healthy_s} s, {rss} GiB, "
+          f"{time.monotonic() - t0:.1f} s with its answers")
+    assert len(set(want.values())) == len(want), want  # the answers tell the prompts apart
+    return tmp, model, vllm, want
+
+
+def launch(layout: str, flags: tuple[str, ...], tmp: Path, model: Path, vllm: str) -> Launcher:
+    """``omni-pd expand`` of tests/fixtures/llm.yaml (NIXL, cpu buffer) with ``flags``, then
+    ``omni-pd launch`` of it on ``layout``'s ports."""
+    router, engines, side = PORTS[layout]
+    pd = tmp / f"{layout}.yaml"
     subprocess.run([sys.executable, "-m", "omni_pd.cli", "expand", "-q", str(ROOT / "tests" / "fixtures" / "llm.yaml"),
-                    "--pipeline", "llm", "--connector", "NixlConnector", "--kv-buffer-device", "cpu",
-                    "--prefill-replicas", "2", "--port-base", str(SIDE), "-o", str(pd)], check=True)
-    launcher = Launcher(pd, model, vllm, tmp_path / "run", router_port=ROUTER, engine_port_base=ENGINES, env=env)
+                    "--pipeline", "llm", "--connector", "NixlConnector", "--kv-buffer-device", "cpu", *flags,
+                    "--port-base", str(side), "-o", str(pd)], check=True)
+    return Launcher(pd, model, vllm, tmp / f"run-{layout}", router_port=router, engine_port_base=engines,
+                    env=engine_env(tmp))
+
+
+def stop_and_check_nothing_left(launcher: Launcher, tree: list[int], ports: tuple[int, ...]) -> None:
+    """SIGINT the launcher (if still running): exit 130, no process of ``tree`` or of the
+    launcher's children alive, every port in ``ports`` free."""
+    if launcher.proc.poll() is None:
+        launcher.proc.send_signal(signal.SIGINT)
+    rc = launcher.proc.wait(120)
+    assert rc == 130, "\n".join(launcher.lines[-40:])
+    time.sleep(1)
+    assert [p for p in tree + launcher.descendants() if alive(p)] == []
+    assert all(port_free(p) for p in ports)
+
+
+def test_2p1d_on_cpu_spreads_equals_plain_and_survives_a_prefill_kill(setup):
+    tmp, model, vllm, want = setup
+    t_run = time.monotonic()
+    launcher = launch("2p1d", ("--prefill-replicas", "2"), tmp, model, vllm)
+    ROUTER, ENGINES, SIDE = PORTS["2p1d"]
+    tree: list[int] = []
     router = f"http://127.0.0.1:{ROUTER}"
     p0, p1, d0 = ENGINES, ENGINES + 1, ENGINES + 100
     try:
         launcher.wait_for("all 4 processes healthy after", 900)
         tree = launcher.descendants()
+        rss = rss_bytes(tree) / 2**30
         before = {p: local_compute(p) for p in (p0, p1)}
         kv0 = kv_transferred(d0)
         t_spread = time.monotonic()
         for prompt in PROMPTS:  # least outstanding, ties in turn: two for each prefill
-            assert complete(router, prompt) == want[prompt]
+            assert through(launcher, router, prompt) == want[prompt]
         t_spread = time.monotonic() - t_spread
         after = {p: local_compute(p) for p in (p0, p1)}
         assert all(after[p] > before[p] for p in (p0, p1)), f"a prefill served nothing: {before} -> {after}"
@@ -111,12 +159,36 @@ def test_2p1d_on_cpu_spreads_equals_plain_and_survives_a_prefill_kill(tmp_path, 
         # measurements for the record (pytest -rP shows them)
         print(f"xPyD 2P1D: prompt tokens computed per prefill {before} -> {after}; decode KV tokens "
               f"{kv0} -> {kv_transferred(d0)}; 4 requests {t_spread:.1f} s; 8 requests across the kill "
-              f"{t_kill:.1f} s; {launcher.wait_for('all 4 processes healthy after', 1)}")
+              f"{t_kill:.1f} s; engines + router RSS when healthy {rss:.2f} GiB; "
+              f"{launcher.wait_for('all 4 processes healthy after', 1)}")
     finally:
-        if launcher.proc.poll() is None:
-            launcher.proc.send_signal(signal.SIGINT)
-        rc = launcher.proc.wait(120)
-    assert rc == 130, "\n".join(launcher.lines[-40:])
-    time.sleep(1)
-    assert [p for p in tree + launcher.descendants() if alive(p)] == []
-    assert all(port_free(p) for p in (ROUTER, p0, p1, d0, SIDE, SIDE + 1, SIDE + 2))
+        stop_and_check_nothing_left(launcher, tree, (ROUTER, p0, p1, d0, SIDE, SIDE + 1, SIDE + 2))
+    print(f"xPyD 2P1D: {time.monotonic() - t_run:.0f} s from expand to nothing left")
+
+
+def test_1p2d_on_cpu_both_decodes_receive_kv_and_equal_plain(setup):
+    tmp, model, vllm, want = setup
+    t_run = time.monotonic()
+    launcher = launch("1p2d", ("--decode-replicas", "2"), tmp, model, vllm)
+    ROUTER, ENGINES, SIDE = PORTS["1p2d"]
+    router = f"http://127.0.0.1:{ROUTER}"
+    p0, d0, d1 = ENGINES, ENGINES + 100, ENGINES + 101
+    tree: list[int] = []
+    try:
+        healthy = launcher.wait_for("all 4 processes healthy after", 900)
+        tree = launcher.descendants()
+        rss = rss_bytes(tree) / 2**30
+        before = {d: kv_transferred(d) for d in (d0, d1)}
+        computed = local_compute(p0)
+        t_req = time.monotonic()
+        for prompt in PROMPTS:  # least outstanding, ties in turn: two for each decode
+            assert through(launcher, router, prompt) == want[prompt]
+        t_req = time.monotonic() - t_req
+        after = {d: kv_transferred(d) for d in (d0, d1)}
+        assert all(after[d] > before[d] for d in (d0, d1)), f"a decode received no KV: {before} -> {after}"
+        assert local_compute(p0) > computed, "prefill computed nothing"
+        print(f"xPyD 1P2D: decode KV tokens {before} -> {after}; 4 requests {t_req:.1f} s; "
+              f"engines + router RSS when healthy {rss:.2f} GiB; {healthy}")
+    finally:
+        stop_and_check_nothing_left(launcher, tree, (ROUTER, p0, d0, d1, SIDE, SIDE + 1, SIDE + 2))
+    print(f"xPyD 1P2D: {time.monotonic() - t_run:.0f} s from expand to nothing left")

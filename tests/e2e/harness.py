@@ -1,4 +1,4 @@
-"""Helpers shared by the CPU end-to-end tests (tests/test_e2e_cpu.py, tests/test_e2e_omni_thinker.py).
+"""Helpers shared by the CPU end-to-end tests (tests/test_e2e_*.py).
 
 Standard library only (the tests run under omni-pd's interpreter; the engines run in the
 e2e venv, ``OMNI_PD_E2E_PYTHON``). Imported as ``e2e.harness`` (``tests/`` is on
@@ -7,7 +7,8 @@ e2e venv, ``OMNI_PD_E2E_PYTHON``). Imported as ``e2e.harness`` (``tests/`` is on
 * :func:`tiny_model_dir`: build a tiny random-weight model once per builder version into
   ``<repo>/.cache/e2e-models`` and reuse it (shared by every test module and run);
 * HTTP: :func:`get`, :func:`post_json`, :func:`wait_health`;
-* processes: :class:`Launcher` (``omni-pd launch`` as a child), :func:`descendants`,
+* processes: :class:`Launcher` (``omni-pd launch`` as a child), :class:`PlainInstance`
+  (one plain ``vllm serve``, the reference answers), :func:`descendants`,
   :func:`alive`, :func:`rss_bytes`, :func:`port_free`;
 * metrics: :func:`prompt_tokens_by_source` (vLLM's ``vllm:prompt_tokens_by_source_total``).
 """
@@ -20,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -267,3 +269,72 @@ class Launcher:
     def descendants(self) -> list[int]:
         """Every live process whose ancestry reaches a child of the launcher."""
         return descendants(set(self.pids().values()))
+
+
+#: flags of the plain reference instance: the engine settings of tests/fixtures/llm.yaml
+PLAIN_FLAGS = ("--max-model-len", "1024", "--enforce-eager", "--dtype", "float32")
+
+
+class PlainInstance:
+    """One plain ``vllm serve MODEL`` (no KV connector) on ``port``: the reference answers
+    the PD runs must equal. Started in its own session (process group); :meth:`stop`
+    SIGKILLs the whole group, so no engine core outlives it.
+
+    ``env``: added to ``os.environ`` (:func:`engine_env`); ``log``: its stdout and stderr;
+    ``flags``: engine flags (default :data:`PLAIN_FLAGS`). As a context manager it starts,
+    waits for ``/health`` (``ready_timeout`` seconds; the log's tail is printed when it
+    fails) and stops on exit. :attr:`healthy_s`: seconds to healthy; :meth:`rss_gib`:
+    resident memory of the server and its engine core (GiB).
+    """
+
+    def __init__(self, vllm: str, model: Path, port: int, env: dict[str, str], log: Path, *,
+                 flags: tuple[str, ...] = PLAIN_FLAGS, served_model_name: str = "tiny",
+                 ready_timeout: float = 600):
+        self.argv = [vllm, "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
+                     "--served-model-name", served_model_name, *flags]
+        self.env, self.log, self.ready_timeout = env, log, ready_timeout
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+        self.healthy_s: float | None = None
+
+    def start(self) -> "PlainInstance":
+        """Start the server without waiting (to overlap its start with other work)."""
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(self.argv, env={**os.environ, **self.env}, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def wait_ready(self) -> float:
+        """Wait for ``/health``; the seconds waited. Prints the log's tail and raises
+        (TimeoutError, RuntimeError when the server exited) on failure."""
+        try:
+            self.healthy_s = round(wait_health(self.url + "/health", self.ready_timeout, self.proc), 1)
+        except Exception:
+            print(self.log.read_text(errors="replace")[-4000:])
+            raise
+        return self.healthy_s
+
+    def rss_gib(self) -> float:
+        return round(rss_bytes(descendants({self.proc.pid})) / 2**30, 2) if self.proc else 0.0
+
+    def stop(self) -> None:
+        """SIGKILL the server's process group and reap it (idempotent)."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.proc is not None:
+            self.proc.wait()
+
+    def __enter__(self) -> "PlainInstance":
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
