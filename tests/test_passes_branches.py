@@ -341,3 +341,91 @@ def test_an_ec_connector_the_release_lacks_is_refused() -> None:
     assert encoder_refusal(LLM, EncoderOptions("1e1pd"), pipeline="llm", vllm_version="0.11") == (
         "OPD807", "ECExampleConnector is not registered in vLLM 0.11", None,
         "pick another --ec-connector or --vllm-version", [])
+
+
+# --- ascend: apply_ascend writes the sides into the tree ----------------------------------------------
+
+_ASCEND_SRC = """stages:
+  - stage_id: 0
+    devices: "0"
+    env: {VLLM_NIXL_SIDE_CHANNEL_PORT: "5600", KEEP: "1"}
+    kv_transfer_config: {kv_connector: NixlConnector}
+  - stage_id: 1
+    devices: "1"
+platforms:
+  npu:
+    stages:
+      - stage_id: 0
+        devices: "0"
+      - stage_id: x
+      - stage_id: 3
+"""
+_NPU_KV = {"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_producer",
+           "kv_connector_extra_config": {"prefill": {"tp_size": 1, "dp_size": 1}, "decode": {"tp_size": 1, "dp_size": 1}}}
+_NPU_KV_TEXT = """kv_transfer_config:
+{i}  kv_connector: MooncakeConnectorV1
+{i}  kv_role: {role}
+{i}  kv_connector_extra_config:
+{i}    prefill: {{tp_size: 1, dp_size: 1}}
+{i}    decode: {{tp_size: 1, dp_size: 1}}
+"""
+
+
+def _apply(src: str, sides, base: bool) -> str:
+    import io
+
+    from ruamel.yaml import YAML
+
+    from omni_pd.compile.passes.ascend import apply_ascend
+
+    y = YAML()
+    tree = y.load(src)
+    apply_ascend(tree, sides, base=base)
+    buf = io.StringIO()
+    y.dump(tree, buf)
+    return buf.getvalue()
+
+
+def test_apply_ascend_inserts_missing_overlay_entries_in_stage_id_order() -> None:
+    from omni_pd.compile.passes.ascend import AscendSide
+
+    sides = [AscendSide(1, _NPU_KV, {"HCCL_IF_BASE_PORT": "61000"}),
+             AscendSide(2, dict(_NPU_KV, kv_role="kv_consumer"), {"HCCL_IF_BASE_PORT": "61016"},
+                        {"tensor_parallel_size": 2, "devices": "4,5"})]
+    got = _apply(_ASCEND_SRC, sides, base=False)
+    # entries 1 and 2 go between 0 and 3 (a non-numeric id does not count); env before the
+    # kv config; devices double-quoted; peer blocks in flow style; the base is untouched
+    assert got.split("platforms:\n")[1] == (
+        "  npu:\n    stages:\n    - stage_id: 0\n      devices: '0'\n"
+        "    - stage_id: 1\n      env:\n        HCCL_IF_BASE_PORT: \"61000\"\n      "
+        + _NPU_KV_TEXT.format(i="      ", role="kv_producer")
+        + "    - stage_id: 2\n      tensor_parallel_size: 2\n      devices: \"4,5\"\n      env:\n"
+          "        HCCL_IF_BASE_PORT: \"61016\"\n      "
+        + _NPU_KV_TEXT.format(i="      ", role="kv_consumer")
+        + "    - stage_id: x\n    - stage_id: 3\n")
+    assert got.split("platforms:\n")[0] == (
+        "stages:\n- stage_id: 0\n  devices: '0'\n  env: {VLLM_NIXL_SIDE_CHANNEL_PORT: '5600', KEEP: '1'}\n"
+        "  kv_transfer_config: {kv_connector: NixlConnector}\n- stage_id: 1\n  devices: '1'\n")
+
+
+def test_apply_ascend_on_the_base_replaces_the_cuda_connector_and_its_port_env() -> None:
+    from omni_pd.compile.passes.ascend import AscendSide
+
+    sides = [AscendSide(0, _NPU_KV, {"HCCL_IF_BASE_PORT": "61000"}),
+             AscendSide(1, dict(_NPU_KV, kv_role="kv_consumer"), {"HCCL_IF_BASE_PORT": "61016"})]
+    got = _apply(_ASCEND_SRC, sides, base=True)
+    assert got.split("platforms:\n")[0] == (
+        "stages:\n- stage_id: 0\n  devices: '0'\n  env: {KEEP: '1', HCCL_IF_BASE_PORT: \"61000\"}\n  "
+        + _NPU_KV_TEXT.format(i="  ", role="kv_producer")
+        + "- stage_id: 1\n  devices: '1'\n  env:\n    HCCL_IF_BASE_PORT: \"61016\"\n  "
+        + _NPU_KV_TEXT.format(i="  ", role="kv_consumer"))
+    assert got.split("platforms:\n")[1] == (
+        "  npu:\n    stages:\n    - stage_id: 0\n      devices: '0'\n    - stage_id: x\n    - stage_id: 3\n")
+
+
+def test_apply_ascend_creates_the_npu_overlay_when_the_file_has_none() -> None:
+    from omni_pd.compile.passes.ascend import AscendSide
+
+    got = _apply("stages:\n  - stage_id: 0\n", [AscendSide(0, _NPU_KV, {"A": "1"})], base=False)
+    assert got == ("stages:\n- stage_id: 0\nplatforms:\n  npu:\n    stages:\n    - stage_id: 0\n      env:\n"
+                   "        A: \"1\"\n      " + _NPU_KV_TEXT.format(i="      ", role="kv_producer"))
