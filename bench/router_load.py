@@ -169,6 +169,25 @@ def _ms(x: float | None) -> float | None:
 # --- orchestration -----------------------------------------------------------------------
 
 
+def median_round(rounds: list[dict]) -> dict:
+    """One figure per kind and point from several rounds: the round with the median
+    throughput (its latencies with it), unanswered requests, 503s and ``kv_bad`` summed over
+    all rounds, CPU per request the median of each group, every round's req/s kept."""
+    by_rps = sorted(rounds, key=lambda r: r["rps"])
+    out = dict(by_rps[(len(by_rps) - 1) // 2])
+    out["unanswered"] = sum(r["unanswered"] for r in rounds)
+    out["kv_bad"] = sum(r["kv_bad"] for r in rounds)
+    codes: dict[str, int] = {}
+    for r in rounds:
+        for code, n in r["codes"].items():
+            codes[str(code)] = codes.get(str(code), 0) + n
+    out["codes"] = codes
+    out["cpu_us_per_request"] = {g: round(statistics.median(r["cpu_us_per_request"][g] for r in rounds))
+                                 for g in rounds[0]["cpu_us_per_request"]}
+    out["rounds_rps"] = [round(r["rps"], 1) for r in rounds]
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -321,9 +340,12 @@ def render(r: dict) -> str:
     lines = [START, "## Router under load (issue 15): `python bench/router_load.py`", "",
              f"Fake P ({su['p_delay_s'] * 1000:g} ms) and D ({su['d_delay_s'] * 1000:g} ms JSON, or {su['chunks']} SSE "
              f"chunks {su['chunk_gap_s'] * 1000:g} ms apart), one instance each, loopback, a closed-loop client "
-             f"({su['duration_s']:g} s per point), all in one run on {r['machine']['cpus']} shared cores "
-             f"(load average {', '.join(f'{x:.1f}' for x in r['machine']['loadavg'])} at the start). Cell: req/s · "
-             "p50 ms · p99 ms · unanswered (503s, deliberate, in brackets); stream rows add time to first byte p50. "
+             f"({su['duration_s']:g} s per point, {su.get('rounds', 1)} rounds with the kinds in turn, the median "
+             f"round shown), all in one run on {r['machine']['cpus']} shared cores (load average "
+             f"{', '.join(f'{x:.1f}' for x in r['machine']['loadavg'])} at the start, "
+             f"{', '.join(f'{x:.1f}' for x in r['machine'].get('loadavg_end', ()))} at the end). Cell: req/s · "
+             "p50 ms · p99 ms · unanswered over all rounds (503s, deliberate, in brackets); stream rows add time to "
+             "first byte p50. "
              "Every run checked decode got prefill's kv_transfer_params (`kv_bad` 0 unless noted).", "",
              "| mode | concurrency | " + " | ".join(names[k] for k in kinds) + " |",
              "|---|---|" + "---|" * len(kinds)]
@@ -399,6 +421,8 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=None,
                     help="omni-pd router --workers (default: the router's own default for this host)")
     ap.add_argument("--also-workers", default="", help="comma-separated worker counts run as extra omni-pd columns")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds per point, kinds in turn (default 3; the median round is reported)")
     ap.add_argument("--conc", default=None, help="comma-separated concurrencies (default 1,16,64,256,1024)")
     ap.add_argument("--modes", default="json,stream", help="json, stream or both (default both)")
     ap.add_argument("--no-peer", action="store_true", help="leave vllm-router out (iterating on omni-pd)")
@@ -417,7 +441,7 @@ def main() -> int:
     modes = [m == "stream" for m in a.modes.split(",")]
     result: dict = {"machine": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()}, "omni_pd_workers": a.workers,
                     "setup": {"p_delay_s": a.p_delay, "d_delay_s": a.d_delay, "chunks": a.chunks,
-                              "chunk_gap_s": a.chunk_gap, "duration_s": a.duration},
+                              "chunk_gap_s": a.chunk_gap, "duration_s": a.duration, "rounds": a.rounds},
                     "peers": kinds, "fault_peers": fault_kinds, "load": [], "faults": {}}
     if "vllm-router" not in kinds:
         result["notes"] = [f"vllm-router not found at {VLLM_ROUTER}: its column is missing"]
@@ -429,27 +453,32 @@ def main() -> int:
         p_url, d_url = f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{dp}"
         ports = {k: free_port() for k in kinds}
         router_proc = {k: start_router(procs, k, ports[k], [p_url], [d_url], a) for k in kinds}
+        everyone = ["direct"] + kinds
         for stream in modes:
             for c in concs:
-                for k in ["direct"] + kinds:
-                    target = "direct" if k == "direct" else f"http://127.0.0.1:{ports[k]}"
-                    bad0 = stats(d_url)["kv_bad"]
-                    cpu0 = {"router": tree_cpu_s(router_proc[k].pid) if k in router_proc else 0.0,
-                            "fakes": tree_cpu_s(fake_p.pid) + tree_cpu_s(fake_d.pid)}
-                    r = run_client(target, c, a.duration, stream, p_url, d_url)
-                    cpu1 = {"router": tree_cpu_s(router_proc[k].pid) if k in router_proc else 0.0,
-                            "fakes": tree_cpu_s(fake_p.pid) + tree_cpu_s(fake_d.pid)}
-                    r.update(kind=k, concurrency=c, stream=stream, kv_bad=stats(d_url)["kv_bad"] - bad0)
-                    n = max(r["ok"], 1)
-                    r["cpu_us_per_request"] = {
-                        "router": round((cpu1["router"] - cpu0["router"]) / n * 1e6),
-                        "fakes": round((cpu1["fakes"] - cpu0["fakes"]) / n * 1e6),
-                        "client": round(r.pop("client_cpu_s") / n * 1e6)}
-                    result["load"].append(r)
-                    print(f"{'stream' if stream else 'json':6} c={c:<5} {k:12} {r['rps']:7.1f} req/s  "
-                          f"p50 {r['p50_ms']} p99 {r['p99_ms']} ttfb {r['ttfb_p50_ms']} ms  "
-                          f"unanswered {r['unanswered']} codes {r['codes']} kv_bad {r['kv_bad']} "
-                          f"cpu us/req {r['cpu_us_per_request']}", flush=True)
+                runs: dict[str, list[dict]] = {k: [] for k in everyone}
+                for rnd in range(a.rounds):  # the kinds in turn, rotated each round: the machine is shared
+                    for k in everyone[rnd % len(everyone):] + everyone[:rnd % len(everyone)]:
+                        target = "direct" if k == "direct" else f"http://127.0.0.1:{ports[k]}"
+                        bad0 = stats(d_url)["kv_bad"]
+                        cpu0 = {"router": tree_cpu_s(router_proc[k].pid) if k in router_proc else 0.0,
+                                "fakes": tree_cpu_s(fake_p.pid) + tree_cpu_s(fake_d.pid)}
+                        r = run_client(target, c, a.duration, stream, p_url, d_url)
+                        cpu1 = {"router": tree_cpu_s(router_proc[k].pid) if k in router_proc else 0.0,
+                                "fakes": tree_cpu_s(fake_p.pid) + tree_cpu_s(fake_d.pid)}
+                        r.update(kind=k, concurrency=c, stream=stream, kv_bad=stats(d_url)["kv_bad"] - bad0)
+                        n = max(r["ok"], 1)
+                        r["cpu_us_per_request"] = {
+                            "router": round((cpu1["router"] - cpu0["router"]) / n * 1e6),
+                            "fakes": round((cpu1["fakes"] - cpu0["fakes"]) / n * 1e6),
+                            "client": round(r.pop("client_cpu_s") / n * 1e6)}
+                        runs[k].append(r)
+                        print(f"{'stream' if stream else 'json':6} c={c:<5} {k:12} {r['rps']:7.1f} req/s  "
+                              f"p50 {r['p50_ms']} p99 {r['p99_ms']} ttfb {r['ttfb_p50_ms']} ms  "
+                              f"unanswered {r['unanswered']} codes {r['codes']} kv_bad {r['kv_bad']} "
+                              f"cpu us/req {r['cpu_us_per_request']}", flush=True)
+                for k in everyone:
+                    result["load"].append(median_round(runs[k]))
         # faults: a client leaving during the decode stream / during the prefill leg
         for k in ([] if a.no_faults else fault_kinds):
             url = f"http://127.0.0.1:{ports[k]}"
@@ -498,6 +527,7 @@ def main() -> int:
             procs.stop(d2)
     finally:
         procs.close()
+    result["machine"]["loadavg_end"] = os.getloadavg()
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {a.out}")
     if a.results:
