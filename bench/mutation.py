@@ -131,7 +131,11 @@ def prepare(module: str, tests: list[str]) -> Path:
         f"pytest_add_cli_args_test_selection =\n    {sel}\n"
         "pytest_add_cli_args =\n    -p\n    no:cacheprovider\n    -q\n"
         "also_copy =\n    presets\n    schemas\n"
-        "use_git_change_detection = false\n",
+        "use_git_change_detection = false\n"
+        # mutmut's CPU-time limit per mutant is (estimated test time + 1) x multiplier x 2;
+        # its default 15 let each endless-loop mutant of alloc's while loops burn ~15 min
+        # on two shared cores; 2 still leaves 4x the tests' measured time
+        "timeout_multiplier = 2\n",
         encoding="utf-8")
     return work
 
