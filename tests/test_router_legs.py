@@ -26,13 +26,14 @@ class Script:
     (a coroutine). Records connections and the raw requests."""
 
     def __init__(self, answer):
-        self.answer, self.conns, self.requests = answer, 0, []
+        self.answer, self.conns, self.requests, self.writers = answer, 0, [], []
 
     async def start(self) -> str:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
     async def _serve(self, reader, writer):
+        self.writers.append(writer)
         self.conns += 1
         conn = self.conns
         try:
@@ -71,6 +72,15 @@ def test_keep_alive_reuses_one_connection_and_sends_exact_bytes():
                              read_timeout=5)
             bodies.append((r.status, r.headers["content-type"], await r.read()))
             r.release()
+        assert c.state() == {"open": 1, "idle": 1}
+        s.server.close()
+        for w in list(s.writers):
+            w.close()
+        for _ in range(50):  # the backend closing an idle connection takes it out of the pool
+            if c.state() == {"open": 0, "idle": 0}:
+                break
+            await asyncio.sleep(0.01)
+        assert c.state() == {"open": 0, "idle": 0}
         await c.close()
         await s.stop()
         return s, bodies, base

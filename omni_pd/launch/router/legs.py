@@ -383,7 +383,11 @@ class LegClient:
             self._sweeper = self.loop.call_later(IDLE_S, self._sweep)
 
     def _forget(self, conn: _Conn) -> None:
+        """A connection closed (by either side): out of the open set and the idle pool."""
         self._open.discard(conn)
+        idle = self._idle.get(conn.key)
+        if idle and conn in idle:
+            idle.remove(conn)
 
     def _sweep(self) -> None:
         """Close connections idle for more than :data:`IDLE_S`."""
