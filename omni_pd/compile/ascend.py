@@ -113,7 +113,8 @@ def hccl_span(s: Sizes) -> int:
 
 def tp_error(name: str, p_tp: int, d_tp: int) -> str | None:
     """Why vllm-ascend ``name`` cannot pair prefill TP ``p_tp`` with decode TP ``d_tp``:
-    P_tp >= D_tp (worker init raises ValueError) and P_tp % D_tp == 0 (seed 004 limits)."""
+    P_tp >= D_tp (worker init raises ValueError) and P_tp % D_tp == 0 (vllm-ascend
+    ``docs/source/developer_guide/feature_guide/disaggregated_prefill.md``, limits)."""
     if p_tp < d_tp or p_tp % d_tp:
         return f"vllm-ascend {name} needs prefill TP >= decode TP and divisible by it (got P={p_tp}, D={d_tp})"
     return None

@@ -60,8 +60,9 @@ def plan_ascend(topo: Topology, connector: str, *, release: str | None = None, d
 
     ``connector``: ``MooncakeConnectorV1`` or ``MooncakeLayerwiseConnector``. Prefill takes
     ``[kv_port_base, +span*replicas)``, decode the next range; HCCL bases likewise from
-    ``hccl_base``. ``decode_tp``: a decode TP below prefill's (seed 004's asymmetric TP,
-    e.g. 4 -> 2); decode then runs on the first ``decode_tp * dp * pp`` of its devices.
+    ``hccl_base``. ``decode_tp``: a decode TP below prefill's (vllm-ascend's asymmetric TP, within its
+    ``disaggregated_prefill.md`` limits; e.g. 4 -> 2); decode then runs on the first
+    ``decode_tp * dp * pp`` of its devices.
     ``target``: the vLLM release (default: omni-pd's default), for the replica check.
     ``overlay``: the sides go into ``platforms.npu`` of a file whose base runs elsewhere;
     a side whose replicas cannot be kept apart on npu (below) then runs one replica
@@ -91,7 +92,7 @@ def plan_ascend(topo: Topology, connector: str, *, release: str | None = None, d
     err = connector_tp_problem(connector, ps.tp, decode_tp or ds.tp, tgt)
     if err:
         raise OmniPdError(Diagnostic(code="OPD805", severity=Severity.ERROR, message=f"npu overlay: {err}",
-                                     help="give prefill the larger TP, a multiple of decode's (seed 004 limits)"))
+                                     help="give prefill the larger TP, a multiple of decode's (vllm-ascend's PD limits)"))
     if decode_tp is not None and decode_tp != ds.tp and topo.pipeline.launcher == "vllm-omni":
         raise OmniPdError(Diagnostic(
             code="OPD805", severity=Severity.ERROR,
