@@ -531,3 +531,14 @@ def test_ec_smoke_check_of_a_server_failure_reports_exactly(monkeypatch):
     err = "POST http://e/v1/chat/completions: HTTPError: HTTP Error 502: Bad Gateway"
     assert got == _ec_rep(error=err, error_kind="server", message="smoke: image request failed: " + err)
     assert out.getvalue() == "smoke: image request failed: " + err + "\n"
+
+
+def test_tiny_png_default_is_112_pixels_square_and_salted_by_urandom(monkeypatch):
+    """112 x 112 by default (a few vision patches of Qwen's encoder); without a seed the
+    salt comes from ``os.urandom``, so two runs send two images."""
+    import struct
+
+    png = sm.tiny_png(seed=0)
+    assert struct.unpack(">II", png[16:24]) == (112, 112)
+    monkeypatch.setattr(sm.os, "urandom", lambda n: bytes([0, 0, 0, 1][:n]).rjust(n, b"\0"))
+    assert sm.tiny_png() == sm.tiny_png(seed=1)
