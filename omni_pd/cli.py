@@ -4,8 +4,8 @@ Exit status: 0 success (warnings/infos allowed), 1 errors found, 2 unreadable in
 bad usage, 3 internal error (a bug in omni-pd; set OMNI_PD_DEBUG=1 for the traceback).
 """
 
-from __future__ import annotations
-
+# no `from __future__ import annotations` here: typer reads every command's annotations
+# at start-up, and string annotations cost a compile() each (344 per run, bench figure 5)
 import os
 import sys
 from pathlib import Path
@@ -856,8 +856,28 @@ def _full_summaries() -> None:
 _full_summaries()
 
 
+#: Young-generation threshold of the cyclic garbage collector while a command runs
+#: (Python's default is 700 allocations). A run imports typer, pydantic and ruamel.yaml
+#: and builds acyclic data; collecting every 700 allocations costs about 5 % of a
+#: ``validate`` run's CPU time for nothing (bench/RESULTS.md, figure 5).
+GC_THRESHOLD_0 = 50_000
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the app, turning every failure into a diagnostic and exit code."""
+    """Entry point: run the app, turning every failure into a diagnostic and exit code.
+    The collector's thresholds are raised (:data:`GC_THRESHOLD_0`) for the run and
+    restored on return."""
+    import gc
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(max(GC_THRESHOLD_0, thresholds[0]), *thresholds[1:])
+    try:
+        return _run(argv)
+    finally:
+        gc.set_threshold(*thresholds)
+
+
+def _run(argv: list[str] | None) -> int:
     try:
         app(args=argv, prog_name="omni-pd", standalone_mode=False)
         return 0

@@ -164,23 +164,26 @@ class _Fallback(Exception):
 #: over. Deploy configs nest about 6 levels.
 FAST_MAX_DEPTH = 32
 
-#: Input the fast path hands to the round-trip loader unread: ``%`` directives (a
-#: ``%YAML 1.1`` line changes how the round-trip loader resolves scalars), tabs (the
-#: round-trip scanner refuses some that libyaml reads, e.g. after a value), line breaks
-#: other than ``\n`` (``\r``, NEL, LS, PS: libyaml and ruamel.yaml count lines
-#: differently), a byte-order mark past the start, and every character ruamel.yaml's
-#: reader refuses (its ``NON_PRINTABLE``), so the reader's error and position are ruamel's.
-_NOT_FAST = None
 
+def _not_fast(text: str) -> bool:
+    """True for input the fast path hands to the round-trip loader unread: ``%``
+    directives (a ``%YAML 1.1`` line changes how the round-trip loader resolves scalars),
+    ``...`` document end markers (libyaml reads ``a\\n...\\n...`` as one document, the
+    round-trip parser finds a second),
+    tabs (the round-trip scanner refuses some that libyaml reads, e.g. after a value),
+    line breaks other than ``\\n`` (``\\r``, NEL, LS, PS: libyaml and ruamel.yaml count
+    lines differently), a byte-order mark past the start, and every character
+    ruamel.yaml's reader refuses (its ``NON_PRINTABLE``), so the reader's error and
+    position are ruamel's. ASCII text (nearly every deploy config) is checked without
+    compiling the full Unicode class."""
+    import re
 
-def _not_fast() -> Any:
-    global _NOT_FAST
-    if _NOT_FAST is None:
-        import re
-
-        _NOT_FAST = re.compile("(?:^|\n)%|[\t\r\x85\u2028\u2029\ufeff]"
-                               "|[^\x09\x0A\x0D\x20-\x7E\x85\xA0-\uD7FF\uE000-\uFFFD\U00010000-\U0010FFFF]")
-    return _NOT_FAST
+    if "\t" in text or "\r" in text or text.startswith(("%", "...")) or "\n%" in text or "\n..." in text:
+        return True
+    if text.isascii():
+        return re.search("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", text) is not None
+    return re.search("[\x85\u2028\u2029\ufeff]|[^\x09\x0A\x0D\x20-\x7E\x85\xA0-\uD7FF\uE000-\uFFFD\U00010000-\U0010FFFF]",
+                     text) is not None
 
 
 def _fast_classes() -> tuple[type, type, type] | None:
@@ -227,8 +230,12 @@ def _fast_classes() -> tuple[type, type, type] | None:
 
         def compose_scalar_node(self, anchor: Any) -> Any:
             event = self.parser.peek_event()
-            if event.value == "" and not event.style:
-                raise _Fallback("empty scalar")
+            if not event.style:
+                if event.value == "":
+                    raise _Fallback("empty scalar")
+                # plain: libyaml says '', ruamel.yaml None, and a TaggedScalar keeps it
+                # (``x: <<`` resolves to the merge tag)
+                event.style = None
             return super().compose_scalar_node(anchor)
 
     class FastConstructor(Constructor):
@@ -283,10 +290,10 @@ class _EventLoader:
 def _load_fast(text: str, node_limit: bool) -> Any:
     """The round-trip tree of ``text`` (without comments) built from libyaml's events,
     or raise :class:`_Fallback` when the round-trip loader must read it: ruamel.yaml.clib
-    missing, input :func:`_not_fast` matches, or any problem at all (a syntax error,
+    missing, input :func:`_not_fast` refuses, or any problem at all (a syntax error,
     a limit, a duplicate key: the round-trip loader then reports it as always)."""
     classes = _fast_classes()
-    if classes is None or _not_fast().search(text):
+    if classes is None or _not_fast(text):
         raise _Fallback("not for the fast path")
     try:
         return _EventLoader(text, classes, node_limit).load()

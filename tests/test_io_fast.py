@@ -31,9 +31,10 @@ pytestmark = pytest.mark.skipif(omni_io._fast_classes() is None, reason="ruamel.
 
 
 def _shape(x: object) -> object:
-    """Every key, value and Python type of a loaded tree, comparable with ``==``."""
+    """Every key, value and Python type of a loaded tree, comparable with ``==`` (keys by
+    ``repr``: a tagged key is a TaggedScalar, which compares by identity)."""
     if isinstance(x, dict):
-        return (type(x).__name__, [(type(k).__name__, k, _shape(v)) for k, v in x.items()])
+        return (type(x).__name__, [(type(k).__name__, repr(k), _shape(v)) for k, v in x.items()])
     if isinstance(x, list):
         return (type(x).__name__, [_shape(v) for v in x])
     return (type(x).__name__, repr(x))
@@ -45,7 +46,13 @@ def _read(text: str, *, comments: bool) -> tuple:
         doc = omni_io.parse_bytes(text.encode("utf-8", "surrogatepass"), "f.yaml", comments=comments)
     except OmniPdError as e:
         return ("error", e.exit_code, repr(e.diagnostic))
-    return ("ok", _shape(doc.tree), doc.source_map.key_pos, doc.source_map.value_pos)
+    except Exception as e:  # noqa: BLE001 - a loader crash must be the same crash on both paths
+        return ("crash", type(e).__name__, str(e))
+    return ("ok", _shape(doc.tree), _positions(doc.source_map.key_pos), _positions(doc.source_map.value_pos))
+
+
+def _positions(table: dict) -> list:
+    return [(repr(path), pos) for path, pos in table.items()]
 
 
 def _fast(text: str) -> bool:
@@ -132,6 +139,7 @@ CORNERS = [
     ("a: [1, 2,]\nb: {c: 1,}\nd: [\n  1,\n  2\n]\n", True),
     ("a:\n- b\n- c\nd:\n  - e: 1\n    f: 2\n  - g\n", True),
     ("a: http://x.y/z\nb: '#no comment'\nc: x#y\nd: 2001-12-14\n", True),
+    ("x: <<\n", True),  # a plain `<<` resolves to the merge tag: a TaggedScalar that keeps its style
     ("- a\n- b\n", True),  # not a mapping: OPD004 either way
     ("just a string\n", True),
     ("", True),
@@ -144,6 +152,7 @@ CORNERS = [
     ("a: !!str 3\nb: !foo x\n", False),  # explicit tags
     ("a: 1\t\nb: 2\n", False),  # the round-trip scanner refuses this tab, libyaml does not
     ("%YAML 1.1\n---\na: yes\n", False),  # 1.1 booleans
+    ("a\n...\n...\n", False),  # libyaml: one document; the round-trip parser: a second one
     ("a: 1\r\nb: 2\r\n", False),
     ("a: x\u2028b: y\n", False),
     ("a: {b:1}\n", False),  # YAML 1.2 reads `b:1` as a plain scalar, libyaml refuses it
@@ -199,7 +208,9 @@ def _read_bytes(data: bytes, *, comments: bool) -> tuple:
         doc = omni_io.parse_bytes(data, "f.yaml", comments=comments)
     except OmniPdError as e:
         return ("error", e.exit_code, repr(e.diagnostic))
-    return ("ok", _shape(doc.tree), doc.source_map.key_pos, doc.source_map.value_pos)
+    except Exception as e:  # noqa: BLE001 - a loader crash must be the same crash on both paths
+        return ("crash", type(e).__name__, str(e))
+    return ("ok", _shape(doc.tree), _positions(doc.source_map.key_pos), _positions(doc.source_map.value_pos))
 
 
 # --- end to end ---------------------------------------------------------------------------
