@@ -348,7 +348,7 @@ def test_an_ec_connector_the_release_lacks_is_refused() -> None:
 _ASCEND_SRC = """stages:
   - stage_id: 0
     devices: "0"
-    env: {VLLM_NIXL_SIDE_CHANNEL_PORT: "5600", KEEP: "1"}
+    env: {VLLM_NIXL_SIDE_CHANNEL_PORT: "5600", KEEP: "1", VLLM_NIXL_SIDE_CHANNEL_HOST: h, VLLM_MOONCAKE_BOOTSTRAP_PORT: "8998"}
     kv_transfer_config: {kv_connector: NixlConnector}
   - stage_id: 1
     devices: "1"
@@ -403,9 +403,9 @@ def test_apply_ascend_inserts_missing_overlay_entries_in_stage_id_order() -> Non
           "        HCCL_IF_BASE_PORT: \"61016\"\n      "
         + _NPU_KV_TEXT.format(i="      ", role="kv_consumer")
         + "    - stage_id: x\n    - stage_id: 3\n")
-    assert got.split("platforms:\n")[0] == (
-        "stages:\n- stage_id: 0\n  devices: '0'\n  env: {VLLM_NIXL_SIDE_CHANNEL_PORT: '5600', KEEP: '1'}\n"
-        "  kv_transfer_config: {kv_connector: NixlConnector}\n- stage_id: 1\n  devices: '1'\n")
+    from ruamel.yaml import YAML
+
+    assert YAML(typ="safe").load(got)["stages"] == YAML(typ="safe").load(_ASCEND_SRC)["stages"]
 
 
 def test_apply_ascend_on_the_base_replaces_the_cuda_connector_and_its_port_env() -> None:
@@ -429,3 +429,47 @@ def test_apply_ascend_creates_the_npu_overlay_when_the_file_has_none() -> None:
     got = _apply("stages:\n  - stage_id: 0\n", [AscendSide(0, _NPU_KV, {"A": "1"})], base=False)
     assert got == ("stages:\n- stage_id: 0\nplatforms:\n  npu:\n    stages:\n    - stage_id: 0\n      env:\n"
                    "        A: \"1\"\n      " + _NPU_KV_TEXT.format(i="      ", role="kv_producer"))
+
+
+# --- ascend: plan_ascend ------------------------------------------------------------------------------
+
+_NPU_PD = ("pipeline: qwen3_omni_moe_thinker_only_pd\nstages:\n"
+           "  - {stage_id: 0, devices: \"0,1\", num_replicas: 2, kv_transfer_config: {kv_connector: MooncakeConnector,"
+           " kv_role: kv_producer, engine_id: p}}\n"
+           "  - {stage_id: 1, devices: \"2\", kv_transfer_config: {kv_connector: MooncakeConnector,"
+           " kv_role: kv_consumer, engine_id: d}}\n")
+
+
+def _npu_topo(text: str):
+    from omni_pd.compile.parse import parse_config
+    from omni_pd.compile.pipelines import load_catalogue
+    from omni_pd.compile.topology import resolve
+
+    cfg = parse_config(parse_text(text, "pd.yaml"))
+    return resolve(cfg, load_catalogue().get(cfg.pipeline), "npu", None)
+
+
+def test_plan_ascend_refuses_a_connector_that_is_not_vllm_ascends() -> None:
+    from omni_pd.compile.passes.ascend import plan_ascend
+
+    with pytest.raises(OmniPdError) as e:
+        plan_ascend(_npu_topo(_NPU_PD), "NixlConnector")
+    d = e.value.diagnostic
+    assert (d.code, d.severity, d.message, d.help, d.location) == (
+        "OPD804", Severity.ERROR, "NixlConnector is not a vllm-ascend PD connector",
+        "on npu use MooncakeConnectorV1 (pull) or MooncakeLayerwiseConnector (layerwise push)", None)
+
+
+def test_plan_ascend_refuses_replicas_sharing_a_port_unless_writing_an_overlay() -> None:
+    from omni_pd.compile.passes.ascend import plan_ascend
+
+    why = "vllm-omni 0.30 gives every replica the same kv_port + rank (MooncakeConnectorV1) port (36000)"
+    with pytest.raises(OmniPdError) as e:  # overlay=False is the default: the base file runs on npu
+        plan_ascend(_npu_topo(_NPU_PD), "MooncakeConnectorV1")
+    assert (e.value.diagnostic.code, e.value.diagnostic.message) == (
+        "OPD805", f"npu: cannot place 2 replicas of the prefill stage on one host: {why}")
+    sides = plan_ascend(_npu_topo(_NPU_PD), "MooncakeConnectorV1", overlay=True)
+    assert [(s.stage_id, s.settings, [(n.code, n.message) for n in s.notes]) for s in sides] == [
+        (0, {"num_replicas": 1}, [("OPD904", "npu overlay: the prefill stage 0 runs 1 replica on npu (the base keeps "
+                                             "2): " + why.replace("gives", "would give"))]),
+        (1, {}, [])]
