@@ -177,6 +177,24 @@ def test_opd305_buffer_device_differs() -> None:
         "kv_buffer_device differs: prefill 'cpu', decode 'cuda'"]
 
 
+# --- OPD306 TP unequal (vllm-omni's PD validator) -------------------------------------------------
+
+_TP = PD.replace('    devices: "0"\n', '    devices: "0,2"\n    tensor_parallel_size: 2\n').replace(
+    '    devices: "1"\n', '    devices: "1"\n    tensor_parallel_size: 1\n')
+
+
+def test_opd306_points_at_decodes_own_tensor_parallel_size_value() -> None:
+    assert hits(_TP, "OPD306") == [(
+        E, "tensor_parallel_size differs: prefill 2, decode 1; vllm-omni's PD validator requires them equal", (15, 27),
+        "set `tensor_parallel_size: 2` on decode (and give it 2 devices)", [(6, 27, "prefill TP 2")], None)]
+
+
+@pytest.mark.parametrize("side", [P_KV, D_KV])
+def test_opd306_waits_for_both_kv_configs(side) -> None:
+    # a side without kv_transfer_config is OPD301's finding; the TP check needs the pair
+    assert hits(_TP.replace(side, ""), "OPD306") == []
+
+
 # --- OPD307 decode input --------------------------------------------------------------------------
 
 def test_opd307_decode_not_fed_by_prefill() -> None:
