@@ -542,3 +542,8 @@ def test_tiny_png_default_is_112_pixels_square_and_salted_by_urandom(monkeypatch
     assert struct.unpack(">II", png[16:24]) == (112, 112)
     monkeypatch.setattr(sm.os, "urandom", lambda n: bytes([0, 0, 0, 1][:n]).rjust(n, b"\0"))
     assert sm.tiny_png() == sm.tiny_png(seed=1)
+
+
+def test_counter_names_join_several_labels_with_commas(monkeypatch):
+    monkeypatch.setattr(sm, "KV_RECEIVED", (("a_total", {"x": "1", "y": "2"}), ("b_count", {})))
+    assert sm._counter_names() == ['a_total{x="1",y="2"}', "b_count"]
