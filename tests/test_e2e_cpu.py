@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from e2e.harness import Launcher as _Launcher
-from e2e.harness import alive, engine_env, get, port_free, post_json, wait_health
+from e2e.harness import PlainInstance, alive, engine_env, get, port_free, post_json
 
 from omni_pd.launch.smoke import kv_received
 
@@ -60,27 +60,21 @@ def Launcher(tmp: Path, model: Path, pd: Path, vllm: str, run_dir: Path, *extra:
 
 def test_pd_on_cpu_equals_a_single_instance_and_kv_moves_then_nothing_is_left(setup):
     tmp, model, pd, vllm = setup
-    env = {**os.environ, **engine_env(tmp)}
-    base_log = open(tmp / "baseline.log", "w")
-    baseline = subprocess.Popen([vllm, "serve", str(model), "--host", "127.0.0.1", "--port", str(BASELINE),
-                                 "--served-model-name", "tiny", "--max-model-len", "1024", "--enforce-eager",
-                                 "--dtype", "float32"], env=env, stdout=base_log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    baseline = PlainInstance(vllm, model, BASELINE, engine_env(tmp), tmp / "baseline.log").start()
     launcher = Launcher(tmp, model, pd, vllm, tmp / "run1", "--smoke")
     try:
         launcher.wait_for("smoke: ok", 900)
         tree = launcher.descendants()
         assert len(tree) >= 3  # prefill, decode, router (+ their engine-core children)
-        wait_health(f"http://127.0.0.1:{BASELINE}/health", 600)
+        baseline.wait_ready()
         router = f"http://127.0.0.1:{ROUTER}"
         metrics = f"http://127.0.0.1:{ENGINES + 100}/metrics"
         before = kv_received(get(metrics))
         for prompt in (LONG, SHORT):
-            assert complete(router, prompt) == complete(f"http://127.0.0.1:{BASELINE}", prompt)
+            assert complete(router, prompt) == complete(baseline.url, prompt)
         assert kv_received(get(metrics)) > before, "decode did not receive KV from prefill"
     finally:
-        os.killpg(baseline.pid, signal.SIGKILL)
-        baseline.wait()
+        baseline.stop()
         launcher.proc.send_signal(signal.SIGINT)
         rc = launcher.proc.wait(120)
     assert rc == 130, "\n".join(launcher.lines[-40:])

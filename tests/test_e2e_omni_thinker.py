@@ -39,8 +39,8 @@ from io import BytesIO
 from pathlib import Path
 
 import pytest
-from e2e.harness import (Launcher, engine_env, get, port_free, post_json, prompt_tokens_by_source, rss_bytes,
-                         descendants, alive, wait_health)
+from e2e.harness import (Launcher, PlainInstance, engine_env, get, port_free, post_json, prompt_tokens_by_source,
+                         rss_bytes, descendants, alive)
 
 ROOT = Path(__file__).resolve().parents[1]
 E2E = os.environ.get("OMNI_PD_E2E_PYTHON")
@@ -126,21 +126,10 @@ def test_qwen3_omni_thinker_pd_on_cpu_equals_a_plain_instance_for_text_audio_and
     m: dict = {"plain": {}, "pd": {}}
 
     # 1. the plain instance: record its answers, then stop it
-    env = {**os.environ, **engine_env(tmp)}
-    with open(tmp / "plain.log", "w") as log:
-        plain = subprocess.Popen([vllm, "serve", str(model), "--host", "127.0.0.1", "--port", str(BASELINE),
-                                  "--served-model-name", "tiny", *PLAIN_FLAGS], env=env, stdout=log,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        m["plain"]["healthy_s"] = wait_health(f"http://127.0.0.1:{BASELINE}/health", 600, plain)
-        want = {name: chat(f"http://127.0.0.1:{BASELINE}", c) for name, c in prompts.items()}
-        m["plain"]["rss_gib"] = rss_bytes(descendants({plain.pid})) / 2**30
-    except Exception:
-        print((tmp / "plain.log").read_text()[-4000:])
-        raise
-    finally:
-        os.killpg(plain.pid, signal.SIGKILL)
-        plain.wait()
+    with PlainInstance(vllm, model, BASELINE, engine_env(tmp), tmp / "plain.log", flags=PLAIN_FLAGS) as plain:
+        m["plain"]["healthy_s"] = plain.healthy_s
+        want = {name: chat(plain.url, c) for name, c in prompts.items()}
+        m["plain"]["rss_gib"] = plain.rss_gib()
     m["plain"]["latency_s"] = {k: round(v[2], 3) for k, v in want.items()}
 
     # a weak equality test would pass on constant output: the six answers must differ
