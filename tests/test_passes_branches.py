@@ -473,3 +473,57 @@ def test_plan_ascend_refuses_replicas_sharing_a_port_unless_writing_an_overlay()
         (0, {"num_replicas": 1}, [("OPD904", "npu overlay: the prefill stage 0 runs 1 replica on npu (the base keeps "
                                              "2): " + why.replace("gives", "would give"))]),
         (1, {}, [])]
+
+
+def _sides(text: str, **kw) -> list[tuple]:
+    from omni_pd.compile.passes.ascend import plan_ascend
+
+    return [(s.stage_id, s.kv, s.env, s.settings) for s in plan_ascend(_npu_topo(text), "MooncakeConnectorV1", **kw)]
+
+
+_ONE = _NPU_PD.replace("num_replicas: 2, ", "")
+
+
+def _v1(role: str, port: int, eid: str, prefill: dict) -> dict:
+    return {"kv_connector": "MooncakeConnectorV1", "kv_role": role, "kv_port": port, "engine_id": eid,
+            "kv_connector_extra_config": {"prefill": prefill, "decode": {"dp_size": 1, "tp_size": 1}}}
+
+
+def test_plan_ascend_sizes_peer_blocks_ports_and_hccl_from_prefill_dp() -> None:
+    # prefill DP 2: its block says dp_size 2, it binds kv_port 36000-36001 and HCCL 2 x 16
+    # ports from 61000, so decode starts at 36002 and 61032
+    got = _sides(_ONE.replace('devices: "0,1", ', 'devices: "0,1", data_parallel_size: 2, '))
+    blk = {"dp_size": 2, "tp_size": 1}
+    assert got == [(0, _v1("kv_producer", 36000, "p", blk), {"HCCL_IF_BASE_PORT": "61000"}, {}),
+                   (1, _v1("kv_consumer", 36002, "d", blk), {"HCCL_IF_BASE_PORT": "61032"}, {})]
+
+
+def test_plan_ascend_writes_prefill_pp_into_the_peer_blocks() -> None:
+    got = _sides(_ONE.replace('devices: "0,1", ', 'devices: "0,1", pipeline_parallel_size: 2, '))
+    blk = {"dp_size": 1, "tp_size": 1, "pp_size": 2}
+    assert got == [(0, _v1("kv_producer", 36000, "p", blk), {"HCCL_IF_BASE_PORT": "61000"}, {}),
+                   (1, _v1("kv_consumer", 36002, "d", blk), {"HCCL_IF_BASE_PORT": "61032"}, {})]
+
+
+def test_plan_ascend_refuses_a_decode_tp_above_prefills() -> None:
+    from omni_pd.compile.passes.ascend import plan_ascend
+
+    text = _ONE.replace('devices: "0,1", ', 'devices: "0", ').replace(
+        'devices: "2", ', 'devices: "2,3", tensor_parallel_size: 2, ')
+    with pytest.raises(OmniPdError) as e:
+        plan_ascend(_npu_topo(text), "MooncakeConnectorV1")
+    d = e.value.diagnostic
+    assert (d.code, d.severity, d.message, d.help) == (
+        "OPD805", Severity.ERROR,
+        "npu overlay: vllm-ascend MooncakeConnectorV1 needs prefill TP >= decode TP and divisible by it (got P=1, D=2)",
+        "give prefill the larger TP, a multiple of decode's (vllm-ascend's PD limits)")
+
+
+def test_plan_ascend_names_the_target_release_in_the_replica_refusal() -> None:
+    from omni_pd.compile.passes.ascend import plan_ascend
+
+    with pytest.raises(OmniPdError) as e:
+        plan_ascend(_npu_topo(_NPU_PD), "MooncakeConnectorV1", target=target("0.28"))
+    assert e.value.diagnostic.message == (
+        "npu: cannot place 2 replicas of the prefill stage on one host: vllm-omni 0.28 gives every replica the same "
+        "kv_port + rank (MooncakeConnectorV1) port (36000)")
