@@ -120,15 +120,17 @@ NOT_A_DEPLOY_CONFIG_HELP = ("omni-pd checks vllm-omni deploy configs (a `stages:
                             "settings, like presets/qwen3_omni_moe.yaml)")
 
 
-def not_a_deploy_config(doc: "Document") -> Diagnostic | None:
+def not_a_deploy_config(doc: "Document", plain: object = None) -> Diagnostic | None:
     """The OPD007 gate shared by ``expand`` and ``validate``: an error located at the top
     of ``doc`` (line 1) saying what the file looks like (:func:`describe`), or None for a
     deploy config. vllm-omni's forced-aligner settings (shipped in ``vllm_omni/deploy/``
     with the deploy configs) get a warning instead; expand refuses both. Pure (reads
-    ``doc.tree`` only)."""
+    ``doc.tree`` only; ``plain``: ``to_plain(doc.tree)`` when the caller has it already,
+    not modified)."""
     from omni_pd.compile.parse import to_plain
 
-    plain = to_plain(doc.tree)
+    if plain is None:
+        plain = to_plain(doc.tree)
     looks_like = describe(plain)
     if looks_like is None:
         return None

@@ -357,7 +357,7 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
                                      message=f"unknown platform `{opts.platform}`",
                                      help="one of: " + ", ".join(PLATFORMS)))
     plain = to_plain(doc.tree)
-    gate = not_a_deploy_config(doc)
+    gate = not_a_deploy_config(doc, plain)
     # a file that is no deploy config (OPD007): only the schema rules say more about it;
     # the topology rules would judge stages it does not have
     rules = [r for c, r in registry().items()
