@@ -15,7 +15,7 @@ from omni_pd.launch.router import codec, legs
 from omni_pd.launch.router.core import describe_exc
 from omni_pd.launch.router.protocol import decode_request_bytes
 
-pytestmark = pytest.mark.skipif(not legs.available(), reason="httptools not installed")
+needs_httptools = pytest.mark.skipif(not legs.available(), reason="httptools not installed")
 
 BODY = b'{"model":"m","prompt":"hi"}'
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}"
@@ -57,6 +57,7 @@ def run(coro):
     return asyncio.run(coro)
 
 
+@needs_httptools
 def test_keep_alive_reuses_one_connection_and_sends_exact_bytes():
     async def answer(conn, n, req, w):
         w.write(OK)
@@ -95,6 +96,7 @@ def test_keep_alive_reuses_one_connection_and_sends_exact_bytes():
         b"Content-Length: %d\r\n\r\n%s" % (host.encode(), len(BODY), BODY))
 
 
+@needs_httptools
 def test_chunked_answer_streams_as_it_comes_and_connection_close_is_not_pooled():
     async def answer(conn, n, req, w):
         w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
@@ -125,6 +127,7 @@ def test_chunked_answer_streams_as_it_comes_and_connection_close_is_not_pooled()
     assert s.conns == 2  # "Connection: close" answers are not reused
 
 
+@needs_httptools
 def test_a_reused_connection_closed_before_answering_is_resent_once_on_a_new_one():
     async def answer(conn, n, req, w):
         if n == 2:  # the keep-alive expiry race: the backend drops the reused connection unanswered
@@ -149,6 +152,7 @@ def test_a_reused_connection_closed_before_answering_is_resent_once_on_a_new_one
     assert out == [b'{"ok":true}'] * 2 and s.conns == 2 and len(s.requests) == 3
 
 
+@needs_httptools
 def test_a_new_connection_closed_before_answering_is_an_error_not_a_resend():
     async def answer(conn, n, req, w):
         return False
@@ -167,6 +171,7 @@ def test_a_new_connection_closed_before_answering_is_an_error_not_a_resend():
     assert len(s.requests) == 1 and describe_exc(exc) == "server disconnected"
 
 
+@needs_httptools
 def test_answer_cut_mid_body_silence_timeout_and_refused_connect():
     async def answer(conn, n, req, w):
         if conn == 1:
@@ -201,6 +206,7 @@ def test_answer_cut_mid_body_silence_timeout_and_refused_connect():
     assert describe_exc(exc) == "connection refused" and isinstance(exc, ConnectionError)
 
 
+@needs_httptools
 def test_header_line_breaks_are_refused():
     async def main():
         c = legs.LegClient()

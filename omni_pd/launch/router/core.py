@@ -23,7 +23,7 @@ import omni_pd.launch.router.legs as legs
 
 from omni_pd.launch.router.backends import Backend, Instance, Pool, _host_for_url
 from omni_pd.launch.router.protocol import (
-    ConnectorStrategy, PrefillTarget, decode_request_bytes, prefill_request_body, transfer_id_for)
+    ConnectorStrategy, PrefillTarget, decode_request_bytes, prefill_request_body)
 
 log = logging.getLogger("omni_pd.router")
 
