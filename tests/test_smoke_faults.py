@@ -285,3 +285,11 @@ def test_smoke_json_when_decodes_counters_are_not_on_the_page(tmp_path, monkeypa
                                "counters": ['vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}',
                                             "vllm:nixl_xfer_time_seconds_count"],
                                "counters_seen": False, "before": 0.0, "after": 0.0}
+
+
+def test_smoke_json_is_indented_two_spaces_and_ends_with_a_newline(tmp_path, monkeypatch):
+    monkeypatch.setattr(sm, "smoke", lambda t: sm.SmokeResult("x", 0.0, 1.0, 1.0))
+    smoke_check(SmokeTarget("http://e", "M", "http://d/metrics"), io.StringIO(), report=tmp_path / "smoke.json")
+    text = (tmp_path / "smoke.json").read_text()
+    assert text.startswith('{\n  "ok": true,\n  "runtime": "vllm",\n  "request": {\n    "url": "http://e/v1/completions",')
+    assert text.endswith('"\n}\n')
