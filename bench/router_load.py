@@ -4,6 +4,12 @@ two-leg client (the floor), against fake prefill/decode servers, in one run.
     python bench/router_load.py                 # everything, writes bench/router_load.json
     python bench/router_load.py --quick         # concurrency 1, 16, 64 only
     python bench/router_load.py --duration 2    # seconds per point (default 3)
+    python bench/router_load.py --also-workers 2 --results bench/RESULTS.md   # + a 2-worker column, report
+
+Each point runs the kinds in turn, ``--rounds`` times (default 3, the order rotated each
+round) and reports the median round: the machine is shared. Per point it also records the
+CPU time (user + system, psutil) of the router's process tree, of the two fakes and of the
+client, per answered request, so the report shows where the cores go.
 
 Fakes (aiohttp, one process per instance, loopback): P answers after ``--p-delay`` (20 ms)
 with NIXL-style ``kv_transfer_params``; D answers JSON after ``--d-delay`` (50 ms) or an SSE
