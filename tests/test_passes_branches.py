@@ -527,3 +527,39 @@ def test_plan_ascend_names_the_target_release_in_the_replica_refusal() -> None:
     assert e.value.diagnostic.message == (
         "npu: cannot place 2 replicas of the prefill stage on one host: vllm-omni 0.28 gives every replica the same "
         "kv_port + rank (MooncakeConnectorV1) port (36000)")
+
+
+def test_plan_ascend_kv_port_and_hccl_bases_can_be_given() -> None:
+    blk = {"dp_size": 1, "tp_size": 1}
+    assert _sides(_ONE, kv_port_base=40000, hccl_base=62000) == [
+        (0, _v1("kv_producer", 40000, "p", blk), {"HCCL_IF_BASE_PORT": "62000"}, {}),
+        (1, _v1("kv_consumer", 40001, "d", blk), {"HCCL_IF_BASE_PORT": "62016"}, {})]
+
+
+@pytest.mark.parametrize("extra, block", [("data_parallel_size: 2", {"dp_size": 2, "tp_size": 1}),
+                                          ("pipeline_parallel_size: 2", {"dp_size": 1, "tp_size": 1, "pp_size": 2})])
+def test_a_lower_decode_tp_keeps_decodes_dp_and_pp_and_its_first_devices(extra, block) -> None:
+    text = _ONE.replace('devices: "0,1", ', 'devices: "0,1", tensor_parallel_size: 2, ').replace(
+        'devices: "2", ', f'devices: "2,3,4,5", tensor_parallel_size: 2, {extra}, ')
+    got = _sides(text, decode_tp=1)
+    p_blk = {"dp_size": 1, "tp_size": 2}
+    assert got[1] == (1, {**_v1("kv_consumer", 36002, "d", p_blk),
+                          "kv_connector_extra_config": {"prefill": p_blk, "decode": block}},
+                      {"HCCL_IF_BASE_PORT": "61032"}, {"tensor_parallel_size": 1, "devices": "2,3"})
+
+
+def test_a_lower_decode_tp_on_a_vllm_omni_pipeline_is_refused_naming_prefills_tp() -> None:
+    from omni_pd.compile.passes.ascend import plan_ascend
+
+    # prefill TP 4, decode TP 2 in the file: vllm-omni's PD validator compares decode with
+    # prefill, so the message names prefill's 4 (it named decode's own 2 as "prefill TP")
+    text = _ONE.replace("qwen3_omni_moe_thinker_only_pd", "qwen3_omni_moe_pd").replace(
+        'devices: "0,1", ', 'devices: "0,1,2,3", tensor_parallel_size: 4, ').replace(
+        'devices: "2", ', 'devices: "4,5", tensor_parallel_size: 2, ')
+    with pytest.raises(OmniPdError) as e:
+        plan_ascend(_npu_topo(text), "MooncakeConnectorV1", decode_tp=1)
+    d = e.value.diagnostic
+    assert (d.code, d.message, d.help) == (
+        "OPD805", "npu overlay: decode TP 1 != prefill TP 4, but qwen3_omni_moe_pd runs on vllm-omni, whose PD "
+                  "validator requires equal TP (pd_utils.py)",
+        "asymmetric TP needs a pipeline launched as plain vllm serve engines (e.g. *_thinker_only)")

@@ -93,10 +93,10 @@ def plan_ascend(topo: Topology, connector: str, *, release: str | None = None, d
     if err:
         raise OmniPdError(Diagnostic(code="OPD805", severity=Severity.ERROR, message=f"npu overlay: {err}",
                                      help="give prefill the larger TP, a multiple of decode's (vllm-ascend's PD limits)"))
-    if decode_tp is not None and decode_tp != ds.tp and topo.pipeline.launcher == "vllm-omni":
+    if decode_tp is not None and decode_tp != ps.tp and topo.pipeline.launcher == "vllm-omni":
         raise OmniPdError(Diagnostic(
             code="OPD805", severity=Severity.ERROR,
-            message=f"npu overlay: decode TP {decode_tp} != prefill TP {ds.tp}, but {topo.pipeline.name} runs on "
+            message=f"npu overlay: decode TP {decode_tp} != prefill TP {ps.tp}, but {topo.pipeline.name} runs on "
                     "vllm-omni, whose PD validator requires equal TP (pd_utils.py)",
             help="asymmetric TP needs a pipeline launched as plain vllm serve engines (e.g. *_thinker_only)"))
     if decode_tp is not None and decode_tp != ds.tp:
