@@ -563,3 +563,28 @@ def test_a_lower_decode_tp_on_a_vllm_omni_pipeline_is_refused_naming_prefills_tp
         "OPD805", "npu overlay: decode TP 1 != prefill TP 4, but qwen3_omni_moe_pd runs on vllm-omni, whose PD "
                   "validator requires equal TP (pd_utils.py)",
         "asymmetric TP needs a pipeline launched as plain vllm serve engines (e.g. *_thinker_only)")
+
+
+# --- check_replicas_apart -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("side, role, version, refused", [
+    ("decode", "kv_consumer", "0.28", False),   # a Mooncake consumer binds no bootstrap port
+    ("prefill", "kv_producer", "0.30", False),  # vllm-omni 0.30: bootstrap_port + replica id
+    ("prefill", "kv_producer", "0.28", True),   # vllm-omni 0.28: every replica the same env port
+])
+def test_replicas_of_one_side_must_bind_different_ports(side, role, version, refused) -> None:
+    from omni_pd.compile import connectors
+
+    cfg = SideConfig(kv_transfer_config={"kv_connector": "MooncakeConnector", "kv_role": role, "engine_id": "x"},
+                     env={"VLLM_MOONCAKE_BOOTSTRAP_PORT": "25201"})
+    args = (connectors.get("MooncakeConnector"), side, cfg, 1, 1, target(version), "vllm-omni", 2, None)
+    if not refused:
+        assert pd_split.check_replicas_apart(*args) is None
+        return
+    with pytest.raises(OmniPdError) as e:
+        pd_split.check_replicas_apart(*args)
+    d = e.value.diagnostic
+    assert (d.code, d.message, d.help) == (
+        "OPD805", "cannot place 2 replicas of the prefill stage on one host: vllm-omni 0.28 gives every replica the "
+                  "same Mooncake bootstrap port (25201)",
+        "set num_replicas: 1 on the Thinker (one engine per side), or serve the replicas from different hosts")
