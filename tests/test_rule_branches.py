@@ -355,10 +355,10 @@ def _rule_examples() -> dict[str, tuple[str, str, dict]]:
     return out
 
 
-def _full(code: str, text: str, ctx: dict) -> list[dict]:
+def _full(code: str, text: str, ctx: dict, res=None) -> list[dict]:
     from omni_pd.check.validate import options_from_example
 
-    res = validate_text(text, "t.yaml", options_from_example(ctx))
+    res = res if res is not None else validate_text(text, "t.yaml", options_from_example(ctx))
 
     def loc(x):
         return None if x is None else [x.line, x.column, x.label]
@@ -383,4 +383,34 @@ def test_the_golden_has_exactly_the_rule_examples() -> None:
 @pytest.mark.parametrize("key", sorted(_golden()))
 def test_every_rule_example_gives_exactly_its_golden_diagnostics(key: str) -> None:
     # one case per example, so a changed rule fails on its own example first
-    assert _full(*_rule_examples()[key]) == _golden()[key]
+    from omni_pd.check.validate import options_from_example
+
+    code, text, ctx = _rule_examples()[key]
+    res = validate_text(text, "t.yaml", options_from_example(ctx))
+    assert _full(code, text, ctx, res) == _golden()[key]
+    # and no rule crashes on it: a crash becomes OPD000 (run_rules keeps the other rules
+    # going), which the golden, filtered to the example's own code, would not see (e.g.
+    # OPD307 unpacking a PD pair that a non-PD example does not have)
+    assert [d.message for d in res.diagnostics if d.code == "OPD000"] == []
+
+
+# --- OPD307 / OPD310 branches the examples miss -----------------------------------------------------
+
+def test_opd307_an_edge_from_prefill_to_another_stage_is_not_the_pd_edge() -> None:
+    text = PD + "edges:\n  - {from: 0, to: 2}\n  - {from: 2, to: 1}\n"
+    assert hits(text, "OPD307") == [(
+        E, "`edges:` has no edge from prefill (stage 0) to decode (stage 1)", (20, 1), "add `- {from: 0, to: 1}` to `edges:`",
+        [(12, 5, "decode")], None)]
+
+
+def test_opd310_without_an_async_chunk_key_points_at_the_document() -> None:
+    assert hits(PD.replace("async_chunk: false\n", ""), "OPD310") == [(
+        E, "async_chunk is on (vllm-omni's default) with a prefill/decode pair: decode would get a placeholder prompt",
+        (1, 1), "set `async_chunk: false` at the top level", [(7, 5, "KV connector here")], None)]
+
+
+def test_opd310_kv_stages_without_a_pd_pair_are_not_its_finding() -> None:
+    text = PD.replace("pipeline: qwen3_omni_moe_pd\n", "pipeline: qwen3_omni_moe\n").replace(
+        "async_chunk: false", "async_chunk: true")
+    assert hits(text, "OPD310") == []
+    assert "OPD308" in validate_text(text, "t.yaml").codes()  # the pair without a split is OPD308's
