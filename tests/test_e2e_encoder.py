@@ -37,8 +37,8 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e.harness import (Launcher, alive, descendants, engine_env, get, port_free, post_json,
-                         prompt_tokens_by_source, rss_bytes, wait_health)
+from e2e.harness import (Launcher, PlainInstance, alive, descendants, engine_env, get, port_free, post_json,
+                         prompt_tokens_by_source, rss_bytes, wait_for_line)
 
 ROOT = Path(__file__).resolve().parents[1]
 E2E = os.environ.get("OMNI_PD_E2E_PYTHON")
@@ -110,21 +110,10 @@ def test_qwen3_omni_thinker_e_p_d_on_cpu_equals_a_plain_instance_and_uses_the_en
     m: dict = {"plain": {}, "epd": {}}
 
     # 1. the plain instance
-    env = {**os.environ, **engine_env(tmp)}
-    with open(tmp / "plain.log", "w") as log:
-        plain = subprocess.Popen([vllm, "serve", str(model), "--host", "127.0.0.1", "--port", str(BASELINE),
-                                  "--served-model-name", "tiny", *PLAIN_FLAGS], env=env, stdout=log,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        m["plain"]["healthy_s"] = round(wait_health(f"http://127.0.0.1:{BASELINE}/health", 600, plain), 1)
-        want = {name: chat(f"http://127.0.0.1:{BASELINE}", c) for name, c in prompts.items()}
-        m["plain"]["rss_gib"] = round(rss_bytes(descendants({plain.pid})) / 2**30, 2)
-    except Exception:
-        print((tmp / "plain.log").read_text()[-4000:])
-        raise
-    finally:
-        os.killpg(plain.pid, signal.SIGKILL)
-        plain.wait()
+    with PlainInstance(vllm, model, BASELINE, engine_env(tmp), tmp / "plain.log", flags=PLAIN_FLAGS) as plain:
+        m["plain"]["healthy_s"] = plain.healthy_s
+        want = {name: chat(plain.url, c) for name, c in prompts.items()}
+        m["plain"]["rss_gib"] = plain.rss_gib()
     m["plain"]["latency_s"] = {k: round(v[2], 3) for k, v in want.items()}
     assert len({text for text, _, _ in want.values()}) == len(want), want  # answers tell the inputs apart
 
@@ -153,7 +142,7 @@ def test_qwen3_omni_thinker_e_p_d_on_cpu_equals_a_plain_instance_and_uses_the_en
             assert got[:2] == want[name][:2], (name, got, want[name])
             assert len(new) == 1, (name, new)
             [h] = new
-            assert f"{LOAD_LINE} {h}" in p_log.read_text(errors="replace"), (name, h)
+            assert wait_for_line(p_log, f"{LOAD_LINE} {h}"), (name, h)
             m["epd"]["loaded"][name] = h
             assert after.get("external_kv_transfer", 0) - before.get("external_kv_transfer", 0) > 0, (name, after)
 
@@ -188,7 +177,7 @@ def test_qwen3_omni_thinker_e_p_d_on_cpu_equals_a_plain_instance_and_uses_the_en
         m["epd"]["tamper_answer"] = got[0]
         assert got[1] == want["tamper"][1]  # same prompt (placeholders from the processor) ...
         assert got[0] != want["tamper"][0], (got, want["tamper"])  # ... but P used the tampered encoder output
-        assert f"{LOAD_LINE} {h}" in p_log.read_text(errors="replace")
+        assert wait_for_line(p_log, f"{LOAD_LINE} {h}")
         pids = launcher.pids()
         m["epd"]["rss_gib"] = {n: round(rss_bytes(descendants({p})) / 2**30, 2) for n, p in pids.items()}
         m["epd"]["rss_total_gib"] = round(sum(m["epd"]["rss_gib"].values()), 2)

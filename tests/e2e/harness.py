@@ -10,7 +10,8 @@ e2e venv, ``OMNI_PD_E2E_PYTHON``). Imported as ``e2e.harness`` (``tests/`` is on
 * processes: :class:`Launcher` (``omni-pd launch`` as a child), :class:`PlainInstance`
   (one plain ``vllm serve``, the reference answers), :func:`descendants`,
   :func:`alive`, :func:`rss_bytes`, :func:`port_free`;
-* metrics: :func:`prompt_tokens_by_source` (vLLM's ``vllm:prompt_tokens_by_source_total``).
+* metrics: :func:`prompt_tokens_by_source` (vLLM's ``vllm:prompt_tokens_by_source_total``);
+* logs: :func:`wait_for_line` (a child's line in the launcher's run-dir log).
 """
 
 from __future__ import annotations
@@ -127,6 +128,23 @@ def wait_health(url: str, timeout: float, proc: subprocess.Popen | None = None) 
                 raise RuntimeError(f"{proc.args[:3]} exited with {proc.returncode} before {url} answered") from None
             time.sleep(1)
     raise TimeoutError(url)
+
+
+def wait_for_line(path: Path, needle: str, timeout: float = 60) -> bool:
+    """True once ``needle`` appears in the text file ``path`` (polled every 0.2 s), False
+    after ``timeout`` seconds. ``omni-pd launch`` copies each child's output into
+    ``<run-dir>/<name>.log`` from a reader thread, so a line the engine printed before it
+    answered may reach the file a moment after the answer (seconds on a loaded machine)."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            if needle in path.read_text(errors="replace"):
+                return True
+        except OSError:
+            pass
+        if time.monotonic() - t0 >= timeout:
+            return False
+        time.sleep(0.2)
 
 
 # --- metrics ---------------------------------------------------------------------------
