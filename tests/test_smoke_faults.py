@@ -201,10 +201,10 @@ def test_without_decode_metrics_the_encoder_leg_is_still_checked(tmp_path, monke
     monkeypatch.setattr(sm, "smoke", lambda t: sm.SmokeResult("x", 0.0, 0.0, 0.5))
     monkeypatch.setattr(sm, "ec_smoke_check",
                         lambda t, out, rep: rep.update(error="the encoder stored nothing", error_kind="check")
-                        or calls.append(t) or 1)
+                        or calls.append((t, out)) or 1)
     t = SmokeTarget("http://e", "M", None, ec_storage=str(tmp_path), not_checked="the plan has no decode process")
     out = io.StringIO()
-    assert smoke_check(t, out, report=tmp_path / "smoke.json") == 1 and calls == [t]
+    assert smoke_check(t, out, report=tmp_path / "smoke.json") == 1 and calls == [(t, out)]
     rep = json.loads((tmp_path / "smoke.json").read_text())
     assert (rep["ok"], rep["error"], rep["error_kind"], rep["not_checked"]) == (
         False, "encoder leg: the encoder stored nothing", "check", {"kv_transfer": "the plan has no decode process"})
@@ -270,7 +270,7 @@ def test_a_reply_that_is_no_unicode_is_the_servers_failure(tmp_path):
 
 
 def test_smoke_json_when_decodes_counters_are_not_on_the_page(tmp_path, monkeypatch):
-    monkeypatch.setattr(sm, "smoke", lambda t: sm.SmokeResult("x", 0.0, 0.0, 1.25, counters_seen=False))
+    monkeypatch.setattr(sm, "smoke", lambda t: sm.SmokeResult("x", 0.0, 0.0, 1.23456, counters_seen=False))
     t = SmokeTarget("http://s", "M", "http://s/metrics", "1", chat=True)
     out = io.StringIO()
     assert smoke_check(t, out, report=tmp_path / "smoke.json") == 1
@@ -280,7 +280,7 @@ def test_smoke_json_when_decodes_counters_are_not_on_the_page(tmp_path, monkeypa
     assert out.getvalue() == msg + "\n"
     rep = json.loads((tmp_path / "smoke.json").read_text())
     assert (rep["ok"], rep["error"], rep["error_kind"], rep["message"], rep["seconds"], rep["not_checked"]) == (
-        False, "decode's counters are not on the metrics page", "check", msg, 1.25, {})
+        False, "decode's counters are not on the metrics page", "check", msg, 1.235, {})
     assert rep["measured"] == {"metrics_url": "http://s/metrics", "decode_stage": "1",
                                "counters": ['vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}',
                                             "vllm:nixl_xfer_time_seconds_count"],
