@@ -473,6 +473,7 @@ def test_plan_ascend_refuses_replicas_sharing_a_port_unless_writing_an_overlay()
         (0, {"num_replicas": 1}, [("OPD904", "npu overlay: the prefill stage 0 runs 1 replica on npu (the base keeps "
                                              "2): " + why.replace("gives", "would give"))]),
         (1, {}, [])]
+    assert sides[0].notes[0].help == "to serve xPyD on npu, place the replicas on different hosts"
 
 
 def _sides(text: str, **kw) -> list[tuple]:
@@ -588,3 +589,13 @@ def test_replicas_of_one_side_must_bind_different_ports(side, role, version, ref
         "OPD805", "cannot place 2 replicas of the prefill stage on one host: vllm-omni 0.28 gives every replica the "
                   "same Mooncake bootstrap port (25201)",
         "set num_replicas: 1 on the Thinker (one engine per side), or serve the replicas from different hosts")
+
+
+def test_plan_ascend_writes_layerwise_peer_blocks_only_for_the_release_that_reads_them() -> None:
+    from omni_pd.compile.passes.ascend import plan_ascend
+
+    blk = {"prefill": {"dp_size": 1, "tp_size": 1}, "decode": {"dp_size": 1, "tp_size": 1}}
+    old = plan_ascend(_npu_topo(_ONE), "MooncakeLayerwiseConnector", release="0.13")
+    new = plan_ascend(_npu_topo(_ONE), "MooncakeLayerwiseConnector")
+    assert [(s.kv["kv_port"], s.kv.get("kv_connector_extra_config")) for s in old] == [(36000, blk), (36001, blk)]
+    assert [(s.kv["kv_port"], s.kv.get("kv_connector_extra_config")) for s in new] == [(36000, None), (36001, None)]
