@@ -31,6 +31,11 @@ def test_cpu_split_stage_with_prefill_given_places_decode_after_it() -> None:
     assert lay(split_devices({0: "cpu", 1: (0,)}, 0, 1, prefill=(1,))) == ((1,), (2,), {1: (0,)})
 
 
+def test_cpu_split_stage_with_only_decode_given_places_prefill_after_the_devices_in_use() -> None:
+    # "cpu" is not a device list: prefill starts after device 0 (stage 1's), decode as given
+    assert lay(split_devices({0: "cpu", 1: (0,)}, 0, 1, decode=(5,))) == ((1,), (5,), {1: (0,)})
+
+
 def test_split_stage_without_devices_starts_after_every_device_in_use() -> None:
     # used by others: 0 and 3 -> prefill 4,5 (world 2), decode 6,7; the others do not move
     assert lay(split_devices({0: None, 1: (0,), 2: (3,)}, 0, 2)) == ((4, 5), (6, 7), {1: (0,), 2: (3,)})
