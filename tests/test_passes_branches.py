@@ -599,3 +599,21 @@ def test_plan_ascend_writes_layerwise_peer_blocks_only_for_the_release_that_read
     new = plan_ascend(_npu_topo(_ONE), "MooncakeLayerwiseConnector")
     assert [(s.kv["kv_port"], s.kv.get("kv_connector_extra_config")) for s in old] == [(36000, blk), (36001, blk)]
     assert [(s.kv["kv_port"], s.kv.get("kv_connector_extra_config")) for s in new] == [(36000, None), (36001, None)]
+
+
+def test_an_already_pd_config_is_refused_at_its_pipeline_value_by_the_encoder_split_too() -> None:
+    from omni_pd.compile.passes.encoder_split import EncoderOptions
+
+    assert encoder_refusal("pipeline: llm_pd\n" + LLM, EncoderOptions("1e1pd"))[:3] == (
+        "OPD803", "this deploy config is already prefill/decode split; refusing to split it twice", (1, 11))
+
+
+def test_plan_encoder_split_without_a_document_refuses_without_a_location() -> None:
+    from omni_pd.compile.expand import _front
+    from omni_pd.compile.passes.encoder_split import EncoderOptions, plan_encoder_split
+
+    text = LLM + "    ec_transfer_config: {ec_connector: ECExampleConnector, ec_role: ec_producer}\n"
+    cat, tgt, topo = _front(parse_text(text, "in.yaml"), None, "llm", None)
+    with pytest.raises(OmniPdError) as e:
+        plan_encoder_split(topo, cat, tgt, EncoderOptions("1e1pd"))
+    assert (e.value.diagnostic.code, e.value.diagnostic.location) == ("OPD803", None)
