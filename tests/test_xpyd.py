@@ -284,3 +284,28 @@ def test_validate_checks_the_pair_and_each_instances_devices():
     assert [(x.code, x.message) for x in res.diagnostics if x.severity is Severity.ERROR] == [
         ("OPD401", "stage 1: tensor_parallel_size 2 x pipeline_parallel_size 1 x data_parallel_size 1 = 2 devices, "
                    "but devices has 1 entry")]
+
+
+def test_a_platform_overlay_that_places_the_llm_gives_each_side_its_tp(capsys):
+    # the rocm overlay places the LLM on device 4 (its TP from the base): each side keeps its
+    # own TP there, so decode (TP 2) takes 2 devices after prefill's (an overlay places one
+    # engine per side; instances share it); before, decode got prefill's count and expand
+    # failed its own check (exit 3)
+    from ruamel.yaml import YAML
+
+    from omni_pd.check.validate import ValidateOptions
+
+    src = LLM.read_text() + 'platforms:\n  rocm:\n    stages:\n      - {stage_id: 0, devices: "4"}\n'
+    text = expand_document(parse_text(src, "llm.yaml"), ExpandOptions(
+        connector="NixlConnector", decode_replicas=2, prefill_tp=1, decode_tp=2), pipeline="llm").text
+    rocm = YAML(typ="safe").load(text)["platforms"]["rocm"]["stages"]
+    assert rocm == [{"stage_id": 0, "devices": "4"}, {"stage_id": 1, "devices": "5,6"}]
+    res = validate_document(parse_text(text, "pd.yaml"), ValidateOptions(all_platforms=True))
+    assert [x.code for x in res.diagnostics if x.severity is Severity.ERROR] == []
+    # an overlay that sets the LLM's TP gives it to both halves (the entry is copied to both)
+    src = LLM.read_text() + ('platforms:\n  rocm:\n    stages:\n'
+                             '      - {stage_id: 0, devices: "4,5", tensor_parallel_size: 2}\n')
+    text = expand_document(parse_text(src, "llm.yaml"), ExpandOptions(
+        connector="NixlConnector", prefill_tp=1, decode_tp=2), pipeline="llm").text
+    rocm = YAML(typ="safe").load(text)["platforms"]["rocm"]["stages"]
+    assert [(s["stage_id"], s["devices"], s["tensor_parallel_size"]) for s in rocm] == [(0, "4,5", 2), (1, "6,7", 2)]

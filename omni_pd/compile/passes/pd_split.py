@@ -336,7 +336,7 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
             location=doc.loc(("stages", thinker.index)) if (doc and thinker.index is not None) else None,
             help="pass --prefill-devices/--decode-devices to choose them"))
 
-    overlay_devices = _plan_overlays(topo, t.stage_id, ids, base_devices)
+    overlay_devices = _plan_overlays(topo, t.stage_id, ids, base_devices, given)
 
     # ports and connector config ----------------------------------------------------
     runtime = src.runtime
@@ -466,12 +466,18 @@ def _merge_user_kv(cfg: SideConfig, user: dict[str, Any] | None, target: Target,
     return SideConfig(kv_transfer_config=ordered, env=cfg.env, env_remove=cfg.env_remove)
 
 
-def _plan_overlays(topo: Topology, t: int, ids: IdMap, base_new: dict[int, Devices]) -> dict[str, dict[int, Devices]]:
+def _plan_overlays(topo: Topology, t: int, ids: IdMap, base_new: dict[int, Devices],
+                   side_tps: tuple[int | None, int | None] = (None, None)) -> dict[str, dict[int, Devices]]:
     """Per platform overlay that places stages: the devices each new stage must be given
     there so that prefill and decode stay disjoint and downstream stages follow.
 
-    Only entries whose devices differ from what the rewritten overlay already implies
-    (its own copied ``devices``, else the new base value) are listed.
+    ``side_tps``: the (prefill, decode) TPs written on the base stages (None: unchanged). A
+    side runs its TP on the platform too unless the overlay's Thinker entry sets its own
+    ``tensor_parallel_size`` (copied to both halves, so it wins there): each side then gets
+    one engine's TP x PP x DP devices (as before, an overlay places one engine per side;
+    xPyD instances share them there, and the npu pass runs one replica on npu, OPD904).
+    Only entries whose devices differ from what the rewritten overlay already implies (its
+    own copied ``devices``, else the new base value) are listed.
     """
     cfg = topo.config
     out: dict[str, dict[int, Devices]] = {}
@@ -483,9 +489,24 @@ def _plan_overlays(topo: Topology, t: int, ids: IdMap, base_new: dict[int, Devic
         ptopo = resolve(cfg, topo.pipeline, pname)
         layout = {s.stage_id: s.devices for s in ptopo.stages}
         t_dev = layout.get(t)
-        res = split_devices(layout, t, len(t_dev) if isinstance(t_dev, tuple) else 1)
-        own = {o.stage_id: effective_stage(o.model_dump(by_alias=True, exclude_unset=True)).get("devices")
-               for o in pov.stages}
+        raw = {o.stage_id: o.model_dump(by_alias=True, exclude_unset=True) for o in pov.stages}
+        entries = {sid: effective_stage(r) for sid, r in raw.items()}
+
+        def overlay_sets(key: str) -> bool:  # written in the overlay's Thinker entry (no defaults)
+            r = raw.get(t, {})
+            return any(isinstance(h, dict) and key in h for h in (r, r.get("engine_args"), r.get("engine_extras")))
+
+        node = ptopo.node(t)
+        as_is = len(t_dev) if isinstance(t_dev, tuple) else 1
+
+        def world(tp: int | None) -> int:
+            if tp is None or node is None or overlay_sets("tensor_parallel_size"):
+                return as_is
+            return tp * node.pp * node.dp
+
+        p_world, d_world = world(side_tps[0]), world(side_tps[1])
+        res = split_devices(layout, t, p_world, decode_count=d_world if d_world != p_world else None)
+        own = {sid: e.get("devices") for sid, e in entries.items()}
         placed = [(ids.prefill, t, res.prefill), (ids.decode, t, res.decode)]
         placed += [(ids.shift(old), old, dev) for old, dev in res.others.items()]
         must: dict[int, Devices] = {}
