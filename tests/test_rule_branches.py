@@ -414,3 +414,39 @@ def test_opd310_kv_stages_without_a_pd_pair_are_not_its_finding() -> None:
         "async_chunk: false", "async_chunk: true")
     assert hits(text, "OPD310") == []
     assert "OPD308" in validate_text(text, "t.yaml").codes()  # the pair without a split is OPD308's
+
+
+# --- one side without kv_transfer_config: OPD301's finding, no other pair rule runs or crashes ----
+
+@pytest.mark.parametrize("side", [P_KV, D_KV])
+def test_pair_rules_leave_a_one_sided_pair_to_opd301(side) -> None:
+    text = _buffers("kv_buffer_size: 1e9", "kv_buffer_size: 2e9").replace(side, "")
+    codes = validate_text(text, "t.yaml").codes()
+    assert "OPD301" in codes
+    assert not codes & {"OPD000", "OPD302", "OPD304", "OPD305", "OPD306"}, codes
+
+
+def test_opd302_a_wrong_role_on_the_only_kv_side_is_left_to_opd301() -> None:
+    text = PD.replace(P_KV, "").replace("kv_role: kv_consumer", "kv_role: kv_producer")
+    assert hits(text, "OPD302") == []
+
+
+def test_opd304_prefill_without_kv_connector_is_told_decodes() -> None:
+    text = PD.replace("      kv_connector: NixlConnector\n      kv_role: kv_producer", "      kv_role: kv_producer")
+    assert hits(text, "OPD304") == [(E, "stage 0: kv_transfer_config has no kv_connector", (8, 5),
+                                     "add `kv_connector: NixlConnector`", [], None)]
+
+
+def test_opd308_a_producer_alone_on_a_pipeline_without_a_split_is_not_a_pair() -> None:
+    text = PD.replace("pipeline: qwen3_omni_moe_pd", "pipeline: qwen3_omni_moe").replace(D_KV, "")
+    codes = validate_text(text, "t.yaml").codes()
+    assert "OPD308" not in codes and "OPD000" not in codes
+
+
+def test_opd309_a_stage_without_engine_id_before_the_clash_does_not_end_the_scan() -> None:
+    text = PD.replace("      engine_id: p\n", "") + (
+        "  - stage_id: 2\n    devices: \"1\"\n"
+        "    kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}\n")
+    assert hits(text, "OPD309") == [(E, "stages 1 and 2 share engine_id `d`", (21, 88),
+                                     "give each engine its own id, e.g. `engine_id: d-2`", [(18, 18, "first used here")],
+                                     None)]
