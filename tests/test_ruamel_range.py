@@ -5,7 +5,9 @@ range or no longer has the internals the subclasses rely on.
 
 Tested range (tests/test_fuzz.py hostile inputs + tests/test_expand.py goldens, with
 ``pip install --no-deps --target DIR ruamel.yaml==V`` and ``PYTHONPATH=DIR``): 0.18.0,
-0.18.6, 0.18.17, 0.19.1. Widen the pin only after running them on the new release.
+0.18.6, 0.18.17, 0.19.1. ``validate``'s libyaml path (io.py ``_EventLoader``, ruamel.yaml.clib
+0.2.15 under ruamel.yaml's composer and constructor): tests/test_io_fast.py on 0.18.0,
+0.18.17 and 0.19.1. Widen the pin only after running them on the new release.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import tomllib
 from importlib.metadata import version
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,3 +61,19 @@ def test_the_scanner_state_io_reads_is_there() -> None:
     assert isinstance(y.scanner.indents, list) and isinstance(y.scanner.flow_context, list)
     assert callable(y.reader.get_mark) and callable(y.parser.peek_event)
     assert isinstance(y.constructor.constructed_objects, dict)
+
+
+def test_the_internals_the_libyaml_path_relies_on_are_there() -> None:
+    """io.py's ``_EventLoader`` gives ruamel.yaml's composer and constructor their parser
+    and resolver as plain attributes (the base classes look them up through properties),
+    and the resolver asks ``loader._scanner.yaml_version`` which YAML version to resolve
+    scalars with (1.2 when none is declared, as the round-trip scanner says)."""
+    from omni_pd import io
+
+    classes = io._fast_classes()
+    if classes is None:
+        pytest.skip("ruamel.yaml.clib is not installed")
+    loader = io._EventLoader("a: [1, {b: yes}]\n", classes, node_limit=True)
+    assert loader._resolver.processing_version == (1, 2)
+    assert loader._composer.parser is loader._parser and loader._constructor.composer is loader._composer
+    assert loader.load() == {"a": [1, {"b": "yes"}]}
