@@ -617,3 +617,24 @@ def test_plan_encoder_split_without_a_document_refuses_without_a_location() -> N
     with pytest.raises(OmniPdError) as e:
         plan_encoder_split(topo, cat, tgt, EncoderOptions("1e1pd"))
     assert (e.value.diagnostic.code, e.value.diagnostic.location) == ("OPD803", None)
+
+
+def test_a_two_stage_plain_vllm_pipeline_is_refused_without_the_vllm_omni_reason() -> None:
+    # a custom catalogue entry: two stages, plain `vllm serve`, no *_thinker_only variant
+    from omni_pd.compile.expand import expand_encoder_document
+    from omni_pd.compile.passes.encoder_split import EncoderOptions
+    from omni_pd.compile.pipelines import Catalogue, load_catalogue, pipeline_from_dict
+
+    two = pipeline_from_dict({"name": "llm_then_tts", "runtime": "vllm", "stages": [
+        {"stage_id": 0, "role": "llm", "final_output": True},
+        {"stage_id": 1, "role": "tts", "input_sources": [0], "final_output": True}]})
+    cat = Catalogue({**load_catalogue().pipelines, two.name: two})
+    text = "stages:\n  - {stage_id: 0, devices: \"0\"}\n  - {stage_id: 1, devices: \"1\"}\n"
+    with pytest.raises(OmniPdError) as e:
+        expand_encoder_document(parse_text(text, "in.yaml"), EncoderOptions("1e1pd"), ExpandOptions(),
+                                pipeline="llm_then_tts", catalogue=cat)
+    d = e.value.diagnostic
+    assert (d.code, d.message, (d.location.line, d.location.column), d.help, d.notes) == (
+        "OPD806", "pipeline `llm_then_tts` (llm -> tts) cannot take an encoder split", (1, 1),
+        "the encoder split applies to single-LLM pipelines: llm, qwen2_5_omni_thinker_only, "
+        "qwen3_omni_moe_thinker_only", [])
