@@ -7,15 +7,16 @@ process on uvloop: aiohttp's low-level server (the router's front), granian's RS
 interface (Rust HTTP server; ``pip install granian``; left out when missing) with one
 worker and one runtime thread, and a bare httptools protocol with a task per request (a
 lower bound for a hand-written Python front, not a server: no limits, no keep-alive
-timeout, no chunked uploads). The client is the router's leg client
-(omni_pd/launch/router/legs.py) in this process; the figure is the server process tree's
-CPU time (user + system, psutil) per request.
+timeout, no chunked uploads; left out when httptools is missing). The client is aiohttp's
+ClientSession, configured as the router's, in this process; the figure is the server
+process tree's CPU time (user + system, psutil) per request.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import shutil
 import signal
@@ -109,23 +110,26 @@ async def drive(port: int, pid: int, n: int, conc: int) -> float:
     import psutil
     from yarl import URL
 
-    from omni_pd.launch.router.legs import LegClient
-
     root = psutil.Process(pid)
     procs = [root] + root.children(recursive=True)
 
     def cpu() -> float:
         return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
 
-    client, url, sent = LegClient(), URL(f"http://127.0.0.1:{port}/v1/completions"), 0
+    import aiohttp
+
+    url, sent = URL(f"http://127.0.0.1:{port}/v1/completions"), 0
+    headers = {"Content-Type": "application/json", "X-Request-Id": "r"}
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=30)
+    client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), cookie_jar=aiohttp.DummyCookieJar(),
+                                   auto_decompress=False)
 
     async def worker() -> None:
         nonlocal sent
         while sent < n:
             sent += 1
-            r = await client.post(url, BODY, {"X-Request-Id": "r"}, read_timeout=30)
-            await r.read()
-            r.release()
+            async with client.post(url, data=BODY, headers=headers, timeout=timeout) as r:
+                await r.read()
 
     c0 = cpu()
     await asyncio.gather(*(worker() for _ in range(conc)))
@@ -140,8 +144,11 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--port", type=int, default=18510)
     a = ap.parse_args()
-    fronts = {"aiohttp low-level server": [sys.executable, str(HERE), "serve-aiohttp", str(a.port)],
-              "httptools protocol (bare)": [sys.executable, str(HERE), "serve-httptools", str(a.port + 1)]}
+    fronts = {"aiohttp low-level server": [sys.executable, str(HERE), "serve-aiohttp", str(a.port)]}
+    if importlib.util.find_spec("httptools") is not None:
+        fronts["httptools protocol (bare)"] = [sys.executable, str(HERE), "serve-httptools", str(a.port + 1)]
+    else:
+        print("httptools not installed: its row is missing")
     granian = shutil.which("granian")
     if granian:
         fronts["granian RSGI (1 worker, 1 thread)"] = [

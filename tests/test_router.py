@@ -833,22 +833,16 @@ def test_workers_share_the_port_and_stop_with_the_main_process(fakes):
         proc.stderr.close()
 
 
-@pytest.mark.parametrize("fallback", ["stdlib-json", "aiohttp-legs"])
-def test_the_fallbacks_keep_the_protocol(fakes, router, monkeypatch, fallback):
-    """Without orjson (the standard library's json) and without httptools (aiohttp's
-    client for the legs) the router carries the same bodies, headers and streams."""
-    from omni_pd.launch.router import codec, legs
+def test_the_json_fallback_keeps_the_protocol(fakes, router, monkeypatch):
+    """Without orjson (the standard library's json) the router carries the same bodies,
+    headers and streams."""
+    from omni_pd.launch.router import codec
 
-    if fallback == "stdlib-json":
-        monkeypatch.setattr(codec, "loads", codec.std_loads)
-        monkeypatch.setattr(codec, "dumps", codec.std_dumps)
-    else:
-        monkeypatch.setattr(legs, "httptools", None)
+    monkeypatch.setattr(codec, "loads", codec.std_loads)
+    monkeypatch.setattr(codec, "dumps", codec.std_dumps)
     test_nixl_exact_bodies_headers_and_relay(fakes, router, "/v1/chat/completions")
     test_mooncake_exact_bodies_concurrent_legs(fakes, router)
     test_streaming_relays_sse_chunks_as_they_come(fakes, router, "NixlConnector")
-    srv = router([fakes("P2", post=p_nixl).url], [fakes("D2").url])
-    assert (srv.router.legs is None) == (fallback == "aiohttp-legs")
 
 
 def test_the_router_has_no_connector_names_of_its_own():

@@ -90,19 +90,20 @@ the router's credentials.
 
 Serving behaviour
 -----------------
-* Transport: aiohttp's low-level server on one asyncio loop (uvloop when installed) faces
-  the clients; the backend legs go over :mod:`.legs`, a lean keep-alive HTTP/1.1 client on
-  httptools (llhttp, the parser uvicorn runs vLLM's own server on), or over aiohttp's
-  client when httptools is missing; health probes and ``/v1/models`` use aiohttp's client.
-  Why aiohttp for the front: vLLM itself depends on it, it streams without a thread per
+* Transport: aiohttp on both sides, on one asyncio loop (uvloop when installed): its
+  low-level server faces the clients; one long-lived ``ClientSession`` (pooled keep-alive
+  ``TCPConnector``, no cookie jar, no decompression, bytes bodies, one ``ClientTimeout``
+  per leg kind built once) carries the backend legs, health probes and ``/v1/models``.
+  Why aiohttp: vLLM itself depends on it, so a vLLM host has it; one well-kept package
+  gives both a pooled keep-alive client and a server that streams without a thread per
   stream, enforces body limits, accepts chunked uploads and cancels a handler when its
-  client disconnects. Why not aiohttp's client for the legs: ~57 µs of CPU per request
-  against ~17 µs (bench/router_legs_micro.py), and a leg is one POST to a
-  server omni-pd launched. JSON: orjson when importable (:mod:`.codec`); D's body is the
+  client disconnects. A hand-written HTTP/1.1 client measured cheaper (~17 against ~57
+  µs of CPU per POST, bench/router_legs_micro.py) and was removed: an HTTP client is
+  outside omni-pd's core. JSON: orjson when importable (:mod:`.codec`); D's body is the
   client's bytes with ``kv_transfer_params`` spliced in, not a re-encoding. aiohttp is an
   omni-pd dependency (pyproject), so the router runs under omni-pd's own interpreter
   (``sys.executable`` of ``omni-pd launch``); ``pip install 'omni-pd[router]'`` adds
-  uvloop, httptools and orjson.
+  uvloop and orjson.
 * Backend connections are pooled and kept alive (no connect per leg); TCP_NODELAY on
   both sides; listen backlog 4096.
 * Retry: a leg that cannot connect, is dropped, times out, or gets 5xx from P / 503 from
@@ -128,8 +129,8 @@ with the items' ``ec_transfer_params`` merged in. Its pool appears in ``/health`
 P/D protocol (:mod:`.protocol`) and the transport (:mod:`.core`) are not edited.
 
 Modules: :mod:`.backends` (URLs, instance state, picking), :mod:`.protocol` (bodies,
-routing protocols), :mod:`.core` (legs, retry, health), :mod:`.legs` (the backend HTTP/1.1
-client), :mod:`.codec` (JSON), :mod:`.server` (aiohttp front), :mod:`.cli` (command line).
+routing protocols), :mod:`.core` (legs on aiohttp's client, retry, health),
+:mod:`.codec` (JSON), :mod:`.server` (aiohttp front), :mod:`.cli` (command line).
 """
 
 from omni_pd.launch.router.backends import (  # noqa: F401 - the package's public names

@@ -19,7 +19,6 @@ import aiohttp
 from yarl import URL
 
 import omni_pd.launch.router.codec as codec
-import omni_pd.launch.router.legs as legs
 
 from omni_pd.launch.router.backends import Backend, Instance, Pool, _host_for_url
 from omni_pd.launch.router.protocol import (
@@ -75,12 +74,10 @@ def describe_exc(exc: BaseException) -> str:
     """A short, secret-free description of a transport failure."""
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
         return "timed out"
-    if isinstance(exc, (aiohttp.ClientConnectorError, legs.BackendConnectError)):
+    if isinstance(exc, aiohttp.ClientConnectorError):
         if isinstance(exc.os_error, ConnectionRefusedError):
             return "connection refused"
         return f"cannot connect ({exc.os_error.strerror or type(exc.os_error).__name__})"
-    if isinstance(exc, legs.BackendDisconnected):
-        return str(exc)
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused"
     if isinstance(exc, aiohttp.ServerDisconnectedError):
@@ -173,7 +170,6 @@ class PDRouter:
         self.timeouts, self.retries = timeouts, retries
         self.health_interval, self.discovery_interval = health_interval, discovery_interval
         self.session: aiohttp.ClientSession | None = None
-        self.legs: legs.LegClient | None = None  # the P/D/pre-leg POSTs (aiohttp's client without httptools)
         self._poller: asyncio.Task | None = None
         self._urls: dict[tuple[str, str], URL] = {}  # (base URL, path) -> parsed once
         t = timeouts
@@ -188,8 +184,6 @@ class PDRouter:
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0, use_dns_cache=True),
             auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None),
             cookie_jar=aiohttp.DummyCookieJar())  # a proxy keeps no cookies between clients
-        if legs.available():
-            self.legs = legs.LegClient(connect_timeout=self.timeouts.connect)
         await self.probe_all()
         self._poller = asyncio.create_task(self._poll_loop())
 
@@ -205,9 +199,6 @@ class PDRouter:
         if self.session is not None:
             await self.session.close()
             self.session = None
-        if self.legs is not None:
-            await self.legs.close()
-            self.legs = None
 
     def close(self) -> None:
         """Compatibility no-op: the server closes the router when it stops."""
@@ -280,17 +271,14 @@ class PDRouter:
         return self._leg_timeouts["prefill" if leg == "prefill" else "other"]
 
     async def _post(self, inst: Instance, path: str, body: dict[str, Any] | bytes, headers: Mapping[str, str],
-                    leg: str) -> aiohttp.ClientResponse | legs.LegResponse:
+                    leg: str) -> aiohttp.ClientResponse:
         """POST ``body`` (a JSON object, or its UTF-8 JSON bytes) and return the response with
-        headers read, body unread (caller releases). On :mod:`.legs` when httptools is
-        installed (the prefill bound is then :meth:`_json_once`'s), else aiohttp's client."""
+        headers read, body unread (caller releases)."""
         data = body if isinstance(body, bytes) else codec.dumps(body)
         key = (inst.url, path)
         url = self._urls.get(key)
         if url is None:
             url = self._urls[key] = URL(inst.url + path)
-        if self.legs is not None:
-            return await self.legs.post(url, data, headers, read_timeout=self.timeouts.read)
         return await self.session.post(url, data=data, timeout=self._timeout(leg),
                                        headers={"Content-Type": "application/json", **headers})
 
@@ -314,14 +302,9 @@ class PDRouter:
     async def _json_once(self, inst: Instance, path: str, body: dict[str, Any],
                          headers: Mapping[str, str], leg: str) -> dict[str, Any]:
         inst.outstanding += 1
-        bound = self.timeouts.prefill if (leg == "prefill" and self.legs is not None) else None
         try:
             try:
-                if bound is None:
-                    resp, raw = await self._post_read(inst, path, body, headers, leg)
-                else:
-                    async with asyncio.timeout(bound):
-                        resp, raw = await self._post_read(inst, path, body, headers, leg)
+                resp, raw = await self._post_read(inst, path, body, headers, leg)
             except TRANSPORT_ERRORS as exc:
                 raise self._failed(inst, leg, exc) from None
         finally:
@@ -586,5 +569,5 @@ async def _cancel(task: asyncio.Task) -> None:
     if not task.cancelled() and task.exception() is None:
         result = task.result()
         if isinstance(result, tuple) and len(result) == 2 and isinstance(
-                result[1], (aiohttp.ClientResponse, legs.LegResponse)):
+                result[1], aiohttp.ClientResponse):
             PDRouter.finish_decode(result[0], result[1], ok=False)

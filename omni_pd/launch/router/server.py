@@ -90,8 +90,6 @@ class Front:
         status, body = await self.router.health()
         body["inflight"], body["rejected"] = self.admission.inflight, self.admission.rejected
         body["json"] = codec.BACKEND
-        legs = self.router.legs
-        body["legs"] = {"client": "httptools", **legs.state()} if legs is not None else {"client": "aiohttp"}
         return _json_response(status, body)
 
     async def models(self, request: web.BaseRequest) -> web.Response:
