@@ -810,6 +810,27 @@ def test_decode_5xx_reruns_the_pair_with_another_prefill(fakes, router):
     assert status == 500 and json.loads(raw)["error"]["message"] == "KV transfer failed"
 
 
+def test_decode_5xx_with_one_prefill_reruns_the_pair_on_another_decode(fakes, router):
+    # 1P2D: vLLM answers 500 for a request whose KV load failed (kv_load_failure_policy
+    # "fail"); the router reran the pair only with another prefill, so with one prefill the
+    # 500 reached the client although the other decode could serve it (seen in the CPU e2e)
+    p = fakes("P", post=p_nixl)
+    d_bad = fakes("Dbad", post=lambda h, s: send_json(h, 500, {"error": {"message": "Internal server error"}}))
+    d_ok = fakes("Dok", post=d_json)
+    srv = router([p.url], [d_bad.url, d_ok.url])
+    results = [call(srv, "POST", "/v1/completions", {**CLIENT_BODY, "seed": i}) for i in range(2)]
+    assert [(st, json.loads(raw)) for st, _, raw in results] == [(200, completion("decoded"))] * 2
+    assert len(d_bad.posts) >= 1 and len(d_ok.posts) == 2
+    assert len(p.posts) == 2 + len(d_bad.posts)  # each rerun prefills again (fresh KV on P)
+    # every decode answers 5xx: after `retries` (2) reruns the last answer is relayed as it is
+    d_bad2 = fakes("Dbad2", post=lambda h, s: send_json(h, 500, {"error": {"message": "KV load failed"}}))
+    n_bad, n_p = len(d_bad.posts), len(p.posts)
+    status, _, raw = call(router([p.url], [d_bad.url, d_bad2.url]), "POST", "/v1/completions", CLIENT_BODY)
+    assert status == 500 and json.loads(raw)["error"]["message"] in ("Internal server error", "KV load failed")
+    assert len(d_bad.posts) - n_bad + len(d_bad2.posts) == 3 and len(p.posts) - n_p == 3
+    assert len(d_bad2.posts) >= 1  # the rerun went to the decode that had not failed
+
+
 def test_workers_share_the_port_and_stop_with_the_main_process(fakes):
     p, d = fakes("P", post=p_nixl), fakes("D")
     proc = subprocess.Popen(

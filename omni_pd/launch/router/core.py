@@ -443,25 +443,32 @@ class PDRouter:
         return ctx, target, inst, resp
 
     async def _redo_pair(self, rid: str, target: PrefillTarget, inst: Instance,
-                         resp: aiohttp.ClientResponse, attempt: int) -> bool:
+                         resp: aiohttp.ClientResponse, attempt: int, *, same_prefill: bool = False) -> bool:
         """D answered 5xx before anything reached the client: True when the pair is to be
         run again with another prefill (the KV source may have died under D: vLLM fails
-        a request whose KV cannot be read), after closing D's answer; else False (D's
-        answer is relayed as it is)."""
+        a request whose KV cannot be read), or, with ``same_prefill`` (sequential
+        connectors: P recomputes under a fresh request), with the same prefill and another
+        decode (vLLM answers 500 for a request whose KV load failed,
+        ``kv_load_failure_policy="fail"``: vllm/v1/core/sched/scheduler.py, 1P2D has no
+        other prefill); D's answer is closed first. Else False (relayed as it is)."""
         if resp.status < 500 or attempt >= self.retries:
             return False
-        if not any(t.instance is not target.instance for t in self.strategy.prefill_targets()):
+        other_p = any(t.instance is not target.instance for t in self.strategy.prefill_targets())
+        if not other_p and not (same_prefill and len(self.pools["decode"]) > 1):
             return False
-        log.warning("rid=%s decode %s answered %d after prefill %s; running the pair again with another "
-                    "prefill", rid, inst.url, resp.status, target.describe())
+        log.warning("rid=%s decode %s answered %d after prefill %s; running the pair again with %s",
+                    rid, inst.url, resp.status, target.describe(),
+                    "another prefill" if other_p else "the same prefill and another decode")
         self.finish_decode(inst, resp, ok=False)
         return True
 
     async def _sequential(self, ctx: LegContext, body: dict[str, Any], raw: bytes | None = None):
         """Sequential connectors (NIXL pull): P to completion (retried on another P), then D
-        with P's parameters; a 5xx of D reruns the pair with another P (:meth:`_redo_pair`)."""
+        with P's parameters; a 5xx of D reruns the pair with another P, or with the same P and
+        another D (:meth:`_redo_pair`)."""
         s, rid = self.strategy, ctx.request_id
         used: list[PrefillTarget] = []
+        failed_d: list[Instance] = []  # decodes that answered 5xx: a rerun goes elsewhere while one is left
         for attempt in range(self.retries + 1):
             targets = s.prefill_targets()
             if used:
@@ -478,10 +485,12 @@ class PDRouter:
             if kv is None:
                 log.warning("rid=%s prefill %s answered without kv_transfer_params; decode computes "
                             "the prompt itself", rid, target.describe())
-            inst, resp = await self.open_decode(ctx.path, decode_request_bytes(body, raw, kv), ctx.headers, [])
-            if not await self._redo_pair(rid, target, inst, resp, attempt):
+            avoid = failed_d[:] if len(failed_d) < len(self.pools["decode"]) else []
+            inst, resp = await self.open_decode(ctx.path, decode_request_bytes(body, raw, kv), ctx.headers, avoid)
+            if not await self._redo_pair(rid, target, inst, resp, attempt, same_prefill=True):
                 return target, inst, resp
             used.append(target)
+            failed_d.append(inst)
         raise AssertionError("unreachable: the last attempt returns")
 
     async def _concurrent(self, ctx: LegContext, body: dict[str, Any], raw: bytes | None = None):
