@@ -522,6 +522,14 @@ def parse_text(text: str, name: str = "<string>", *, own_output: bool = False,
         raise _load_error("OPD002", name, f"invalid YAML: {e}") from None
     except RecursionError:  # not reached below MAX_DEPTH; kept as a last guard
         raise _load_error("OPD002", name, "invalid YAML: nesting too deep") from None
+    except NotImplementedError as e:
+        # the round-trip parser cannot attach some comments next to an empty value
+        # (ruamel.yaml tokens.py move_old_comment: "overlap in comment"), e.g. `: #` over a
+        # `|` block; it was an internal error (exit 3) before
+        line, col = _comment_position(e)
+        raise _load_error("OPD002", name, "ruamel.yaml's round-trip loader cannot place this comment "
+                          "(it is next to an empty value)", line, col,
+                          help="move the comment to a line of its own, or give the value") from None
     from ruamel.yaml.comments import CommentedMap
 
     if tree is None:
@@ -533,6 +541,21 @@ def parse_text(text: str, name: str = "<string>", *, own_output: bool = False,
                           1, 1, help="a deploy config starts with top-level keys such as `stages:`")
     _check_alias_expansion(tree, name, node_limit=not own_output)
     return Document(name=name, text=text, tree=tree, source_map=build_source_map(tree))
+
+
+def _comment_position(e: BaseException) -> tuple[int | None, int | None]:
+    """1-based (line, column) of the comment ruamel.yaml's ``move_old_comment`` failed to
+    move (its ``c`` in the raising frame), else of the token carrying it, else (1, 1)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    local = tb.tb_frame.f_locals if tb is not None else {}
+    comment = local.get("c")
+    for cand in ([c for c in comment if c is not None] if isinstance(comment, list) else []) + [local.get("self")]:
+        mark = getattr(cand, "start_mark", None)
+        if mark is not None and isinstance(getattr(mark, "line", None), int):
+            return mark.line + 1, mark.column + 1
+    return 1, 1
 
 
 def _check_alias_expansion(tree: Any, name: str, *, node_limit: bool = True) -> None:

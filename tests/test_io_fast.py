@@ -249,3 +249,21 @@ def test_a_wheel_file_with_an_empty_value_validates_the_same(capsys: pytest.Capt
     monkeypatch.setattr(omni_io, "_FAST", ())
     assert with_libyaml == _validate_output(["-q", *files], capsys)
 
+
+
+def test_a_comment_the_round_trip_parser_cannot_place_is_a_located_opd002(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture) -> None:
+    """Found by the token-soup property: ruamel.yaml's round-trip parser raises
+    NotImplementedError ("overlap in comment") here, which was an internal error (OPD000,
+    exit 3) in expand and validate alike."""
+    text = ": #\n  |\n\n  "
+    for comments in (True, False):
+        with pytest.raises(OmniPdError) as e:
+            omni_io.parse_text(text, "f.yaml", comments=comments)
+        d = e.value.diagnostic
+        assert (d.code, d.location.line, d.location.column, e.value.exit_code) == ("OPD002", 1, 3, 2)
+        assert d.message == "ruamel.yaml's round-trip loader cannot place this comment (it is next to an empty value)"
+    f = tmp_path / "c.yaml"
+    f.write_text(text, encoding="utf-8")
+    rc, out, err = _validate_output([str(f)], capsys)
+    assert rc == 2 and "error[OPD002]" in err and "OPD000" not in out + err
