@@ -638,3 +638,26 @@ def test_a_two_stage_plain_vllm_pipeline_is_refused_without_the_vllm_omni_reason
         "OPD806", "pipeline `llm_then_tts` (llm -> tts) cannot take an encoder split", (1, 1),
         "the encoder split applies to single-LLM pipelines: llm, qwen2_5_omni_thinker_only, "
         "qwen3_omni_moe_thinker_only", [])
+
+
+def test_1e1p1d_pd_half_notes_are_located_in_the_input() -> None:
+    from omni_pd.compile.passes.encoder_split import EncoderOptions
+
+    _, res = encoder(LLM.replace("    devices: \"0\"\n", ""), EncoderOptions("1e1p1d"),
+                     ExpandOptions(connector="NixlConnector"), pipeline="llm")
+    assert [(d.code, d.message, (d.location.line, d.location.column)) for d in res.diagnostics] == [
+        ("OPD902", 'the Thinker had no `devices`; prefill gets "0" and decode "1"', (2, 5))]
+
+
+def test_a_catalogue_without_the_encoder_variant_derives_it() -> None:
+    # a custom single-LLM pipeline: load_catalogue() adds <name>_1e1pd only for its own files
+    from omni_pd.compile.passes.encoder_split import EncoderOptions
+    from omni_pd.compile.pipelines import Catalogue, load_catalogue, pipeline_from_dict
+
+    solo = pipeline_from_dict({"name": "solo", "runtime": "vllm",
+                               "stages": [{"stage_id": 0, "role": "llm", "final_output": True}]})
+    st, res = encoder(LLM, EncoderOptions("1e1pd"), pipeline="solo",
+                      catalogue=Catalogue({**load_catalogue().pipelines, solo.name: solo}))
+    assert res.text.splitlines()[2] == "pipeline: solo_1e1pd"
+    assert [_ec(s) for s in st] == [("1", "ec_producer", "llm-encoder", "/tmp/omni-pd-ec"),
+                                    ("0", "ec_consumer", "llm", "/tmp/omni-pd-ec")]
