@@ -80,7 +80,9 @@ request is invalid, e.g. an unknown model or a bad API key) is relayed with P's 
 and body. A decode backend that cannot be reached gives 502 naming it; any HTTP answer of
 D but 503 is relayed as it is, except a 5xx while another prefill is available: the pair
 is run again with that prefill first (D may have failed to read the KV of a prefill that
-died), up to ``--retries`` times. A body that is not a JSON object gives 400; more than
+died), up to ``--retries`` times; with one prefill and several decodes (NIXL, 1P2D) the
+pair is run again with the same prefill on a decode that has not failed it (vLLM answers
+500 for a request whose KV load failed). A body that is not a JSON object gives 400; more than
 ``--max-concurrency`` requests in flight give 503 with ``Retry-After``.
 
 Secrets: the incoming ``Authorization`` header is passed through to both legs and to
