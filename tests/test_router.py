@@ -256,6 +256,8 @@ def test_nixl_exact_bodies_headers_and_relay(fakes, router, path):
     assert ps.headers["x-request-id"] == ds.headers["x-request-id"] == rid
     assert ps.headers["authorization"] == ds.headers["authorization"] == "Bearer sk-test"
     assert "x-data-parallel-rank" not in ps.headers
+    # the legs ask for no compression (the router parses P's answer and relays D's as is)
+    assert "accept-encoding" not in ps.headers and "accept-encoding" not in ds.headers
 
 
 def test_nixl_prefill_without_params_runs_decode_on_the_original(fakes, router, caplog):

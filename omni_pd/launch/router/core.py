@@ -183,6 +183,9 @@ class PDRouter:
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0, use_dns_cache=True),
             auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None),
+            # no "Accept-Encoding: gzip, deflate": with auto_decompress off the router would
+            # get a compressed prefill answer it must parse, or relay one the client never asked for
+            skip_auto_headers=("Accept-Encoding",),
             cookie_jar=aiohttp.DummyCookieJar())  # a proxy keeps no cookies between clients
         await self.probe_all()
         self._poller = asyncio.create_task(self._poll_loop())
