@@ -166,6 +166,7 @@ def statuses(work: Path) -> dict[str, str]:
 
 def run(module: str) -> dict:
     tests = TARGETS[module]
+    rev = _rev()  # the revision archived below; HEAD may move while the run takes minutes
     work = prepare(module, tests)
     env = dict(os.environ, OMNI_PD_OFFLINE="1", PYTHONDONTWRITEBYTECODE="1", HYPOTHESIS_PROFILE="default")
     t0 = time.monotonic()
@@ -177,7 +178,7 @@ def run(module: str) -> dict:
     count = {k: sum(1 for v in st.values() if v == k) for k in sorted(set(st.values()))}
     total = len(st)
     alive = [n for n, v in st.items() if v in ("survived", "no tests")]
-    return {"module": module, "rev": _rev(), "tests": [t for t in tests if (work / t).exists()], "mutants": total,
+    return {"module": module, "rev": rev, "tests": [t for t in tests if (work / t).exists()], "mutants": total,
             "by_status": count, "survivors": sorted(alive),
             "survivor_rate": round(len(alive) / total, 4) if total else None,
             "seconds": round(seconds, 1), "exit": proc.returncode}
