@@ -547,3 +547,12 @@ def test_tiny_png_default_is_112_pixels_square_and_salted_by_urandom(monkeypatch
 def test_counter_names_join_several_labels_with_commas(monkeypatch):
     monkeypatch.setattr(sm, "KV_RECEIVED", (("a_total", {"x": "1", "y": "2"}), ("b_count", {})))
     assert sm._counter_names() == ['a_total{x="1",y="2"}', "b_count"]
+
+
+def test_smoke_gives_each_metrics_read_30_s_and_the_request_300_s(monkeypatch):
+    gets, posts = [], []
+    monkeypatch.setattr(sm, "_get", lambda url, timeout: gets.append((url, timeout)) or "")
+    monkeypatch.setattr(sm, "_post", lambda url, body, timeout: posts.append((url, timeout)) or {"choices": []})
+    sm.smoke(SmokeTarget("http://e", "M", "http://d/metrics"))
+    assert gets == [("http://d/metrics", 30), ("http://d/metrics", 30)]
+    assert posts == [("http://e/v1/completions", 300.0)]
