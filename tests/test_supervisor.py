@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from omni_pd.launch.spec import HealthCheck, LaunchPlan, PortUse, ProcessSpec
-from omni_pd.launch.supervisor import Supervisor, run
+from omni_pd.launch.supervisor import Supervisor, restart_argv, run
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX process groups and signals")
 
@@ -464,6 +464,31 @@ def test_instance_exit_after_readiness_restarts_it_while_another_serves(tmp_path
     assert log.count("exiting with 3") == 2  # the restart appended to the log
     pids = [int(ln.split()[0]) for ln in (tmp_path / "pids").read_text().splitlines()]
     assert not any(alive(pid) for pid in pids)
+
+
+def test_restarted_instance_gets_a_fresh_kv_engine_id(tmp_path: Path) -> None:
+    # vLLM's NIXL decode caches a prefill's agents by engine_id; with the old id every request
+    # routed to a restarted prefill failed on decode (NIXL_ERR_REMOTE_DISCONNECT, 500)
+    kv = '{"kv_connector":"NixlConnector","engine_id":"llm-prefill-r1","kv_role":"kv_producer"}'
+    p, _ = _xpyd_plan(tmp_path, p1_args=("--kv-transfer-config", kv, "--exit-after", 1.5, "--exit-code", 3))
+    out = io.StringIO()
+    with Supervisor(p, tmp_path, out=out, live=False, grace_s=2, max_restarts=1) as sup:
+        assert sup.start_and_wait_healthy()
+        t = _supervise(sup)
+        assert wait_for(lambda: "left out" in out.getvalue(), 15), out.getvalue()
+        sup.request_stop(signal.SIGTERM)
+        t.join(5)
+    started = [ln.split(" ", 1)[1] for ln in (tmp_path / "prefill-1.log").read_text().splitlines()
+               if ln.startswith("kv-transfer-config ")]
+    assert started == [kv, kv.replace('"llm-prefill-r1"', '"llm-prefill-r1-restart1"')]
+    assert restart_argv(["vllm", f"--kv-transfer-config={kv}", "--port", "1"], 2) == [
+        "vllm", "--kv-transfer-config=" + kv.replace("llm-prefill-r1", "llm-prefill-r1-restart2"), "--port", "1"]
+    for argv in (["vllm", "--kv-transfer-config", kv], ["vllm", "--kv-transfer-config", "{bad"],
+                 ["vllm", "--kv-transfer-config", '{"engine_id": 3}'], ["vllm", "--kv-transfer-config"]):
+        assert restart_argv(argv, 0) == argv
+    for argv in (["vllm", "--kv-transfer-config", "{bad"], ["vllm", "--kv-transfer-config", '{"engine_id": 3}'],
+                 ["vllm", "--kv-transfer-config"], ["vllm", "--port", "1"]):
+        assert restart_argv(argv, 1) == argv
 
 
 def test_fail_fast_tears_down_on_an_instance_exit(tmp_path: Path) -> None:

@@ -645,7 +645,7 @@ class Supervisor:
             return False
         try:
             popen = subprocess.Popen(
-                list(spec.argv),
+                restart_argv(spec.argv, p.restarts),
                 env=env,
                 cwd=spec.cwd,
                 stdin=subprocess.DEVNULL,
@@ -1008,6 +1008,41 @@ def run(
 
 
 # --- helpers ---------------------------------------------------------------------------
+
+
+def restart_argv(argv: Iterable[str], restarts: int) -> list[str]:
+    """The argv of a child's ``restarts``-th restart (0: ``argv`` unchanged): a KV
+    connector ``engine_id`` in ``--kv-transfer-config JSON`` (or ``--kv-transfer-config=JSON``)
+    becomes ``<engine_id>-restart<restarts>``; everything else is kept.
+
+    Why: a restarted prefill is a new NIXL agent, but vLLM's decode caches a remote
+    engine's agents by ``engine_id`` and never handshakes again for an id it knows
+    (vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py:1146
+    ``_ensure_handshake``; stale entries go only after ``engine_ttl`` = 3600 s idle,
+    base_worker.py:715, 3288-3295). With the old id every request routed to the restarted
+    prefill failed on decode (``NIXL_ERR_REMOTE_DISCONNECT``, then vLLM's 500), seen in the
+    CPU 2P1D e2e. P reports its id in ``kv_transfer_params`` (``remote_engine_id``), so D
+    handshakes anew under the fresh one; Mooncake ids are rediscovered by the router. A
+    value that is not a JSON object with a string ``engine_id`` is left as it is."""
+    out = list(argv)
+    if restarts <= 0:
+        return out
+    flag = "--kv-transfer-config"
+    for i, arg in enumerate(out):
+        if arg == flag and i + 1 < len(out):
+            at, prefix, text = i + 1, "", out[i + 1]
+        elif arg.startswith(flag + "="):
+            at, prefix, text = i, flag + "=", arg[len(flag) + 1:]
+        else:
+            continue
+        try:
+            cfg = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(cfg, dict) and isinstance(cfg.get("engine_id"), str):
+            cfg["engine_id"] = f"{cfg['engine_id']}-restart{restarts}"
+            out[at] = prefix + json.dumps(cfg, separators=(",", ":"))
+    return out
 
 
 def _check_plan(plan: LaunchPlan) -> None:

@@ -44,11 +44,14 @@ def main() -> int:
     ap.add_argument("--pidfile")
     ap.add_argument("--unhealthy-while", help="/health answers 503 while this file exists")
     ap.add_argument("--daemon", help="double-fork a setsid sleeper (re-parented away: no longer a descendant)")
+    ap.add_argument("--kv-transfer-config", help="printed as 'kv-transfer-config <value>' at start")
     ap.add_argument("--spawn-on-term", help="on SIGTERM: start a setsid sleeper, write its pid here, exit 1 s later")
     a = ap.parse_args()
 
     t0 = time.monotonic()
     print(f"start {os.getpid()} at {time.time():.6f}", flush=True)
+    if a.kv_transfer_config is not None:
+        print(f"kv-transfer-config {a.kv_transfer_config}", flush=True)
     if a.pidfile:
         _write(a.pidfile, os.getpid())
     if a.ignore_term:
