@@ -544,7 +544,7 @@ def test_precommit_runs_the_hook_definition(tmp_path):
     from ruamel.yaml import YAML
 
     cmd = _precommit()
-    hooks = YAML(typ="safe").load((ROOT / ".pre-commit-hooks.yaml").read_text())
+    hooks = YAML(typ="safe", pure=True).load((ROOT / ".pre-commit-hooks.yaml").read_text())
     assert [h["id"] for h in hooks] == ["omni-pd-validate"]
     hook = dict(hooks[0], language="system", files="^deploy/")  # the installed omni-pd, scoped as documented
     repo = _sample_repo(tmp_path)

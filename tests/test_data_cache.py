@@ -64,7 +64,7 @@ def test_a_broken_cache_is_ignored(tmp_path, monkeypatch):
 
 
 def test_bundled_data_loads_as_yaml_does():
-    y = YAML(typ="safe")
+    y = YAML(typ="safe", pure=True)
     files = sorted((data_dir("presets") / "pipelines").glob("*.yaml")) + [data_dir("presets") / "targets" / "vllm.yaml"]
     for f in files:
         assert load_data(f) == y.load(f.read_text(encoding="utf-8")), f

@@ -31,7 +31,7 @@ def stages(text: str, opts: ExpandOptions = ExpandOptions(), **kw):
     from ruamel.yaml import YAML
 
     res = expand_document(parse_text(text, "in.yaml"), opts, **kw)
-    return YAML(typ="safe").load(res.text)["stages"], res
+    return YAML(typ="safe", pure=True).load(res.text)["stages"], res
 
 
 # --- _used_ports: every int-valued *port key anywhere in the input ---------------------------------
@@ -225,7 +225,7 @@ def encoder(text: str, eopts, opts: ExpandOptions = ExpandOptions(), **kw):
     from omni_pd.compile.expand import expand_encoder_document
 
     res = expand_encoder_document(parse_text(text, "in.yaml"), eopts, opts, **kw)
-    return YAML(typ="safe").load(res.text)["stages"], res
+    return YAML(typ="safe", pure=True).load(res.text)["stages"], res
 
 
 def encoder_refusal(text: str, eopts, opts: ExpandOptions = ExpandOptions(), **kw) -> tuple:
@@ -405,7 +405,7 @@ def test_apply_ascend_inserts_missing_overlay_entries_in_stage_id_order() -> Non
         + "    - stage_id: x\n    - stage_id: 3\n")
     from ruamel.yaml import YAML
 
-    assert YAML(typ="safe").load(got)["stages"] == YAML(typ="safe").load(_ASCEND_SRC)["stages"]
+    assert YAML(typ="safe", pure=True).load(got)["stages"] == YAML(typ="safe", pure=True).load(_ASCEND_SRC)["stages"]
 
 
 def test_apply_ascend_on_the_base_replaces_the_cuda_connector_and_its_port_env() -> None:

@@ -79,8 +79,8 @@ def test_serve_flag_list_matches_the_live_parsers(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     from ruamel.yaml import YAML
 
-    live = YAML(typ="safe").load(out.read_text())["releases"]
-    bundled = YAML(typ="safe").load((ROOT / "presets" / "targets" / "serve_flags.yaml").read_text())["releases"]
+    live = YAML(typ="safe", pure=True).load(out.read_text())["releases"]
+    bundled = YAML(typ="safe", pure=True).load((ROOT / "presets" / "targets" / "serve_flags.yaml").read_text())["releases"]
     for rel, entry in live.items():
         assert rel in bundled, f"no list for vLLM {rel}: run the generator (see the file header)"
         assert sorted(bundled[rel]["serve"]) == entry["serve"], "vllm serve flags drifted: regenerate"
@@ -95,3 +95,23 @@ def test_generator_refuses_without_vllm() -> None:
     proc = subprocess.run([sys.executable, "-m", "omni_pd.check.serve_flags"], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and "not importable" in proc.stderr
+
+
+def test_generator_merges_the_old_file_as_yaml_1_2(tmp_path, monkeypatch) -> None:
+    """`-o FILE` re-reads FILE's other releases with the YAML 1.2 reader every other data
+    file goes through: `yes` stays the string `yes` and a plain `m:C` inside a flow
+    sequence is read (libyaml, picked by typ="safe" alone when ruamel.yaml.clib is
+    installed, refuses the latter: "found unexpected ':'")."""
+    from omni_pd.check import serve_flags
+
+    out = tmp_path / "serve_flags.yaml"
+    out.write_text("releases:\n  '0.29':\n    vllm: yes\n    serve: [--a, no, m:C]\n    omni: []\n", encoding="utf-8")
+    monkeypatch.setattr(serve_flags, "generate",
+                        lambda: {"releases": {"0.30": {"vllm": "0.30.0", "serve": ["--b"], "omni": []}}})
+    assert serve_flags.main(["-o", str(out)]) == 0
+    from ruamel.yaml import YAML
+
+    got = YAML(typ="safe", pure=True).load(out.read_text(encoding="utf-8"))["releases"]
+    assert got == {"0.29": {"vllm": "yes", "serve": ["--a", "no", "m:C"], "omni": []},
+                   "0.30": {"vllm": "0.30.0", "serve": ["--b"], "omni": []}}
+    assert "vllm: yes" in out.read_text(encoding="utf-8")

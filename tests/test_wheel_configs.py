@@ -39,7 +39,7 @@ WHEEL_DEPLOY_FILES = 110
 def classify(path: Path, cat: Catalogue) -> tuple[Pipeline | None, str]:
     """The catalogued pipeline of deploy file ``path`` and how it was found, or
     (None, the reason it is not catalogued)."""
-    data = YAML(typ="safe").load(path.read_text(encoding="utf-8"))
+    data = YAML(typ="safe", pure=True).load(path.read_text(encoding="utf-8"))
     name = data.get("pipeline") if isinstance(data, dict) else None
     if name:
         pipe = cat.get(str(name))

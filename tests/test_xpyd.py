@@ -42,7 +42,7 @@ def plan(text: str, tmp_path: Path, **kw):
 def stage(text: str, i: int) -> dict:
     from ruamel.yaml import YAML
 
-    return YAML(typ="safe").load(text)["stages"][i]
+    return YAML(typ="safe", pure=True).load(text)["stages"][i]
 
 
 def test_expand_2p3d_nixl_gives_each_side_its_instances_devices_and_one_port_range():
@@ -298,7 +298,7 @@ def test_a_platform_overlay_that_places_the_llm_gives_each_side_its_tp(capsys):
     src = LLM.read_text() + 'platforms:\n  rocm:\n    stages:\n      - {stage_id: 0, devices: "4"}\n'
     text = expand_document(parse_text(src, "llm.yaml"), ExpandOptions(
         connector="NixlConnector", decode_replicas=2, prefill_tp=1, decode_tp=2), pipeline="llm").text
-    rocm = YAML(typ="safe").load(text)["platforms"]["rocm"]["stages"]
+    rocm = YAML(typ="safe", pure=True).load(text)["platforms"]["rocm"]["stages"]
     assert rocm == [{"stage_id": 0, "devices": "4"}, {"stage_id": 1, "devices": "5,6"}]
     res = validate_document(parse_text(text, "pd.yaml"), ValidateOptions(all_platforms=True))
     assert [x.code for x in res.diagnostics if x.severity is Severity.ERROR] == []
@@ -307,5 +307,5 @@ def test_a_platform_overlay_that_places_the_llm_gives_each_side_its_tp(capsys):
                              '      - {stage_id: 0, devices: "4,5", tensor_parallel_size: 2}\n')
     text = expand_document(parse_text(src, "llm.yaml"), ExpandOptions(
         connector="NixlConnector", prefill_tp=1, decode_tp=2), pipeline="llm").text
-    rocm = YAML(typ="safe").load(text)["platforms"]["rocm"]["stages"]
+    rocm = YAML(typ="safe", pure=True).load(text)["platforms"]["rocm"]["stages"]
     assert [(s["stage_id"], s["devices"], s["tensor_parallel_size"]) for s in rocm] == [(0, "4,5", 2), (1, "6,7", 2)]

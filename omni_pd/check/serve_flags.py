@@ -237,7 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from ruamel.yaml import YAML
 
-    old = YAML(typ="safe").load(args.output.read_text(encoding="utf-8")) if args.output.is_file() else None
+    # pure: YAML 1.2 like every other reader here; typ="safe" alone picks libyaml
+    # (ruamel.yaml.clib), which reads YAML 1.1 (`yes` a boolean, `module:Class` refused in flow)
+    old = (YAML(typ="safe", pure=True).load(args.output.read_text(encoding="utf-8"))
+           if args.output.is_file() else None)
     merged = dict((old or {}).get("releases") or {})
     merged.update(data["releases"])
     from omni_pd.io import atomic_write
