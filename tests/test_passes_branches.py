@@ -661,3 +661,14 @@ def test_a_catalogue_without_the_encoder_variant_derives_it() -> None:
     assert res.text.splitlines()[2] == "pipeline: solo_1e1pd"
     assert [_ec(s) for s in st] == [("1", "ec_producer", "llm-encoder", "/tmp/omni-pd-ec"),
                                     ("0", "ec_consumer", "llm", "/tmp/omni-pd-ec")]
+
+
+def test_1e1p1d_encoder_devices_are_checked_against_decodes_new_devices() -> None:
+    # decode is placed on 1 by the PD half; the input never named device 1
+    from omni_pd.compile.passes.encoder_split import EncoderOptions
+
+    st, res = encoder(LLM, EncoderOptions("1e1p1d", encoder_devices=(1,)), ExpandOptions(connector="NixlConnector"),
+                      pipeline="llm")
+    assert [s["devices"] for s in st] == ["1", "0", "1"]
+    assert [(d.code, d.message) for d in res.diagnostics] == [
+        ("OPD903", "the encoder shares device(s) 1 with the language model")]
