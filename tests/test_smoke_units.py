@@ -556,3 +556,8 @@ def test_smoke_gives_each_metrics_read_30_s_and_the_request_300_s(monkeypatch):
     sm.smoke(SmokeTarget("http://e", "M", "http://d/metrics"))
     assert gets == [("http://d/metrics", 30), ("http://d/metrics", 30)]
     assert posts == [("http://e/v1/completions", 300.0)]
+
+
+def test_request_urls_strip_only_trailing_slashes():
+    assert sm._request(SmokeTarget("http://BOX/", "M", None), 8)[0] == "http://BOX/v1/completions"
+    assert sm._request(SmokeTarget("http://BOX//", "M", None, chat=True), 8)[0] == "http://BOX/v1/chat/completions"
