@@ -474,6 +474,8 @@ def test_plan_ascend_refuses_replicas_sharing_a_port_unless_writing_an_overlay()
                                              "2): " + why.replace("gives", "would give"))]),
         (1, {}, [])]
     assert sides[0].notes[0].help == "to serve xPyD on npu, place the replicas on different hosts"
+    # the one replica left reserves one range: decode follows at 36001 / HCCL 61016
+    assert [(s.kv["kv_port"], s.env["HCCL_IF_BASE_PORT"]) for s in sides] == [(36000, "61000"), (36001, "61016")]
 
 
 def _sides(text: str, **kw) -> list[tuple]:
