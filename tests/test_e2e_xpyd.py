@@ -29,6 +29,11 @@ in the same second, then P's "Potentially invalid KV blocks ... They may have ex
 any request may take ~30 s more: each request has :data:`REQUEST_TIMEOUT_S` and the client
 across the kill is joined for its requests' worth of it. The outputs still equal the plain
 instance's (the requests are sequential, so P reuses no freed block before D has read it).
+And a decode's first NIXL handshake with the prefill gives up after 5 s (``zmq.RCVTIMEO``,
+base_worker.py:899-900; "handshake_setup_failed ... zmq.error.Again"), vLLM then fails the
+request (``kv_load_failure_policy`` "fail": "Failing 1 request(s) due to KV load failure",
+vllm/v1/core/sched/scheduler.py) and D answers 500: seen on 1P2D, where the router now runs
+the pair again with the same prefill on the other decode (it relayed the 500 before).
 """
 
 from __future__ import annotations
