@@ -24,6 +24,27 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
+class _no_pydantic_plugins:
+    """Context: pydantic builds the classes imported inside without looking for plugins
+    (``PYDANTIC_DISABLE_PLUGINS``, restored on exit). Looking imports importlib.metadata and
+    reads every installed distribution's entry points, about 2 % of a cold
+    ``omni-pd validate FILE`` (bench/RESULTS.md figure 5); a plugin observing omni-pd's
+    own schema classes has nothing to observe. typer builds its option adapters the same
+    way. Not for a block that starts processes: they would inherit the variable."""
+
+    _KEY = "PYDANTIC_DISABLE_PLUGINS"
+
+    def __enter__(self) -> None:
+        self._prev = os.environ.get(self._KEY)
+        os.environ[self._KEY] = "__all__"
+
+    def __exit__(self, *exc) -> None:
+        if self._prev is None:
+            os.environ.pop(self._KEY, None)
+        else:
+            os.environ[self._KEY] = self._prev
+
+
 def _version_cb(value: bool) -> None:
     if value:
         from omni_pd.compile.versions import version_text
@@ -453,9 +474,10 @@ def validate(
     Many files and directories are checked in one process; the exit status is the worst
     of all files (0 < 1 < 2 < 3).
     """
-    from omni_pd.check.context import Inventory, ModelInfo
+    with _no_pydantic_plugins():  # builds the deploy model's pydantic classes
+        from omni_pd.check.context import Inventory, ModelInfo
+        from omni_pd.check.validate import ValidateOptions
     from omni_pd.check.inputs import STDIN, collect_inputs
-    from omni_pd.check.validate import ValidateOptions
     from omni_pd.diagnostics import render_json, render_text, summary
     from omni_pd.resources import preset_path
 

@@ -49,3 +49,16 @@ def test_main_raises_the_collector_threshold_for_the_run_and_restores_it(monkeyp
     assert cli.main(["--version"]) == 7
     assert gc.get_threshold() == before
     assert seen == [(max(cli.GC_THRESHOLD_0, before[0]),) + before[1:]]
+
+
+def test_validate_builds_the_deploy_model_without_scanning_for_pydantic_plugins() -> None:
+    """The deploy model's classes are built with pydantic's plugin lookup off (a scan of
+    every installed distribution's entry points), and the variable that turns it off is
+    gone again after the run (processes started later must not inherit it)."""
+    code = ("import json, os, sys\nfrom omni_pd.cli import main\nrc = main(['validate', '-q', sys.argv[1]])\n"
+            "from pydantic.plugin import _loader\n"
+            "print(json.dumps({'rc': rc, 'scanned': _loader._plugins is not None,\n"
+            "                  'env': os.environ.get('PYDANTIC_DISABLE_PLUGINS')}))\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    out = subprocess.run([sys.executable, "-c", code, str(GOLDEN)], capture_output=True, text=True, check=True, env=env)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"rc": 0, "scanned": False, "env": None}
