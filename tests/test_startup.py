@@ -62,3 +62,39 @@ def test_validate_builds_the_deploy_model_without_scanning_for_pydantic_plugins(
     env = {k: v for k, v in __import__("os").environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
     out = subprocess.run([sys.executable, "-c", code, str(GOLDEN)], capture_output=True, text=True, check=True, env=env)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"rc": 0, "scanned": False, "env": None}
+
+
+def test_opd103_near_miss_lookup_answers_as_difflib_does() -> None:
+    """close_match skips the candidates whose length rules them out before difflib sees
+    them; the answer must stay difflib's own on every cutoff OPD103 uses (deterministic
+    typos of every known stage key: deletions, insertions, substitutions, swaps, plus
+    unrelated words)."""
+    import random
+    import string
+    from difflib import get_close_matches
+
+    from omni_pd.check.rules.schema import _known_stage_keys, close_match
+
+    known = _known_stage_keys()
+    rnd = random.Random(13)
+    words = ["", "x", "tp", "stage_id", "tensor_paralel_size", "gpu_memory_utilisation", "max_num_seq"]
+    for k in known:
+        for op in range(4):
+            w, pos, c = list(k), rnd.randrange(len(k)), rnd.choice(string.ascii_lowercase + "_")
+            if op == 0:
+                del w[pos]
+            elif op == 1:
+                w.insert(pos, c)
+            elif op == 2:
+                w[pos] = c
+            elif pos + 1 < len(w):
+                w[pos], w[pos + 1] = w[pos + 1], w[pos]
+            words.append("".join(w))
+    words += ["".join(rnd.choice(string.ascii_lowercase + "_") for _ in range(rnd.randrange(1, 30))) for _ in range(300)]
+    found = 0
+    for cutoff in (0.6, 0.75, 0.8, 0.88, 0.9):
+        for w in words:
+            want = get_close_matches(w, known, n=1, cutoff=cutoff)
+            assert close_match(w, known, cutoff) == (want[0] if want else None), (w, cutoff)
+            found += bool(want)
+    assert found > len(known)  # the typos do find their keys

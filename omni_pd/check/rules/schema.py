@@ -178,6 +178,37 @@ def _known_stage_keys() -> tuple[str, ...]:
     return tuple(sorted(_stage_fields() | deploy | owned | {"engine_args", "runtime"}))
 
 
+@lru_cache(maxsize=1)
+def _known_stage_key_set() -> frozenset[str]:
+    """:func:`_known_stage_keys` as a set (membership is the common case)."""
+    return frozenset(_known_stage_keys())
+
+
+@lru_cache(maxsize=8)
+def _by_length(known: tuple[str, ...]) -> dict[int, tuple[str, ...]]:
+    """``known`` grouped by length, each group in ``known``'s order."""
+    out: dict[int, list[str]] = {}
+    for w in known:
+        out.setdefault(len(w), []).append(w)
+    return {n: tuple(ws) for n, ws in out.items()}
+
+
+@lru_cache(maxsize=4096)
+def close_match(word: str, known: tuple[str, ...], cutoff: float) -> str | None:
+    """``difflib.get_close_matches(word, known, n=1, cutoff=cutoff)[0]`` or None, the same
+    answer for less work: only candidates whose length allows a ratio >= ``cutoff`` reach
+    difflib. A candidate of length L can score at most 2*min(len(word), L)/(len(word) + L)
+    (difflib's own ``real_quick_ratio``, which get_close_matches tests first and drops
+    the candidate on), so the candidates left out are the ones difflib would skip, and the
+    best of the rest (ties: the larger string) is unchanged. Memoised: a pure function of
+    its arguments, and the same unknown engine keys recur across the files of one run."""
+    lw = len(word)
+    cands = [w for n, ws in _by_length(known).items()
+             if (2.0 * min(lw, n) / (lw + n) if lw + n else 1.0) >= cutoff for w in ws]
+    close = get_close_matches(word, cands, n=1, cutoff=cutoff) if cands else []
+    return close[0] if close else None
+
+
 def stage_key_typo(ctx: Context, k: Any) -> str | None:
     """The known stage key ``k`` misspells (one edit away: difflib ratio >= 0.88), or
     None: ``k`` is known, an ``x-`` key, not close to any known key, or a flag the
@@ -185,11 +216,10 @@ def stage_key_typo(ctx: Context, k: Any) -> str | None:
     skip them so a typo is reported once."""
     if not isinstance(k, str) or k.startswith("x-"):
         return None
-    known = _known_stage_keys()
-    if k in known:
+    if k in _known_stage_key_set():
         return None
-    close = get_close_matches(k, known, n=1, cutoff=0.88)
-    if not close:
+    meant = close_match(k, _known_stage_keys(), 0.88)
+    if meant is None:
         return None
     if _launcher(ctx) == "vllm":
         from omni_pd.check.serve_flags import flags_for
@@ -197,7 +227,7 @@ def stage_key_typo(ctx: Context, k: Any) -> str | None:
         fs = flags_for(ctx.target.label)
         if fs is not None and fs.accepts(k, False):
             return None
-    return close[0]
+    return meant
 
 
 def _typo_effect(ctx: Context, k: str, stage: dict) -> str:
