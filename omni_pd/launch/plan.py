@@ -499,7 +499,7 @@ def plan_document(doc: Any, config_path: str, opts: LaunchOptions) -> Planned:
             code="OPD966", severity=Severity.ERROR,
             message=f"{doc.name} is an encoder + one instance layout (pipeline `{pipe.name}`); launch starts "
                     "encoder + prefill/decode layouts only",
-            help=f"expand with `--encoder-split 1e1p1d` for a launchable E->P->D config; serve this one with "
+            help="expand with `--encoder-split 1e1p1d` for a launchable E->P->D config; serve this one with "
                  "two `vllm serve` (the stages' ec_transfer_config) and an encoder-aware proxy"))
     if pipe is None or not pipe.is_pd:
         raise OmniPdError(Diagnostic(
