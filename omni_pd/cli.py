@@ -26,8 +26,8 @@ app = typer.Typer(
 
 class _no_pydantic_plugins:
     """Context: pydantic builds the classes imported inside without looking for plugins
-    (``PYDANTIC_DISABLE_PLUGINS``, restored on exit). Looking imports importlib.metadata and
-    reads every installed distribution's entry points, about 2 % of a cold
+    (``PYDANTIC_DISABLE_PLUGINS``, restored on exit). Looking reads every installed
+    distribution's entry points (importlib.metadata), about 2 % of a cold
     ``omni-pd validate FILE`` (bench/RESULTS.md figure 5); a plugin observing omni-pd's
     own schema classes has nothing to observe. typer builds its option adapters the same
     way. Not for a block that starts processes: they would inherit the variable."""
