@@ -450,3 +450,107 @@ def test_opd309_a_stage_without_engine_id_before_the_clash_does_not_end_the_scan
     assert hits(text, "OPD309") == [(E, "stages 1 and 2 share engine_id `d`", (21, 88),
                                      "give each engine its own id, e.g. `engine_id: d-2`", [(18, 18, "first used here")],
                                      None)]
+
+
+# --- OPD308 without a `pipeline:` key, OPD311 and OPD312 branch by branch (bench/MUTATION.md pd_pair) ---
+
+_NO_KEY = ("stages:\n"
+           f"  - {{stage_id: 0, devices: \"0\", kv_transfer_config: {P}}}\n"
+           f"  - {{stage_id: 1, devices: \"1\", kv_transfer_config: {C}}}\n")
+_NO_SPLIT = (E, "stages 0 and 1 are a KV producer/consumer pair, but pipeline qwen3_omni_moe has no prefill/decode "
+                "split: PD stays off", (2, 33), "use `pipeline: qwen3_omni_moe_pd`", [(3, 92, "consumer")], None)
+
+
+def test_opd308_pipeline_from_the_option_points_at_the_producers_kv_transfer_config() -> None:
+    # no `pipeline:` key to point at: the producer's kv_transfer_config key (2:33), not its stage entry (2:5)
+    assert hits(_NO_KEY, "OPD308", ValidateOptions(pipeline="qwen3_omni_moe")) == [_NO_SPLIT]
+
+
+def test_opd308_pipeline_from_the_deploy_file_name_points_at_the_producers_kv_transfer_config() -> None:
+    res = validate_text(_NO_KEY, "qwen3_omni_moe.yaml")  # vllm-omni's default deploy file of qwen3_omni_moe
+    assert res.pipeline_name == "qwen3_omni_moe"
+    got = [(d.severity, d.message, (d.location.line, d.location.column), d.help,
+            [(r.line, r.column, r.label) for r in d.related], d.label) for d in res.diagnostics if d.code == "OPD308"]
+    assert got == [_NO_SPLIT]
+    assert "OPD000" not in res.codes()
+
+
+def _peer(p_extra: str, d_extra: str = "", d_stage: str = "") -> str:
+    return ("pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
+            "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, "
+            f"engine_id: p{p_extra}}}}}\n"
+            f"  - {{stage_id: 1, devices: \"1\"{d_stage}, kv_transfer_config: {{kv_connector: NixlConnector, "
+            f"kv_role: kv_consumer, engine_id: d{d_extra}}}}}\n")
+
+
+def test_opd311_a_decode_block_alone_is_checked_and_names_decodes_tensor_parallel_size() -> None:
+    # no `prefill:` block before it: the `decode:` block is still read; decode runs TP 2 on two devices
+    text = _peer(", kv_connector_extra_config: {decode: {tp_size: 1}}", d_stage=", tensor_parallel_size: 2")
+    text = text.replace('devices: "1"', 'devices: "1,2"')
+    assert hits(text, "OPD311") == [(
+        E, "stage 0: kv_connector_extra_config.decode.tp_size=1 but stage 1 (decode) runs tensor_parallel_size=2",
+        (4, 165), "write `tp_size: 2`", [(5, 35, "decode stage 1")], None)]
+
+
+def test_opd311_dp_size_is_compared_with_the_peers_data_parallel_size() -> None:
+    text = _peer(", kv_connector_extra_config: {prefill: {tp_size: 1}, decode: {tp_size: 1, dp_size: 2}}",
+                 d_stage=", data_parallel_size: 1")
+    assert hits(text, "OPD311") == [(
+        E, "stage 0: kv_connector_extra_config.decode.dp_size=2 but stage 1 (decode) runs data_parallel_size=1",
+        (4, 200), "write `dp_size: 1`", [(5, 33, "decode stage 1")], None)]
+
+
+def test_opd311_decodes_own_blocks_are_checked_against_prefill() -> None:
+    text = _peer("", d_extra=", kv_connector_extra_config: {prefill: {tp_size: 2, dp_size: 1}, decode: {tp_size: 1}}")
+    assert hits(text, "OPD311") == [(
+        E, "stage 1: kv_connector_extra_config.prefill.tp_size=2 but stage 0 (prefill) runs tensor_parallel_size=1",
+        (5, 166), "write `tp_size: 1`", [(4, 5, "prefill stage 0")], None)]
+
+
+_ASC = ("{{kv_connector: {conn}, kv_role: {role}, kv_port: {port}, engine_id: {eid}{extra}}}")
+_BLOCKS = ", kv_connector_extra_config: {prefill: {dp_size: 1, tp_size: 1}, decode: {dp_size: 1, tp_size: 1}}"
+_NPU = ValidateOptions(platform="npu")
+
+
+def _asc(p: str, d: str) -> str:
+    return ("pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
+            f"  - {{stage_id: 0, devices: \"0\", kv_transfer_config: {p}}}\n"
+            f"  - {{stage_id: 1, devices: \"1\", kv_transfer_config: {d}}}\n")
+
+
+def _need(stage: int, side: str, at: tuple, related: tuple, conn: str = "MooncakeConnectorV1") -> tuple:
+    return (E, f"stage {stage}: {conn} needs kv_connector_extra_config.{side}.tp_size and dp_size (vllm-ascend "
+               "asserts it at worker init)", at,
+            f"write `{side}: {{dp_size: 1, tp_size: 1}}` under kv_connector_extra_config on both stages "
+            "(omni-pd expand does)", [related], None)
+
+
+def test_opd312_a_prefill_whose_connector_reads_no_blocks_does_not_end_the_scan() -> None:
+    # prefill: layerwise on vllm-ascend 0.18 (reads no peer blocks); decode: MooncakeConnectorV1 without them
+    text = _asc(_ASC.format(conn="MooncakeLayerwiseConnector", role="kv_producer", port=36000, eid="p", extra=""),
+                _ASC.format(conn="MooncakeConnectorV1", role="kv_consumer", port=36001, eid="d", extra=""))
+    assert hits(text, "OPD312", ValidateOptions(platform="npu", vllm_version="0.18")) == [
+        _need(1, "prefill", (5, 68), (4, 5, "prefill stage 0")),
+        _need(1, "decode", (5, 68), (5, 5, "decode stage 1"))]
+
+
+def test_opd312_a_complete_prefill_block_does_not_end_the_scan_of_the_decode_block() -> None:
+    text = _asc(_ASC.format(conn="MooncakeConnectorV1", role="kv_producer", port=36000, eid="p", extra=_BLOCKS),
+                _ASC.format(conn="MooncakeConnectorV1", role="kv_consumer", port=36001, eid="d",
+                            extra=", kv_connector_extra_config: {prefill: {dp_size: 1, tp_size: 1}}"))
+    # no decode block at all: located at the stage's kv_connector value
+    assert hits(text, "OPD312", _NPU) == [_need(1, "decode", (5, 68), (5, 5, "decode stage 1"))]
+
+
+def test_opd312_a_non_mapping_extra_config_under_engine_args_lacks_both_blocks() -> None:
+    # engine_args is an open mapping (pydantic does not type its kv_transfer_config), so a list
+    # reaches the rules; top-level kv_connector_extra_config: [..] would be OPD101 and dropped
+    text = ("pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
+            "  - stage_id: 0\n    devices: \"0\"\n    engine_args:\n      kv_transfer_config: "
+            + _ASC.format(conn="MooncakeConnectorV1", role="kv_producer", port=36000, eid="p",
+                          extra=", kv_connector_extra_config: [prefill, decode]") + "\n"
+            "  - {stage_id: 1, devices: \"1\", kv_transfer_config: "
+            + _ASC.format(conn="MooncakeConnectorV1", role="kv_consumer", port=36001, eid="d", extra=_BLOCKS) + "}\n")
+    # the prefill stage's span is its `engine_args:` key (6:5): Context.sloc with no keys picks it
+    assert hits(text, "OPD312", _NPU) == [_need(0, "prefill", (7, 42), (6, 5, "prefill stage 0")),
+                                          _need(0, "decode", (7, 42), (8, 5, "decode stage 1"))]
