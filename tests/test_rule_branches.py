@@ -554,3 +554,18 @@ def test_opd312_a_non_mapping_extra_config_under_engine_args_lacks_both_blocks()
     # the prefill stage's span is its `engine_args:` key (6:5): Context.sloc with no keys picks it
     assert hits(text, "OPD312", _NPU) == [_need(0, "prefill", (7, 42), (6, 5, "prefill stage 0")),
                                           _need(0, "decode", (7, 42), (8, 5, "decode stage 1"))]
+
+
+def test_opd311_a_non_mapping_extra_config_under_engine_args_is_skipped_not_a_crash() -> None:
+    # engine_args' kv_transfer_config is not typed: OPD311 used to call .get on the list (OPD000)
+    # and so also lost decode's own wrong block, which must still be reported
+    text = ("pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
+            "  - stage_id: 0\n    devices: \"0\"\n    engine_args:\n      kv_transfer_config: {kv_connector: "
+            "NixlConnector, kv_role: kv_producer, engine_id: p, kv_connector_extra_config: [prefill, decode]}\n"
+            "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, "
+            "engine_id: d, kv_connector_extra_config: {prefill: {tp_size: 2}}}}\n")
+    res = validate_text(text, "t.yaml")
+    assert [d.message for d in res.diagnostics if "rule OPD311" in d.message] == []
+    assert hits(text, "OPD311") == [(
+        E, "stage 1: kv_connector_extra_config.prefill.tp_size=2 but stage 0 (prefill) runs tensor_parallel_size=1",
+        (8, 166), "write `tp_size: 1`", [(4, 5, "prefill stage 0")], None)]

@@ -364,6 +364,8 @@ def peer_topology(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     real = {"prefill": pair[0], "decode": pair[1]}
     for n in pair:
         extra = (n.kv or {}).get("kv_connector_extra_config") or {}
+        if not isinstance(extra, dict):
+            continue  # not a mapping (possible under engine_args, which is untyped): no peer blocks to compare
         for side, peer in real.items():
             blk = extra.get(side)
             if not isinstance(blk, dict):
