@@ -569,3 +569,14 @@ def test_opd311_a_non_mapping_extra_config_under_engine_args_is_skipped_not_a_cr
     assert hits(text, "OPD311") == [(
         E, "stage 1: kv_connector_extra_config.prefill.tp_size=2 but stage 0 (prefill) runs tensor_parallel_size=1",
         (8, 166), "write `tp_size: 1`", [(4, 5, "prefill stage 0")], None)]
+
+
+def test_opd308_names_only_catalogued_pipelines_which_are_never_placeholder_chains() -> None:
+    # OPD308's help writes `pipeline: <name>_pd` from the catalogued name; validate's stand-in
+    # chains (`<linear chain>`, `<inferred PD chain>`, `<foo: linear chain>`) are never catalogued
+    from omni_pd.compile.pipelines import load_catalogue
+
+    assert all(n[:1].isalpha() for n in load_catalogue().names())
+    for text in (_NO_KEY.replace("stages:", "pipeline: foo\nstages:"),  # uncatalogued name: OPD207 info
+                 _NO_KEY + "  - {stage_id: 2, devices: \"2\"}\n"):      # no name, a pair: OPD208, a PD chain
+        assert hits(text, "OPD308") == []

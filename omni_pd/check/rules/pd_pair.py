@@ -269,7 +269,7 @@ def pair_count(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                          f"but pipeline {name} has no prefill/decode split: PD stays off",
                          ctx.loc(("pipeline",), value=True) if ctx.exists(("pipeline",)) else ctx.sloc(prod[0], "kv_transfer_config"),
                          related=[ctx.sloc(cons[0], "kv_transfer_config", "kv_role", value=True, label="consumer")],
-                         help=f"use `pipeline: {name}_pd`" if not name.startswith("<") else "add `pipeline: <name>_pd`")
+                         help=f"use `pipeline: {name}_pd`")  # catalogued: a real name, never a `<...>` chain
         return
     for group, kind in ((prod, "kv_producer"), (cons, "kv_consumer")):
         for extra in group[1:]:
