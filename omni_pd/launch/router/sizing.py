@@ -1,9 +1,9 @@
 """How many router processes (``--workers``) a host gets by default (pure).
 
 Measured (bench/RESULTS.md, "Router under load"; 2 cores shared with the fake engines
-and the client): one worker needs ~0.2 ms of CPU per JSON request (~5,000 requests/s per
-core); a second one gave 5-20 % more throughput at 256 and 1024 clients, with mixed p99
-and more CPU per request below 256, and it is one more process polling health and
+and the client): one worker needs ~0.3 ms of CPU per JSON request (~3,000 requests/s per
+core); in an earlier run a second one gave 5-20 % more throughput at 256 and 1024 clients,
+with mixed p99 and more CPU per request below 256, and it is one more process polling health and
 balancing on its own counts. On a real PD host the engines' API servers (tokenizing,
 detokenizing, scheduling) need those cores, so a host with up to 7 CPUs gets one worker.
 Beyond that nothing was measured: the rule gives the router a quarter of the CPUs, at
