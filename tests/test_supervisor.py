@@ -551,7 +551,8 @@ def test_sigkilled_launcher_leaves_no_orphans(tmp_path: Path) -> None:
     assert proc.wait(5) == -signal.SIGKILL
     # the watchdog: SIGTERM to each group, then SIGKILL after the grace (decode-0 ignores SIGTERM)
     assert wait_for(lambda: not any(alive(pid) for pid in pids), 10), [pid for pid in pids if alive(pid)]
-    assert bindable(pa) and bindable(pb)
+    # a process counted gone may still be closing its sockets for a moment on a loaded machine
+    assert wait_for(lambda: bindable(pa) and bindable(pb), 5), (pa, pb)
 
 
 # --- the first Ctrl-C after a failure or during teardown is not the second (issue 16) ---
