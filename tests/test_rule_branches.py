@@ -580,3 +580,39 @@ def test_opd308_names_only_catalogued_pipelines_which_are_never_placeholder_chai
     for text in (_NO_KEY.replace("stages:", "pipeline: foo\nstages:"),  # uncatalogued name: OPD207 info
                  _NO_KEY + "  - {stage_id: 2, devices: \"2\"}\n"):      # no name, a pair: OPD208, a PD chain
         assert hits(text, "OPD308") == []
+
+
+# --- engine_args.kv_transfer_config is typed like a stage's own (no rule meets a wrong type) ---
+
+_NESTED_KV = """pipeline: llm_pd
+stages:
+  - stage_id: 0
+    devices: "0"
+    {where}
+        kv_connector: NixlConnector
+        kv_role: kv_producer
+        kv_connector_extra_config: [a, b]
+  - stage_id: 1
+    devices: "1"
+    kv_transfer_config: {{kv_connector: NixlConnector, kv_role: kv_consumer}}
+"""
+
+
+def test_a_list_extra_config_under_engine_args_is_one_located_opd101_and_no_rule_crashes() -> None:
+    """vllm-omni flattens engine_args into the engine arguments, so vLLM's KVTransferConfig
+    (``kv_connector_extra_config: dict[str, Any]``) refuses the list either way. OPD104 and
+    OPD504 crashed on it (OPD000) before the nested config was typed."""
+    text = _NESTED_KV.format(where="engine_args:\n      kv_transfer_config:")
+    res = validate_text(text, "pd.yaml", ValidateOptions())
+    assert [d.code for d in res.diagnostics if d.code == "OPD000"] == []
+    opd101 = [(d.message, d.location.line, d.location.column, d.help) for d in res.diagnostics if d.code == "OPD101"]
+    assert opd101 == [("`kv_connector_extra_config` must be a mapping, found a list", 9, 36,
+                       "write a mapping for `kv_connector_extra_config`")]
+
+
+def test_the_nested_and_the_stage_level_wrong_type_read_alike() -> None:
+    nested = validate_text(_NESTED_KV.format(where="engine_args:\n      kv_transfer_config:"), "a.yaml", ValidateOptions())
+    flat = validate_text(_NESTED_KV.format(where="kv_transfer_config:").replace("\n        kv_", "\n      kv_"),
+                         "b.yaml", ValidateOptions())
+    msg = [d.message for d in nested.diagnostics if d.code == "OPD101"]
+    assert msg == [d.message for d in flat.diagnostics if d.code == "OPD101"] != []

@@ -203,6 +203,7 @@ def parse_all(plain: dict, loc: Locator) -> tuple[DeployConfig | None, list[Diag
     work = copy.deepcopy(plain)
     diags: list[Diagnostic] = []
     seen: set = set()
+    _check_nested_kv(work, loc, diags, seen)
     for _ in range(20):
         try:
             return DeployConfig.model_validate(work), diags
@@ -234,6 +235,46 @@ def parse_all(plain: dict, loc: Locator) -> tuple[DeployConfig | None, list[Diag
             if not progress:
                 return None, diags
     return None, diags
+
+
+def _check_nested_kv(work: dict, loc: Locator, diags: list[Diagnostic], seen: set) -> None:
+    """Type ``engine_args.kv_transfer_config`` like a stage's own ``kv_transfer_config``.
+
+    The deploy model keeps ``engine_args`` an open mapping, but vllm-omni flattens it into
+    the engine arguments, so its ``kv_transfer_config`` reaches vLLM's ``KVTransferConfig``
+    (vllm/config/kv_transfer.py) the same way. Each wrong-typed key is an OPD101 located at
+    it and dropped from ``work`` (mutated in place), so no rule meets it; e.g. a list
+    ``kv_connector_extra_config`` (vLLM types it ``dict[str, Any]``).
+    """
+    from pydantic import ValidationError
+
+    from omni_pd.compile.model import KVTransferConfig
+    from omni_pd.compile.parse import _TYPE_WORDS, _show
+
+    stages = work.get("stages")
+    for i, st in enumerate(stages if isinstance(stages, list) else []):
+        ea = st.get("engine_args") if isinstance(st, dict) else None
+        kv = ea.get("kv_transfer_config") if isinstance(ea, dict) else None
+        if not isinstance(kv, dict):
+            continue
+        base = ("stages", i, "engine_args", "kv_transfer_config")
+        try:
+            KVTransferConfig.model_validate(kv)
+        except ValidationError as e:
+            for err in e.errors():
+                sub = tuple(p for p in err.get("loc", ()) if isinstance(p, int) or p in _keys_along(kv, err.get("loc", ())))
+                if not sub:
+                    continue
+                key, typ = sub[-1], err.get("type", "")
+                want = _TYPE_WORDS.get(typ)
+                msg = (f"`{key}` must be {want}, found {_show(err.get('input'))}" if want
+                       else f"invalid value for `{key}`: {err.get('msg')}")
+                if (base + sub, msg) not in seen:
+                    seen.add((base + sub, msg))
+                    diags.append(Diagnostic(code="OPD101", severity=Severity.ERROR, message=msg,
+                                            location=loc.loc(base + sub, value=True),
+                                            help=f"write {want} for `{key}`" if want else None))
+                _drop(work, base + sub)
 
 
 def _keys_along(tree: Any, loc: tuple) -> set:
