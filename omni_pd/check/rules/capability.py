@@ -361,7 +361,9 @@ def _broken_combinations(ctx: Context, r: Rule, n: "StageNode", kids: list[dict]
             loc = ctx.sloc(n, *base, j, "kv_connector", value=True)
             what = f"stage {n.stage_id}: MultiConnector {handoff} + {row['child']} on prefill"
             if v < since or v > last:
-                seen = (f"on vLLM {row['since']}-{row['last_broken_read']} (releases read)" if row.get("since")
+                span = (str(row["since"]) if str(row.get("since")) == str(row.get("last_broken_read"))
+                        else f"{row.get('since')}-{row.get('last_broken_read')}")
+                seen = (f"on vLLM {span} (releases read)" if row.get("since")
                         else f"reported before vLLM {row['first_fixed_read']} (no release read with it)")
                 yield r.diag(f"{what}: {seen} {row['symptom']}; "
                              f"vLLM {ctx.target.label} lies between the releases read, so this is not pinned",
