@@ -361,8 +361,8 @@ def _broken_combinations(ctx: Context, r: Rule, n: "StageNode", kids: list[dict]
             loc = ctx.sloc(n, *base, j, "kv_connector", value=True)
             what = f"stage {n.stage_id}: MultiConnector {handoff} + {row['child']} on prefill"
             if v < since or v > last:
-                span = (str(row["since"]) if str(row.get("since")) == str(row.get("last_broken_read"))
-                        else f"{row.get('since')}-{row.get('last_broken_read')}")
+                since, last_broken = row.get("since"), row.get("last_broken_read")
+                span = str(since) if str(since) == str(last_broken) else f"{since}-{last_broken}"
                 seen = (f"on vLLM {span} (releases read)" if row.get("since")
                         else f"reported before vLLM {row['first_fixed_read']} (no release read with it)")
                 yield r.diag(f"{what}: {seen} {row['symptom']}; "
