@@ -861,11 +861,20 @@ def test_the_json_fallback_keeps_the_protocol(fakes, router, monkeypatch):
     headers and streams."""
     from omni_pd.launch.router import codec
 
-    monkeypatch.setattr(codec, "loads", codec.std_loads)
-    monkeypatch.setattr(codec, "dumps", codec.std_dumps)
+    calls = {"loads": 0, "dumps": 0}
+
+    def counted(name, fn):
+        def f(*a, **kw):
+            calls[name] += 1
+            return fn(*a, **kw)
+        return f
+
+    monkeypatch.setattr(codec, "loads", counted("loads", codec.std_loads))
+    monkeypatch.setattr(codec, "dumps", counted("dumps", codec.std_dumps))
     test_nixl_exact_bodies_headers_and_relay(fakes, router, "/v1/chat/completions")
     test_mooncake_exact_bodies_concurrent_legs(fakes, router)
     test_streaming_relays_sse_chunks_as_they_come(fakes, router, "NixlConnector")
+    assert calls["loads"] > 0 and calls["dumps"] > 0, calls  # the router really ran on the fallback
 
 
 def test_the_router_has_no_connector_names_of_its_own():
