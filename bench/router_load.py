@@ -337,6 +337,40 @@ def name_of(kind: str, r: dict) -> str:
             "omni-pd": f"omni-pd router ({r.get('omni_pd_workers', '?')} worker(s), default)"}[kind]
 
 
+def _load_cell(k: str, x: dict | None, stream: bool) -> str:
+    """req/s · p50 · p99 · unanswered (503s) [· TTFB] [· kv_bad] of one point."""
+    if x is None:
+        return "-"
+    cell = f"{x['rps']:.0f} · {x['p50_ms']} · {x['p99_ms']} · {x['unanswered']}"
+    if x["codes"].get("503"):
+        cell += f" ({x['codes']['503']})"
+    if stream:
+        cell += f" · TTFB {x['ttfb_p50_ms']}"
+    if x["kv_bad"]:
+        cell += f" · kv_bad {x['kv_bad']}"
+    return cell
+
+
+def _cpu_cell(k: str, x: dict | None, stream: bool) -> str:
+    """CPU µs per request: router · fakes · client (no router for the floor)."""
+    cpu = (x or {}).get("cpu_us_per_request")
+    if cpu is None:
+        return "-"
+    return f"{cpu['router'] if k != 'direct' else '-'} · {cpu['fakes']} · {cpu['client']}"
+
+
+def _table(r: dict, kinds: list[str], names: dict[str, str], cell) -> list[str]:
+    """One Markdown table, a row per (mode, concurrency) and a column per kind."""
+    lines = ["| mode | concurrency | " + " | ".join(names[k] for k in kinds) + " |",
+             "|---|---|" + "---|" * len(kinds)]
+    for stream in (False, True):
+        for c in sorted({x["concurrency"] for x in r["load"]}):
+            row = [cell(k, next((y for y in r["load"] if y["kind"] == k and y["concurrency"] == c
+                                 and y["stream"] == stream), None), stream) for k in kinds]
+            lines.append(f"| {'stream' if stream else 'JSON'} | {c} | " + " | ".join(row) + " |")
+    return lines
+
+
 def render(r: dict) -> str:
     """The RESULTS.md section for one run (req/s · p50 · p99 ms · unanswered · TTFB p50), the
     CPU per request of each process group, and the fault runs."""
@@ -353,39 +387,10 @@ def render(r: dict) -> str:
              "p50 ms · p99 ms · unanswered over all rounds (503s, deliberate, in brackets); stream rows add time to "
              "first byte p50. "
              "Every run checked decode got prefill's kv_transfer_params (`kv_bad` 0 unless noted).", "",
-             "| mode | concurrency | " + " | ".join(names[k] for k in kinds) + " |",
-             "|---|---|" + "---|" * len(kinds)]
-    for stream in (False, True):
-        for c in sorted({x["concurrency"] for x in r["load"]}):
-            cells = []
-            for k in kinds:
-                x = next((y for y in r["load"] if y["kind"] == k and y["concurrency"] == c and y["stream"] == stream), None)
-                if x is None:
-                    cells.append("-")
-                    continue
-                cell = f"{x['rps']:.0f} · {x['p50_ms']} · {x['p99_ms']} · {x['unanswered']}"
-                if x["codes"].get("503"):
-                    cell += f" ({x['codes']['503']})"
-                if stream:
-                    cell += f" · TTFB {x['ttfb_p50_ms']}"
-                if x["kv_bad"]:
-                    cell += f" · kv_bad {x['kv_bad']}"
-                cells.append(cell)
-            lines.append(f"| {'stream' if stream else 'JSON'} | {c} | " + " | ".join(cells) + " |")
-    lines += ["", "CPU per answered request, µs (user + system, psutil, over each point): the router's process "
-              "tree · the two fakes · the client. The floor has no router; its client runs both legs.", "",
-              "| mode | concurrency | " + " | ".join(names[k] for k in kinds) + " |",
-              "|---|---|" + "---|" * len(kinds)]
-    for stream in (False, True):
-        for c in sorted({x["concurrency"] for x in r["load"]}):
-            cells = []
-            for k in kinds:
-                x = next((y for y in r["load"] if y["kind"] == k and y["concurrency"] == c and y["stream"] == stream), None)
-                cpu = (x or {}).get("cpu_us_per_request")
-                cells.append("-" if cpu is None else
-                             f"{cpu['router']} · {cpu['fakes']} · {cpu['client']}" if k != "direct" else
-                             f"- · {cpu['fakes']} · {cpu['client']}")
-            lines.append(f"| {'stream' if stream else 'JSON'} | {c} | " + " | ".join(cells) + " |")
+             *_table(r, kinds, names, _load_cell),
+             "", "CPU per answered request, µs (user + system, psutil, over each point): the router's process "
+             "tree · the two fakes · the client. The floor has no router; its client runs both legs.", "",
+             *_table(r, kinds, names, _cpu_cell)]
     f = r["faults"]
     lines += ["", "Faults (same run):", ""]
     for k in r.get("fault_peers", r["peers"]):
