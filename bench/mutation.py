@@ -45,6 +45,9 @@ RULE_TESTS = ["tests/test_rule_branches.py"]
 TARGETS: dict[str, list[str]] = {
     "omni_pd/launch/smoke.py": ["tests/test_smoke.py", "tests/test_smoke_units.py", "tests/test_smoke_faults.py",
                                 "tests/test_epd_launch.py"],
+    # test_launch_plan alone leaves the Ascend HCCL ports and the encoder leg unreached (coverage)
+    "omni_pd/launch/plan.py": ["tests/test_launch_plan.py", "tests/test_xpyd.py", "tests/test_epd_launch.py",
+                               "tests/test_ascend_launch.py"],
     "omni_pd/launch/preflight.py": ["tests/test_preflight.py", "tests/test_launch_plan.py", "tests/test_epd_launch.py"],
     "omni_pd/compile/connectors/__init__.py": ["tests/test_connectors.py", "tests/test_expand.py"],
     "omni_pd/compile/connectors/base.py": ["tests/test_connectors.py", "tests/test_expand.py"],
