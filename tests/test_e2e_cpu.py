@@ -77,7 +77,7 @@ def test_pd_on_cpu_equals_a_single_instance_and_kv_moves_then_nothing_is_left(se
         baseline.stop()
         launcher.proc.send_signal(signal.SIGINT)
         rc = launcher.proc.wait(120)
-    assert rc == 130, "\n".join(launcher.lines[-40:])
+    assert rc == 130, launcher.report()
     time.sleep(1)
     assert [p for p in tree if alive(p)] == []
     assert all(port_free(p) for p in (ROUTER, ENGINES, ENGINES + 100, SIDE, SIDE + 1))
@@ -94,7 +94,7 @@ def test_killing_decode_mid_run_stops_the_launcher_and_leaves_nothing(setup):
     finally:
         if launcher.proc.poll() is None:
             launcher.proc.kill()
-    assert rc == 1, "\n".join(launcher.lines[-40:])
+    assert rc == 1, launcher.report()
     assert any("decode-0" in line and "exit" in line.lower() for line in launcher.lines), launcher.lines[-30:]
     time.sleep(1)
     assert [p for p in tree if alive(p)] == []

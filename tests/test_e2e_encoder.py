@@ -186,7 +186,7 @@ def test_qwen3_omni_thinker_e_p_d_on_cpu_equals_a_plain_instance_and_uses_the_en
         rc = launcher.proc.wait(120)
         (tmp / "measurements.json").write_text(json.dumps(m, indent=1, default=str))
         print(f"\nmeasurements ({tmp / 'measurements.json'}):\n{json.dumps(m, indent=1, default=str)}")
-    assert rc == 130, "\n".join(launcher.lines[-40:])
+    assert rc == 130, launcher.report()
     time.sleep(1)
     assert [p for p in tree if alive(p)] == []
     assert all(port_free(p) for p in (ROUTER, ENGINES, ENGINES + 100, ENGINES + 200, SIDE, SIDE + 1))

@@ -164,7 +164,7 @@ def test_qwen3_omni_thinker_pd_on_cpu_equals_a_plain_instance_for_text_audio_and
         rc = launcher.proc.wait(120)
         (tmp / "measurements.json").write_text(json.dumps(m, indent=1, default=str))
         print(f"\nmeasurements ({tmp / 'measurements.json'}):\n{json.dumps(m, indent=1, default=str)}")
-    assert rc == 130, "\n".join(launcher.lines[-40:])
+    assert rc == 130, launcher.report()
     time.sleep(1)
     assert [p for p in tree if alive(p)] == []
     assert all(port_free(p) for p in (ROUTER, ENGINES, ENGINES + 100, SIDE, SIDE + 1))

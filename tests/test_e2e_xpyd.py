@@ -70,13 +70,13 @@ def complete(base: str, prompt: str) -> str:
 
 def through(launcher: Launcher, base: str, prompt: str) -> str:
     """:func:`complete` through the router; an HTTP error fails with its body and the
-    launcher's last output lines (every engine's and the router's log lines)."""
+    launcher's report (its own lines, the first engine errors, the last 80 lines)."""
     import urllib.error
 
     try:
         return complete(base, prompt)
     except urllib.error.HTTPError as e:
-        raise AssertionError(f"{e}: {e.read()[:2000]!r}\n" + "\n".join(launcher.lines[-80:])) from None
+        raise AssertionError(f"{e}: {e.read()[:2000]!r}\n" + launcher.report(tail=80)) from None
 
 
 def local_compute(port: int) -> float:
@@ -122,7 +122,7 @@ def stop_and_check_nothing_left(launcher: Launcher, tree: list[int], ports: tupl
     if launcher.proc.poll() is None:
         launcher.proc.send_signal(signal.SIGINT)
     rc = launcher.proc.wait(120)
-    assert rc == 130, "\n".join(launcher.lines[-40:])
+    assert rc == 130, launcher.report()
     time.sleep(1)
     assert [p for p in tree + launcher.descendants() if alive(p)] == []
     assert all(port_free(p) for p in ports)

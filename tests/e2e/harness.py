@@ -236,6 +236,12 @@ def engine_env(tmp: Path) -> dict[str, str]:
             "VLLM_HOST_IP": "127.0.0.1", "VLLM_PLUGINS": ""}
 
 
+#: an engine's output line as the launcher relays it: ``[prefill-0] ...``
+_ENGINE_LINE = re.compile(r"^\[[\w.-]+\] ")
+#: words of an engine line worth showing when a run failed (before teardown's noise)
+_ERROR_WORDS = re.compile(r"Traceback|Error|ERROR|Exception|failed|Killed|timed? ?out", re.I)
+
+
 class Launcher:
     """``omni-pd launch PD --platform cpu`` as a child process; a thread collects its output.
 
@@ -272,9 +278,20 @@ class Launcher:
                     return line
             if self.proc.poll() is not None:
                 time.sleep(0.5)
-                raise AssertionError(f"launcher exited {self.proc.returncode}:\n" + "\n".join(self.lines[-60:]))
+                raise AssertionError(f"launcher exited {self.proc.returncode}:\n{self.report()}")
             time.sleep(0.5)
-        raise AssertionError(f"no {needle!r} within {timeout} s:\n" + "\n".join(self.lines[-60:]))
+        raise AssertionError(f"no {needle!r} within {timeout} s:\n{self.report()}")
+
+    def report(self, tail: int = 30) -> str:
+        """What explains a failed run, for an assertion message: the launcher's own lines
+        (everything not prefixed ``[<process>]``: readiness, failure reports, ``smoke:``
+        results), the first engine lines that name an error, then the last ``tail`` lines.
+        Teardown prints dozens of lines per engine, so the tail alone hides the cause."""
+        lines = list(self.lines)
+        own = [ln for ln in lines if not _ENGINE_LINE.match(ln) or ln.startswith("[omni-pd]")]
+        errors = [ln for ln in lines if _ENGINE_LINE.match(ln) and _ERROR_WORDS.search(ln)][:40]
+        return "\n".join(["-- launcher --", *own[-80:], "-- first engine errors --", *errors,
+                          f"-- last {tail} lines --", *lines[-tail:]])
 
     def pids(self) -> dict[str, int]:
         """Process name -> pid, from the run dir's ``pids`` file."""
