@@ -66,8 +66,10 @@ TARGETS: dict[str, list[str]] = {
     "omni_pd/check/rules/encoder.py": RULE_TESTS,
     "omni_pd/compile/alloc.py": ["tests/test_alloc_branches.py", "tests/test_expand.py"],
     # test_expand.py (CLI goldens, ~20 s per surviving mutant here) left out: 1159 mutants
-    # took over 90 min with it; the goldens still run in the fast suite
-    "omni_pd/compile/passes/pd_split.py": ["tests/test_passes_branches.py", "tests/test_talker_pd.py"],
+    # took over 90 min with it; the goldens still run in the fast suite. test_xpyd.py reaches
+    # the xPyD, per-side TP and overlay branches (the three reach every line of the module)
+    "omni_pd/compile/passes/pd_split.py": ["tests/test_passes_branches.py", "tests/test_talker_pd.py",
+                                           "tests/test_xpyd.py"],
     "omni_pd/compile/passes/ascend.py": ["tests/test_passes_branches.py", "tests/test_ascend_expand.py"],
     "omni_pd/compile/passes/encoder_split.py": ["tests/test_passes_branches.py", "tests/test_encoder_split.py",
                                                 "tests/test_epd.py"],

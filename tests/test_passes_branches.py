@@ -7,6 +7,8 @@ bench/mutation.py, report in bench/MUTATION.md). Values are worked out from the 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from omni_pd.compile.connectors.base import SideConfig
@@ -674,3 +676,27 @@ def test_1e1p1d_encoder_devices_are_checked_against_decodes_new_devices() -> Non
     assert [s["devices"] for s in st] == ["1", "0", "1"]
     assert [(d.code, d.message) for d in res.diagnostics] == [
         ("OPD903", "the encoder shares device(s) 1 with the language model")]
+
+
+# --- plan_pd_split: a custom catalogue, per-side TP device counts --------------------------------------
+
+def test_a_catalogue_without_the_pd_variant_derives_it() -> None:
+    # a custom single-LLM pipeline: load_catalogue() adds <name>_pd only for its own files
+    from omni_pd.compile.pipelines import Catalogue, load_catalogue, pipeline_from_dict
+
+    solo = pipeline_from_dict({"name": "solo", "runtime": "vllm",
+                               "stages": [{"stage_id": 0, "role": "llm", "final_output": True}]})
+    st, res = stages(LLM, ExpandOptions(connector="NixlConnector"), pipeline="solo",
+                     catalogue=Catalogue({**load_catalogue().pipelines, solo.name: solo}))
+    assert res.text.splitlines()[2] == "pipeline: solo_pd"
+    assert [(s["stage_id"], s["devices"], s["kv_transfer_config"]["kv_role"], s["kv_transfer_config"]["engine_id"],
+             s["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"]) for s in st] == [
+        (0, "0", "kv_producer", "llm-prefill", "5600"), (1, "1", "kv_consumer", "llm-decode", "5601")]
+
+
+def test_decode_devices_must_match_decodes_own_tp_when_the_sides_differ() -> None:
+    opts = ExpandOptions(connector="NixlConnector", prefill_tp=1, decode_tp=2)
+    assert refusal(LLM, replace(opts, decode_devices=(1,)), pipeline="llm") == (
+        "OPD805", "--decode-devices lists 1 device(s); decode at TP 2 needs 2", None, None)
+    st, _ = stages(LLM, replace(opts, decode_devices=(3, 4)), pipeline="llm")
+    assert [(s["tensor_parallel_size"], s["devices"]) for s in st] == [(1, "0"), (2, "3,4")]
