@@ -56,14 +56,14 @@ TARGETS: dict[str, list[str]] = {
     "omni_pd/compile/connectors/nixl_push.py": ["tests/test_connectors.py"],
     "omni_pd/compile/connectors/lmcache.py": ["tests/test_connectors.py", "tests/test_rules.py"],
     "omni_pd/check/rules/pd_pair.py": RULE_TESTS,
-    "omni_pd/check/rules/topology.py": RULE_TESTS,
+    "omni_pd/check/rules/topology.py": RULE_TESTS + ["tests/test_rule_branches_topology.py"],
     "omni_pd/check/rules/ports.py": RULE_TESTS,
-    "omni_pd/check/rules/devices.py": RULE_TESTS,
-    "omni_pd/check/rules/runtime.py": RULE_TESTS,
+    "omni_pd/check/rules/devices.py": RULE_TESTS + ["tests/test_rule_branches_devices.py"],
+    "omni_pd/check/rules/runtime.py": RULE_TESTS + ["tests/test_rule_branches_runtime.py"],
     "omni_pd/check/rules/schema.py": RULE_TESTS,
     "omni_pd/check/rules/capability.py": RULE_TESTS,
     "omni_pd/check/rules/__init__.py": RULE_TESTS,
-    "omni_pd/check/rules/encoder.py": RULE_TESTS,
+    "omni_pd/check/rules/encoder.py": RULE_TESTS + ["tests/test_rule_branches_encoder.py"],
     "omni_pd/compile/alloc.py": ["tests/test_alloc_branches.py", "tests/test_expand.py"],
     # test_expand.py (CLI goldens, ~20 s per surviving mutant here) left out: 1159 mutants
     # took over 90 min with it; the goldens still run in the fast suite. test_xpyd.py reaches
