@@ -1,0 +1,244 @@
+"""Router CPU per request: omni-pd's router against the floor of its own stack (a bare
+aiohttp two-leg proxy) and against vllm-router, JSON and streaming, in one run.
+
+    python bench/router_cpu.py                       # c=256, 3 rounds, JSON and stream
+    python bench/router_cpu.py --profile prof.out    # + omni-pd's router under cProfile (CPU clock)
+
+Throughput on this shared 2-core machine moves with whatever else runs; the CPU time a
+router process spends per request moves much less. So each kind serves the same closed
+loop load (``--concurrency`` clients, ``--duration`` s, the fakes and client of
+``bench/router_load.py``: P 20 ms, D 50 ms JSON or 32 SSE chunks 5 ms apart) and the
+router process's CPU time (user + system, psutil, the process tree) is divided by the
+requests it answered. Kinds run in turn, ``--rounds`` times, order rotated; min and median
+over the rounds are reported.
+
+Kinds:
+
+* ``bare``: the floor of this stack, :func:`bare_proxy`: the same aiohttp primitives as the
+  router (``web.Server`` low-level server with handler cancellation, one ``ClientSession``
+  on one ``TCPConnector`` configured like ``PDRouter.start``, bytes bodies, a ``yarl.URL``
+  parsed once, uvloop, orjson) and the minimum a correct NIXL proxy does per request:
+  parse the client's body, POST P a prefill body (max_tokens 1, stream false,
+  kv_transfer_params), parse P's answer, POST D the client's bytes with P's
+  kv_transfer_params spliced in, relay D's answer (one block, or chunk by chunk). No
+  request id, picking, retry, admission, timeouts per leg, error mapping or logging.
+* ``omni-pd``: ``python -m omni_pd.launch.router --connector nixl --workers 1`` at
+  ``--log-level WARNING`` (as router_load.py runs it) and, with ``--info-log``, also at its
+  default INFO (one log line per request).
+* ``omni-pd-before``, with ``--baseline DIR``: the same router from another source tree
+  (e.g. ``git archive <commit> omni_pd | tar -x -C DIR``), so a change is measured side by
+  side with what it replaces, in the same run.
+* ``vllm-router``: vllm-router 0.1.17 from ``.cache/bench/venv`` when installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import router_load as rl  # noqa: E402  (fakes, client, process helpers)
+
+REPO = rl.REPO
+
+
+# --- the floor: a bare aiohttp two-leg proxy ------------------------------------------------
+
+
+def bare_proxy(port: int, p_url: str, d_url: str) -> None:
+    """Serve the minimal NIXL two-leg proxy on ``port`` (see the module doc) until killed."""
+    import asyncio
+
+    import aiohttp
+    import orjson
+    from aiohttp import web
+    from yarl import URL
+
+    p_target, d_target = URL(p_url + "/v1/completions"), URL(d_url + "/v1/completions")
+    state: dict = {}
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        session = state["session"]
+        raw = await request.read()
+        body = orjson.loads(raw)
+        p_body = {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": {"do_remote_decode": True}}
+        p = await session.post(p_target, data=orjson.dumps(p_body), headers={"Content-Type": "application/json"})
+        kv = orjson.loads(await p.read())["kv_transfer_params"]
+        p.release()
+        d_body = raw.rstrip()[:-1] + b',"kv_transfer_params":' + orjson.dumps(kv) + b"}"
+        d = await session.post(d_target, data=d_body, headers={"Content-Type": "application/json"})
+        if d.content_length is not None:
+            data = await d.read()
+            d.release()
+            return web.Response(status=d.status, body=data, content_type="application/json")
+        out = web.StreamResponse(status=d.status, headers={"Content-Type": d.headers["Content-Type"]})
+        out.enable_chunked_encoding()
+        await out.prepare(request)
+        while chunk := await d.content.readany():
+            await out.write(chunk)
+        d.release()
+        await out.write_eof()
+        return out
+
+    async def health(request: web.BaseRequest) -> web.StreamResponse:
+        if request.path == "/health":
+            return web.Response(body=b"{}", content_type="application/json")
+        return await handle(request)
+
+    async def main() -> None:
+        state["session"] = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0, use_dns_cache=True),
+            auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None),
+            skip_auto_headers=("Accept-Encoding",), cookie_jar=aiohttp.DummyCookieJar())
+        runner = web.ServerRunner(web.Server(health, handler_cancellation=True, access_log=None,
+                                             keepalive_timeout=75.0))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
+        await asyncio.Event().wait()
+
+    from omni_pd.launch.router.server import run_loop
+
+    run_loop(main())
+
+
+def profiled_router(out: str, argv: list[str]) -> int:
+    """omni-pd's router (``argv`` as for ``python -m omni_pd.launch.router``) under
+    cProfile on the process CPU clock; the stats go to ``out`` when it stops (SIGTERM)."""
+    import cProfile
+
+    from omni_pd.launch.router.cli import main
+
+    prof = cProfile.Profile(time.process_time)
+    try:
+        return prof.runcall(main, argv)
+    finally:
+        prof.dump_stats(out)
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+
+def start(procs: rl.Procs, kind: str, port: int, p_url: str, d_url: str, profile: str | None,
+          baseline: str | None = None) -> subprocess.Popen:
+    if kind == "bare":
+        p = procs.start([sys.executable, __file__, "bare", str(port), p_url, d_url], log=f"/tmp/router_cpu-bare.log")
+        rl.wait_http(f"http://127.0.0.1:{port}/health")
+        return p
+    if kind == "vllm-router":
+        a = argparse.Namespace(workers=1)
+        return rl.start_router(procs, "vllm-router", port, [p_url], [d_url], a)
+    level = "INFO" if kind == "omni-pd-info" else "WARNING"
+    args = ["--connector", "nixl", "--port", str(port), "--log-level", level, "--health-interval", "1",
+            "--workers", "1", "--prefill", p_url, "--decode", d_url]
+    if kind == "omni-pd-prof":
+        argv = [sys.executable, __file__, "profiled", profile, *args]
+    else:
+        argv = [sys.executable, "-m", "omni_pd.launch.router", *args]
+    src, env = REPO, None
+    if kind == "omni-pd-before":
+        src, env = Path(baseline), {**os.environ, "PYTHONPATH": baseline}
+    # the INFO router's per-request lines go to a file, like a launcher's router log
+    p = procs.start(argv, log=f"/tmp/router_cpu-{kind}-{port}.log", cwd=src, env=env)
+    rl.wait_http(f"http://127.0.0.1:{port}/health", 60)
+    return p
+
+
+def measure(kind_pid: int, target: str, conc: int, duration: float, stream: bool, p_url: str, d_url: str) -> dict:
+    c0 = rl.tree_cpu_s(kind_pid)
+    r = rl.run_client(target, conc, duration, stream, p_url, d_url)
+    c1 = rl.tree_cpu_s(kind_pid)
+    n = max(r["ok"], 1)
+    return {"us": (c1 - c0) / n * 1e6, "rps": r["rps"], "ok": r["ok"], "unanswered": r["unanswered"],
+            "codes": r["codes"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--concurrency", type=int, default=256)
+    ap.add_argument("--duration", type=float, default=3.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--modes", default="json,stream")
+    ap.add_argument("--kinds", default=None, help="comma-separated (default bare,omni-pd,vllm-router if installed)")
+    ap.add_argument("--baseline", default=None,
+                    help="source tree of an earlier omni_pd: adds the kind omni-pd-before, run from it")
+    ap.add_argument("--info-log", action="store_true", help="also omni-pd at its default --log-level INFO")
+    ap.add_argument("--profile", default=None, help="run only omni-pd under cProfile; write the stats here")
+    ap.add_argument("--py-spy", default=None, dest="py_spy",
+                    help="sample omni-pd's router with py-spy (raw collapsed stacks to this file) during the run")
+    ap.add_argument("--out", default=None, help="write the figures as JSON here")
+    a = ap.parse_args()
+    if a.profile:
+        kinds = ["omni-pd-prof"]
+    elif a.kinds:
+        kinds = a.kinds.split(",")
+    else:
+        kinds = (["bare"] + (["omni-pd-before"] if a.baseline else []) + ["omni-pd"]
+                 + (["omni-pd-info"] if a.info_log else []) + (["vllm-router"] if rl.VLLM_ROUTER.exists() else []))
+    fa = argparse.Namespace(p_delay=0.02, d_delay=0.05, chunks=32, chunk_gap=0.005)
+    procs = rl.Procs()
+    result: dict = {"loadavg_start": os.getloadavg(), "concurrency": a.concurrency, "duration_s": a.duration,
+                    "rounds": a.rounds, "points": {}}
+    try:
+        pp, dp = rl.free_port(), rl.free_port()
+        rl.fake(procs, "prefill", pp, fa)
+        rl.fake(procs, "decode", dp, fa)
+        p_url, d_url = f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{dp}"
+        ports = {k: rl.free_port() for k in kinds}
+        pids = {k: start(procs, k, ports[k], p_url, d_url, a.profile, a.baseline).pid for k in kinds}
+        for k in kinds:  # warm-up: connections opened, code paths run once
+            rl.run_client(f"http://127.0.0.1:{ports[k]}", 32, 0.5, False, p_url, d_url)
+        spy = None
+        if a.py_spy:
+            spy = subprocess.Popen(["py-spy", "record", "-p", str(pids["omni-pd"]), "-f", "raw", "-r", "200",
+                                    "-o", a.py_spy], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for mode in a.modes.split(","):
+            stream = mode == "stream"
+            runs: dict[str, list[dict]] = {k: [] for k in kinds}
+            for rnd in range(a.rounds):
+                for k in kinds[rnd % len(kinds):] + kinds[:rnd % len(kinds)]:
+                    m = measure(pids[k], f"http://127.0.0.1:{ports[k]}", a.concurrency, a.duration, stream,
+                                p_url, d_url)
+                    runs[k].append(m)
+                    print(f"{mode:6} {k:13} {m['us']:7.1f} µs/req  {m['rps']:7.1f} req/s  ok {m['ok']} "
+                          f"unanswered {m['unanswered']} codes {m['codes']}", flush=True)
+            for k in kinds:
+                us = [m["us"] for m in runs[k]]
+                result["points"].setdefault(mode, {})[k] = {
+                    "us_min": round(min(us), 1), "us_median": round(statistics.median(us), 1),
+                    "rps_median": round(statistics.median(m["rps"] for m in runs[k])),
+                    "unanswered": sum(m["unanswered"] for m in runs[k]), "rounds_us": [round(x, 1) for x in us]}
+        if spy is not None:
+            spy.send_signal(2)  # SIGINT: py-spy writes its samples and exits
+            spy.wait(30)
+        if a.profile:
+            os.kill(pids["omni-pd-prof"], 15)  # SIGTERM: the router stops cleanly and the stats are written
+            deadline = time.monotonic() + 15
+            while not Path(a.profile).exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+    finally:
+        procs.close()
+    result["loadavg_end"] = os.getloadavg()
+    print("\nrouter CPU µs per request (min · median over rounds) · median req/s")
+    for mode, per in result["points"].items():
+        for k, v in per.items():
+            print(f"{mode:6} {k:13} {v['us_min']:7.1f} · {v['us_median']:7.1f}   {v['rps_median']} req/s  "
+                  f"unanswered {v['unanswered']}")
+    print(f"load average {result['loadavg_start']} -> {result['loadavg_end']}")
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "bare":
+        bare_proxy(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    elif len(sys.argv) > 1 and sys.argv[1] == "profiled":
+        sys.exit(profiled_router(sys.argv[2], sys.argv[3:]))
+    else:
+        sys.exit(main())
