@@ -57,7 +57,7 @@ TARGETS: dict[str, list[str]] = {
     "omni_pd/compile/connectors/lmcache.py": ["tests/test_connectors.py", "tests/test_rules.py"],
     "omni_pd/check/rules/pd_pair.py": RULE_TESTS,
     "omni_pd/check/rules/topology.py": RULE_TESTS + ["tests/test_rule_branches_topology.py"],
-    "omni_pd/check/rules/ports.py": RULE_TESTS,
+    "omni_pd/check/rules/ports.py": RULE_TESTS + ["tests/test_rule_branches_ports.py"],
     "omni_pd/check/rules/devices.py": RULE_TESTS + ["tests/test_rule_branches_devices.py"],
     "omni_pd/check/rules/runtime.py": RULE_TESTS + ["tests/test_rule_branches_runtime.py"],
     "omni_pd/check/rules/schema.py": RULE_TESTS,
