@@ -544,3 +544,89 @@ def test_a_dp_encoder_gets_its_own_data_parallel_rpc_port(tmp_path):
     assert e.argv[-2:] == ("--data-parallel-rpc-port", "8600")
     assert ports(e) == [(8300, "http"), (8600, DP_RPC)]
     assert [DP_RPC in [u.purpose for u in p.ports] for p in plan.processes] == [False, False, True, False]
+
+
+# --- branches the end-to-end plans above do not reach (issue 16 mutation run) -------------------------
+
+def _node(**kw):
+    from omni_pd.compile.topology import StageNode
+
+    d = dict(stage_id=0, role="llm", pd_role="prefill", input_sources=(), final_output=True, final_output_type=None,
+             index=0, devices=(0, 1, 2, 3), tp=2, pp=1, dp=1, num_replicas=2,
+             kv={"kv_connector": "NixlConnector", "kv_role": "kv_producer", "engine_id": "p"},
+             env={"VLLM_NIXL_SIDE_CHANNEL_PORT": "5600"}, settings={})
+    d.update(kw)
+    return StageNode(**d)
+
+
+def test_connector_ports_label_each_rank_of_a_range_and_each_replica():
+    """vLLM 0.11's NIXL binds side-channel port + rank for TP x DP ranks (span 2 at TP 2):
+    every port of the range is listed, labelled ``[i]``; on vllm-omni each replica gets the
+    stage's env unchanged (the same ports, which expand's OPD805 refuses), on ``vllm`` the
+    contract's ``base + r * span``."""
+    from omni_pd.compile.targets import target
+    from omni_pd.launch.plan import _connector_ports
+    from omni_pd.launch.spec import PortUse
+
+    nixl = "NIXL side channel"
+    assert _connector_ports(_node(), target("0.11"), "h", "vllm-omni") == tuple(
+        PortUse(port, f"{nixl} replica {r}[{i}]", "h") for r, i, port in ((0, 0, 5600), (0, 1, 5601),
+                                                                          (1, 0, 5600), (1, 1, 5601)))
+    assert _connector_ports(_node(), target("0.11"), "h") == tuple(
+        PortUse(5600 + k, f"{nixl} replica {k // 2}[{k % 2}]", "h") for k in range(4))
+    assert _connector_ports(_node(num_replicas=1), target("0.11"), "h", "vllm-omni") == (
+        PortUse(5600, f"{nixl}[0]", "h"), PortUse(5601, f"{nixl}[1]", "h"))
+    assert _connector_ports(_node(), target("0.30"), "h", "vllm-omni") == (
+        PortUse(5600, f"{nixl} replica 0", "h"), PortUse(5600, f"{nixl} replica 1", "h"))
+    assert _connector_ports(_node(), None, "h") == ()  # no target: no port rules
+    assert _connector_ports(_node(kv={"kv_connector": "NoSuchConnector"}), target("0.11"), "h") == ()
+    # a Mooncake consumer binds nothing, a producer its bootstrap port + replica (vllm-omni 0.30)
+    moon = {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer"}
+    assert _connector_ports(_node(pd_role="decode", kv={**moon, "kv_role": "kv_consumer"}, env={}), target("0.30"),
+                            "h", "vllm-omni") == ()
+    assert _connector_ports(_node(kv={**moon, "kv_connector_extra_config": {"bootstrap_port": 25201}}, env={}),
+                            target("0.30"), "h", "vllm-omni") == (
+        PortUse(25201, "Mooncake bootstrap replica 0", "h"), PortUse(25202, "Mooncake bootstrap replica 1", "h"))
+
+
+def test_hccl_port_moves_each_instance_by_its_ranks_reserved_ports():
+    """``HCCL_IF_BASE_PORT`` + replica x 16 ports per rank (presets/targets/vllm_ascend.yaml
+    ``rules.hccl``); no base or one that is not a number: None and the env untouched."""
+    from omni_pd.launch.plan import _hccl_port
+
+    for env in ({}, {"HCCL_IF_BASE_PORT": "abc"}):
+        before = dict(env)
+        assert _hccl_port(env, _node(dp=2), 1) is None and env == before
+    env = {"HCCL_IF_BASE_PORT": "60000", "OTHER": "x"}
+    assert _hccl_port(env, _node(tp=2, dp=2), 1) == 60064 and env == {"HCCL_IF_BASE_PORT": "60064", "OTHER": "x"}
+    env = {"HCCL_IF_BASE_PORT": "60000"}
+    assert _hccl_port(env, _node(tp=1, dp=1, pp=2), 3) == 60096 and env == {"HCCL_IF_BASE_PORT": "60096"}
+    assert _hccl_port({"HCCL_IF_BASE_PORT": "60000"}, _node(tp=1, dp=1), 0) == 60000
+
+
+def test_a_topology_without_a_pd_pair_is_not_planned():
+    from omni_pd.compile.parse import parse_config
+    from omni_pd.compile.pipelines import load_catalogue
+    from omni_pd.compile.topology import resolve
+    from omni_pd.launch.plan import build_plan
+
+    doc = parse_text(LLM.read_text(), "llm.yaml")
+    topo = resolve(parse_config(doc), load_catalogue().get("llm"), None, doc)
+    with pytest.raises(ValueError) as e:
+        build_plan(topo, "llm.yaml", LaunchOptions(model="m"))
+    assert str(e.value) == "the config has no prefill/decode pair: run `omni-pd expand` first"
+
+
+def test_a_tp_the_stage_sets_under_engine_args_becomes_the_tp_flag(tmp_path):
+    """``engine_args.tensor_parallel_size`` is not a flat stage key, so the engine flags do
+    not carry it: the plan adds ``--tensor-parallel-size`` from the stage's resolved TP."""
+    src = tmp_path / "llm.yaml"
+    src.write_text(LLM.read_text().replace("  - stage_id: 0\n", "  - stage_id: 0\n    engine_args: {tensor_parallel_size: 2}\n")
+                   .replace('devices: "0"', 'devices: "0,1"'))
+    pre, dec, _ = plan_of(compiled(tmp_path, src, ExpandOptions(connector="NixlConnector"), "llm"), model="m").processes
+    assert pre.argv[pre.argv.index("--kv-transfer-config") + 2:] == (
+        "--max-model-len", "1024", "--enforce-eager", "--no-async-scheduling", "--dtype", "float32",
+        "--tensor-parallel-size", "2")
+    assert dec.argv[dec.argv.index("--kv-transfer-config") + 2:] == (
+        "--max-model-len", "1024", "--enforce-eager", "--dtype", "float32", "--tensor-parallel-size", "2")
+    assert (pre.env["CUDA_VISIBLE_DEVICES"], dec.env["CUDA_VISIBLE_DEVICES"]) == ("0,1", "2,3")
