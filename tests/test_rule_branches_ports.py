@@ -343,3 +343,46 @@ def test_opd504_a_range_running_past_65535() -> None:
     assert hits(text, "OPD504", old) == [
         (E, "stage 0: NIXL side channel range 65535-65536 runs past 65535", (4, 95), "start the range lower", [])]
     assert hits(text.replace("65535", "65534"), "OPD504", old) == []
+
+
+# --- OPD506 vllm-ascend kv_port range inside AscendDirectTransport's ports ------------------------
+
+_ASC = "{{kv_connector: MooncakeConnectorV1, kv_role: kv_{role}, engine_id: {eid}{x}}}"
+_NPU = ValidateOptions(platform="npu")
+
+
+def _asc(p0: int, p1: int, hccl: str = "61000") -> str:
+    blocks = ", kv_connector_extra_config: {prefill: {dp_size: 1, tp_size: 2}, decode: {dp_size: 1, tp_size: 2}}"
+    return pair(_ASC, _TP2 + env(HCCL_IF_BASE_PORT=hccl), _TP2 + env(HCCL_IF_BASE_PORT=61032), p_dev="0,1",
+                d_dev="2,3", p_x=f", kv_port: {p0}" + blocks, d_x=f", kv_port: {p1}" + blocks)
+
+
+def _inside(sid: int, lo: int, hi: int, npus: int, at: tuple, hi_: int = 36000) -> tuple:
+    return (E, f"stage {sid}: MooncakeConnectorV1 kv_port range {lo}-{hi} overlaps AscendDirectTransport's random "
+               f"ports [20000, {hi_}) on a {npus}-NPU node", at,
+            f"move kv_port to {hi_} or above (omni-pd expand allocates from 36000)", [])
+
+
+def test_opd506_range_edges_of_20000_and_36000_on_a_16_npu_node() -> None:
+    # [kv_port, kv_port + 2) against [20000, 36000): 19998-19999 and 36000-36001 are outside
+    assert [h[1] for h in hits(_asc(19998, 36000), "OPD506", _NPU)] == []
+    assert hits(_asc(19999, 35999), "OPD506", _NPU) == [_inside(0, 19999, 20000, 16, (4, 196)),
+                                                        _inside(1, 35999, 36000, 16, (5, 196))]
+
+
+def test_opd506_the_inventorys_npu_count_sets_the_upper_end() -> None:
+    inv = Inventory.from_dict({"hosts": {"a": {"accelerator": "npu", "count": 4}}, "placement": {"all": "a"}})
+    assert hits(_asc(23999, 24000), "OPD506", ValidateOptions(platform="npu", inventory=inv)) == [
+        _inside(0, 23999, 24000, 4, (4, 196), hi_=24000)]
+    # a host without a count: 16
+    inv = Inventory.from_dict({"hosts": {"a": {"accelerator": "npu"}}, "placement": {"all": "a"}})
+    assert [h[1][-23:] for h in hits(_asc(35000, 36000), "OPD506", ValidateOptions(platform="npu", inventory=inv))] \
+        == ["36000) on a 16-NPU node"]
+
+
+def test_opd506_only_kv_port_ranges_of_ascend_connectors_count() -> None:
+    # the HCCL listener at 30000 is inside the transport range, but it is not a kv_port (OPD501's)
+    assert hits(_asc(36000, 36002, hccl="30000"), "OPD506", _NPU) == []
+    # a NIXL stage binding inside the range is not an Ascend transport user
+    text = pair(NIXL, env(VLLM_NIXL_SIDE_CHANNEL_PORT=30000), env(VLLM_NIXL_SIDE_CHANNEL_PORT=30001))
+    assert hits(text, "OPD506", _NPU) == []
