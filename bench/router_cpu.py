@@ -127,7 +127,7 @@ def profiled_router(out: str, argv: list[str]) -> int:
 def start(procs: rl.Procs, kind: str, port: int, p_url: str, d_url: str, profile: str | None,
           baseline: str | None = None) -> subprocess.Popen:
     if kind == "bare":
-        p = procs.start([sys.executable, __file__, "bare", str(port), p_url, d_url], log=f"/tmp/router_cpu-bare.log")
+        p = procs.start([sys.executable, __file__, "bare", str(port), p_url, d_url], log="/tmp/router_cpu-bare.log")
         rl.wait_http(f"http://127.0.0.1:{port}/health")
         return p
     if kind == "vllm-router":

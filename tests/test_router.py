@@ -806,10 +806,36 @@ def test_decode_5xx_reruns_the_pair_with_another_prefill(fakes, router):
     assert [s.body["kv_transfer_params"]["remote_engine_id"] for s in d.posts] == ["dead", "alive"]
     assert len(p_dead.posts) == len(p_ok.posts) == 1
     assert {s.headers["x-request-id"] for s in d.posts} == {headers["x-request-id"]}
-    # with one prefill only, D's 5xx is relayed as it is
+    # the only pair: run once more (a failed NIXL handshake is transient), then D's 5xx is relayed
+    n_p, n_d = len(p_dead.posts), len(d.posts)
     srv1 = router([p_dead.url], [d.url])
     status, _, raw = call(srv1, "POST", "/v1/completions", CLIENT_BODY)
     assert status == 500 and json.loads(raw)["error"]["message"] == "KV transfer failed"
+    assert (len(p_dead.posts) - n_p, len(d.posts) - n_d) == (2, 2)
+
+
+def test_decode_5xx_on_the_only_pair_runs_it_once_more(fakes, router):
+    # 1P1D under CPU starvation: D's NIXL handshake with P timed out (vLLM's fixed 5 s reply
+    # timeout), D answered 500 to the smoke request although the next attempt handshakes
+    # again and succeeds (seen in CI: tests/test_e2e_encoder.py, "handshake_setup_failed")
+    answers = iter([500, 200, 500, 500, 500])
+
+    def d_flaky(h, seen):
+        if next(answers) == 500:
+            send_json(h, 500, {"error": {"message": "KV load failed"}})
+        else:
+            d_json(h, seen)
+
+    p, d = fakes("P", post=p_nixl), fakes("D", post=d_flaky)
+    srv = router([p.url], [d.url])
+    status, headers, raw = call(srv, "POST", "/v1/completions", CLIENT_BODY)
+    assert status == 200 and json.loads(raw) == completion("decoded")
+    assert len(p.posts) == len(d.posts) == 2  # P prefills again: its blocks of the first run are not reused
+    assert {s.headers["x-request-id"] for s in d.posts} == {headers["x-request-id"]}
+    # once only, although --retries is 2: a pair that fails twice is relayed as it failed
+    status, _, raw = call(srv, "POST", "/v1/completions", CLIENT_BODY)
+    assert status == 500 and json.loads(raw)["error"]["message"] == "KV load failed"
+    assert len(p.posts) == len(d.posts) == 4
 
 
 def test_decode_5xx_with_one_prefill_reruns_the_pair_on_another_decode(fakes, router):
@@ -854,6 +880,30 @@ def test_workers_share_the_port_and_stop_with_the_main_process(fakes):
             proc.kill()
             proc.wait()
         proc.stderr.close()
+
+
+def test_request_ids_are_uuid_shaped_unique_and_a_forked_worker_draws_its_own():
+    from uuid import UUID
+
+    from omni_pd.launch.router.core import request_ids
+
+    ids = [request_ids() for _ in range(2000)]
+    assert len(set(ids)) == 2000
+    assert all(str(UUID(i)) == i and UUID(i).version == 4 for i in ids)
+    assert {i[:23] for i in ids} == {request_ids.prefix}  # one prefix per process, a counter after it
+    r, w = os.pipe()
+    pid = os.fork()  # what `--workers N` does (cli._fork_workers) before any loop starts
+    if pid == 0:
+        try:
+            os.write(w, request_ids().encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    child = os.read(r, 100).decode()
+    os.close(r)
+    assert str(UUID(child)) == child
+    assert child[:23] != request_ids.prefix  # else two workers would send P and D the same ids
 
 
 def test_the_json_fallback_keeps_the_protocol(fakes, router, monkeypatch):

@@ -9,11 +9,13 @@ runs on one asyncio event loop; nothing here blocks it.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
+import os
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, Awaitable, Callable, ClassVar, Mapping, Sequence
 
 import aiohttp
 from yarl import URL
@@ -88,6 +90,33 @@ def describe_exc(exc: BaseException) -> str:
 
 #: transport failures of a leg (the backend, not the request, is at fault)
 TRANSPORT_ERRORS = (aiohttp.ClientError, OSError, asyncio.TimeoutError)
+
+
+class RequestIds:
+    """The ``X-Request-Id`` of each client request (P, D and every pre-leg get it; Mooncake's
+    ``transfer_id`` is built from it): ``str(uuid.uuid4())``-shaped text (8-4-4-4-12 hex,
+    version-4 bits) whose first four groups are drawn once per process (74 random bits,
+    drawn again in a forked worker by :func:`os.register_at_fork`) and whose last group is
+    a per-process counter. Unique within a process; across workers and restarts two
+    processes share a prefix with probability ~2^-74 per pair. Calling it costs a counter
+    step and a format instead of :func:`uuid.uuid4`'s ``os.urandom`` system call and
+    :class:`uuid.UUID` object (bench/RESULTS.md, "Router CPU per request")."""
+
+    def __init__(self) -> None:
+        self.reseed()
+
+    def reseed(self) -> None:
+        """A fresh random prefix and a counter from 0 (a forked worker's ids are its own)."""
+        self.prefix = str(uuid.uuid4())[:23]
+        self._count = itertools.count()
+
+    def __call__(self) -> str:
+        return f"{self.prefix}-{next(self._count) & 0xFFFFFFFFFFFF:012x}"
+
+
+#: the process's request ids (:class:`RequestIds`); reseeded in the child after a fork
+request_ids = RequestIds()
+os.register_at_fork(after_in_child=request_ids.reseed)
 
 
 @dataclass
@@ -273,26 +302,20 @@ class PDRouter:
     def _timeout(self, leg: str) -> aiohttp.ClientTimeout:
         return self._leg_timeouts["prefill" if leg == "prefill" else "other"]
 
-    async def _post(self, inst: Instance, path: str, body: dict[str, Any] | bytes, headers: Mapping[str, str],
-                    leg: str) -> aiohttp.ClientResponse:
-        """POST ``body`` (a JSON object, or its UTF-8 JSON bytes) and return the response with
-        headers read, body unread (caller releases)."""
+    def _post(self, inst: Instance, path: str, body: dict[str, Any] | bytes, headers: Mapping[str, str],
+              leg: str) -> Awaitable[aiohttp.ClientResponse]:
+        """POST ``body`` (a JSON object, or its UTF-8 JSON bytes); awaiting the result gives the
+        response with headers read, body unread (caller releases). A plain function handing
+        back aiohttp's awaitable, not a coroutine of its own: every resume of a leg passes
+        through each coroutine frame between the event loop and aiohttp, and this one had
+        nothing to do after the call (bench/RESULTS.md, "Router CPU per request")."""
         data = body if isinstance(body, bytes) else codec.dumps(body)
         key = (inst.url, path)
         url = self._urls.get(key)
         if url is None:
             url = self._urls[key] = URL(inst.url + path)
-        return await self.session.post(url, data=data, timeout=self._timeout(leg),
-                                       headers={"Content-Type": "application/json", **headers})
-
-    async def _post_read(self, inst: Instance, path: str, body: dict[str, Any] | bytes,
-                         headers: Mapping[str, str], leg: str) -> tuple[Any, bytes]:
-        """:meth:`_post`, then the whole body; (response, body bytes), response released."""
-        resp = await self._post(inst, path, body, headers, leg)
-        try:
-            return resp, await resp.read()
-        finally:
-            resp.release()
+        return self.session.post(url, data=data, timeout=self._timeout(leg),
+                                 headers={"Content-Type": "application/json", **headers})
 
     def _failed(self, inst: Instance, leg: str, exc: BaseException) -> LegError:
         inst.failures += 1
@@ -307,7 +330,11 @@ class PDRouter:
         inst.outstanding += 1
         try:
             try:
-                resp, raw = await self._post_read(inst, path, body, headers, leg)
+                resp = await self._post(inst, path, body, headers, leg)
+                try:
+                    raw = await resp.read()
+                finally:
+                    resp.release()
             except TRANSPORT_ERRORS as exc:
                 raise self._failed(inst, leg, exc) from None
         finally:
@@ -417,33 +444,40 @@ class PDRouter:
                 resp.close()
 
     # one request -----------------------------------------------------------------------
-    async def dispatch(self, path: str, body: dict[str, Any], auth: str | None, *, raw: bytes | None = None
-                       ) -> tuple[LegContext, PrefillTarget, Instance, aiohttp.ClientResponse]:
+    def dispatch(self, path: str, body: dict[str, Any], auth: str | None, *, raw: bytes | None = None
+                 ) -> Awaitable[tuple[LegContext, PrefillTarget, Instance, aiohttp.ClientResponse]]:
         """Run the pre-legs and the P/D legs of one request. ``raw``: the client's body
         bytes ``body`` was parsed from, if known (D then gets them without re-encoding,
-        :func:`~.protocol.decode_request_bytes`). Returns (context, prefill target, decode
-        instance, D's response with the body unread; the caller relays it and calls
-        :meth:`finish_decode`). Raises LegError. Cancelling the task that runs it (the
-        client left) cancels every leg in flight and closes their connections."""
+        :func:`~.protocol.decode_request_bytes`). Awaiting the result gives (context, prefill
+        target, decode instance, D's response with the body unread; the caller relays it and
+        calls :meth:`finish_decode`). Raises LegError (503 when the connector is not ready:
+        at the call; the legs' errors: when awaited). Cancelling the task that awaits it (the
+        client left) cancels every leg in flight and closes their connections.
+
+        A plain function handing back the connector's leg coroutine, not a coroutine of its
+        own: every resume of a leg passes through each coroutine frame above aiohttp's
+        (bench/RESULTS.md, "Router CPU per request")."""
         reason = self.strategy.not_ready_reason()
         if reason or not self.strategy.prefill_targets():
             raise LegError(503, error_payload(503, f"router not ready: {reason or 'no prefill target'}",
                                               err_type="service_unavailable"), {"Retry-After": "1"})
-        rid = str(uuid.uuid4())
+        rid = request_ids()
         common = {"X-Request-Id": rid}
         if auth is not None:
             common["Authorization"] = auth
         ctx = LegContext(self, rid, path, common)
+        if self.pre_legs:
+            return self._after_pre_legs(ctx, body, raw)
+        return self._legs(ctx, body, raw)
+
+    def _legs(self, ctx: LegContext, body: dict[str, Any], raw: bytes | None):
+        return (self._concurrent if self.strategy.concurrent else self._sequential)(ctx, body, raw)
+
+    async def _after_pre_legs(self, ctx: LegContext, body: dict[str, Any], raw: bytes | None):
         original = body
         for leg in self.pre_legs:
             body = await leg.apply(ctx, body)
-        if body is not original:
-            raw = None
-        if self.strategy.concurrent:
-            target, inst, resp = await self._concurrent(ctx, body, raw)
-        else:
-            target, inst, resp = await self._sequential(ctx, body, raw)
-        return ctx, target, inst, resp
+        return await self._legs(ctx, body, raw if body is original else None)
 
     async def _redo_pair(self, rid: str, target: PrefillTarget, inst: Instance,
                          resp: aiohttp.ClientResponse, attempt: int, *, same_prefill: bool = False) -> bool:
@@ -453,22 +487,28 @@ class PDRouter:
         connectors: P recomputes under a fresh request), with the same prefill and another
         decode (vLLM answers 500 for a request whose KV load failed,
         ``kv_load_failure_policy="fail"``: vllm/v1/core/sched/scheduler.py, 1P2D has no
-        other prefill); D's answer is closed first. Else False (relayed as it is)."""
+        other prefill), or, when that pair is the only one, once with the same pair: D's
+        NIXL handshake with P gives up when P's reply has not been read within 5 s
+        (``RCVTIMEO`` in vllm/.../nixl/base_worker.py ``_nixl_handshake``), which a
+        starved CPU host exceeds, and D forgets a failed handshake, so the next request
+        handshakes again. D's answer is closed first. Else False (relayed as it is)."""
         if resp.status < 500 or attempt >= self.retries:
             return False
         other_p = any(t.instance is not target.instance for t in self.strategy.prefill_targets())
-        if not other_p and not (same_prefill and len(self.pools["decode"]) > 1):
+        other_d = same_prefill and len(self.pools["decode"]) > 1
+        if not other_p and not other_d and not (same_prefill and attempt == 0):
             return False
         log.warning("rid=%s decode %s answered %d after prefill %s; running the pair again with %s",
                     rid, inst.url, resp.status, target.describe(),
-                    "another prefill" if other_p else "the same prefill and another decode")
+                    "another prefill" if other_p else "the same prefill and another decode" if other_d
+                    else "the same prefill and decode (the only pair), once")
         self.finish_decode(inst, resp, ok=False)
         return True
 
     async def _sequential(self, ctx: LegContext, body: dict[str, Any], raw: bytes | None = None):
         """Sequential connectors (NIXL pull): P to completion (retried on another P), then D
         with P's parameters; a 5xx of D reruns the pair with another P, or with the same P and
-        another D (:meth:`_redo_pair`)."""
+        another D (:meth:`_redo_pair`). Returns :meth:`dispatch`'s tuple."""
         s, rid = self.strategy, ctx.request_id
         used: list[PrefillTarget] = []
         failed_d: list[Instance] = []  # decodes that answered 5xx: a rerun goes elsewhere while one is left
@@ -491,7 +531,7 @@ class PDRouter:
             avoid = failed_d[:] if len(failed_d) < len(self.pools["decode"]) else []
             inst, resp = await self.open_decode(ctx.path, decode_request_bytes(body, raw, kv), ctx.headers, avoid)
             if not await self._redo_pair(rid, target, inst, resp, attempt, same_prefill=True):
-                return target, inst, resp
+                return ctx, target, inst, resp
             used.append(target)
             failed_d.append(inst)
         raise AssertionError("unreachable: the last attempt returns")
@@ -501,7 +541,7 @@ class PDRouter:
         P's leg succeeded. P failing aborts D (its request would wait for KV that never
         comes) and the pair is retried on another P with a fresh ``transfer_id``; D
         failing before it answered is retried on another D with the same parameters (P
-        holds the KV for that transfer_id)."""
+        holds the KV for that transfer_id). Returns :meth:`dispatch`'s tuple."""
         s, rid = self.strategy, ctx.request_id
         tried_p: list[PrefillTarget] = []
         last: LegError | None = None
@@ -534,7 +574,7 @@ class PDRouter:
                 inst, resp = d_task.result()
                 if await self._redo_pair(rid, target, inst, resp, attempt):
                     continue
-                return target, inst, resp
+                return ctx, target, inst, resp
             except BaseException:
                 await _cancel(p_task)
                 await _cancel(d_task)

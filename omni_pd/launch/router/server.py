@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any, Awaitable, Mapping
 
 import aiohttp
 from aiohttp import web
@@ -71,14 +71,22 @@ class Front:
         self.router = router
         self.admission = _Admission(max_concurrency)
 
-    async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
+    def __call__(self, request: web.BaseRequest) -> Awaitable[web.StreamResponse]:
+        """The awaitable of the route's handler (aiohttp awaits it). A plain function, not a
+        coroutine: the handler's coroutine goes to aiohttp as it is, so the route choice adds
+        no frame that every resume of a request would pass through."""
         path, method = request.path, request.method
         if path in GENERATE_ROUTES and method == "POST":
-            return await self.generate(request, path)
+            return self.generate(request, path)
         if path == "/health" and method in ("GET", "HEAD"):
-            return await self.health()
+            return self.health()
         if path == "/v1/models" and method in ("GET", "HEAD"):
-            return await self.models(request)
+            return self.models(request)
+        return self.refuse(path, method)
+
+    @staticmethod
+    async def refuse(path: str, method: str) -> web.Response:
+        """JSON 405 for a method the router never serves, else JSON 404 for an unknown route."""
         if method not in ("GET", "POST", "HEAD"):
             return _json_response(405, error_payload(405, f"method {method} not allowed",
                                                      err_type="invalid_request_error"))
