@@ -82,7 +82,9 @@ D but 503 is relayed as it is, except a 5xx while another prefill is available: 
 is run again with that prefill first (D may have failed to read the KV of a prefill that
 died), up to ``--retries`` times; with one prefill and several decodes (NIXL, 1P2D) the
 pair is run again with the same prefill on a decode that has not failed it (vLLM answers
-500 for a request whose KV load failed). A body that is not a JSON object gives 400; more than
+500 for a request whose KV load failed); with one prefill and one decode (NIXL) the pair is
+run once more (D's handshake with P times out after 5 s on a starved host, and the next
+request handshakes again). A body that is not a JSON object gives 400; more than
 ``--max-concurrency`` requests in flight give 503 with ``Retry-After``.
 
 Secrets: the incoming ``Authorization`` header is passed through to both legs and to
