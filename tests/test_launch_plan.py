@@ -630,3 +630,32 @@ def test_a_tp_the_stage_sets_under_engine_args_becomes_the_tp_flag(tmp_path):
     assert dec.argv[dec.argv.index("--kv-transfer-config") + 2:] == (
         "--max-model-len", "1024", "--enforce-eager", "--dtype", "float32", "--tensor-parallel-size", "2")
     assert (pre.env["CUDA_VISIBLE_DEVICES"], dec.env["CUDA_VISIBLE_DEVICES"]) == ("0,1", "2,3")
+
+
+def test_encoder_process_on_cuda_cpu_and_without_an_ec_contract():
+    """E's own env and devices (device env only where the platform selects devices), its
+    stage's ``data_parallel_rpc_port`` as written (E is one instance: replica 0), the stage
+    keys over the pipeline-wide ones; an EC connector without a contract: its name as
+    written, no shared directory."""
+    from omni_pd.launch.plan import DP_RPC, _encoder_process
+    from omni_pd.launch.spec import PortUse
+
+    enc = _node(role="encoder", pd_role=None, devices=(2, 3), tp=1, dp=2, num_replicas=1, kv=None, env={"A": 1},
+                settings={"data_parallel_size": 2, "data_parallel_rpc_port": 29700, "gpu_memory_utilization": 0.5})
+    wide = {"dtype": "float32", "data_parallel_size": 1}
+    argv = ("vllm", "serve", "m", "--host", "127.0.0.1", "--port", "8300", "--served-model-name", "s", "--dtype",
+            "float32", "--data-parallel-size", "2", "--gpu-memory-utilization", "0.5", "--data-parallel-rpc-port", "29700")
+    for platform, devices, dev_env in (("cuda", "2,3", {"CUDA_VISIBLE_DEVICES": "2,3"}), ("cpu", None, {})):
+        e, name, storage = _encoder_process(enc, _node(), LaunchOptions(model="m", platform=platform), "s",
+                                            {"HF": "x"}, "/py", wide)
+        assert (e.argv, dict(e.env), e.devices, e.device_env) == (
+            argv, {"HF": "x", "A": "1", **dev_env}, devices, "CUDA_VISIBLE_DEVICES" if devices else None), platform
+        assert e.ports == (PortUse(8300, "http", "127.0.0.1"), PortUse(29700, DP_RPC, "127.0.0.1"))
+        assert (e.memory_fraction, e.python, e.modules, e.writable_dirs, name, storage) == (
+            0.5, "/py", ("vllm",), (), None, None)
+    odd = _node(role="encoder", pd_role=None, devices=None, tp=1, dp=1, num_replicas=1, kv=None, env={},
+                settings={"ec_transfer_config": {"ec_connector": "NoSuchEC", "ec_role": "ec_producer"}})
+    e, name, storage = _encoder_process(odd, _node(), LaunchOptions(model="m"), "s", {}, None)
+    assert (name, storage, e.writable_dirs, e.memory_fraction, e.devices, dict(e.env)) == (
+        "NoSuchEC", None, (), 0.9, None, {})
+    assert e.argv[-2:] == ("--ec-transfer-config", '{"ec_connector":"NoSuchEC","ec_role":"ec_producer"}')
