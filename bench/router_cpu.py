@@ -191,8 +191,8 @@ def main() -> int:
         p_url, d_url = f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{dp}"
         ports = {k: rl.free_port() for k in kinds}
         pids = {k: start(procs, k, ports[k], p_url, d_url, a.profile, a.baseline).pid for k in kinds}
-        for k in kinds:  # warm-up: connections opened, code paths run once
-            rl.run_client(f"http://127.0.0.1:{ports[k]}", 32, 0.5, False, p_url, d_url)
+        for k in kinds:  # warm-up at the measured concurrency: backend connections opened before measuring
+            rl.run_client(f"http://127.0.0.1:{ports[k]}", a.concurrency, 1.0, False, p_url, d_url)
         spy = None
         if a.py_spy:
             spy = subprocess.Popen(["py-spy", "record", "-p", str(pids["omni-pd"]), "-f", "raw", "-r", "200",

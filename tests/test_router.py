@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from omni_pd.launch import router as R
 
@@ -904,6 +905,38 @@ def test_request_ids_are_uuid_shaped_unique_and_a_forked_worker_draws_its_own():
     os.close(r)
     assert str(UUID(child)) == child
     assert child[:23] != request_ids.prefix  # else two workers would send P and D the same ids
+
+
+def _reference_pick(units, exclude, n, policy):
+    """The sort-based rule Pool.pick had before its one-pass rewrite (n: picks made so far)."""
+    candidates = [u for u in units if not any(u is e for e in exclude)]
+    if not candidates:
+        return None
+    if len(units) == 1:
+        return candidates[0]
+    pool = [u for u in candidates if u.healthy] or candidates
+    start = n % len(units)
+    order = sorted(pool, key=lambda u: (units.index(u) - start) % len(units))
+    return order[0] if policy == "round_robin" else min(order, key=lambda u: u.outstanding)
+
+
+@settings(max_examples=300, deadline=None)
+@given(size=st.integers(1, 5), policy=st.sampled_from(("least_outstanding", "round_robin")),
+       steps=st.lists(st.tuples(st.lists(st.booleans(), min_size=5, max_size=5),
+                                st.lists(st.integers(0, 3), min_size=5, max_size=5),
+                                st.lists(st.booleans(), min_size=5, max_size=5)), min_size=1, max_size=8))
+def test_pool_pick_is_the_rotation_rule_for_any_health_load_and_exclusions(size, policy, steps):
+    from omni_pd.launch.router.backends import Pool, parse_backend
+
+    pool = Pool("decode", [parse_backend(f"127.0.0.1:{9000 + i}") for i in range(size)], policy)
+    made = 0
+    for healthy, outstanding, excluded in steps:
+        for inst, h, o in zip(pool.instances, healthy, outstanding):
+            inst.healthy, inst.outstanding = h, o
+        exclude = [i for i, x in zip(pool.instances, excluded) if x]
+        want = _reference_pick(pool.instances, exclude, made, policy)
+        assert pool.pick(exclude) is want
+        made += want is not None
 
 
 def test_the_json_fallback_keeps_the_protocol(fakes, router, monkeypatch):

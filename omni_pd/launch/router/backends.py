@@ -7,7 +7,6 @@ method runs to completion between two awaits.
 from __future__ import annotations
 
 import ipaddress
-import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
@@ -156,7 +155,7 @@ class Pool:
             raise ValueError(f"unknown balance policy {policy!r}; choose {', '.join(BALANCE_POLICIES)}")
         self.role, self.policy = role, policy
         self.instances = [Instance(b, role, i) for i, b in enumerate(backends)]
-        self._cursor = itertools.count()
+        self._cursor = 0  # picks made: where the next rotation starts
 
     def __len__(self) -> int:
         return len(self.instances)
@@ -174,19 +173,39 @@ class Pool:
         ``among``: the units to choose from (default: the instances; Mooncake passes its
         (instance, dp rank) targets with ``instance_of`` mapping a unit to its instance).
         ``exclude``: units already tried by this request (a retry goes elsewhere).
+
+        One pass over the units in rotation order (from the cursor, which advances once per
+        pick that finds a unit): round robin takes the first healthy unit, least outstanding
+        the healthy unit with the fewest legs in flight (the earliest in that order on a tie);
+        with no healthy candidate, the same among the unhealthy ones. No list is built or
+        sorted per pick (bench/RESULTS.md, "Router CPU per request").
         """
         units = self.instances if among is None else among
-        ex = list(exclude)
-        candidates = [u for u in units if not any(u is e or u == e for e in ex)] if ex else units
-        if not candidates:
-            return None
-        n = next(self._cursor)
-        if len(units) == 1:  # the one unit, not excluded (healthy or not: it is all there is)
-            return candidates[0]
-        up = [u for u in candidates if instance_of(u).healthy]
-        pool = up or candidates
-        start = n % len(units)
-        order = sorted(pool, key=lambda u: (units.index(u) - start) % len(units))
-        if self.policy == "round_robin":
-            return order[0]
-        return min(order, key=lambda u: instance_of(u).outstanding)
+        ex = list(exclude) if exclude else ()
+        size = len(units)
+        if size == 1:  # the one unit, not excluded (healthy or not: it is all there is)
+            unit = units[0]
+            if ex and any(unit is e or unit == e for e in ex):
+                return None
+            self._cursor += 1
+            return unit
+        least = self.policy == "least_outstanding"
+        best_up = best_down = None
+        up_load = down_load = 0
+        start = self._cursor % size if size else 0
+        for k in range(size):
+            unit = units[(start + k) % size]
+            if ex and any(unit is e or unit == e for e in ex):
+                continue
+            inst = instance_of(unit)
+            if inst.healthy:
+                if best_up is None or inst.outstanding < up_load:
+                    best_up, up_load = unit, inst.outstanding
+                    if not least:
+                        break
+            elif best_down is None or (least and inst.outstanding < down_load):
+                best_down, down_load = unit, inst.outstanding
+        best = best_up if best_up is not None else best_down
+        if best is not None:
+            self._cursor += 1
+        return best
