@@ -288,7 +288,7 @@ def test_smoke_json_of_a_failed_request(tmp_path):
     rep = json.loads((tmp_path / "smoke.json").read_text())
     assert rc == 1
     assert (rep["ok"], rep["answer_excerpt"], rep["seconds"]) == (False, None, None)
-    failed = f"POST {run_check.url}/v1/chat/completions: HTTPError: HTTP Error 500: Internal Server Error"
+    failed = f'POST {run_check.url}/v1/chat/completions: HTTPError: HTTP Error 500: Internal Server Error: {{"error": "boom"}}'
     assert (rep["error"], rep["error_kind"]) == (failed, "server")
     assert rep["measured"]["before"] is None and rep["measured"]["counters"] == COUNTERS
     assert rep["message"] == out.rstrip("\n") == "smoke: request failed: " + failed

@@ -106,7 +106,7 @@ def test_a_reply_that_is_not_json_is_the_servers_failure(tmp_path):
 def test_an_http_error_names_the_request(tmp_path):
     rc, out, rep, url = check(b'{"error": "boom"}', tmp_path, status=503)
     assert (rc, out) == (1, f"smoke: request failed: POST {url}/v1/completions: HTTPError: HTTP Error 503: "
-                            "Service Unavailable\n")
+                            "Service Unavailable: {\"error\": \"boom\"}\n")
     assert (rep["error_kind"], rep["measured"]["before"]) == ("server", None)
 
 

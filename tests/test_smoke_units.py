@@ -561,3 +561,20 @@ def test_smoke_gives_each_metrics_read_30_s_and_the_request_300_s(monkeypatch):
 def test_request_urls_strip_only_trailing_slashes():
     assert sm._request(SmokeTarget("http://BOX/", "M", None), 8)[0] == "http://BOX/v1/completions"
     assert sm._request(SmokeTarget("http://BOX//", "M", None, chat=True), 8)[0] == "http://BOX/v1/chat/completions"
+
+
+def test_an_http_error_body_is_quoted_collapsed_and_cut():
+    # CI's smoke said only "HTTP Error 500: Internal Server Error"; vLLM's body names the cause
+    import urllib.error
+
+    def err(body: bytes | None) -> urllib.error.HTTPError:
+        return urllib.error.HTTPError("http://r/v1/completions", 500, "Internal Server Error", {},
+                                      None if body is None else io.BytesIO(body))
+
+    assert sm._error_body(err(b'{"error":\n  {"message": "KV load failed"}}')) == \
+        ': {"error": {"message": "KV load failed"}}'
+    assert sm._error_body(err(b"")) == sm._error_body(err(b" \n ")) == sm._error_body(err(None)) == ""
+    assert sm._error_body(err(b"\xff ok")) == ": \ufffd ok"
+    long = sm._error_body(err(b"x" * 201))
+    assert long == ": " + "x" * sm.EXCERPT_CHARS + "..." and sm.EXCERPT_CHARS == 200
+    assert sm._error_body(err(b"y" * 200)) == ": " + "y" * 200

@@ -43,6 +43,7 @@ import struct
 import time
 import traceback
 import zlib
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -306,12 +307,26 @@ def _post(url: str, body: dict, timeout: float) -> Any:
     try:
         with opener.open(req, timeout=timeout) as r:
             data = r.read()
+    except urllib.error.HTTPError as e:  # the server's own words: vLLM's error message, or the router's
+        raise ServerError(f"POST {url}: {type(e).__name__}: {e}{_error_body(e)}") from e
     except _TRANSPORT_ERRORS as e:
         raise ServerError(f"POST {url}: {type(e).__name__}: {e}") from e
     try:
         return json.loads(data)
     except ValueError as e:  # JSONDecodeError, or bytes that are no Unicode
         raise ServerError(f"POST {url}: the reply is not JSON: {type(e).__name__}: {e}") from e
+
+
+def _error_body(e: urllib.error.HTTPError) -> str:
+    """``": <body>"`` of an HTTP error answer, whitespace collapsed, at most
+    :data:`EXCERPT_CHARS` characters (``"..."`` after a cut); ``""`` when the body is empty
+    or cannot be read. E.g. vLLM's 500 names the failure (``{"error": {"message": ...}}``)."""
+    try:
+        body = e.read()
+    except (OSError, http.client.HTTPException):
+        return ""
+    text = " ".join(body.decode("utf-8", "replace").split())
+    return f": {_excerpt(text)}" if text else ""
 
 
 #: the JSON type name of a value ``json.loads`` returns
