@@ -2,7 +2,9 @@
 aiohttp two-leg proxy) and against vllm-router, JSON and streaming, in one run.
 
     python bench/router_cpu.py                       # c=256, 3 rounds, JSON and stream
-    python bench/router_cpu.py --profile prof.out    # + omni-pd's router under cProfile (CPU clock)
+    python bench/router_cpu.py --profile prof.out    # omni-pd's router under cProfile (CPU clock)
+    python bench/router_cpu.py --baseline DIR        # + the router of an older tree, side by side
+    python bench/router_cpu.py log-line              # CPU of the per-request INFO log line
 
 Throughput on this shared 2-core machine moves with whatever else runs; the CPU time a
 router process spends per request moves much less. So each kind serves the same closed
@@ -23,8 +25,9 @@ Kinds:
   kv_transfer_params spliced in, relay D's answer (one block, or chunk by chunk). No
   request id, picking, retry, admission, timeouts per leg, error mapping or logging.
 * ``omni-pd``: ``python -m omni_pd.launch.router --connector nixl --workers 1`` at
-  ``--log-level WARNING`` (as router_load.py runs it) and, with ``--info-log``, also at its
-  default INFO (one log line per request).
+  ``--log-level WARNING`` (as router_load.py runs it; ``--log-level`` changes it) and, with
+  ``--info-log``, also at its default INFO as ``omni-pd-info`` (one log line per request,
+  to a file, as under ``omni-pd launch``).
 * ``omni-pd-before``, with ``--baseline DIR``: the same router from another source tree
   (e.g. ``git archive <commit> omni_pd | tar -x -C DIR``), so a change is measured side by
   side with what it replaces, in the same run.
@@ -121,11 +124,51 @@ def profiled_router(out: str, argv: list[str]) -> int:
         prof.dump_stats(out)
 
 
+def log_line_us(lean: bool, n: int = 20000) -> float:
+    """CPU µs of the router's per-request INFO line (its format and message, to a file, as
+    ``Front.generate`` writes it), with or without ``cli.lean_log_records``."""
+    import logging
+    import tempfile
+
+    from omni_pd.launch.router import cli
+
+    if lean:
+        cli.lean_log_records()
+    with tempfile.TemporaryFile("w") as f:
+        handler = logging.StreamHandler(f)
+        handler.setFormatter(logging.Formatter(cli.LOG_FORMAT))
+        log = logging.getLogger("omni_pd.router.bench")
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+        args = ("/v1/completions", "53c91c53-3d53-4338-aca5-000000000001", "http://127.0.0.1:8100",
+                "http://127.0.0.1:8200", 200, "ok", 0.0734)
+        c0 = time.process_time()
+        for _ in range(n):
+            if log.isEnabledFor(logging.INFO):
+                log.info("POST %s rid=%s prefill=%s decode=%s -> %s %s (%.3f s)", *args)
+        return (time.process_time() - c0) / n * 1e6
+
+
+def log_line_main(rounds: int = 7) -> int:
+    """Print the per-request log line's CPU, default records vs lean, each in a fresh
+    process, in turn, ``rounds`` times (min and median)."""
+    got: dict[str, list[float]] = {"default": [], "lean": []}
+    for _ in range(rounds):
+        for name in got:
+            out = subprocess.run([sys.executable, __file__, "log-line", name], capture_output=True, text=True,
+                                 check=True)
+            got[name].append(float(out.stdout))
+    for name, us in got.items():
+        print(f"log line, {name:7} records: min {min(us):5.1f} µs, median {statistics.median(us):5.1f} µs")
+    return 0
+
+
 # --- the run ----------------------------------------------------------------------------------
 
 
 def start(procs: rl.Procs, kind: str, port: int, p_url: str, d_url: str, profile: str | None,
-          baseline: str | None = None) -> subprocess.Popen:
+          baseline: str | None = None, log_level: str = "WARNING") -> subprocess.Popen:
     if kind == "bare":
         p = procs.start([sys.executable, __file__, "bare", str(port), p_url, d_url], log="/tmp/router_cpu-bare.log")
         rl.wait_http(f"http://127.0.0.1:{port}/health")
@@ -133,7 +176,7 @@ def start(procs: rl.Procs, kind: str, port: int, p_url: str, d_url: str, profile
     if kind == "vllm-router":
         a = argparse.Namespace(workers=1)
         return rl.start_router(procs, "vllm-router", port, [p_url], [d_url], a)
-    level = "INFO" if kind == "omni-pd-info" else "WARNING"
+    level = "INFO" if kind == "omni-pd-info" else log_level
     args = ["--connector", "nixl", "--port", str(port), "--log-level", level, "--health-interval", "1",
             "--workers", "1", "--prefill", p_url, "--decode", d_url]
     if kind == "omni-pd-prof":
@@ -167,6 +210,7 @@ def main() -> int:
     ap.add_argument("--kinds", default=None, help="comma-separated (default bare,omni-pd,vllm-router if installed)")
     ap.add_argument("--baseline", default=None,
                     help="source tree of an earlier omni_pd: adds the kind omni-pd-before, run from it")
+    ap.add_argument("--log-level", default="WARNING", help="--log-level of omni-pd and omni-pd-before")
     ap.add_argument("--info-log", action="store_true", help="also omni-pd at its default --log-level INFO")
     ap.add_argument("--profile", default=None, help="run only omni-pd under cProfile; write the stats here")
     ap.add_argument("--py-spy", default=None, dest="py_spy",
@@ -190,7 +234,7 @@ def main() -> int:
         rl.fake(procs, "decode", dp, fa)
         p_url, d_url = f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{dp}"
         ports = {k: rl.free_port() for k in kinds}
-        pids = {k: start(procs, k, ports[k], p_url, d_url, a.profile, a.baseline).pid for k in kinds}
+        pids = {k: start(procs, k, ports[k], p_url, d_url, a.profile, a.baseline, a.log_level).pid for k in kinds}
         for k in kinds:  # warm-up at the measured concurrency: backend connections opened before measuring
             rl.run_client(f"http://127.0.0.1:{ports[k]}", a.concurrency, 1.0, False, p_url, d_url)
         spy = None
@@ -238,6 +282,10 @@ def main() -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "bare":
         bare_proxy(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    elif len(sys.argv) > 2 and sys.argv[1] == "log-line":
+        print(log_line_us(sys.argv[2] == "lean"))
+    elif len(sys.argv) > 1 and sys.argv[1] == "log-line":
+        sys.exit(log_line_main())
     elif len(sys.argv) > 1 and sys.argv[1] == "profiled":
         sys.exit(profiled_router(sys.argv[2], sys.argv[3:]))
     else:

@@ -544,10 +544,20 @@ def test_module_runs_and_stops_on_sigterm(fakes):
         assert m, line
         conn = http.client.HTTPConnection("127.0.0.1", int(m.group(1)), timeout=5)
         conn.request("GET", "/health")
-        assert conn.getresponse().status == 200
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.read()
+        conn.request("POST", "/v1/completions", json.dumps(CLIENT_BODY), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.read()
         conn.close()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=5) == 0
+        # the per-request line at the default INFO level, with the lean log records of cli.main
+        lines = [x for x in proc.stderr.read().splitlines() if " POST " in x]
+        assert len(lines) == 1 and re.fullmatch(
+            r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO omni_pd\.router: POST /v1/completions "
+            r"rid=[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12} "
+            rf"prefill={re.escape(p.url)} decode={re.escape(d.url)} -> 200 ok \(\d+\.\d{{3}} s\)", lines[0]), lines
     finally:
         if proc.poll() is None:
             proc.kill()

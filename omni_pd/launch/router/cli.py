@@ -21,6 +21,9 @@ from omni_pd.launch.router.sizing import MAX_DEFAULT, default_workers
 
 log = logging.getLogger("omni_pd.router")
 
+#: the router's log line: time, level, logger, message (no source location, thread or process)
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
 
 @dataclass(frozen=True)
 class RouterConfig:
@@ -186,8 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return push_main(args)
     config = parse_args(argv)
-    logging.basicConfig(level=config.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=config.log_level, stream=sys.stderr, format=LOG_FORMAT)
+    lean_log_records()
     try:
         server = make_server(config)
     except OSError as exc:
@@ -217,6 +220,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
     return 0
+
+
+def lean_log_records() -> None:
+    """Stop :mod:`logging` collecting, for every record, what :data:`LOG_FORMAT` never
+    prints: the caller's source file, line and function (a walk up the stack), the thread,
+    process and asyncio task names. These are the settings of the Python logging HOWTO,
+    "Optimization" (``logging._srcfile = None``, ``logThreads``, ``logProcesses``,
+    ``logMultiprocessing``, ``logAsyncioTasks``); the router's own process only (called by
+    :func:`main`). The router logs one line per request at INFO, its default level
+    (bench/RESULTS.md, "Router CPU per request")."""
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    logging.logAsyncioTasks = False  # Python >= 3.12
 
 
 def _connector_protocol(args: Sequence[str]) -> str | None:
