@@ -207,3 +207,20 @@ def test_opd704_needs_a_pd_pair() -> None:
     three = ("pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 0, devices: \"0\"}\n  - {stage_id: 1, devices: \"1\"}\n"
              "  - {stage_id: 2, devices: \"2\"}\n")
     assert found(three, "OPD704") == []
+
+
+def test_opd702_a_prefill_without_kv_connector_is_not_named_by_an_empty_string() -> None:
+    # OPD304 reports the missing kv_connector; OPD702 still reports the router, without a
+    # blank where the connector's name would be ("with  decode", "router for  must")
+    text = PD.replace("      kv_connector: NixlConnector\n      kv_role: kv_producer", "      kv_role: kv_producer")
+    assert found(text, "OPD702", _NO_RELAY) == [(
+        "error", "the router in the inventory does not relay kv_transfer_params; decode would recompute every prompt",
+        (8, 5), "the router must send do_remote_decode to P and forward P's kv_transfer_params (with "
+                "do_remote_prefill: true) to D; use vllm-omni's orchestrator or a PD-aware proxy",
+        [(15, 5, "decode expects them")], [])]
+
+
+def test_opd702_lmcache_with_only_a_config_file_is_not_known_to_need_a_relay() -> None:
+    # LMCACHE_CONFIG_FILE: omni-pd cannot tell PD mode from a shared store, so no error
+    text = _LMC.format(e=", env: {LMCACHE_CONFIG_FILE: /etc/lmcache.yaml}")
+    assert found(text, "OPD702", _NO_RELAY) == []

@@ -118,12 +118,15 @@ def routing_params(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                           "a shared remote backend (same LMCACHE_REMOTE_URL on both sides) needs no relay")
         return
     if router is not None and router.get("relays_kv_transfer_params") is False:
-        yield r.diag(f"the router in the inventory does not relay kv_transfer_params; with {name} decode would recompute every prompt",
+        # a prefill without kv_connector (OPD304's finding) is not named by an empty string
+        yield r.diag("the router in the inventory does not relay kv_transfer_params; "
+                     + (f"with {name} " if name else "") + "decode would recompute every prompt",
                      ctx.sloc(p, "kv_transfer_config", "kv_connector", value=True),
                      related=[ctx.sloc(d, "kv_transfer_config", label="decode expects them")],
                      notes=[f"{name} routing fields: {', '.join(fields)}"] if fields else [],
-                     help=f"router for {name} must send do_remote_decode to P and forward P's kv_transfer_params "
-                          "(with do_remote_prefill: true) to D; use vllm-omni's orchestrator or a PD-aware proxy")
+                     help=(f"router for {name}" if name else "the router") + " must send do_remote_decode to P and "
+                          "forward P's kv_transfer_params (with do_remote_prefill: true) to D; use vllm-omni's "
+                          "orchestrator or a PD-aware proxy")
     if "mooncake" in name.lower() and not p.kv.get("engine_id"):  # type: ignore[union-attr]
         yield r.diag(f"prefill stage {p.stage_id} has no engine_id: vllm-omni cannot send remote_engine_id to decode",
                      ctx.sloc(p, "kv_transfer_config"), severity=Severity.WARNING,
