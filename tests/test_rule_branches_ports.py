@@ -386,3 +386,36 @@ def test_opd506_only_kv_port_ranges_of_ascend_connectors_count() -> None:
     # a NIXL stage binding inside the range is not an Ascend transport user
     text = pair(NIXL, env(VLLM_NIXL_SIDE_CHANNEL_PORT=30000), env(VLLM_NIXL_SIDE_CHANNEL_PORT=30001))
     assert hits(text, "OPD506", _NPU) == []
+
+
+# --- the side and runtime a stage's ports are computed for ----------------------------------------
+
+def test_a_pd_decode_stage_without_kv_role_binds_no_bootstrap_port() -> None:
+    # the pipeline's side (decode) stands in for the missing kv_role (OPD302 reports that): a
+    # kv_consumer runs no bootstrap server, so decode does not meet prefill's default 8998
+    text = pair(MC).replace("kv_role: kv_consumer, ", "")
+    assert hits(text, "OPD501") == []
+
+
+def test_a_stage_outside_a_pd_pipeline_without_kv_role_is_taken_as_the_producer() -> None:
+    text = ("pipeline: qwen3_omni_moe\nstages:\n" + stage(0, MC).replace("kv_role: kv_producer, ", "")
+            + "  - {stage_id: 1, devices: \"1\", port: 8998}\n")
+    assert hits(text, "OPD501") == [(
+        E, "port 8998 on the shared host bound by stage 0 (Mooncake bootstrap (kv_connector_extra_config.bootstrap_port "
+        "default), 8998) and stage 1 (API server --port, 8998)", (4, 39), "move stage 1's range to start at 8999 or "
+        "above", [(3, 68, "stage 0 binds 8998")])]
+
+
+def test_every_catalogued_pipeline_runs_on_one_of_the_two_runtimes_the_rules_know() -> None:
+    # runtime_of returns Pipeline.runtime as is: llm_pd's engines are plain `vllm serve`
+    from omni_pd.compile.pipelines import load_catalogue
+
+    cat = load_catalogue()
+    assert {cat.get(n).runtime for n in cat.names()} == {"vllm", "vllm-omni"}
+    assert (cat.get("llm_pd").runtime, cat.get("qwen3_omni_moe_pd").runtime) == ("vllm", "vllm-omni")
+
+
+def test_opd506_an_empty_kv_port_range_binds_nothing() -> None:
+    # a global --tensor-parallel-size 0 leaves no rank (vLLM refuses it): no range to overlap
+    opts = ValidateOptions(platform="npu", cli={"tensor_parallel_size": 0})
+    assert hits(_asc(30000, 30002), "OPD506", opts) == []

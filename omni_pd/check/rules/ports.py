@@ -47,9 +47,10 @@ class Bound:
 
 
 def runtime_of(ctx: Context) -> str:
-    """``vllm-omni`` or ``vllm``: which runtime reads the config (from the pipeline)."""
-    rt = getattr(getattr(ctx.topology, "pipeline", None), "runtime", None)
-    return rt if rt in ("vllm", "vllm-omni") else "vllm-omni"
+    """``vllm-omni`` or ``vllm``: which runtime reads the config, the topology's
+    ``Pipeline.runtime`` (one of the two for every catalogued pipeline and for validate's
+    stand-in chains). Callers check ``ctx.topology`` first."""
+    return ctx.topology.pipeline.runtime  # type: ignore[union-attr]
 
 
 def _as_port(v: Any) -> int | None:
