@@ -7,6 +7,8 @@ Each test names the branch it pins. The rule-example golden is in tests/test_rul
 
 from __future__ import annotations
 
+import pytest
+
 from omni_pd.check.context import Inventory
 from omni_pd.check.validate import ValidateOptions, validate_text
 from omni_pd.diagnostics import Severity
@@ -90,16 +92,18 @@ def test_opd501_p2pnccl_kv_port_default_spans_tp_and_its_http_port_meets_an_api_
              "move stage 1's range to start at 14581 or above", [(4, 60, "stage 0 binds 14579-14580")])]
 
 
-def test_opd501_mooncake_v1_before_vllm_011_spans_dp_ranks_and_p2pnccl_does_not() -> None:
+@pytest.mark.parametrize("conn", ["MooncakeConnectorV1", "MooncakeLayerwiseConnector"])
+def test_opd501_mooncake_v1_before_vllm_011_spans_dp_ranks_and_p2pnccl_does_not(conn: str) -> None:
     # vLLM < 0.11: no contract; kv_port + rank over tp x pp x dp (P2pNccl: tp x pp, dp ranks apart)
-    mv1 = "{{kv_connector: MooncakeConnectorV1, kv_role: kv_{role}, engine_id: {eid}{x}}}"
+    mv1 = "{{kv_connector: " + conn + ", kv_role: kv_{role}, engine_id: {eid}{x}}}"
     p2p = "{{kv_connector: P2pNcclConnector, kv_role: kv_{role}, engine_id: {eid}{x}}}"
     old = ValidateOptions(vllm_version="0.10")
     text = pair(mv1, ", data_parallel_size: 2", p_x=", kv_port: 30000", d_x=", kv_port: 30001")
+    wider = len(conn) - len("MooncakeConnectorV1")
     assert hits(text, "OPD501", old) == [(
-        E, "port 30001 on the shared host bound by stage 0 (kv_port + rank (MooncakeConnectorV1), 30000-30001) and "
-        "stage 1 (kv_port + rank (MooncakeConnectorV1), 30001)", (5, 134),
-        "move stage 1's range to start at 30002 or above", [(4, 157, "stage 0 binds 30000-30001")])]
+        E, f"port 30001 on the shared host bound by stage 0 (kv_port + rank ({conn}), 30000-30001) and "
+        f"stage 1 (kv_port + rank ({conn}), 30001)", (5, 134 + wider),
+        "move stage 1's range to start at 30002 or above", [(4, 157 + wider, "stage 0 binds 30000-30001")])]
     assert hits(pair(p2p, ", data_parallel_size: 2", p_x=", kv_port: 30000", d_x=", kv_port: 30001"),
                 "OPD501", old) == []
 
