@@ -61,6 +61,35 @@ def test_opd201_the_entry_stage_and_a_missing_stage_and_a_stage_that_is_not_an_i
                   "qwen3_omni_moe", (13, 7), "name its input here: from_stage_1", [(7, 5, "stage 1 is its input")], [])]
 
 
+def test_opd201_a_legacy_entry_that_is_not_a_stage_does_not_end_the_scan() -> None:
+    text = "stage_args:\n  - just-a-string\n  - stage_id: 0\n"
+    assert [h[1] for h in found(text, "OPD201")] == [
+        "stage 0: `engine_input_source` missing; a legacy stage_args file gets no default"]
+
+
+def test_opd201_a_key_that_is_not_from_stage_and_a_right_input_do_not_end_the_scan() -> None:
+    text = ("pipeline: qwen3_omni_moe\nstages:\n"
+            "  - stage_id: 1\n    input_connectors:\n      to_stage_2: shm\n      from_stage_2: shm\n"
+            "  - stage_id: 2\n    input_connectors:\n      from_stage_1: shm\n      from_stage_0: shm\n" + _SHM)
+    assert [(h[1], h[2]) for h in found(text, "OPD201")] == [
+        ("stage 1 (talker) reads `from_stage_2`, but stage 2 is not one of its inputs in pipeline qwen3_omni_moe",
+         (6, 7)),
+        ("stage 2 (code2wav) reads `from_stage_0`, but stage 0 is not one of its inputs in pipeline qwen3_omni_moe",
+         (10, 7))]
+
+
+def test_opd201_all_platforms_checks_an_overlays_input_connectors_too() -> None:
+    # `--platform rocm` reports the overlay's wrong input; `--all-platforms` ("base + every
+    # overlay") must as well, not only the base platform's
+    text = ("pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n  - stage_id: 1\n  - stage_id: 2\n"
+            "    input_connectors:\n      from_stage_1: shm\n" + _SHM +
+            "platforms:\n  rocm:\n    stages:\n      - stage_id: 2\n        input_connectors:\n          from_stage_0: shm\n")
+    msg = "stage 2 (code2wav) reads `from_stage_0`, but stage 0 is not one of its inputs in pipeline qwen3_omni_moe"
+    assert [(h[1], h[2]) for h in found(text, "OPD201", opts=ValidateOptions(platform="rocm"))] == [(msg, (15, 11))]
+    assert [(h[1], h[2], h[5]) for h in found(text, "OPD201", opts=ValidateOptions(all_platforms=True))] == [
+        (msg, (15, 11), ["found with the `platforms.rocm` overlay applied"])]
+
+
 def test_opd201_an_input_the_deploy_file_does_not_list_has_no_related_entry() -> None:
     text = "pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 2\n    input_connectors:\n      from_stage_0: shm\n" + _SHM
     assert found(text, "OPD201") == [
@@ -86,6 +115,14 @@ def test_opd202_every_duplicate_points_at_its_first_definition_and_an_orphan_id_
          [(3, 15, "first defined here")], []),
         ("error", "stage_id 5 appears twice", (6, 15), "give each stage its own id; vllm-omni keeps only one entry per id",
          [(4, 15, "first defined here")], [])]
+
+
+def test_opd202_an_inferred_chain_with_a_gap_or_no_stage_0() -> None:
+    for ids, known in (("0", "2"), ("1", "2")):
+        text = f"stages:\n  - stage_id: {ids}\n  - stage_id: {known}\n"
+        assert found(text, "OPD202") == [(
+            "error", f"pipeline <linear chain> numbers its stages [{ids}, {known}], not 0..1", (1, 1),
+            "number the stages 0..n-1 in routing order", [], [])]
 
 
 def test_opd202_a_subset_of_the_pipelines_ids_in_any_order_is_fine() -> None:

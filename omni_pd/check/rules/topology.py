@@ -58,7 +58,9 @@ def input_source(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                                      ctx.loc(("stage_args", i, "engine_input_source", j), value=True),
                                      help="use one of the stage ids: " + ", ".join(map(str, sorted(i for i in ids if i is not None))))
         return
-    if ctx.topology is None or not ctx.platform_first:
+    # every platform: an overlay may set its own input_connectors (validate merges a finding
+    # the base platform already made into the base one)
+    if ctx.topology is None:
         return
     topo = ctx.topology
     for node in topo.stages:
