@@ -2,7 +2,7 @@
 aiohttp two-leg proxy) and against vllm-router, JSON and streaming, in one run.
 
     python bench/router_cpu.py                       # c=256, 3 rounds, JSON and stream
-    python bench/router_cpu.py --profile prof.out    # omni-pd's router under cProfile (CPU clock)
+    python bench/router_cpu.py --profile DIR         # the Python kinds under cProfile (CPU clock)
     python bench/router_cpu.py --baseline DIR        # + the router of an older tree, side by side
     python bench/router_cpu.py log-line              # CPU of the per-request INFO log line
 
@@ -24,6 +24,8 @@ Kinds:
   kv_transfer_params), parse P's answer, POST D the client's bytes with P's
   kv_transfer_params spliced in, relay D's answer (one block, or chunk by chunk). No
   request id, picking, retry, admission, timeouts per leg, error mapping or logging.
+  ``bare-timeouts``: the same with the router's per-leg ``ClientTimeout`` (connect 5 s,
+  socket read 3600 s), the one piece of per-request configuration aiohttp itself pays for.
 * ``omni-pd``: ``python -m omni_pd.launch.router --connector nixl --workers 1`` at
   ``--log-level WARNING`` (as router_load.py runs it; ``--log-level`` changes it) and, with
   ``--info-log``, also at its default INFO as ``omni-pd-info`` (one log line per request,
@@ -39,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -54,8 +57,10 @@ REPO = rl.REPO
 # --- the floor: a bare aiohttp two-leg proxy ------------------------------------------------
 
 
-def bare_proxy(port: int, p_url: str, d_url: str) -> None:
-    """Serve the minimal NIXL two-leg proxy on ``port`` (see the module doc) until killed."""
+def bare_proxy(port: int, p_url: str, d_url: str, leg_timeouts: bool = False) -> None:
+    """Serve the minimal NIXL two-leg proxy on ``port`` (see the module doc) until SIGTERM.
+    ``leg_timeouts``: each leg gets the router's default ``ClientTimeout`` (connect 5 s, each
+    socket read 3600 s: ``core.Timeouts``) instead of none."""
     import asyncio
 
     import aiohttp
@@ -65,17 +70,18 @@ def bare_proxy(port: int, p_url: str, d_url: str) -> None:
 
     p_target, d_target = URL(p_url + "/v1/completions"), URL(d_url + "/v1/completions")
     state: dict = {}
+    kw = {"timeout": aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=3600.0)} if leg_timeouts else {}
 
     async def handle(request: web.BaseRequest) -> web.StreamResponse:
         session = state["session"]
         raw = await request.read()
         body = orjson.loads(raw)
         p_body = {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": {"do_remote_decode": True}}
-        p = await session.post(p_target, data=orjson.dumps(p_body), headers={"Content-Type": "application/json"})
+        p = await session.post(p_target, data=orjson.dumps(p_body), headers={"Content-Type": "application/json"}, **kw)
         kv = orjson.loads(await p.read())["kv_transfer_params"]
         p.release()
         d_body = raw.rstrip()[:-1] + b',"kv_transfer_params":' + orjson.dumps(kv) + b"}"
-        d = await session.post(d_target, data=d_body, headers={"Content-Type": "application/json"})
+        d = await session.post(d_target, data=d_body, headers={"Content-Type": "application/json"}, **kw)
         if d.content_length is not None:
             data = await d.read()
             d.release()
@@ -103,25 +109,47 @@ def bare_proxy(port: int, p_url: str, d_url: str) -> None:
                                              keepalive_timeout=75.0))
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
-        await asyncio.Event().wait()
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
+        await runner.cleanup()
+        await state["session"].close()
 
     from omni_pd.launch.router.server import run_loop
 
     run_loop(main())
 
 
-def profiled_router(out: str, argv: list[str]) -> int:
-    """omni-pd's router (``argv`` as for ``python -m omni_pd.launch.router``) under
+def profiled(out: str, what: str, args: list[str]) -> int:
+    """Run ``what`` (``bare``: :func:`bare_proxy` with ``args`` port, P URL, D URL; ``router``:
+    omni-pd's router with ``args`` as for ``python -m omni_pd.launch.router``) under
     cProfile on the process CPU clock; the stats go to ``out`` when it stops (SIGTERM)."""
     import cProfile
 
-    from omni_pd.launch.router.cli import main
-
     prof = cProfile.Profile(time.process_time)
     try:
-        return prof.runcall(main, argv)
+        if what == "bare":
+            prof.runcall(bare_proxy, int(args[0]), args[1], args[2], args[3] == "1")
+            return 0
+        from omni_pd.launch.router.cli import main
+
+        return prof.runcall(main, args)
     finally:
         prof.dump_stats(out)
+
+
+def profile_summary(path: str, requests: int) -> dict:
+    """Python function calls (cProfile counts every coroutine resume as a call) and
+    profiled CPU per request, and the share of that CPU in omni-pd's own files."""
+    import pstats
+
+    st = pstats.Stats(path)
+    total = sum(v[2] for v in st.stats.values()) or 1e-9
+    ours = sum(v[2] for k, v in st.stats.items() if "omni_pd" in k[0])
+    mine = sum(v[2] for k, v in st.stats.items() if k[0].endswith("router_cpu.py"))
+    return {"requests": requests, "calls_per_request": round(st.total_calls / max(requests, 1), 1),
+            "profiled_us_per_request": round(total / max(requests, 1) * 1e6, 1),
+            "own_code_share": round((ours + mine) / total, 3)}
 
 
 def log_line_us(lean: bool, n: int = 20000) -> float:
@@ -169,8 +197,11 @@ def log_line_main(rounds: int = 7) -> int:
 
 def start(procs: rl.Procs, kind: str, port: int, p_url: str, d_url: str, profile: str | None,
           baseline: str | None = None, log_level: str = "WARNING") -> subprocess.Popen:
-    if kind == "bare":
-        p = procs.start([sys.executable, __file__, "bare", str(port), p_url, d_url], log="/tmp/router_cpu-bare.log")
+    if kind in ("bare", "bare-timeouts"):
+        argv = [sys.executable, __file__, "bare", str(port), p_url, d_url, str(int(kind == "bare-timeouts"))]
+        if profile:
+            argv[1:2] = [__file__, "profiled", f"{profile}/{kind}.prof"]
+        p = procs.start(argv, log=f"/tmp/router_cpu-{kind}.log")
         rl.wait_http(f"http://127.0.0.1:{port}/health")
         return p
     if kind == "vllm-router":
@@ -179,8 +210,8 @@ def start(procs: rl.Procs, kind: str, port: int, p_url: str, d_url: str, profile
     level = "INFO" if kind == "omni-pd-info" else log_level
     args = ["--connector", "nixl", "--port", str(port), "--log-level", level, "--health-interval", "1",
             "--workers", "1", "--prefill", p_url, "--decode", d_url]
-    if kind == "omni-pd-prof":
-        argv = [sys.executable, __file__, "profiled", profile, *args]
+    if profile:
+        argv = [sys.executable, str(Path(__file__).resolve()), "profiled", f"{profile}/{kind}.prof", "router", *args]
     else:
         argv = [sys.executable, "-m", "omni_pd.launch.router", *args]
     src, env = REPO, None
@@ -212,18 +243,19 @@ def main() -> int:
                     help="source tree of an earlier omni_pd: adds the kind omni-pd-before, run from it")
     ap.add_argument("--log-level", default="WARNING", help="--log-level of omni-pd and omni-pd-before")
     ap.add_argument("--info-log", action="store_true", help="also omni-pd at its default --log-level INFO")
-    ap.add_argument("--profile", default=None, help="run only omni-pd under cProfile; write the stats here")
+    ap.add_argument("--profile", default=None,
+                    help="run the Python kinds under cProfile; write <kind>.prof to this directory and report "
+                         "function calls per request")
     ap.add_argument("--py-spy", default=None, dest="py_spy",
                     help="sample omni-pd's router with py-spy (raw collapsed stacks to this file) during the run")
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
     a = ap.parse_args()
-    if a.profile:
-        kinds = ["omni-pd-prof"]
-    elif a.kinds:
+    if a.kinds:
         kinds = a.kinds.split(",")
     else:
-        kinds = (["bare"] + (["omni-pd-before"] if a.baseline else []) + ["omni-pd"]
-                 + (["omni-pd-info"] if a.info_log else []) + (["vllm-router"] if rl.VLLM_ROUTER.exists() else []))
+        kinds = (["bare", "bare-timeouts"] + (["omni-pd-before"] if a.baseline else []) + ["omni-pd"]
+                 + (["omni-pd-info"] if a.info_log else [])
+                 + (["vllm-router"] if rl.VLLM_ROUTER.exists() and not a.profile else []))
     fa = argparse.Namespace(p_delay=0.02, d_delay=0.05, chunks=32, chunk_gap=0.005)
     procs = rl.Procs()
     result: dict = {"loadavg_start": os.getloadavg(), "concurrency": a.concurrency, "duration_s": a.duration,
@@ -235,8 +267,9 @@ def main() -> int:
         p_url, d_url = f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{dp}"
         ports = {k: rl.free_port() for k in kinds}
         pids = {k: start(procs, k, ports[k], p_url, d_url, a.profile, a.baseline, a.log_level).pid for k in kinds}
+        served = {k: 0 for k in kinds}  # every answered request, warm-up included (profiles cover them all)
         for k in kinds:  # warm-up at the measured concurrency: backend connections opened before measuring
-            rl.run_client(f"http://127.0.0.1:{ports[k]}", a.concurrency, 1.0, False, p_url, d_url)
+            served[k] += rl.run_client(f"http://127.0.0.1:{ports[k]}", a.concurrency, 1.0, False, p_url, d_url)["ok"]
         spy = None
         if a.py_spy:
             spy = subprocess.Popen(["py-spy", "record", "-p", str(pids["omni-pd"]), "-f", "raw", "-r", "200",
@@ -249,11 +282,16 @@ def main() -> int:
                     m = measure(pids[k], f"http://127.0.0.1:{ports[k]}", a.concurrency, a.duration, stream,
                                 p_url, d_url)
                     runs[k].append(m)
+                    served[k] += m["ok"]
                     print(f"{mode:6} {k:13} {m['us']:7.1f} µs/req  {m['rps']:7.1f} req/s  ok {m['ok']} "
                           f"unanswered {m['unanswered']} codes {m['codes']}", flush=True)
             for k in kinds:
                 us = [m["us"] for m in runs[k]]
+                # paired with the floor of the same round (the kinds ran back to back): the
+                # difference moves less with the machine's load than either figure
+                diff = ([x - b["us"] for x, b in zip(us, runs["bare"])] if "bare" in runs and k != "bare" else None)
                 result["points"].setdefault(mode, {})[k] = {
+                    "over_bare_us_median": None if diff is None else round(statistics.median(diff), 1),
                     "us_min": round(min(us), 1), "us_median": round(statistics.median(us), 1),
                     "rps_median": round(statistics.median(m["rps"] for m in runs[k])),
                     "unanswered": sum(m["unanswered"] for m in runs[k]), "rounds_us": [round(x, 1) for x in us]}
@@ -261,18 +299,28 @@ def main() -> int:
             spy.send_signal(2)  # SIGINT: py-spy writes its samples and exits
             spy.wait(30)
         if a.profile:
-            os.kill(pids["omni-pd-prof"], 15)  # SIGTERM: the router stops cleanly and the stats are written
-            deadline = time.monotonic() + 15
-            while not Path(a.profile).exists() and time.monotonic() < deadline:
-                time.sleep(0.2)
+            for k in kinds:  # SIGTERM: each stops cleanly and writes its stats
+                os.kill(pids[k], signal.SIGTERM)
+            for k in kinds:
+                out = Path(a.profile) / f"{k}.prof"
+                deadline = time.monotonic() + 15
+                while not out.exists() and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                time.sleep(0.5)
+                result.setdefault("profile", {})[k] = profile_summary(str(out), served[k])
     finally:
         procs.close()
     result["loadavg_end"] = os.getloadavg()
-    print("\nrouter CPU µs per request (min · median over rounds) · median req/s")
+    print("\nrouter CPU µs per request (min · median over rounds · median of the per-round difference to "
+          "bare) · median req/s")
     for mode, per in result["points"].items():
         for k, v in per.items():
-            print(f"{mode:6} {k:13} {v['us_min']:7.1f} · {v['us_median']:7.1f}   {v['rps_median']} req/s  "
+            over = "-" if v.get("over_bare_us_median") is None else f"{v['over_bare_us_median']:+.1f}"
+            print(f"{mode:6} {k:14} {v['us_min']:7.1f} · {v['us_median']:7.1f} · {over:>7}   {v['rps_median']} req/s  "
                   f"unanswered {v['unanswered']}")
+    for k, v in result.get("profile", {}).items():
+        print(f"cProfile {k:14} {v['calls_per_request']:7.1f} Python calls per request, {v['profiled_us_per_request']:7.1f} "
+              f"profiled µs per request, {100 * v['own_code_share']:4.1f} % in omni-pd's own files")
     print(f"load average {result['loadavg_start']} -> {result['loadavg_end']}")
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
@@ -281,12 +329,12 @@ def main() -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "bare":
-        bare_proxy(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+        bare_proxy(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5] == "1")
     elif len(sys.argv) > 2 and sys.argv[1] == "log-line":
         print(log_line_us(sys.argv[2] == "lean"))
     elif len(sys.argv) > 1 and sys.argv[1] == "log-line":
         sys.exit(log_line_main())
     elif len(sys.argv) > 1 and sys.argv[1] == "profiled":
-        sys.exit(profiled_router(sys.argv[2], sys.argv[3:]))
+        sys.exit(profiled(sys.argv[2], sys.argv[3], sys.argv[4:]))
     else:
         sys.exit(main())
