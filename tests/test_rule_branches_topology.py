@@ -139,16 +139,16 @@ def test_opd202_is_said_once_per_file_under_all_platforms() -> None:
 
 def test_opd203_close_names_unknown_names_and_missing_target_stages() -> None:
     text = ("pipeline: qwen3_omni_moe\nstages:\n"
-            "  - stage_id: 0\n    output_connectors:\n      to_stage_1: shmm\n      to_stage_9: shm\n"
-            "      other: zzz\n      to_stage_x: shm\n      to_stage_2: {name: inline}\n"
+            "  - stage_id: 0\n    output_connectors:\n      to_stage_1: shmm\n      other: zzz\n"
+            "      to_stage_9: shm\n      to_stage_x: shm\n      to_stage_2: {name: inline}\n"
             "  - stage_id: 1\n    input_connectors:\n      from_stage_0: qqq\n      to_stage_8: shm\n" + _SHM)
     assert found(text, "OPD203") == [
         ("error", "stage 0: output_connectors.to_stage_1 names connector `shmm`, which `connectors:` does not define",
          (5, 19), "did you mean `shm`?", [], []),
-        ("error", "stage 0: output connector `to_stage_9` targets a stage that does not exist", (6, 7),
-         "name an existing downstream stage", [], []),
         ("error", "stage 0: output_connectors.other names connector `zzz`, which `connectors:` does not define",
-         (7, 14), "define `connectors: {zzz: {name: SharedMemoryConnector}}`", [], []),
+         (6, 14), "define `connectors: {zzz: {name: SharedMemoryConnector}}`", [], []),
+        ("error", "stage 0: output connector `to_stage_9` targets a stage that does not exist", (7, 7),
+         "name an existing downstream stage", [], []),
         ("error", "stage 1: input_connectors.from_stage_0 names connector `qqq`, which `connectors:` does not define",
          (12, 21), "define `connectors: {qqq: {name: SharedMemoryConnector}}`", [], []),
         ("error", "stage 1: output connector `to_stage_8` targets a stage that does not exist", (13, 7),

@@ -140,9 +140,7 @@ def connector_ref(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                                  ctx.sloc(node, field, key, value=True),
                                  help=(f"did you mean `{close[0]}`?" if close else
                                        f"define `connectors: {{{ref}: {{name: SharedMemoryConnector}}}}`"))
-                if field == "output_connectors" and not _TO.match(str(key)):
-                    continue
-                m = _TO.match(str(key))
+                m = _TO.match(str(key))  # a to_stage_N key, under either field
                 if m and ctx.topology.node(int(m.group(1))) is None:
                     yield r.diag(f"stage {node.stage_id}: output connector `{key}` targets a stage that does not exist",
                                  ctx.sloc(node, field, key), help="name an existing downstream stage")
