@@ -423,3 +423,40 @@ def test_opd506_an_empty_kv_port_range_binds_nothing() -> None:
     # a global --tensor-parallel-size 0 leaves no rank (vLLM refuses it): no range to overlap
     opts = ValidateOptions(platform="npu", cli={"tensor_parallel_size": 0})
     assert hits(_asc(30000, 30002), "OPD506", opts) == []
+
+
+# --- OPD501's scan of the sorted ranges -----------------------------------------------------------
+
+def test_opd501_adjacent_ranges_do_not_overlap_and_one_port_in_does() -> None:
+    # vLLM 0.11 NIXL at TP 2 binds [5600, 5602)
+    old = ValidateOptions(vllm_version="0.11")
+    text = pair(NIXL, ", tensor_parallel_size: 2" + env(VLLM_NIXL_SIDE_CHANNEL_PORT=5600),
+                env(VLLM_NIXL_SIDE_CHANNEL_PORT=5602), p_dev="0,2")
+    assert hits(text, "OPD501", old) == []
+    assert hits(text.replace("5602", "5601"), "OPD501", old) == [(
+        E, "port 5601 on the shared host bound by stage 0 (NIXL side channel, 5600-5601) and stage 1 (NIXL side "
+        "channel, 5601)", (5, 68), "move stage 1's range to start at 5602 or above", [(4, 95, "stage 0 binds 5600-5601")])]
+
+
+def test_opd501_every_pair_of_three_stages_on_one_port_is_reported() -> None:
+    text = (PD + stage(0, NIXL, extra=env(VLLM_NIXL_SIDE_CHANNEL_PORT=5600))
+            + stage(1, NIXL, devices="1", role="consumer", eid="d", extra=env(VLLM_NIXL_SIDE_CHANNEL_PORT=5600))
+            + "  - {stage_id: 2, devices: \"2\", port: 5600}\n")
+    nixl, api = "NIXL side channel, 5600", "API server --port, 5600"
+    assert hits(text, "OPD501") == [
+        (E, f"port 5600 on the shared host bound by stage 0 ({nixl}) and stage 1 ({nixl})", (5, 68),
+         "move stage 1's range to start at 5601 or above", [(4, 68, "stage 0 binds 5600")]),
+        (E, f"port 5600 on the shared host bound by stage 0 ({nixl}) and stage 2 ({api})", (6, 39),
+         "move stage 2's range to start at 5601 or above", [(4, 68, "stage 0 binds 5600")]),
+        (E, f"port 5600 on the shared host bound by stage 1 ({nixl}) and stage 2 ({api})", (6, 39),
+         "move stage 2's range to start at 5601 or above", [(5, 68, "stage 1 binds 5600")])]
+
+
+def test_opd501_one_engine_binding_its_api_port_and_side_channel_on_one_port() -> None:
+    # both sockets are bound by the same `vllm serve` process: the second bind fails (EADDRINUSE)
+    text = pair(NIXL, ", port: 5600" + env(VLLM_NIXL_SIDE_CHANNEL_PORT=5600), env(VLLM_NIXL_SIDE_CHANNEL_PORT=5700),
+                head=LLM_PD)
+    assert hits(text, "OPD501") == [(
+        E, "port 5600 on the shared host bound by stage 0 (NIXL side channel, 5600) and stage 0 (API server --port, "
+        "5600)", (4, 39), "one engine binds both: move stage 0's API server --port off 5600",
+        [(4, 80, "stage 0 binds 5600")])]

@@ -135,8 +135,9 @@ _PD = "pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
                "  - {stage_id: 1, devices: \"1\", env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"5601\"}, kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}}\n"),
       labels=("PORT-UNIQUE", "PORT-RANGE"))
 def port_conflict(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
-    """Per host, every port range a stage binds must be disjoint from every other
-    stage's: NIXL side channel ``[base, base + dp)`` (0.13+; ``dp x tp`` on 0.11),
+    """Per host, every port range an engine binds must be disjoint from every other
+    range bound there, its own other ones included (an API port on its own side-channel
+    port fails to bind like one of another stage): NIXL side channel ``[base, base + dp)`` (0.13+; ``dp x tp`` on 0.11),
     Mooncake bootstrap, P2pNccl ``kv_port + rank`` (each engine's ranks start at 0, so
     two engines with one ``kv_port`` collide), vllm-ascend ``kv_port`` ranges, HCCL
     listeners of multi-rank NPU engines (``HCCL_IF_BASE_PORT``), API ports. Without an
@@ -158,8 +159,6 @@ def port_conflict(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             for b in items[i + 1:]:
                 if b.port >= a.port + a.span:
                     break
-                if a.node.stage_id == b.node.stage_id and a.replica == b.replica:
-                    continue
                 key = (a.node.stage_id, a.replica, b.node.stage_id, b.replica, a.purpose, b.purpose)
                 if key in reported:
                     continue
@@ -170,6 +169,8 @@ def port_conflict(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                 hostword = f"host {host}" if host != "localhost" else "the shared host"
                 if "HCCL" in b.purpose:
                     fix = "assign distinct HCCL_IF_BASE_PORT per instance (env)"
+                elif a.node.stage_id == b.node.stage_id and a.replica == b.replica:
+                    fix = f"one engine binds both: move stage {b.node.stage_id}'s {b.purpose} off {ra}"
                 elif a.node.stage_id == b.node.stage_id:
                     fix = (f"all {b.replicas} replicas of stage {b.node.stage_id} get the same {b.purpose} port on "
                            f"this runtime: set num_replicas: 1, or place the replicas on different hosts")
