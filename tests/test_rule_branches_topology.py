@@ -233,6 +233,13 @@ def test_opd205_final_output_set_against_the_catalogued_pipeline_either_way() ->
          "remove `final_output`; the pipeline decides the final outputs", [], [])]
 
 
+def test_opd205_a_stage_without_the_key_does_not_end_the_scan() -> None:
+    text = "pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n  - stage_id: 1\n    final_output: true\n"
+    assert found(text, "OPD205") == [(
+        "error", "stage 1 sets final_output: true, but pipeline qwen3_omni_moe has it off", (5, 19),
+        "remove `final_output`; the pipeline decides the final outputs", [], [])]
+
+
 def test_opd205_an_inferred_chain_is_not_held_to_a_catalogue_entry() -> None:
     assert found("stages:\n  - stage_id: 0\n  - stage_id: 1\n    final_output: false\n", "OPD205") == []
 
