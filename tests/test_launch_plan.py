@@ -659,3 +659,48 @@ def test_encoder_process_on_cuda_cpu_and_without_an_ec_contract():
     assert (name, storage, e.writable_dirs, e.memory_fraction, e.devices, dict(e.env)) == (
         "NoSuchEC", None, (), 0.9, None, {})
     assert e.argv[-2:] == ("--ec-transfer-config", '{"ec_connector":"NoSuchEC","ec_role":"ec_producer"}')
+
+
+def test_encoder_process_on_another_host_and_an_ec_connector_spelt_in_lower_case():
+    """The host reaches E's argv, ports and health URL; ``ready_timeout_s`` its health
+    check; a case-insensitive EC connector name resolves to its contract's own spelling
+    and shared directory; no devices on cuda: no device env at all."""
+    from omni_pd.launch.plan import _encoder_process
+    from omni_pd.launch.spec import PortUse
+
+    enc = _node(role="encoder", pd_role=None, devices=None, tp=1, dp=2, num_replicas=1, kv=None, env={},
+                settings={"data_parallel_size": 2, "ec_transfer_config": {
+                    "ec_connector": "ecexampleconnector", "ec_role": "ec_producer",
+                    "ec_connector_extra_config": {"shared_storage_path": "/srv/ec"}}})
+    e, name, storage = _encoder_process(enc, _node(), LaunchOptions(model="m", host="10.0.0.5", ready_timeout_s=77.0),
+                                        "s", {}, None)
+    assert (name, storage, e.writable_dirs) == ("ECExampleConnector", "/srv/ec", ("/srv/ec",))
+    assert e.argv[3:7] == ("--host", "10.0.0.5", "--port", "8300")
+    assert e.ports == (PortUse(8300, "http", "10.0.0.5"), PortUse(8600, DP_RPC, "10.0.0.5"))
+    assert (e.health.url, e.health.timeout_s) == ("http://10.0.0.5:8300/health", 77.0)
+    assert (e.devices, e.device_env, dict(e.env)) == (None, None, {})
+
+
+def test_connector_ports_take_the_side_from_the_stage_when_kv_names_no_role():
+    """A kv_transfer_config without ``kv_role``: the contract falls back to the side
+    (prefill: producer, binds its bootstrap port; decode: consumer, binds none)."""
+    from omni_pd.compile.targets import target
+    from omni_pd.launch.plan import _connector_ports
+    from omni_pd.launch.spec import PortUse
+
+    kv = {"kv_connector": "MooncakeConnector", "kv_connector_extra_config": {"bootstrap_port": 25201}}
+    one = dict(kv=kv, env={}, num_replicas=1)
+    assert _connector_ports(_node(pd_role="prefill", **one), target("0.30"), "h", "vllm-omni") == (
+        PortUse(25201, "Mooncake bootstrap", "h"),)
+    assert _connector_ports(_node(pd_role="decode", **one), target("0.30"), "h", "vllm-omni") == ()
+
+
+def test_instance_devices_splits_only_a_device_tuple_that_divides_evenly():
+    from omni_pd.launch.plan import instance_devices
+
+    assert instance_devices((0, 1, 2, 3), 2, 1) == (2, 3)
+    assert instance_devices((0, 1, 2, 3, 4, 5), 3, 2) == (4, 5)
+    assert instance_devices((0, 1, 2), 2, 1) == (0, 1, 2)  # uneven: shared as written
+    assert instance_devices((0, 1), 1, 0) == (0, 1)
+    assert instance_devices("cpu", 3, 1) == "cpu"
+    assert instance_devices(None, 2, 0) is None
