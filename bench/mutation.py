@@ -60,7 +60,7 @@ TARGETS: dict[str, list[str]] = {
     "omni_pd/check/rules/ports.py": RULE_TESTS + ["tests/test_rule_branches_ports.py"],
     "omni_pd/check/rules/devices.py": RULE_TESTS + ["tests/test_rule_branches_devices.py"],
     "omni_pd/check/rules/runtime.py": RULE_TESTS + ["tests/test_rule_branches_runtime.py"],
-    "omni_pd/check/rules/schema.py": RULE_TESTS,
+    "omni_pd/check/rules/schema.py": RULE_TESTS + ["tests/test_rule_branches_schema.py"],
     "omni_pd/check/rules/capability.py": RULE_TESTS,
     "omni_pd/check/rules/__init__.py": RULE_TESTS,
     "omni_pd/check/rules/encoder.py": RULE_TESTS + ["tests/test_rule_branches_encoder.py"],

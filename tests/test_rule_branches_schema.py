@@ -1,0 +1,237 @@
+"""Branches of the schema rules (OPD102-OPD112, omni_pd/check/rules/schema.py) that no rule
+example reaches, with exact messages, locations and help lines (issue 16: the mutation run
+of bench/mutation.py measures what the examples leave unpinned).
+
+Each test names the branch it pins. The rule-example golden is in tests/test_rule_branches.py.
+"""
+
+from __future__ import annotations
+
+from omni_pd.check.validate import ValidateOptions, validate_text
+from omni_pd.diagnostics import Severity
+
+E, W = Severity.ERROR, Severity.WARNING
+PD = "pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
+KV = "{{kv_connector: NixlConnector, kv_role: kv_{role}, engine_id: {eid}{x}}}"
+
+
+def hits(text: str, code: str, opts: ValidateOptions | None = None) -> list[tuple]:
+    """(severity, message, (line, column), help, [(line, column, label) of related]) of each
+    ``code`` diagnostic; a location without a line (command line, launcher environment) is
+    given as (file, path)."""
+    res = validate_text(text, "t.yaml", opts)
+    assert [d.message for d in res.diagnostics if d.code == "OPD000"] == []  # no rule crashed
+    return [(d.severity, d.message,
+             (d.location.line, d.location.column) if d.location.line is not None else (d.location.file, d.location.path),
+             d.help, [(r.line, r.column, r.label) for r in d.related])
+            for d in res.diagnostics if d.code == code]
+
+
+def pair(p_x: str = "", d_x: str = "", tail: str = "") -> str:
+    return (PD + "  - {stage_id: 0, devices: \"0\", kv_transfer_config: " + KV.format(role="producer", eid="p", x=p_x)
+            + "}\n  - {stage_id: 1, devices: \"1\", kv_transfer_config: " + KV.format(role="consumer", eid="d", x=d_x)
+            + "}\n" + tail)
+
+
+# --- OPD104 port fields mixing int and str --------------------------------------------------------
+
+def test_opd104_the_string_minority_is_named_with_up_to_two_integer_peers() -> None:
+    text = pair(", kv_port: 21001, kv_connector_extra_config: {http_port: 8100, b_port: 8200, other: \"x\"}",
+                ", kv_port: \"22001\"")
+    assert hits(text, "OPD104") == [(
+        W, "port fields mix int and str: `kv_port` is a string ('22001') while other port fields are integers",
+        (5, 128), "write every port as an unquoted integer, e.g. kv_port: 22001",
+        [(4, 128, "`kv_port` written as 21001"), (4, 174, "`kv_connector_extra_config.http_port` written as 8100")])]
+
+
+def test_opd104_an_integer_minority_among_strings_is_named_as_the_integer() -> None:
+    text = pair(", kv_port: \"21001\", kv_connector_extra_config: {http_port: \"8100\"}", ", kv_port: 22001")
+    assert hits(text, "OPD104") == [(
+        W, "port fields mix int and str: `kv_port` is an integer (22001) while other port fields are strings",
+        (5, 128), "write every port as an unquoted integer, e.g. kv_port: 22001",
+        [(4, 128, "`kv_port` written as '21001'"), (4, 176, "`kv_connector_extra_config.http_port` written as '8100'")])]
+
+
+def test_opd104_a_tie_names_the_strings_and_a_non_numeric_string_is_shown_as_written() -> None:
+    got = hits(pair(", kv_connector_extra_config: {side_port: 1}", ", kv_connector_extra_config: {side_port: ab}"),
+               "OPD104")
+    assert [(g[1], g[3]) for g in got] == [(
+        "port fields mix int and str: `kv_connector_extra_config.side_port` is a string ('ab') while other port "
+        "fields are integers", "write every port as an unquoted integer, e.g. side_port: ab")]
+
+
+def test_opd104_booleans_and_one_kind_are_not_a_mix() -> None:
+    assert hits(pair(", kv_port: 21001, kv_connector_extra_config: {http_port: true}", ", kv_port: 22001"),
+                "OPD104") == []
+    assert hits(pair(", kv_port: \"21001\"", ", kv_port: \"22001\""), "OPD104") == []
+
+
+def test_opd104_reads_the_platform_overlays_value_as_written() -> None:
+    overlay = "platforms:\n  npu:\n    stages:\n      - {stage_id: 1, kv_transfer_config: {kv_port: \"22002\"}}\n"
+    got = hits(pair(", kv_port: 21001", ", kv_port: 22001", overlay), "OPD104", ValidateOptions(platform="npu"))
+    assert [(g[1], g[2], g[4]) for g in got] == [(
+        "port fields mix int and str: `kv_port` is a string ('22002') while other port fields are integers", (9, 53),
+        [(4, 128, "`kv_port` written as 21001")])]
+    assert hits(pair(", kv_port: 21001", ", kv_port: 22001", overlay), "OPD104") == []
+
+
+# --- OPD105 environment variable names ------------------------------------------------------------
+
+def test_opd105_the_launcher_environment_and_each_stage_env_are_checked() -> None:
+    text = "stages:\n  - stage_id: 0\n    env: {ASCEND_RT_VISIBLE_DEVICE: \"0\", MY_VAR: \"1\", CUDA_VISIBLE_DEVICES: \"0\"}\n"
+    opts = ValidateOptions(env={"CUDA_VISIBLE_DEVICE": "0", "HOME": "/root", "VLLM_HOST_IP": "10.0.0.1"})
+    assert hits(text, "OPD105", opts) == [
+        (E, "`CUDA_VISIBLE_DEVICE` is not a known variable; did you mean `CUDA_VISIBLE_DEVICES`?",
+         ("<launcher environment>", ("CUDA_VISIBLE_DEVICE",)),
+         "export CUDA_VISIBLE_DEVICES=... instead; the misspelt name is ignored", []),
+        (E, "stage 0: `ASCEND_RT_VISIBLE_DEVICE` is not a known variable; did you mean `ASCEND_RT_VISIBLE_DEVICES`?",
+         (3, 11), "rename it to `ASCEND_RT_VISIBLE_DEVICES`", [])]
+
+
+# --- OPD106 global engine flags -------------------------------------------------------------------
+
+def test_opd106_names_every_stage_scoped_flag_and_the_stage_count() -> None:
+    text = "stages:\n  - stage_id: 0\n  - stage_id: 1\n  - stage_id: 2\n"
+    opts = ValidateOptions(cli={"tensor_parallel_size": 2, "served_model_name": "x", "max_model_len": 4096})
+    assert hits(text, "OPD106", opts) == [(
+        W, "global --tensor-parallel-size, --max-model-len would be broadcast to all 3 stages",
+        ("<command line>", ("tensor_parallel_size", "max_model_len")),
+        "drop the flag and set `tensor_parallel_size`, `max_model_len` per stage in the deploy YAML", [])]
+
+
+def test_opd106_one_stage_or_plain_vllm_engines_are_not_broadcast_to() -> None:
+    opts = ValidateOptions(cli={"tensor_parallel_size": 2})
+    assert hits("stages:\n  - stage_id: 0\n", "OPD106", opts) == []
+    assert hits(pair().replace("qwen3_omni_moe_pd", "llm_pd"), "OPD106", opts) == []
+    assert len(hits(pair(), "OPD106", opts)) == 1
+
+
+# --- OPD103 unknown keys --------------------------------------------------------------------------
+
+def test_opd103_top_level_typo_is_an_error_a_far_key_a_warning_and_x_keys_are_free() -> None:
+    got = hits("pipelin: qwen3_omni_moe\nx-notes: 1\nmy_notes: hi\nstages:\n  - stage_id: 0\n", "OPD103")
+    assert [(g[0], g[1], g[2], g[3][:40]) for g in got] == [
+        (E, "unknown top-level key `pipelin`: vllm-omni reads only its own fields and drops it, so `pipeline` is "
+            "not set", (1, 1), "did you mean `pipeline`?"),
+        (W, "unknown top-level key `my_notes` (vllm-omni drops it)", (3, 1), "top-level keys: active_stream_window, as")]
+
+
+def test_opd103_unknown_platforms_near_and_far() -> None:
+    text = "stages:\n  - {stage_id: 0}\nplatforms:\n  cudaa: {}\n  foo: {}\n  npu: {}\n"
+    said = "under `platforms:`: vllm-omni applies the overlay of the platform it runs on only, so this one never applies"
+    assert hits(text, "OPD103") == [
+        (E, f"unknown platform `cudaa` {said}", (4, 3), "did you mean `cuda`? platforms: cuda, rocm, npu, xpu, musa", []),
+        (W, f"unknown platform `foo` {said}", (5, 3), "platforms: cuda, rocm, npu, xpu, musa", [])]
+
+
+def test_opd103_stage_keys_in_the_stage_its_engine_args_and_an_overlay_with_parallel_config_keys() -> None:
+    text = ("pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 0, max_num_seq: 8, x-max_num_seq: 1, "
+            "engine_args: {max_num_seq: 8, max_num_seqs: 4}}\nplatforms:\n  npu:\n    stages:\n"
+            "      - {stage_id: 0, max_num_seq: 8, parallel_config: {tensor_parallel: 2, foo: 1}}\n")
+    refuses = "vllm-omni 0.30 refuses to start (\"no structured config owner\")"
+    owner = "vllm-omni refuses it (\"no structured config owner\")"
+    assert hits(text, "OPD103") == [
+        (E, f"unknown stage key `max_num_seq`: {refuses}", (3, 19), "did you mean `max_num_seqs`?", []),
+        (E, f"unknown stage key `max_num_seq`: {refuses}", (3, 67), "did you mean `max_num_seqs`?", []),
+        (E, f"unknown stage key `max_num_seq` in the `platforms.npu` overlay: {refuses}", (7, 23),
+         "did you mean `max_num_seqs`?", []),
+        (E, "`tensor_parallel` is not a parallel_config key in the `platforms.npu` overlay", (7, 57),
+         f"did you mean `tensor_parallel_size`? {owner}", []),
+        (E, "`foo` is not a parallel_config key in the `platforms.npu` overlay", (7, 77), owner, [])]
+
+
+def test_opd103_on_another_release_the_setting_is_lost() -> None:
+    got = hits("pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 0, max_num_seq: 8}\n", "OPD103",
+               ValidateOptions(vllm_version="0.24"))
+    assert [g[1] for g in got] == [
+        "unknown stage key `max_num_seq`: the setting it was meant for is not applied (vllm-omni 0.30 refuses to "
+        "start: \"no structured config owner\")"]
+
+
+def test_opd103_plain_vllm_engines_get_the_flag_and_engine_args_parallel_config_is_checked() -> None:
+    text = ("pipeline: llm\nstages:\n  - {stage_id: 0, devices: \"0\", max_num_seq: 8, engine_args: {parallel_config: "
+            "{tensor_parallel_size: 1, tensor_parallel: 2}}}\n")
+    assert hits(text, "OPD103") == [
+        (E, "unknown stage key `max_num_seq`: it becomes `--max-num-seq` on the engine's `vllm serve` command line, "
+            "which vLLM rejects", (3, 33), "did you mean `max_num_seqs`?", []),
+        (E, "`tensor_parallel` is not a parallel_config key", (3, 106),
+         "did you mean `tensor_parallel_size`? vllm-omni refuses it (\"no structured config owner\")", [])]
+
+
+def test_opd103_a_legacy_file_and_the_later_platforms_of_all_platforms_are_not_checked() -> None:
+    assert hits("stage_args:\n  - {stage_id: 0, max_num_seq: 8}\npipelin: x\n", "OPD103") == []
+    text = "stages:\n  - {stage_id: 0}\nplatforms:\n  cudaa: {}\n"
+    assert len(hits(text, "OPD103", ValidateOptions(all_platforms=True))) == 1  # once, not once per platform
+
+
+# --- OPD111 stage keys vllm-omni has no place for -------------------------------------------------
+
+_NO_PLACE = "remove it, or use a vLLM engine argument (see `vllm serve --help`)"
+
+
+def test_opd111_stage_engine_args_and_overlay_keys_and_typos_left_to_opd103() -> None:
+    text = ("pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 0, seq_budget: 8, max_num_seq: 2, x-a: 1, "
+            "engine_args: {seq_budget: 1, max_num_seqs: 3}}\nplatforms:\n  rocm:\n    stages:\n"
+            "      - {stage_id: 0, seq_budget: 8}\n")
+    said = "vllm-omni 0.30 has no place for stage key `{}`{}: the server would refuse to start"
+    assert hits(text, "OPD111") == [
+        (E, said.format("seq_budget", ""), (3, 19), _NO_PLACE, []),
+        (E, said.format("x-a", ""), (3, 50), _NO_PLACE, []),
+        (E, said.format("seq_budget", ""), (3, 72), _NO_PLACE, []),
+        (E, said.format("seq_budget", " (`platforms.rocm` overlay)"), (7, 23), _NO_PLACE, [])]
+
+
+def test_opd111_names_a_close_owned_key() -> None:
+    got = hits("pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 0, max_num_sequences: 8}\n", "OPD111")
+    assert [g[3] for g in got] == ["did you mean `max_num_seqs`? " + _NO_PLACE]
+
+
+def test_opd111_only_named_vllm_omni_pipelines_on_0_30_once_per_run() -> None:
+    key = "  - {stage_id: 0, devices: \"0\", seq_budget: 8}\n"
+    assert hits("pipeline: llm\nstages:\n" + key, "OPD111") == []               # plain vllm serve: OPD107's
+    assert hits("stages:\n" + key, "OPD111") == []                              # no pipeline: a stand-in chain
+    assert hits("stage_args:\n" + key, "OPD111") == []                          # legacy file
+    assert len(hits("pipeline: qwen3_omni_moe\nstages:\n" + key, "OPD111", ValidateOptions(all_platforms=True))) == 1
+
+
+# --- OPD112 one parallel size from two sources ----------------------------------------------------
+
+_DIT = "stages:\n  - {{stage_id: 0, devices: \"{dev}\"{flat}, parallel_config: {{{nested}}}}}\n"
+
+
+def test_opd112_every_clashing_size_is_listed_with_each_winner_and_equal_ones_left_out() -> None:
+    text = _DIT.format(dev="0,1,2,3", flat=", tensor_parallel_size: 1, pipeline_parallel_size: 1, data_parallel_size: 1, "
+                       "cfg_parallel_size: 2, use_hsdp: true",
+                       nested="tensor_parallel_size: 4, pipeline_parallel_size: 2, data_parallel_size: 1, "
+                       "cfg_parallel_size: 1, use_hsdp: false")
+    assert hits(text, "OPD112") == [(
+        E, "stage 0 sets tensor_parallel_size 1 / pipeline_parallel_size 1 / cfg_parallel_size 2 / use_hsdp True and "
+        "parallel_config.tensor_parallel_size 4 / pipeline_parallel_size 2 / cfg_parallel_size 1 / use_hsdp False; "
+        "vllm-omni uses parallel_config", (2, 61),
+        "write each size once: edit parallel_config (or drop it and keep the flat keys)",
+        [(2, 192, "wins: tensor_parallel_size 4"), (2, 219, "wins: pipeline_parallel_size 2"),
+         (2, 264, "wins: cfg_parallel_size 1"), (2, 277, "wins: use_hsdp False")])]
+
+
+def test_opd112_a_quoted_equal_size_is_the_same_size() -> None:
+    assert hits(_DIT.format(dev="0,1", flat=", tensor_parallel_size: 2", nested="tensor_parallel_size: \"2\""),
+                "OPD112") == []
+
+
+def test_opd112_each_global_flag_an_llm_stages_nested_block_overrides() -> None:
+    text = ("pipeline: llm\nstages:\n  - {stage_id: 0, devices: \"0,1\", parallel_config: {tensor_parallel_size: 2, "
+            "data_parallel_size: 1}}\n")
+    opts = ValidateOptions(cli={"tensor_parallel_size": 1, "data_parallel_size": 2, "pipeline_parallel_size": 1})
+    said = ("stage 0: the global --{f} {c} is overridden by parallel_config.{k} {n} (vllm-omni merges the nested block "
+            "over flat keys and command-line flags of an LLM stage)")
+    assert hits(text, "OPD112", opts) == [
+        (E, said.format(f="tensor-parallel-size", c=1, k="tensor_parallel_size", n=2), (3, 75),
+         "drop the flag, or set parallel_config.tensor_parallel_size: 1 in the deploy YAML", []),
+        (E, said.format(f="data-parallel-size", c=2, k="data_parallel_size", n=1), (3, 98),
+         "drop the flag, or set parallel_config.data_parallel_size: 2 in the deploy YAML", [])]
+    assert hits(text, "OPD112", ValidateOptions(cli={"tensor_parallel_size": "2"})) == []
+
+
+def test_opd112_a_parallel_config_that_is_not_a_mapping_is_opd101s() -> None:
+    text = "pipeline: llm\nstages:\n  - {stage_id: 0, devices: \"0,1\", tensor_parallel_size: 2, parallel_config: 3}\n"
+    assert hits(text, "OPD112", ValidateOptions(cli={"tensor_parallel_size": 1})) == []
