@@ -252,3 +252,25 @@ def test_opd404_buffers_that_are_not_on_the_device_or_cannot_be_sized_do_not_cou
     assert found(cpu, "OPD404", {"inventory": {"hosts": {"h": {"memory_gib": 80}}}}) == []
     nccl = text.replace("P2pNcclConnector", "NixlConnector")
     assert found(nccl, "OPD404", {"inventory": {"hosts": {"h": {"memory_gib": 80}}}}) == []
+
+
+def test_opd404_points_into_the_file_being_validated_when_it_sets_a_contributor(tmp_path) -> None:
+    (tmp_path / "base.yaml").write_text(
+        _Q + "  - {stage_id: 0, devices: \"0\", gpu_memory_utilization: 0.8}\n"
+        "  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.7}\n  - {stage_id: 2, devices: \"1\"}\n",
+        encoding="utf-8")
+    base, child = str(tmp_path / "base.yaml"), str(tmp_path / "child.yaml")
+
+    def hits(text: str) -> list[tuple]:
+        res = validate_text(text, child)
+        return [(d.message, (d.location.file, d.location.line, d.location.column),
+                 [(r.file, r.line, r.column, r.label) for r in d.related]) for d in res.diagnostics if d.code == "OPD404"]
+
+    # the child sets stage 0's share: the finding points there, not at stage 1 (the last) in the base
+    assert hits("base_config: base.yaml\nstages:\n  - {stage_id: 0, gpu_memory_utilization: 0.6}\n") == [(
+        "physical GPU 0: 0.6 (stage 0) + 0.7 (stage 1) = 1.30 > 1.0", (child, 3, 43),
+        [(base, 4, 57, "stage 1 reserves 0.7")])]
+    # the child sets none of them: the last contributor, in the base
+    assert hits("base_config: base.yaml\nstages:\n  - {stage_id: 2, enforce_eager: true}\n") == [(
+        "physical GPU 0: 0.8 (stage 0) + 0.7 (stage 1) = 1.50 > 1.0", (base, 4, 57),
+        [(base, 3, 57, "stage 0 reserves 0.8")])]
