@@ -5,6 +5,7 @@ aiohttp two-leg proxy) and against vllm-router, JSON and streaming, in one run.
     python bench/router_cpu.py --profile DIR         # the Python kinds under cProfile (CPU clock)
     python bench/router_cpu.py --baseline DIR        # + the router of an older tree, side by side
     python bench/router_cpu.py log-line              # CPU of the per-request INFO log line
+    python bench/router_cpu.py micro [DIR]           # request id and pick CPU, DIR's tree and this one
 
 Throughput on this shared 2-core machine moves with whatever else runs; the CPU time a
 router process spends per request moves much less. So each kind serves the same closed
@@ -192,6 +193,42 @@ def log_line_main(rounds: int = 7) -> int:
     return 0
 
 
+def micro_one() -> dict:
+    """CPU µs of the router's per-request pieces in the tree this process imports omni_pd
+    from: the request id and one pick (``PDRouter._pick``) with 1, 2, 4, 8 instances."""
+    import timeit
+    import uuid
+
+    from omni_pd.launch.router import core
+    from omni_pd.launch.router.backends import parse_backend
+    from omni_pd.launch.router.protocol import connector_class
+
+    def best(fn) -> float:
+        return round(min(timeit.repeat(fn, number=50000, repeat=7)) / 50000 * 1e6, 2)
+
+    rid = getattr(core, "request_ids", None) or (lambda: str(uuid.uuid4()))
+    out = {"request_id_us": best(rid), "pick_us": {}}
+    for n in (1, 2, 4, 8):
+        r = core.PDRouter([parse_backend(f"127.0.0.1:{8000 + i}") for i in range(n)],
+                          [parse_backend(f"127.0.0.1:{9000 + i}") for i in range(n)], connector_class("nixl"))
+        targets = r.strategy.prefill_targets()
+        out["pick_us"][n] = {"decode": best(lambda: r._pick("decode", [], None, lambda u: u)),
+                             "prefill": best(lambda: r._pick("prefill", [], targets, lambda u: u.instance))}
+    return out
+
+
+def micro_main(baseline: str | None) -> int:
+    """Print :func:`micro_one` for ``baseline`` (if given) and this tree, side by side."""
+    trees = ([("before", baseline)] if baseline else []) + [("this tree", str(REPO))]
+    for name, tree in trees:
+        out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "micro-one"], capture_output=True,
+                             text=True, check=True, cwd=tree, env={**os.environ, "PYTHONPATH": tree})
+        m = json.loads(out.stdout)
+        picks = ", ".join(f"{n}: {v['decode']}/{v['prefill']}" for n, v in m["pick_us"].items())
+        print(f"{name:9}: request id {m['request_id_us']} µs; one pick (decode/prefill) by instances {picks} µs")
+    return 0
+
+
 # --- the run ----------------------------------------------------------------------------------
 
 
@@ -334,6 +371,10 @@ if __name__ == "__main__":
         print(log_line_us(sys.argv[2] == "lean"))
     elif len(sys.argv) > 1 and sys.argv[1] == "log-line":
         sys.exit(log_line_main())
+    elif len(sys.argv) > 1 and sys.argv[1] == "micro-one":
+        print(json.dumps(micro_one()))
+    elif len(sys.argv) > 1 and sys.argv[1] == "micro":
+        sys.exit(micro_main(sys.argv[2] if len(sys.argv) > 2 else None))
     elif len(sys.argv) > 1 and sys.argv[1] == "profiled":
         sys.exit(profiled(sys.argv[2], sys.argv[3], sys.argv[4:]))
     else:
