@@ -235,3 +235,62 @@ def test_opd112_each_global_flag_an_llm_stages_nested_block_overrides() -> None:
 def test_opd112_a_parallel_config_that_is_not_a_mapping_is_opd101s() -> None:
     text = "pipeline: llm\nstages:\n  - {stage_id: 0, devices: \"0,1\", tensor_parallel_size: 2, parallel_config: 3}\n"
     assert hits(text, "OPD112", ValidateOptions(cli={"tensor_parallel_size": 1})) == []
+
+
+# --- OPD107 flags the target `vllm serve` does not accept -----------------------------------------
+
+_TWO = "stages:\n  - {stage_id: 0, devices: \"0\"}\n  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.4}\n"
+_LLM_PD = ("pipeline: llm_pd\nasync_chunk: false\nstages:\n"
+           "  - {{stage_id: 0, devices: \"0\"{x}, kv_transfer_config: {{kv_connector: NixlConnector, kv_role: kv_producer, "
+           "engine_id: p}}}}\n"
+           "  - {{stage_id: 1, devices: \"1\", kv_transfer_config: {{kv_connector: NixlConnector, kv_role: kv_consumer, "
+           "engine_id: d}}}}\n")
+_CLI = "<command line>"
+
+
+def test_opd107_a_per_stage_flag_names_the_stage_field_or_the_stage_entry() -> None:
+    opts = ValidateOptions(cli={"stage_0_devices": "0", "stage_1_seq_budget": 3}, vllm_version="0.30")
+    assert hits(_TWO, "OPD107", opts) == [
+        (E, "--stage-0-devices is not a `vllm serve --omni` flag (unrecognized arguments): it is per stage",
+         (_CLI, ("stage_0_devices",)),
+         "set stages[0].devices in the deploy YAML; or --stage-overrides '{\"0\": {\"devices\": \"0\"}}'", []),
+        (E, "--stage-1-seq-budget is not a `vllm serve --omni` flag (unrecognized arguments): it is per stage",
+         (_CLI, ("stage_1_seq_budget",)),
+         "set `seq_budget` in the stage 1 entry of the deploy YAML; or --stage-overrides "
+         "'{\"1\": {\"seq_budget\": \"3\"}}'", [])]
+
+
+def test_opd107_a_per_stage_flag_on_plain_vllm_engines_has_no_stage_overrides() -> None:
+    opts = ValidateOptions(cli={"stage_0_devices": "0"}, vllm_version="0.30")
+    assert [g[3] for g in hits(_LLM_PD.format(x=""), "OPD107", opts)] == ["set stages[0].devices in the deploy YAML"]
+
+
+def test_opd107_unknown_flags_with_and_without_a_near_one_and_omni_only_flags() -> None:
+    assert hits(_TWO, "OPD107", ValidateOptions(cli={"zzzqqq": 1}, vllm_version="0.30")) == [(
+        E, "--zzzqqq is not a `vllm serve --omni` flag in vLLM 0.30", (_CLI, ("zzzqqq",)),
+        "see `vllm serve --help` for the flags of this release", [])]
+    opts = ValidateOptions(cli={"stage_overrides": "{}", "max_model_length": 3}, vllm_version="0.30")
+    assert hits(_LLM_PD.format(x=""), "OPD107", opts) == [
+        (E, "--stage-overrides is not a `vllm serve` flag in vLLM 0.30 (a `vllm serve --omni` flag; this pipeline runs "
+            "plain `vllm serve` engines)", (_CLI, ("stage_overrides",)), "remove it", []),
+        (E, "--max-model-length is not a `vllm serve` flag in vLLM 0.30", (_CLI, ("max_model_length",)),
+         "did you mean --max-model-len?", [])]
+
+
+def test_opd107_flags_of_a_release_without_a_list_are_one_info_and_stage_flags_still_errors() -> None:
+    opts = ValidateOptions(cli={"max_model_len": 4096, "dtype": "x", "stage_1_devices": "0"}, vllm_version="0.22")
+    got = hits(_TWO, "OPD107", opts)
+    assert [(g[0], g[1][:40], g[2]) for g in got] == [
+        (E, "--stage-1-devices is not a `vllm serve -", (_CLI, ("stage_1_devices",))),
+        (Severity.INFO, "no `vllm serve` flag list for vLLM 0.22 ", (_CLI, ("--max-model-len", "--dtype")))]
+    assert got[1][1].endswith(": --max-model-len, --dtype not checked")
+
+
+def test_opd107_plain_vllm_stage_keys_become_flags_typos_and_x_keys_excepted() -> None:
+    text = _LLM_PD.format(x=", seq_budget: 8, x-a: 1, max_num_seqs: 2, engine_args: {zap: 1, max_num_seq: 3}")
+    said = "stage 0: `{k}` becomes `--{f}` on this engine's `vllm serve` command line, which vLLM 0.30 does not accept"
+    assert hits(text, "OPD107", ValidateOptions(vllm_version="0.30")) == [
+        (E, said.format(k="seq_budget", f="seq-budget"), (4, 33), "remove it", []),
+        (E, said.format(k="zap", f="zap"), (4, 87), "remove it", [])]
+    # no flag list for the release and no flag given: nothing to check against
+    assert hits(_LLM_PD.format(x=", seq_budget: 8"), "OPD107", ValidateOptions(vllm_version="0.22")) == []

@@ -606,10 +606,10 @@ def serve_flag_unknown(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         if m:
             sid, what = m.group(1), m.group(2)
             val = ctx.cli[key]
-            where = f"stages[{sid}].{what}" if what in _stage_fields() else f"the stage {sid} entry of the deploy YAML"
+            where = f"stages[{sid}].{what} in" if what in _stage_fields() else f"`{what}` in the stage {sid} entry of"
             over = f"; or --stage-overrides '{{\"{sid}\": {{\"{what}\": \"{val}\"}}}}'" if omni else ""
             yield r.diag(f"{flag} is not a `{cmd}` flag (unrecognized arguments): it is per stage", loc,
-                         help=f"set {where} in the deploy YAML{over}")
+                         help=f"set {where} the deploy YAML{over}")
             continue
         if fs is None:
             unchecked.append(flag)
