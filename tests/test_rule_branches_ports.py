@@ -460,3 +460,20 @@ def test_opd501_one_engine_binding_its_api_port_and_side_channel_on_one_port() -
         E, "port 5600 on the shared host bound by stage 0 (NIXL side channel, 5600) and stage 0 (API server --port, "
         "5600)", (4, 39), "one engine binds both: move stage 0's API server --port off 5600",
         [(4, 80, "stage 0 binds 5600")])]
+
+
+_P2P = "{{kv_connector: P2pNcclConnector, kv_role: kv_{role}, engine_id: {eid}{x}}}"
+
+
+def test_opd501_p2pnccl_http_port_is_its_own_socket_unless_it_is_the_api_port() -> None:
+    http = ", kv_connector_extra_config: {http_port: 8100}"
+    kv = ("port 14579 on the shared host bound by stage 0 (kv_port + rank (P2pNcclConnector), 14579) and stage 1 "
+          "(kv_port + rank (P2pNcclConnector), 14579)")
+    # API on 8000, http_port 8100: decode's API port 8100 meets the http_port
+    got = hits(pair(_P2P, ", port: 8000", ", port: 8100", p_x=http), "OPD501")
+    assert [(g[1], g[2], g[4]) for g in got] == [
+        ("port 8100 on the shared host bound by stage 0 (API server (http_port), 8100) and stage 1 (API server --port, "
+         "8100)", (5, 39), [(4, 173, "stage 0 binds 8100")]),
+        (kv, (5, 45), [(4, 45, "stage 0 binds 14579")])]
+    # http_port equal to the stage's own API port is that one socket, not a second bind
+    assert [g[1] for g in hits(pair(_P2P, ", port: 8100", ", port: 8200", p_x=http), "OPD501")] == [kv]
