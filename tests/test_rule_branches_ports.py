@@ -477,3 +477,20 @@ def test_opd501_p2pnccl_http_port_is_its_own_socket_unless_it_is_the_api_port() 
         (kv, (5, 45), [(4, 45, "stage 0 binds 14579")])]
     # http_port equal to the stage's own API port is that one socket, not a second bind
     assert [g[1] for g in hits(pair(_P2P, ", port: 8100", ", port: 8200", p_x=http), "OPD501")] == [kv]
+
+
+def test_opd501_hccl_base_port_from_the_env_is_the_port_bound() -> None:
+    text = pair(NIXL, _TP2 + env(VLLM_NIXL_SIDE_CHANNEL_PORT=5600, HCCL_IF_BASE_PORT=61000),
+                _TP2 + env(VLLM_NIXL_SIDE_CHANNEL_PORT=5700, HCCL_IF_BASE_PORT=61000), p_dev="0,1", d_dev="2,3")
+    hccl = "HCCL listener (HCCL_IF_BASE_PORT), 61000"
+    assert hits(text, "OPD501", ValidateOptions(platform="npu")) == [(
+        E, f"port 61000 on the shared host bound by stage 0 ({hccl}) and stage 1 ({hccl})", (5, 122),
+        "assign distinct HCCL_IF_BASE_PORT per instance (env)", [(4, 122, "stage 0 binds 61000")])]
+
+
+def test_opd501_hccl_listeners_for_dp_or_pp_ranks_too() -> None:
+    want = (f"port 60000 on the shared host bound by stage 0 ({_HCCL}, 60000) and stage 1 ({_HCCL}, 60000)")
+    for size in (", data_parallel_size: 2", ", pipeline_parallel_size: 2"):
+        text = pair(NIXL, size + env(VLLM_NIXL_SIDE_CHANNEL_PORT=5600), size + env(VLLM_NIXL_SIDE_CHANNEL_PORT=5700),
+                    p_dev="0,1", d_dev="2,3")
+        assert [g[1] for g in hits(text, "OPD501", ValidateOptions(platform="npu"))] == [want], size

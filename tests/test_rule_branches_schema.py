@@ -294,3 +294,26 @@ def test_opd107_plain_vllm_stage_keys_become_flags_typos_and_x_keys_excepted() -
         (E, said.format(k="zap", f="zap"), (4, 87), "remove it", [])]
     # no flag list for the release and no flag given: nothing to check against
     assert hits(_LLM_PD.format(x=", seq_budget: 8"), "OPD107", ValidateOptions(vllm_version="0.22")) == []
+
+
+def test_a_key_near_a_stage_key_that_plain_vllm_serve_accepts_is_not_a_typo_there() -> None:
+    # `cudagraph_capture_sizes` is one edit-ratio from `max_cudagraph_capture_size` but a vLLM 0.30 serve flag
+    text = "pipeline: {p}\nstages:\n  - {{stage_id: 0, devices: \"0\", cudagraph_capture_sizes: [1, 2]}}\n"
+    v30 = ValidateOptions(vllm_version="0.30")
+    for code in ("OPD103", "OPD107", "OPD111"):
+        assert hits(text.format(p="llm"), code, v30) == [], code
+    # no flag list for vLLM 0.22: a near miss of a stage key stays a typo
+    assert [g[1] for g in hits(text.format(p="llm"), "OPD103", ValidateOptions(vllm_version="0.22"))] == [
+        "unknown stage key `cudagraph_capture_sizes`: it becomes `--cudagraph-capture-sizes` on the engine's "
+        "`vllm serve` command line, which vLLM rejects"]
+    # vllm-omni has no owner for it
+    assert [(g[1], g[3]) for g in hits(text.format(p="qwen3_omni_moe"), "OPD103", v30)] == [(
+        "unknown stage key `cudagraph_capture_sizes`: vllm-omni 0.30 refuses to start (\"no structured config owner\")",
+        "did you mean `max_cudagraph_capture_size`?")]
+
+
+def test_opd102_a_legacy_file_is_located_at_stage_args() -> None:
+    assert hits("x: 1\nstage_args:\n  - stage_id: 0\n    engine_input_source: []\n", "OPD102") == [(
+        W, "legacy `stage_args` file: no schema defaults are applied; vllm-omni 0.30's deploy loader only reads "
+        "`stages:`", (2, 1), "convert it: one `stages:` entry per stage with flat engine keys (engine_args.* -> stage "
+        "keys, runtime.devices -> devices); topology comes from the pipeline", [])]
