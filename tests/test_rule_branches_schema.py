@@ -317,3 +317,21 @@ def test_opd102_a_legacy_file_is_located_at_stage_args() -> None:
         W, "legacy `stage_args` file: no schema defaults are applied; vllm-omni 0.30's deploy loader only reads "
         "`stages:`", (2, 1), "convert it: one `stages:` entry per stage with flat engine keys (engine_args.* -> stage "
         "keys, runtime.devices -> devices); topology comes from the pipeline", [])]
+
+
+def test_opd103_suggests_what_difflib_suggests_over_every_known_stage_key() -> None:
+    # close_match skips candidates by length before difflib; the answer must be difflib's own
+    # (independent oracle: difflib.get_close_matches over the whole known list, cutoff 0.88)
+    from difflib import get_close_matches
+
+    from omni_pd.check.rules.schema import _known_stage_keys
+
+    known = _known_stage_keys()
+    typos = ["max_num_seq", "max_num_seqss", "enforce_eagr", "gpu_memory_utilisation", "tensor_paralel_size",
+             "devics", "max_model_lenn", "kv_cache_dtyp", "trust_remote_cod", "enable_prefix_cachin",
+             "quantizaton", "block_siz", "data_parallel_sizes", "num_replica", "engine_arg"]
+    for k in typos:
+        want = get_close_matches(k, known, n=1, cutoff=0.88)
+        got = hits(f"pipeline: qwen3_omni_moe\nstages:\n  - {{stage_id: 0, {k}: 1}}\n", "OPD103")
+        assert [g[3] for g in got] == [f"did you mean `{want[0]}`?" for _ in want[:1]], k
+    assert sum(1 for k in typos if get_close_matches(k, known, n=1, cutoff=0.88)) >= 12  # the list tests matches
