@@ -704,3 +704,123 @@ def test_instance_devices_splits_only_a_device_tuple_that_divides_evenly():
     assert instance_devices((0, 1), 1, 0) == (0, 1)
     assert instance_devices("cpu", 3, 1) == "cpu"
     assert instance_devices(None, 2, 0) is None
+
+
+def test_instances_without_a_target_or_a_contract_bind_no_connector_port():
+    from omni_pd.compile.targets import target
+    from omni_pd.launch.plan import instances
+
+    for node, tgt in ((_node(), None), (_node(kv={"kv_connector": "NoSuchConnector", "engine_id": "p"}), target("0.30"))):
+        got = instances(node, tgt)
+        assert [(i.replica, i.devices, i.env, i.ports, i.bootstrap_port, i.kv["engine_id"]) for i in got] == [
+            (0, "0,1", {}, (), None, "p-r0"), (1, "2,3", {}, (), None, "p-r1")]
+
+
+def test_instances_take_the_side_from_the_stage_when_kv_names_no_role():
+    from omni_pd.compile.targets import target
+    from omni_pd.launch.plan import instances
+    from omni_pd.launch.spec import PortUse
+
+    moon = {"kv_connector": "MooncakeConnector", "engine_id": "x"}
+    env = {"VLLM_MOONCAKE_BOOTSTRAP_PORT": "25201"}
+    pre = instances(_node(pd_role="prefill", kv=moon, env=env), target("0.30"))
+    assert [(i.env, i.ports, i.bootstrap_port) for i in pre] == [
+        ({"VLLM_MOONCAKE_BOOTSTRAP_PORT": str(p)}, (PortUse(p, f"Mooncake bootstrap instance {r}"),), p)
+        for r, p in ((0, 25201), (1, 25202))]
+    dec = instances(_node(pd_role="decode", kv=moon, env=env), target("0.30"))
+    assert [(i.env, i.ports, i.bootstrap_port) for i in dec] == [({}, (), None), ({}, (), None)]
+
+
+def test_a_single_instance_keeps_the_stages_env_as_written():
+    """One instance: the connector's port variable is not written (the engine reads the
+    stage's own env, or its default when the stage sets none)."""
+    from omni_pd.compile.targets import target
+    from omni_pd.launch.plan import instances
+
+    (one,) = instances(_node(num_replicas=1, kv={"kv_connector": "MooncakeConnector", "kv_role": "kv_producer",
+                                                 "engine_id": "p"}, env={}), target("0.30"))
+    assert (one.env, one.bootstrap_port, one.kv["engine_id"]) == ({}, 8998, "p")
+
+
+def test_connector_modules_and_the_engines_python():
+    from omni_pd.launch.plan import _python_of, connector_modules
+
+    assert connector_modules("NixlConnector") == ("nixl",)
+    assert connector_modules("MooncakeConnector") == ("mooncake.engine",)
+    assert connector_modules("NoSuchConnector") == ()
+    assert (_python_of("/opt/v/bin/vllm"), _python_of("vllm")) == ("/opt/v/bin/python", None)
+
+
+def test_the_vllm_omni_server_binds_its_ports_on_the_given_host(tmp_path):
+    from omni_pd.launch.spec import PortUse
+
+    cfg = compiled(tmp_path, preset_path("qwen3_omni_moe"), ExpandOptions())
+    (p,) = plan_of(cfg, model="m", host="10.0.0.5").processes
+    assert p.ports == (PortUse(8000, "http", "10.0.0.5"), PortUse(25201, "Mooncake bootstrap", "10.0.0.5"))
+
+
+def test_check_ports_accepts_port_1_and_names_the_omni_servers_own_port_option(tmp_path):
+    from dataclasses import replace
+
+    from omni_pd.launch.plan import check_ports
+    from omni_pd.launch.spec import PortUse
+
+    cfg = compiled(tmp_path, preset_path("qwen3_omni_moe"), ExpandOptions())
+    plan = plan_of(cfg, model="m")
+    low = replace(plan, processes=(replace(plan.processes[0], ports=(PortUse(1, "http"),)),))
+    assert check_ports(low, LaunchOptions(model="m", port=1)) is low
+    bad = replace(plan, processes=(replace(plan.processes[0], ports=(PortUse(70000, "http"),)),))
+    with pytest.raises(OmniPdError) as e:
+        check_ports(bad, LaunchOptions(model="m", port=70000))
+    assert (e.value.diagnostic.message, e.value.diagnostic.help) == (
+        "--port 70000: omni would listen on port 70000, outside 1..65535", "pass --port with a port from 1 to 65535")
+
+
+def test_a_config_port_at_http_plus_300_is_reported_as_the_configs(tmp_path):
+    """Only a port planned as the DP RPC port is blamed on --engine-port-base; a connector
+    port from the file that happens to sit at HTTP + 300 is the config's."""
+    from dataclasses import replace
+
+    from omni_pd.launch.plan import check_ports
+    from omni_pd.launch.spec import PortUse
+
+    cfg = compiled(tmp_path, LLM, ExpandOptions(connector="NixlConnector"), "llm")
+    opts = LaunchOptions(model="m", engine_port_base=65300)
+    plan = plan_of(cfg, model="m", engine_port_base=65300)
+    pre = plan.processes[0]
+    bad = replace(plan, processes=(replace(pre, ports=(pre.ports[0], PortUse(65600, "NIXL side channel"))),
+                                   *plan.processes[1:]))
+    with pytest.raises(OmniPdError) as e:
+        check_ports(bad, opts)
+    assert e.value.diagnostic.message == (f"{cfg}: prefill-0 would bind NIXL side channel port 65600 (from the "
+                                          "config), outside 1..65535")
+
+
+def test_an_engine_port_base_below_1_is_refused_as_too_low(tmp_path):
+    """An API caller's ``engine_port_base`` 0 planned prefill on port 0 and was told it was
+    "above 65535" and to pass 65435 or lower... (issue 16 mutation run): now "below 1"."""
+    cfg = compiled(tmp_path, LLM, ExpandOptions(), "llm")
+    with pytest.raises(OmniPdError) as e:
+        plan_of(cfg, model="m", engine_port_base=0)
+    d = e.value.diagnostic
+    assert (d.code, d.message, d.help) == (
+        "OPD006", "--engine-port-base 0: prefill-0 would listen on HTTP port 0, below 1",
+        "pass --engine-port-base 1 or higher (prefill instances listen on it +0.., decode on +100.., the encoder "
+        "on +200)")
+    assert plan_of(cfg, model="m", engine_port_base=1).processes[0].ports[0].port == 1
+
+
+def test_the_highest_engine_port_base_offered_fits_the_dp_rpc_ports_too(tmp_path):
+    """With data_parallel_size 2 each engine also binds its HTTP port + 300: the base the
+    help offers must fit those (it offered 65435, whose decode DP RPC port is 65835)."""
+    src = tmp_path / "llm.yaml"
+    src.write_text(DP2)
+    cfg = compiled(tmp_path, src, ExpandOptions(), "llm")
+    with pytest.raises(OmniPdError) as e:
+        plan_of(cfg, model="m", engine_port_base=65536)
+    d = e.value.diagnostic
+    assert (d.message, d.help) == (
+        "--engine-port-base 65536: prefill-0 would listen on HTTP port 65536, above 65535",
+        "pass --engine-port-base 65135 or lower (prefill instances listen on it +0.., decode on +100.., the "
+        "encoder on +200)")
+    assert plan_of(cfg, model="m", engine_port_base=65135).process("decode-0").ports[-1].port == 65535

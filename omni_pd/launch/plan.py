@@ -283,18 +283,29 @@ def check_ports(plan: LaunchPlan, opts: LaunchOptions) -> LaunchPlan:
     HTTP ports come from the options (``--port``; ``--engine-port-base`` + 0/100/200 +
     instance); connector ports from the compiled file (``expand --port-base``). Raises
     :class:`~omni_pd.diagnostics.OmniPdError` OPD006 (exit 2) naming the option to change
-    and the highest value that fits, so nothing reaches preflight's ``bind`` with a port
-    the OS cannot take.
+    and the value that fits (the highest base whose HTTP and data-parallel RPC ports all
+    stay at or below :data:`PORT_MAX`; the lowest when a port falls below 1), so nothing
+    reaches preflight's ``bind`` with a port the OS cannot take.
     """
     from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
 
+    def from_base(p: ProcessSpec, u: PortUse) -> bool:  # a port --engine-port-base moves
+        return p.role not in ("router", "omni") and (u is p.ports[0] or (
+            u.purpose == DP_RPC and u.port == p.ports[0].port + DP_RPC_PORT_OFFSET))
+
+    moved = [u.port for p in plan.processes for u in p.ports if from_base(p, u)]
+    top = max(moved, default=PORT_MAX)  # every port the base moves must fit, DP RPC ports too
     for proc in plan.processes:
         for use in proc.ports:
             if 1 <= use.port <= PORT_MAX:
                 continue
-            if use.purpose == "http" and proc.role != "router" and proc.role != "omni":
-                top = max(u.port for p in plan.processes if p.role not in ("router", "omni")
-                          for u in p.ports[:1])
+            if use.purpose == "http" and proc.role != "router" and proc.role != "omni" and use.port < 1:
+                low = min(u.port for p in plan.processes for u in p.ports[:1] if from_base(p, u))
+                msg = (f"--engine-port-base {opts.engine_port_base}: {proc.name} would listen on HTTP port "
+                       f"{use.port}, below 1")
+                help = (f"pass --engine-port-base {opts.engine_port_base + 1 - low} or higher (prefill instances "
+                        "listen on it +0.., decode on +100.., the encoder on +200)")
+            elif use.purpose == "http" and proc.role != "router" and proc.role != "omni":
                 msg = (f"--engine-port-base {opts.engine_port_base}: {proc.name} would listen on HTTP port "
                        f"{use.port}, above {PORT_MAX}")
                 help = (f"pass --engine-port-base {opts.engine_port_base - (top - PORT_MAX)} or lower (prefill "
@@ -303,7 +314,6 @@ def check_ports(plan: LaunchPlan, opts: LaunchOptions) -> LaunchPlan:
                 msg = f"--port {opts.port}: {proc.name} would listen on port {use.port}, outside 1..{PORT_MAX}"
                 help = f"pass --port with a port from 1 to {PORT_MAX}"
             elif use.purpose == DP_RPC and use.port == proc.ports[0].port + DP_RPC_PORT_OFFSET:
-                top = max(u.port for p in plan.processes for u in p.ports if u.purpose == DP_RPC)
                 msg = (f"--engine-port-base {opts.engine_port_base}: {proc.name} would bind its data-parallel RPC "
                        f"port {use.port} (its HTTP port + {DP_RPC_PORT_OFFSET}), above {PORT_MAX}")
                 help = (f"pass --engine-port-base {opts.engine_port_base - (top - PORT_MAX)} or lower (a "
