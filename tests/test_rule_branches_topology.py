@@ -294,3 +294,20 @@ def test_opd206_is_said_once_per_file_under_all_platforms() -> None:
     opts = options_from_example({"model": {"model_type": "qwen3_omni_moe", "subconfigs": ["thinker_config"]}})
     opts.all_platforms = True
     assert len(found(text, "OPD206", opts=opts)) == 1
+
+
+def test_opd203_and_opd205_all_platforms_check_an_overlays_settings_too() -> None:
+    # `--platform rocm` reports the overlay's undefined connector and wrong final_output;
+    # `--all-platforms` ("base + every overlay") must as well
+    text = ("pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n  - stage_id: 1\n    input_connectors:\n"
+            "      from_stage_0: shm\n" + _SHM + "platforms:\n  rocm:\n    stages:\n      - stage_id: 1\n"
+            "        input_connectors:\n          from_stage_0: nope\n        final_output: true\n")
+    note = ["found with the `platforms.rocm` overlay applied"]
+    ref = "stage 1: input_connectors.from_stage_0 names connector `nope`, which `connectors:` does not define"
+    fin = "stage 1 sets final_output: true, but pipeline qwen3_omni_moe has it off"
+    one = ValidateOptions(platform="rocm")
+    assert [(h[1], h[2]) for h in found(text, "OPD203", opts=one)] == [(ref, (14, 25))]
+    assert [(h[1], h[2]) for h in found(text, "OPD205", opts=one)] == [(fin, (15, 23))]
+    every = ValidateOptions(all_platforms=True)
+    assert [(h[1], h[2], h[5]) for h in found(text, "OPD203", opts=every)] == [(ref, (14, 25), note)]
+    assert [(h[1], h[2], h[5]) for h in found(text, "OPD205", opts=every)] == [(fin, (15, 23), note)]

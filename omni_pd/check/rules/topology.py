@@ -127,7 +127,8 @@ def connector_ref(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     config/stage_config.py (connector resolution)."""
     from difflib import get_close_matches
 
-    if ctx.topology is None or not ctx.platform_first:
+    # every platform: an overlay may set its own connector references (see OPD201)
+    if ctx.topology is None:
         return
     conns = ctx.raw.get("connectors")
     defined = sorted(str(k) for k in conns) if isinstance(conns, dict) else []  # else OPD101 reported it
@@ -202,7 +203,8 @@ def final_output(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     A deploy entry that sets ``final_output`` against that loses an output or returns
     the prefill token to the client. Source: vllm-omni ``docs/features/pd_disaggregation.md``
     ("Text remains a final output of the decode stage")."""
-    if ctx.topology is None or not ctx.platform_first:
+    # every platform: an overlay may set final_output (see OPD201)
+    if ctx.topology is None:
         return
     topo = ctx.topology
     if not any(s.final_output for s in topo.stages):
