@@ -141,7 +141,9 @@ def profiled(out: str, what: str, args: list[str]) -> int:
 
 def profile_summary(path: str, requests: int) -> dict:
     """Python function calls (cProfile counts every coroutine resume as a call) and
-    profiled CPU per request, and the share of that CPU in omni-pd's own files."""
+    profiled CPU per request, and the share of that CPU in omni-pd's own files. The
+    counts cover the warm-up too (its connection set-ups) and move with load: compare
+    kinds of one run only."""
     import pstats
 
     st = pstats.Stats(path)
