@@ -274,3 +274,22 @@ def test_opd404_points_into_the_file_being_validated_when_it_sets_a_contributor(
     assert hits("base_config: base.yaml\nstages:\n  - {stage_id: 2, enforce_eager: true}\n") == [(
         "physical GPU 0: 0.8 (stage 0) + 0.7 (stage 1) = 1.50 > 1.0", (base, 4, 57),
         [(base, 3, 57, "stage 0 reserves 0.8")])]
+
+
+def test_opd403_a_side_without_devices_shares_nothing() -> None:
+    text = _P2P.replace(", devices: \"D\"", "")
+    assert found(text, "OPD403") == []
+
+
+def test_opd404_a_buffer_on_a_host_the_inventory_cannot_name_is_not_sized() -> None:
+    # two hosts and no placement: the stages' host is unknown, so is its memory
+    text = _P2P.replace("\"D\"", "\"0\"").replace("0.45", "0.5")
+    assert found(text, "OPD404", {"inventory": {"hosts": {"h": {"memory_gib": 80}, "g": {"memory_gib": 80}},
+                                                "allow_shared_devices": True}}) == []
+
+
+def test_opd404_a_buffer_size_that_is_not_a_number_adds_nothing() -> None:
+    text = _P2P.replace("\"D\"", "\"0\"").replace("0.45", "0.5").replace("kv_buffer_size: 1e9", "kv_buffer_size: big")
+    ctx = {"inventory": {"hosts": {"h": {"memory_gib": 80}}, "allow_shared_devices": True}}
+    assert [h[1] for h in found(text, "OPD404", ctx)] == [
+        "h: physical GPU 0: 0.5 (stage 0) + 0.10 connector buffer + 0.5 (stage 1) = 1.10 > 1.0"]
