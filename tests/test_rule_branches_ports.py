@@ -494,3 +494,35 @@ def test_opd501_hccl_listeners_for_dp_or_pp_ranks_too() -> None:
         text = pair(NIXL, size + env(VLLM_NIXL_SIDE_CHANNEL_PORT=5600), size + env(VLLM_NIXL_SIDE_CHANNEL_PORT=5700),
                     p_dev="0,1", d_dev="2,3")
         assert [g[1] for g in hits(text, "OPD501", ValidateOptions(platform="npu"))] == [want], size
+
+
+def test_opd501_the_later_range_is_shown_whole_and_the_related_span_keeps_file_and_path() -> None:
+    text = pair(NIXL, env(VLLM_NIXL_SIDE_CHANNEL_PORT=5600),
+                ", tensor_parallel_size: 2" + env(VLLM_NIXL_SIDE_CHANNEL_PORT=5600), d_dev="1,2")
+    opts = ValidateOptions(vllm_version="0.11")
+    assert [(g[1], g[2]) for g in hits(text, "OPD501", opts)] == [(
+        "port 5600 on the shared host bound by stage 0 (NIXL side channel, 5600) and stage 1 (NIXL side channel, "
+        "5600-5601)", (5, 95))]
+    (d,) = [d for d in validate_text(text, "t.yaml", opts).diagnostics if d.code == "OPD501"]
+    assert [(r.file, r.path) for r in d.related] == [("t.yaml", ("stages", 0, "env", "VLLM_NIXL_SIDE_CHANNEL_PORT"))]
+
+
+def test_opd505_names_each_replicas_first_port_when_the_bootstrap_range_spans_tp() -> None:
+    # vLLM 0.13-0.17 binds dp x tp bootstrap ports per engine; omni-pd's launcher starts replica r at base + r x span
+    text = pair(MC, ", tensor_parallel_size: 2, num_replicas: 2" + env(VLLM_MOONCAKE_BOOTSTRAP_PORT=25301),
+                head=LLM_PD, p_dev="0,1", d_dev="2", p_x=", kv_connector_extra_config: {mooncake_bootstrap_port: 25201}")
+    assert [g[1] for g in hits(text, "OPD505", ValidateOptions(vllm_version="0.13"))] == [
+        "stage 0: kv_connector_extra_config.mooncake_bootstrap_port is read by nothing on vLLM 0.13; the bootstrap "
+        "port comes from env VLLM_MOONCAKE_BOOTSTRAP_PORT, so this stage binds ports 25301-25303 (replicas 0-1)"]
+
+
+def test_opd502_stages_without_a_disagreement_do_not_end_the_scan() -> None:
+    # stage 0 runs no Mooncake bootstrap server, stage 1's env is unset; stage 2's env is ignored
+    text = ("pipeline: qwen3_omni_moe\nstages:\n" + stage(0, NIXL) + stage(1, MC, devices="1", eid="p1")
+            + stage(2, MC, devices="2", eid="p2", extra=env(VLLM_MOONCAKE_BOOTSTRAP_PORT=25301),
+                    x=", kv_connector_extra_config: {bootstrap_port: 25401}"))
+    assert hits(text, "OPD502") == [(
+        E, "stage 2: env VLLM_MOONCAKE_BOOTSTRAP_PORT = 25301 is ignored: vllm-omni 0.30 sets it from "
+        "kv_connector_extra_config.bootstrap_port plus the replica id, so this stage binds port 25401", (5, 69),
+        "write VLLM_MOONCAKE_BOOTSTRAP_PORT: \"25401\" (what the runtime sets for replica 0), or set bootstrap_port: "
+        "25301 if that is the port you want", [(5, 214, "bootstrap_port 25401")])]
