@@ -293,3 +293,19 @@ def test_opd404_a_buffer_size_that_is_not_a_number_adds_nothing() -> None:
     ctx = {"inventory": {"hosts": {"h": {"memory_gib": 80}}, "allow_shared_devices": True}}
     assert [h[1] for h in found(text, "OPD404", ctx)] == [
         "h: physical GPU 0: 0.5 (stage 0) + 0.10 connector buffer + 0.5 (stage 1) = 1.10 > 1.0"]
+
+
+def test_opd401_a_stage_without_devices_or_with_the_right_count_does_not_end_the_scan() -> None:
+    text = ("stages:\n  - {stage_id: 0}\n  - {stage_id: 1, devices: \"0,1\", tensor_parallel_size: 2}\n"
+            "  - {stage_id: 2, devices: \"2\", tensor_parallel_size: 2}\n")
+    assert [(h[1], h[2]) for h in found(text, "OPD401")] == [(
+        "stage 2: tensor_parallel_size 2 x pipeline_parallel_size 1 x data_parallel_size 1 = 2 devices, but devices "
+        "has 1 entry", (4, 28))]
+
+
+def test_opd402_a_stage_without_devices_or_on_a_host_of_unknown_size_does_not_end_the_scan() -> None:
+    # stage 1 has no host (two hosts, placed neither by `all` nor by id): its count is unknown
+    text = ("stages:\n  - {stage_id: 0}\n  - {stage_id: 1, devices: \"5\"}\n  - {stage_id: 2, devices: \"1\"}\n")
+    ctx = {"inventory": {"hosts": {"a": {"count": 8}, "b": {"count": 1}}, "placement": {"2": "b"}}}
+    assert [(h[1], h[2]) for h in found(text, "OPD402", ctx)] == [(
+        "stage 2 uses device 1, but only 1 GPU is visible (host b has 1)", (4, 28))]
