@@ -20,7 +20,7 @@ Routes
     Two legs per request; each leg's instance is picked on its own (least outstanding
     requests, ties in turn; ``--balance round_robin`` as an option), skipping instances
     the health poller or a failed leg marked down. Both
-    legs carry the same ``X-Request-Id`` (a fresh UUID, echoed in the response) and the
+    legs carry the same ``X-Request-Id`` (UUID-shaped, unique per request: ``core.RequestIds``; echoed in the response) and the
     client's ``Authorization`` header. D's answer is relayed: JSON with its
     ``Content-Length``, or a stream (SSE) chunk by chunk as D produces it.
 ``GET /health``
