@@ -526,3 +526,12 @@ def test_opd502_stages_without_a_disagreement_do_not_end_the_scan() -> None:
         "kv_connector_extra_config.bootstrap_port plus the replica id, so this stage binds port 25401", (5, 69),
         "write VLLM_MOONCAKE_BOOTSTRAP_PORT: \"25401\" (what the runtime sets for replica 0), or set bootstrap_port: "
         "25301 if that is the port you want", [(5, 214, "bootstrap_port 25401")])]
+
+
+def test_opd505_checks_every_unread_key_not_only_the_first() -> None:
+    # plain vLLM reads neither mooncake_bootstrap_port (listed first) nor bootstrap_port
+    text = pair(MC, env(VLLM_MOONCAKE_BOOTSTRAP_PORT=25301), head=LLM_PD,
+                p_x=", kv_connector_extra_config: {bootstrap_port: 25201}")
+    assert [(g[1], g[2]) for g in hits(text, "OPD505")] == [(
+        "stage 0: kv_connector_extra_config.bootstrap_port is read by nothing on vLLM 0.30; the bootstrap port comes "
+        "from env VLLM_MOONCAKE_BOOTSTRAP_PORT, so this stage binds port 25301", (4, 197))]
