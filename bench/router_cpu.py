@@ -395,11 +395,12 @@ def main() -> int:
     for mode, per in result["points"].items():
         for k, v in per.items():
             over = "-" if v.get("over_bare_us_median") is None else f"{v['over_bare_us_median']:+.1f}"
-            print(f"{mode:6} {k:14} {v['us_min']:7.1f} · {v['us_median']:7.1f} · {over:>7}   {v['rps_median']} req/s  "
-                  f"unanswered {v['unanswered']}")
+            print(f"{mode:6} {k:14} {v['us_min']:7.1f} · {v['us_median']:7.1f} · {over:>7}   "
+                  f"{v['rps_median']} req/s  unanswered {v['unanswered']}")
     for k, v in result.get("profile", {}).items():
-        print(f"cProfile {k:14} {v['calls_per_request']:7.1f} Python calls per request, {v['profiled_us_per_request']:7.1f} "
-              f"profiled µs per request, {100 * v['own_code_share']:4.1f} % in omni-pd's own files")
+        print(f"cProfile {k:14} {v['calls_per_request']:7.1f} Python calls per request, "
+              f"{v['profiled_us_per_request']:7.1f} profiled µs per request, "
+              f"{100 * v['own_code_share']:4.1f} % in omni-pd's own files")
     print(f"load average {result['loadavg_start']} -> {result['loadavg_end']}")
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -19,10 +19,10 @@ Routes
 ``POST /v1/completions``, ``POST /v1/chat/completions``
     Two legs per request; each leg's instance is picked on its own (least outstanding
     requests, ties in turn; ``--balance round_robin`` as an option), skipping instances
-    the health poller or a failed leg marked down. Both
-    legs carry the same ``X-Request-Id`` (UUID-shaped, unique per request: ``core.RequestIds``; echoed in the response) and the
-    client's ``Authorization`` header. D's answer is relayed: JSON with its
-    ``Content-Length``, or a stream (SSE) chunk by chunk as D produces it.
+    the health poller or a failed leg marked down. Both legs carry the same
+    ``X-Request-Id`` (UUID-shaped, unique per request: ``core.RequestIds``; echoed in the
+    response) and the client's ``Authorization`` header. D's answer is relayed: JSON with
+    its ``Content-Length``, or a stream (SSE) chunk by chunk as D produces it.
 ``GET /health``
     Probes every backend now (concurrently). 200 only when every backend's ``/health``
     answers 200 and the connector is ready; else 503. The body is JSON with one entry per
