@@ -231,3 +231,18 @@ def test_opd620_is_said_once_per_file_under_all_platforms() -> None:
     opts.all_platforms = True
     text = _EPD_CPU.format(e="") + _ROCM.replace("devices: \"2\"", "devices: \"3\"")
     assert len(found(text, "OPD620", opts=opts)) == 1
+
+
+def test_all_platforms_checks_an_overlays_ec_transfer_config_too() -> None:
+    # `--platform rocm` reports what the overlay's ec_transfer_config breaks (prefill made a
+    # producer: not a consumer, and an encoder-only instance with a KV config);
+    # `--all-platforms` ("base + every overlay") must as well
+    text = _epd() + ("platforms:\n  rocm:\n    stages:\n      - stage_id: 1\n"
+                     "        ec_transfer_config: {ec_connector: ECExampleConnector, ec_role: ec_producer}\n")
+    note = ["found with the `platforms.rocm` overlay applied"]
+    for code, msg in (("OPD616", _NOT_CONSUMER),
+                      ("OPD618", "stage 1 is the encoder-only instance (ec_producer) but has a kv_transfer_config "
+                                 "(NixlConnector): it runs no language model and holds no KV cache")):
+        assert [h[1] for h in found(text, code, opts=ValidateOptions(platform="rocm"))] == [msg], code
+        got = validate_text(text, "t.yaml", ValidateOptions(all_platforms=True)).diagnostics
+        assert [(d.message, list(d.notes)) for d in got if d.code == code] == [(msg, note)], code

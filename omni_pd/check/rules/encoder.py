@@ -5,6 +5,9 @@ OPD614/OPD615 (omni_pd/check/rules/capability.py, facts in
 presets/targets/ec_connectors.yaml); these rules check what the topology adds: which
 stage consumes (the one that runs prefill), the shared storage both sides must see,
 what the encoder-only instance may carry, and the model. Layouts: ``omni-pd expand --encoder-split 1e1pd|1e1p1d`` (README).
+
+Every rule here runs on every platform of ``--all-platforms``: an overlay may set a stage's
+``ec_transfer_config`` (validate merges a finding the base platform already made).
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def ec_consumer_is_prefill(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     ``ec_role: ec_consumer`` encodes every item again (silently: the answer is right, E's
     work is wasted); an ec_consumer on decode loads nothing it uses (warning)."""
     pair = ctx.pd_pair
-    if pair is None or not _producers(ctx) or not ctx.platform_first:
+    if pair is None or not _producers(ctx):
         return
     p, d = pair
     if _role(p) not in ("ec_consumer", "ec_both"):
@@ -103,7 +106,7 @@ def ec_shared_storage(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
 
     nodes = [n for n in (ctx.topology.stages if ctx.topology else ()) if _ec(n)]
     prods = [n for n in nodes if _role(n) in ("ec_producer", "ec_both")]
-    if not prods or not ctx.platform_first:
+    if not prods:
         return
     for prod in prods:
         c = ec_connectors.get(str(_ec(prod).get("ec_connector") or ""))  # type: ignore[union-attr]
@@ -142,8 +145,6 @@ def encoder_has_kv(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     caching off: it "runs no language model, so it holds no KV cache"). A
     ``kv_transfer_config`` there has nothing to send, and a KV producer role would make
     routers and validators take E for a prefill instance. Source: that function."""
-    if not ctx.platform_first:
-        return
     for n in _producers(ctx):
         if isinstance(n.kv, dict) and n.kv:
             yield r.diag(f"stage {n.stage_id} is the encoder-only instance (ec_producer) but has a kv_transfer_config "
@@ -161,7 +162,7 @@ def encoder_needs_multimodal(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     EC producer-only instance requires a multimodal model.": vLLM 0.30.0 config/vllm.py
     ``_resolve_mm_encoder_only``; Source: that function). Checked with ``--model-info`` (config.json with no
     ``vision_config``/``audio_config``, also under ``thinker_config``)."""
-    if ctx.model is None or ctx.model.multimodal is not False or not ctx.platform_first:
+    if ctx.model is None or ctx.model.multimodal is not False:
         return
     for n in _producers(ctx):
         yield r.diag(f"stage {n.stage_id} is an encoder-only instance but the model "
@@ -211,7 +212,7 @@ def ec_port_conflict(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     from omni_pd.check.rules.ports import bound_ports
     from omni_pd.compile.ec_connectors.base import ec_ports
 
-    if ctx.topology is None or not ctx.platform_first:
+    if ctx.topology is None:
         return
     ranges: list[tuple[str, int, int, str, Any, bool, Any]] = []  # host, port, span, purpose, node, is_ec, loc
     for n in ctx.topology.stages:
