@@ -309,3 +309,16 @@ def test_opd402_a_stage_without_devices_or_on_a_host_of_unknown_size_does_not_en
     ctx = {"inventory": {"hosts": {"a": {"count": 8}, "b": {"count": 1}}, "placement": {"2": "b"}}}
     assert [(h[1], h[2]) for h in found(text, "OPD402", ctx)] == [(
         "stage 2 uses device 1, but only 1 GPU is visible (host b has 1)", (4, 28))]
+
+
+def test_opd403_names_every_shared_device_in_order() -> None:
+    text = (_P2P.replace("\"0\", gpu", "\"1,0\", tensor_parallel_size: 2, gpu")
+            .replace("\"D\"", "\"0,1\", tensor_parallel_size: 2"))
+    assert [h[1] for h in found(text, "OPD403")] == [
+        "prefill (stage 0) and decode (stage 1) share GPU 0, 1; disaggregation gives no isolation"]
+
+
+def test_opd404_a_stage_without_devices_does_not_end_the_scan() -> None:
+    text = (_Q + "  - {stage_id: 0}\n  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.7}\n"
+            "  - {stage_id: 2, devices: \"0\", gpu_memory_utilization: 0.7}\n")
+    assert [h[1] for h in found(text, "OPD404")] == ["physical GPU 0: 0.7 (stage 1) + 0.7 (stage 2) = 1.40 > 1.0"]
