@@ -616,3 +616,20 @@ def test_the_nested_and_the_stage_level_wrong_type_read_alike() -> None:
                          "b.yaml", ValidateOptions())
     msg = [d.message for d in nested.diagnostics if d.code == "OPD101"]
     assert msg == [d.message for d in flat.diagnostics if d.code == "OPD101"] != []
+
+
+def test_a_list_extra_config_under_a_platform_overlays_engine_args_is_one_opd101_and_no_rule_crashes() -> None:
+    """The overlay entry's ``engine_args.kv_transfer_config`` reaches the stage like the base's
+    (vllm-omni applies the overlay, then flattens engine_args): OPD104, OPD501, OPD502, OPD504
+    and OPD620 crashed on the list (OPD000) and no OPD101 named it."""
+    text = (_NESTED_KV.format(where="kv_transfer_config:").replace("\n        kv_", "\n      kv_")
+            .replace("kv_connector_extra_config: [a, b]", "kv_connector_extra_config: {}")
+            + "platforms:\n  npu:\n    stages:\n      - stage_id: 0\n        engine_args:\n"
+              "          kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, "
+              "kv_connector_extra_config: [a]}\n")
+    for opts in (ValidateOptions(platform="npu"), ValidateOptions(all_platforms=True)):
+        res = validate_text(text, "pd.yaml", opts)
+        assert [d.message for d in res.diagnostics if d.code == "OPD000"] == []
+        assert [(d.message, d.location.line, d.location.column, d.help) for d in res.diagnostics
+                if d.code == "OPD101"] == [("`kv_connector_extra_config` must be a mapping, found a list", 17, 110,
+                                            "write a mapping for `kv_connector_extra_config`")]

@@ -238,7 +238,9 @@ def parse_all(plain: dict, loc: Locator) -> tuple[DeployConfig | None, list[Diag
 
 
 def _check_nested_kv(work: dict, loc: Locator, diags: list[Diagnostic], seen: set) -> None:
-    """Type ``engine_args.kv_transfer_config`` like a stage's own ``kv_transfer_config``.
+    """Type ``engine_args.kv_transfer_config`` like a stage's own ``kv_transfer_config``, in
+    every stage entry and every ``platforms.<p>.stages`` overlay entry (vllm-omni applies the
+    overlay's keys to the stage, so its ``engine_args`` reach the engine the same way).
 
     The deploy model keeps ``engine_args`` an open mapping, but vllm-omni flattens it into
     the engine arguments, so its ``kv_transfer_config`` reaches vLLM's ``KVTransferConfig``
@@ -251,13 +253,19 @@ def _check_nested_kv(work: dict, loc: Locator, diags: list[Diagnostic], seen: se
     from omni_pd.compile.model import KVTransferConfig
     from omni_pd.compile.parse import _TYPE_WORDS, _show
 
+    entries: list[tuple[tuple, Any]] = []  # every stage entry: stages[i] and platforms.<p>.stages[j]
     stages = work.get("stages")
-    for i, st in enumerate(stages if isinstance(stages, list) else []):
+    entries += [(("stages", i), st) for i, st in enumerate(stages if isinstance(stages, list) else [])]
+    plats = work.get("platforms")
+    for p, ov in (plats.items() if isinstance(plats, dict) else ()):
+        sts = ov.get("stages") if isinstance(ov, dict) else None
+        entries += [(("platforms", p, "stages", j), st) for j, st in enumerate(sts if isinstance(sts, list) else [])]
+    for at, st in entries:
         ea = st.get("engine_args") if isinstance(st, dict) else None
         kv = ea.get("kv_transfer_config") if isinstance(ea, dict) else None
         if not isinstance(kv, dict):
             continue
-        base = ("stages", i, "engine_args", "kv_transfer_config")
+        base = at + ("engine_args", "kv_transfer_config")
         try:
             KVTransferConfig.model_validate(kv)
         except ValidationError as e:
