@@ -535,3 +535,11 @@ def test_opd505_checks_every_unread_key_not_only_the_first() -> None:
     assert [(g[1], g[2]) for g in hits(text, "OPD505")] == [(
         "stage 0: kv_connector_extra_config.bootstrap_port is read by nothing on vLLM 0.30; the bootstrap port comes "
         "from env VLLM_MOONCAKE_BOOTSTRAP_PORT, so this stage binds port 25301", (4, 197))]
+
+
+def test_opd503_placement_on_hosts_the_inventory_does_not_describe() -> None:
+    # an inventory with placement only: no address to suggest, and no crash looking one up
+    bare = Inventory.from_dict({"placement": {0: "a", 1: "b"}})
+    assert [(g[1], g[3]) for g in hits(pair(NIXL), "OPD503", ValidateOptions(inventory=bare))] == [(
+        "stage 0 (prefill) on a advertises localhost (default) as its NIXL side channel; decode on b cannot reach it",
+        "set env VLLM_NIXL_SIDE_CHANNEL_HOST: <routable IP of a> on the prefill stage")]
