@@ -274,6 +274,10 @@ def test_opd404_points_into_the_file_being_validated_when_it_sets_a_contributor(
     assert hits("base_config: base.yaml\nstages:\n  - {stage_id: 2, enforce_eager: true}\n") == [(
         "physical GPU 0: 0.8 (stage 0) + 0.7 (stage 1) = 1.50 > 1.0", (base, 4, 57),
         [(base, 3, 57, "stage 0 reserves 0.8")])]
+    # the child has stage 0's entry but not its gpu_memory_utilization: still the base's last
+    assert hits("base_config: base.yaml\nstages:\n  - {stage_id: 0, enforce_eager: true}\n") == [(
+        "physical GPU 0: 0.8 (stage 0) + 0.7 (stage 1) = 1.50 > 1.0", (base, 4, 57),
+        [(base, 3, 57, "stage 0 reserves 0.8")])]
 
 
 def test_opd403_a_side_without_devices_shares_nothing() -> None:
