@@ -622,7 +622,8 @@ def test_install_completion_writes_the_bash_script(tmp_path):
     exe = _omni_pd_exe()
     env = dict(os.environ, HOME=str(tmp_path))
     # two commands, so bash does not exec the last one: typer detects the shell from the parent process
-    proc = subprocess.run(["bash", "-c", f'"{exe}" --install-completion; exit $?'], capture_output=True, text=True, env=env)
+    proc = subprocess.run(["bash", "-c", f'"{exe}" --install-completion; exit $?'],
+                          capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "bash completion installed in" in proc.stdout
     installed = (tmp_path / ".bash_completions" / "omni-pd.sh").read_text()
