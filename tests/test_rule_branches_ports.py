@@ -543,3 +543,16 @@ def test_opd503_placement_on_hosts_the_inventory_does_not_describe() -> None:
     assert [(g[1], g[3]) for g in hits(pair(NIXL), "OPD503", ValidateOptions(inventory=bare))] == [(
         "stage 0 (prefill) on a advertises localhost (default) as its NIXL side channel; decode on b cannot reach it",
         "set env VLLM_NIXL_SIDE_CHANNEL_HOST: <routable IP of a> on the prefill stage")]
+
+
+def test_opd504_a_base_port_past_65535_is_one_finding_not_also_a_range() -> None:
+    text = pair(NIXL, env(VLLM_NIXL_SIDE_CHANNEL_PORT=65536), env(VLLM_NIXL_SIDE_CHANNEL_PORT=5700))
+    assert hits(text, "OPD504") == [_bad("VLLM_NIXL_SIDE_CHANNEL_PORT", "'65536'", (4, 68))]
+
+
+def test_opd506_a_stage_of_another_connector_does_not_end_the_scan() -> None:
+    text = ("pipeline: qwen3_omni_moe\nstages:\n" + stage(0, NIXL)
+            + stage(1, _ASC, devices="1", x=", kv_port: 30000"))
+    assert [(g[1], g[2]) for g in hits(text, "OPD506", _NPU)] == [(
+        "stage 1: MooncakeConnectorV1 kv_port range 30000-30000 overlaps AscendDirectTransport's random ports "
+        "[20000, 36000) on a 16-NPU node", (4, 134))]
