@@ -68,3 +68,18 @@ def test_npu_plan_refuses_a_pd_ratio_vllm_ascend_rejects() -> None:
     assert planned.plan is None
     msgs = [d.message for d in planned.validation.errors if d.code == "OPD603"]
     assert msgs == ["vllm-ascend MooncakeConnectorV1 needs prefill TP >= decode TP and divisible by it (got P=2, D=4)"]
+
+
+def test_npu_plan_drops_every_cuda_connector_variable_the_base_stage_kept(tmp_path) -> None:
+    """The base's NIXL variables are as unread by vllm-ascend as Mooncake's bootstrap port:
+    none reaches the npu engines (the other env stays)."""
+    text = (GOLDEN / "thinker_tp4_to_2_pull.yaml").read_text().replace(
+        '      VLLM_MOONCAKE_BOOTSTRAP_PORT: "25201"\n',
+        '      VLLM_MOONCAKE_BOOTSTRAP_PORT: "25201"\n      VLLM_NIXL_SIDE_CHANNEL_PORT: "5600"\n'
+        '      VLLM_NIXL_SIDE_CHANNEL_HOST: "127.0.0.1"\n      KEEP_ME: "1"\n', 1)
+    f = tmp_path / "npu.yaml"
+    f.write_text(text)
+    planned = plan_document(parse_text(text, str(f)), str(f), LaunchOptions(model="/models/q", platform="npu"))
+    assert planned.plan is not None, [d.message for d in planned.validation.diagnostics]
+    pre = planned.plan.processes[0]
+    assert dict(pre.env) == {"KEEP_ME": "1", "HCCL_IF_BASE_PORT": "61000", "ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3"}

@@ -824,3 +824,49 @@ def test_the_highest_engine_port_base_offered_fits_the_dp_rpc_ports_too(tmp_path
         "pass --engine-port-base 65135 or lower (prefill instances listen on it +0.., decode on +100.., the "
         "encoder on +200)")
     assert plan_of(cfg, model="m", engine_port_base=65135).process("decode-0").ports[-1].port == 65535
+
+
+def test_the_vllm_omni_plan_exactly(tmp_path):
+    from omni_pd.launch.spec import PortUse
+
+    cfg = compiled(tmp_path, preset_path("qwen3_omni_moe"), ExpandOptions())
+    plan = plan_of(cfg, model="m", host="10.0.0.5", port=9000, env={"HF_TOKEN": "t"})
+    (p,) = plan.processes
+    assert (plan.runtime, plan.model, plan.config, plan.entrypoint, plan.notes) == (
+        "vllm-omni", "m", str(cfg), "http://10.0.0.5:9000",
+        ("vllm-omni starts every stage engine and routes prefill -> decode itself",))
+    assert (p.name, p.role, dict(p.env), p.devices, p.device_env) == ("omni", "omni", {"HF_TOKEN": "t"}, None, None)
+    assert p.ports == (PortUse(9000, "http", "10.0.0.5"), PortUse(25201, "Mooncake bootstrap", "10.0.0.5"))
+
+
+def _hand_llm_pd(tmp_path, prefill: str) -> Path:
+    f = tmp_path / "hand_llm.yaml"
+    f.write_text(
+        "pipeline: llm_pd\nstages:\n"
+        f"  - {{stage_id: 0, async_scheduling: false, {prefill}kv_transfer_config: {{kv_connector: NixlConnector, "
+        "kv_role: kv_producer, engine_id: p}, env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"5600\", HCCL_IF_BASE_PORT: \"61000\"}}\n"
+        "  - {stage_id: 1, kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d},"
+        " env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"5601\"}}\n")
+    return f
+
+
+def test_engines_without_devices_on_cuda_get_no_device_env_and_hccl_is_npu_only(tmp_path):
+    """No ``devices`` on the stage: no CUDA_VISIBLE_DEVICES (the engine sees every GPU) and
+    no device env named; an ``HCCL_IF_BASE_PORT`` off npu is passed as written and is no
+    planned port; ``gpu_memory_utilization`` is the engine's memory share (0.9 without);
+    the host reaches every port the engines bind."""
+    from omni_pd.launch.spec import PortUse
+
+    f = _hand_llm_pd(tmp_path, "gpu_memory_utilization: 0.5, ")
+    pre, dec, _ = plan_of(f, model="m", host="10.0.0.5").processes
+    assert (pre.devices, pre.device_env, dec.devices, dec.device_env) == (None, None, None, None)
+    assert dict(pre.env) == {"VLLM_NIXL_SIDE_CHANNEL_PORT": "5600", "HCCL_IF_BASE_PORT": "61000"}
+    assert pre.ports == (PortUse(8100, "http", "10.0.0.5"), PortUse(5600, "NIXL side channel", "10.0.0.5"))
+    assert (pre.memory_fraction, dec.memory_fraction) == (0.5, 0.9)
+
+
+def test_engines_on_cpu_name_no_devices(tmp_path):
+    cfg = compiled(tmp_path, LLM, ExpandOptions(connector="NixlConnector"), "llm")
+    pre, dec, _ = plan_of(cfg, model="m", platform="cpu").processes
+    assert (pre.devices, pre.device_env, dec.devices, dec.device_env) == (None, None, None, None)
+    assert "CUDA_VISIBLE_DEVICES" not in pre.env and None not in pre.env
