@@ -326,3 +326,33 @@ def test_opd404_a_stage_without_devices_does_not_end_the_scan() -> None:
     text = (_Q + "  - {stage_id: 0}\n  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.7}\n"
             "  - {stage_id: 2, devices: \"0\", gpu_memory_utilization: 0.7}\n")
     assert [h[1] for h in found(text, "OPD404")] == ["physical GPU 0: 0.7 (stage 1) + 0.7 (stage 2) = 1.40 > 1.0"]
+
+
+def test_opd404_an_unknown_engine_without_the_key_does_not_end_the_scan() -> None:
+    text = ("stages:\n  - {stage_id: 0, devices: \"0\"}\n  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.7}\n"
+            "  - {stage_id: 2, devices: \"0\", gpu_memory_utilization: 0.7}\n")
+    assert [h[1] for h in found(text, "OPD404")] == ["physical GPU 0: 0.7 (stage 1) + 0.7 (stage 2) = 1.40 > 1.0"]
+
+
+def test_opd404_sums_within_one_billionth_of_one_fit() -> None:
+    # float rounding: 0.05 + 0.55 + 0.3 + 0.1 is 1.0000000000000002; the rule allows 1e-9, inclusive
+    four = "stages:\n" + "".join(f"  - {{stage_id: {i}, devices: \"0\", gpu_memory_utilization: {u}}}\n"
+                                 for i, u in enumerate((0.05, 0.55, 0.3, 0.1)))
+    assert 0.05 + 0.55 + 0.3 + 0.1 > 1.0 and found(four, "OPD404") == []
+    edge = (_Q + "  - {stage_id: 0, devices: \"0\", gpu_memory_utilization: 0.5}\n"
+            "  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.500000001}\n")
+    assert 0.5 + 0.500000001 == 1.0 + 1e-9 and found(edge, "OPD404") == []
+    over = edge.replace("0.500000001", "0.500000002")
+    assert [h[1] for h in found(over, "OPD404")] == ["physical GPU 0: 0.5 (stage 0) + 0.5 (stage 1) = 1.00 > 1.0"]
+
+
+def test_opd404_with_three_contributors_in_the_base_points_at_the_last(tmp_path) -> None:
+    (tmp_path / "base.yaml").write_text(
+        _Q + "  - {stage_id: 0, devices: \"0\", gpu_memory_utilization: 0.4}\n"
+        "  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.4}\n"
+        "  - {stage_id: 2, devices: \"0\", gpu_memory_utilization: 0.4}\n", encoding="utf-8")
+    res = validate_text("base_config: base.yaml\nasync_chunk: false\n", str(tmp_path / "child.yaml"))
+    got = [(d.message, (d.location.file, d.location.line, d.location.column)) for d in res.diagnostics
+           if d.code == "OPD404"]
+    assert got == [("physical GPU 0: 0.4 (stage 0) + 0.4 (stage 1) + 0.4 (stage 2) = 1.20 > 1.0",
+                    (str(tmp_path / "base.yaml"), 5, 57))]
