@@ -246,3 +246,32 @@ def test_all_platforms_checks_an_overlays_ec_transfer_config_too() -> None:
         assert [h[1] for h in found(text, code, opts=ValidateOptions(platform="rocm"))] == [msg], code
         got = validate_text(text, "t.yaml", ValidateOptions(all_platforms=True)).diagnostics
         assert [(d.message, list(d.notes)) for d in got if d.code == code] == [(msg, note)], code
+
+
+def _ex(role: str, path: str) -> str:
+    return (f", ec_transfer_config: {{ec_connector: ECExampleConnector, ec_role: {role}, "
+            f"ec_connector_extra_config: {{shared_storage_path: {path}}}}}")
+
+
+def test_opd617_an_ec_both_stage_is_a_producer() -> None:
+    text = ("pipeline: llm_1e1pd\nstages:\n  - {stage_id: 0" + _ex("ec_both", "/mnt/a") + "}\n"
+            "  - {stage_id: 1" + _ex("ec_consumer", "/mnt/b") + "}\n")
+    assert found(text, "OPD617") == [(
+        "error", "stage 1 reads encoder outputs from /mnt/b but stage 0 writes them to /mnt/a: every item would be "
+                 "encoded again", _col(text, "shared_storage_path", 1), "set `shared_storage_path: /mnt/a` on both sides",
+        [(*_col(text, "shared_storage_path"), "the producer's directory")])]
+
+
+def test_opd617_a_producer_without_storage_does_not_end_the_scan_of_producers() -> None:
+    # stage 0 produces with ECCPUConnector (no directory); prefill (ec_both) produces on /mnt/b
+    text = _epd(p=_ex("ec_both", "/mnt/b"), d=_ex("ec_consumer", "/mnt/c")).replace(
+        "ECExampleConnector, ec_role: ec_producer", "ECCPUConnector, ec_role: ec_producer", 1)
+    assert [h[1] for h in found(text, "OPD617")] == [
+        "stage 2 reads encoder outputs from /mnt/c but stage 1 writes them to /mnt/b: every item would be encoded again"]
+
+
+def test_opd617_a_consumer_of_another_connector_does_not_end_the_scan_of_consumers() -> None:
+    text = _epd(es=_S.format("/mnt/a"), p=", ec_transfer_config: {ec_connector: ECCPUConnector, ec_role: ec_consumer}",
+                d=_ex("ec_consumer", "/mnt/c"))
+    assert [h[1] for h in found(text, "OPD617")] == [
+        "stage 2 reads encoder outputs from /mnt/c but stage 0 writes them to /mnt/a: every item would be encoded again"]
