@@ -123,9 +123,10 @@ def ec_shared_storage(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             if other != path:
                 yield r.diag(f"stage {cons.stage_id} reads encoder outputs from {other} but stage {prod.stage_id} "
                              f"writes them to {path}: every item would be encoded again",
-                             ctx.sloc(cons, *key) if ctx.exists(ctx.stage_path(cons, *key)) else ctx.sloc(cons, "ec_transfer_config"),
-                             related=[ctx.sloc(prod, *key, label="the producer's directory")
-                                      if ctx.exists(ctx.stage_path(prod, *key)) else ctx.sloc(prod, "ec_transfer_config")],
+                             # a side that does not set the directory: its ec_transfer_config (stage_path
+                             # falls back to the nearest key the stage has)
+                             ctx.sloc(cons, *key),
+                             related=[ctx.sloc(prod, *key, label="the producer's directory")],
                              help=f"set `{c.storage_key}: {path}` on both sides")
             elif ctx.inventory is not None and ctx.host_of(cons) != ctx.host_of(prod):
                 yield r.diag(f"stages {prod.stage_id} and {cons.stage_id} run on different hosts "
