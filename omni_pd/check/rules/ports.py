@@ -96,13 +96,11 @@ def bound_ports(ctx: Context, n: "StageNode") -> list[Bound]:
             span = tp * pp * (1 if name == "P2pNcclConnector" else dp)
             out.append(Bound(n, port, max(span, 1), f"kv_port + rank ({name})",
                              ctx.sloc(n, "kv_transfer_config", "kv_port", value=True)))
-    for key in ("port",):
-        p = _as_port(n.settings.get(key)) if n.settings.get(key) is not None else None
-        if p is not None:
-            out.append(Bound(n, p, 1, "API server --port", ctx.sloc(n, key, value=True)))
+    p = _as_port(n.settings.get("port"))  # None when unset
+    if p is not None:
+        out.append(Bound(n, p, 1, "API server --port", ctx.sloc(n, "port", value=True)))
     if name == "P2pNcclConnector":
-        hp = (kv.get("kv_connector_extra_config") or {}).get("http_port")
-        p = _as_port(hp) if hp is not None else None
+        p = _as_port((kv.get("kv_connector_extra_config") or {}).get("http_port"))
         if p is not None and not any(b.purpose.startswith("API") and b.port == p for b in out):
             out.append(Bound(n, p, 1, "API server (http_port)",
                              ctx.sloc(n, "kv_transfer_config", "kv_connector_extra_config", "http_port", value=True)))
@@ -154,15 +152,10 @@ def port_conflict(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             by_host.setdefault(ctx.host_of(n), []).append(b)
     for host, items in by_host.items():
         items.sort(key=lambda b: (b.port, b.node.stage_id))
-        reported: set = set()
-        for i, a in enumerate(items):
+        for i, a in enumerate(items):  # each pair once: every Bound is a distinct (stage, replica, purpose)
             for b in items[i + 1:]:
                 if b.port >= a.port + a.span:
                     break
-                key = (a.node.stage_id, a.replica, b.node.stage_id, b.replica, a.purpose, b.purpose)
-                if key in reported:
-                    continue
-                reported.add(key)
                 lo = max(a.port, b.port)
                 ra = f"{a.port}" if a.span == 1 else f"{a.port}-{a.port + a.span - 1}"
                 rb = f"{b.port}" if b.span == 1 else f"{b.port}-{b.port + b.span - 1}"
@@ -327,8 +320,8 @@ def cross_host_localhost(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     if name.startswith("Nixl"):
         v = p.env.get("VLLM_NIXL_SIDE_CHANNEL_HOST")
         if v is None or str(v).strip() in LOCAL:
-            loc = ctx.sloc(p, "env", "VLLM_NIXL_SIDE_CHANNEL_HOST", value=True) if v is not None else ctx.sloc(p, "env") \
-                if p.env else ctx.sloc(p)
+            # the value when set, else the nearest existing ancestor: the env block or the stage
+            loc = ctx.sloc(p, "env", "VLLM_NIXL_SIDE_CHANNEL_HOST", value=True)
             yield r.diag(f"stage {p.stage_id} (prefill) on {hp} advertises {v or 'localhost (default)'} as its NIXL side channel; "
                          f"decode on {hd} cannot reach it", loc,
                          related=[ctx.sloc(d, label=f"decode (stage {d.stage_id}) on {hd}")],
