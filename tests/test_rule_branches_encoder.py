@@ -275,3 +275,9 @@ def test_opd617_a_consumer_of_another_connector_does_not_end_the_scan_of_consume
                 d=_ex("ec_consumer", "/mnt/c"))
     assert [h[1] for h in found(text, "OPD617")] == [
         "stage 2 reads encoder outputs from /mnt/c but stage 0 writes them to /mnt/a: every item would be encoded again"]
+
+
+def test_opd620_two_kv_ranges_that_collide_are_opd501s_finding_not_opd620s() -> None:
+    text = _EPD_CPU.format(e=", env: {VLLM_EC_SIDE_CHANNEL_PORT: \"5602\"}").replace("\"5601\"", "\"5600\"")
+    res = validate_text(text, "t.yaml", options_from_example(_V30))
+    assert [d.code for d in res.diagnostics if d.code in ("OPD501", "OPD620")] == ["OPD501"]
