@@ -335,3 +335,23 @@ def test_opd103_suggests_what_difflib_suggests_over_every_known_stage_key() -> N
         got = hits(f"pipeline: qwen3_omni_moe\nstages:\n  - {{stage_id: 0, {k}: 1}}\n", "OPD103")
         assert [g[3] for g in got] == [f"did you mean `{want[0]}`?" for _ in want[:1]], k
     assert sum(1 for k in typos if get_close_matches(k, known, n=1, cutoff=0.88)) >= 12  # the list tests matches
+
+
+def test_opd103_a_top_level_key_below_the_075_ratio_is_only_a_warning() -> None:
+    # `plat` and `edge_list` are 0.6-0.75 from `platforms`/`edges`: dropped keys, not typos of a setting
+    got = hits("plat: 1\nedge_list: []\nstages:\n  - stage_id: 0\n", "OPD103")
+    assert [(g[0], g[1]) for g in got] == [(W, "unknown top-level key `plat` (vllm-omni drops it)"),
+                                           (W, "unknown top-level key `edge_list` (vllm-omni drops it)")]
+
+
+def test_opd103_an_empty_platform_overlay_is_no_stage_entry() -> None:
+    text = "pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 0, max_num_seq: 3}\nplatforms:\n  npu:\n"
+    assert [g[2] for g in hits(text, "OPD103")] == [(3, 19)]
+
+
+def test_opd107_a_thinker_only_pipeline_is_launched_as_plain_vllm_serve() -> None:
+    # runtime vllm-omni (its pipeline), launcher vllm (omni-pd launches one `vllm serve` per engine)
+    text = "pipeline: qwen3_omni_moe_thinker_only\nstages:\n  - {stage_id: 0, devices: \"0\"}\n"
+    assert hits(text, "OPD107", ValidateOptions(cli={"stage_overrides": "{}"}, vllm_version="0.30")) == [(
+        E, "--stage-overrides is not a `vllm serve` flag in vLLM 0.30 (a `vllm serve --omni` flag; this pipeline runs "
+        "plain `vllm serve` engines)", (_CLI, ("stage_overrides",)), "remove it", [])]
