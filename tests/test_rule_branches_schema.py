@@ -355,3 +355,12 @@ def test_opd107_a_thinker_only_pipeline_is_launched_as_plain_vllm_serve() -> Non
     assert hits(text, "OPD107", ValidateOptions(cli={"stage_overrides": "{}"}, vllm_version="0.30")) == [(
         E, "--stage-overrides is not a `vllm serve` flag in vLLM 0.30 (a `vllm serve --omni` flag; this pipeline runs "
         "plain `vllm serve` engines)", (_CLI, ("stage_overrides",)), "remove it", [])]
+
+
+def test_opd103_a_vllm_serve_omni_flag_is_no_flag_of_plain_vllm_engines() -> None:
+    # `--no-async-chunk` exists only under `vllm serve --omni`: on plain engines the key is a typo
+    got = hits("pipeline: llm\nstages:\n  - {stage_id: 0, devices: \"0\", no_async_chunk: true}\n", "OPD103",
+               ValidateOptions(vllm_version="0.30"))
+    assert [(g[1], g[3]) for g in got] == [(
+        "unknown stage key `no_async_chunk`: it becomes `--no-async-chunk` on the engine's `vllm serve` command line, "
+        "which vLLM rejects", "did you mean `async_chunk`?")]
