@@ -618,8 +618,10 @@ def test_a_topology_without_a_pd_pair_is_not_planned():
 
 
 def test_a_tp_the_stage_sets_under_engine_args_becomes_the_tp_flag(tmp_path):
-    """``engine_args.tensor_parallel_size`` is not a flat stage key, so the engine flags do
-    not carry it: the plan adds ``--tensor-parallel-size`` from the stage's resolved TP."""
+    """``engine_args.tensor_parallel_size`` is flattened into the stage's keys the way
+    vllm-omni reads it (topology.effective_stage), so it reaches the engine flags once.
+    (The stage's TP is only ever read from that key: the plan's separate "add the TP flag
+    when the key is missing" branch could not run and was removed.)"""
     src = tmp_path / "llm.yaml"
     src.write_text(LLM.read_text().replace("  - stage_id: 0\n", "  - stage_id: 0\n    engine_args: {tensor_parallel_size: 2}\n")
                    .replace('devices: "0"', 'devices: "0,1"'))

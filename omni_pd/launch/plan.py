@@ -382,8 +382,6 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
                     "--served-model-name", served,
                     "--kv-transfer-config", json.dumps(inst.kv, separators=(",", ":")),
                     *engine_flags(settings)]
-            if node.tp > 1 and "tensor_parallel_size" not in node.settings:
-                argv += ["--tensor-parallel-size", str(node.tp)]
             argv += dp_flags + list(opts.extra_args)
             procs.append(ProcessSpec(
                 name=f"{role}-{inst.replica}", role=role, argv=tuple(argv), env=env, devices=devs,
