@@ -83,3 +83,9 @@ def test_npu_plan_drops_every_cuda_connector_variable_the_base_stage_kept(tmp_pa
     assert planned.plan is not None, [d.message for d in planned.validation.diagnostics]
     pre = planned.plan.processes[0]
     assert dict(pre.env) == {"KEEP_ME": "1", "HCCL_IF_BASE_PORT": "61000", "ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3"}
+
+
+def test_npu_hccl_listener_is_planned_on_the_launch_host() -> None:
+    path = GOLDEN / "thinker_tp4_to_2_pull.yaml"
+    plan = plan_document(load_file(path), str(path), LaunchOptions(model="/m", platform="npu", host="10.0.0.5")).plan
+    assert [(u.port, u.host) for u in plan.processes[0].ports if u.purpose.startswith("HCCL")] == [(61000, "10.0.0.5")]

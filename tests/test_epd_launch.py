@@ -198,3 +198,12 @@ def test_an_engine_port_base_whose_encoder_port_overflows_is_a_plan_error():
     assert e.value.diagnostic.message == ("--engine-port-base 65336: encoder-0 would listen on HTTP port 65536, "
                                           "above 65535")
     assert e.value.diagnostic.help.startswith("pass --engine-port-base 65335 or lower")
+
+
+def test_only_prefill_and_the_encoder_get_the_shared_directory_and_e_runs_the_engines_python():
+    plan = plan_of()
+    assert [(p.name, p.writable_dirs) for p in plan.processes] == [
+        ("prefill-0", ("/tmp/omni-pd-ec",)), ("decode-0", ()), ("encoder-0", ("/tmp/omni-pd-ec",)), ("router", ())]
+    assert plan.process("encoder-0").python == plan.process("prefill-0").python == "/venv/bin/python"
+    assert plan.notes[1] == ("encoder leg: one request per media item to encoder-0 first; its ECExampleConnector "
+                             "output reaches prefill (ec_consumer)")

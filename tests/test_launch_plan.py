@@ -872,3 +872,30 @@ def test_engines_on_cpu_name_no_devices(tmp_path):
     pre, dec, _ = plan_of(cfg, model="m", platform="cpu").processes
     assert (pre.devices, pre.device_env, dec.devices, dec.device_env) == (None, None, None, None)
     assert "CUDA_VISIBLE_DEVICES" not in pre.env and None not in pre.env
+
+
+def test_the_vllm_runtime_plan_carries_host_timeouts_env_and_notes_everywhere(tmp_path):
+    """Every planned port is on ``--host``; engines wait ``ready_timeout_s``, the router 60 s;
+    the router gets the user's env; the plan names its model, connector and the router note."""
+    from omni_pd.launch.spec import PortUse
+
+    src = tmp_path / "llm.yaml"
+    src.write_text(DP2)
+    plan = plan_of(compiled(tmp_path, src, ExpandOptions(connector="NixlConnector"), "llm"), model="m",
+                   host="10.0.0.5", ready_timeout_s=77.0, env={"HF_TOKEN": "t"})
+    pre, dec, router = plan.processes
+    h = "10.0.0.5"
+    nixl = "NIXL side channel"  # one side-channel port per DP rank
+    assert pre.ports == (PortUse(8100, "http", h), PortUse(5600, f"{nixl}[0]", h), PortUse(5601, f"{nixl}[1]", h),
+                         PortUse(8400, DP_RPC, h))
+    assert dec.ports == (PortUse(8200, "http", h), PortUse(5602, f"{nixl}[0]", h), PortUse(5603, f"{nixl}[1]", h),
+                         PortUse(8500, DP_RPC, h))
+    assert router.ports == (PortUse(8000, "http", h),)
+    assert [(p.health.url, p.health.timeout_s) for p in plan.processes] == [
+        ("http://10.0.0.5:8100/health", 77.0), ("http://10.0.0.5:8200/health", 77.0),
+        ("http://10.0.0.5:8000/health", 60.0)]
+    assert dict(router.env) == {"HF_TOKEN": "t"}
+    assert (plan.model, plan.connector, plan.entrypoint, plan.notes) == (
+        "m", "NixlConnector", "http://10.0.0.5:8000",
+        ("router: omni_pd.launch.router (prefill leg max_tokens=1, min_tokens/stop cleared; NixlConnector routing "
+         "fields relayed to decode)",))
