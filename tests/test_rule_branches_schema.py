@@ -364,3 +364,37 @@ def test_opd103_a_vllm_serve_omni_flag_is_no_flag_of_plain_vllm_engines() -> Non
     assert [(g[1], g[3]) for g in got] == [(
         "unknown stage key `no_async_chunk`: it becomes `--no-async-chunk` on the engine's `vllm serve` command line, "
         "which vLLM rejects", "did you mean `async_chunk`?")]
+
+
+def test_opd104_related_spans_keep_their_file() -> None:
+    res = validate_text(pair(", kv_port: 21001", ", kv_port: \"22001\""), "t.yaml")
+    assert [[r.file for r in d.related] for d in res.diagnostics if d.code == "OPD104"] == [["t.yaml"]]
+
+
+def test_opd105_a_name_below_the_09_ratio_is_not_a_near_miss() -> None:
+    # CUDA_DEVICES is 0.75 from CUDA_VISIBLE_DEVICES: another variable, not a typo
+    assert hits("stages:\n  - stage_id: 0\n", "OPD105", ValidateOptions(env={"CUDA_DEVICES": "0"})) == []
+
+
+def test_opd111_suggests_only_owned_keys_above_08_and_keeps_runtime_and_stand_ins_out() -> None:
+    text = "pipeline: qwen3_omni_moe\nstages:\n  - {{stage_id: 0, {k}: 1}}\n"
+    assert [g[3] for g in hits(text.format(k="active_stream_w"), "OPD111")] == [
+        "did you mean `active_stream_window`? " + _NO_PLACE]
+    assert [g[3] for g in hits(text.format(k="gpu_mem_util"), "OPD111")] == [_NO_PLACE]  # 0.6-0.8: no suggestion
+    # `runtime:` is the stage's runtime block, not an engine argument
+    assert hits("pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 0, runtime: {devices: \"0\"}}\n", "OPD111") == []
+    # two stages and no pipeline: validate's `<linear chain>` stand-in, whose stage kinds are unknown
+    two = "stages:\n  - {stage_id: 0, devices: \"0\", seq_budget: 8}\n  - {stage_id: 1, devices: \"1\"}\n"
+    assert hits(two, "OPD111") == []
+
+
+def test_opd111_runs_once_under_all_platforms_with_an_overlay() -> None:
+    text = "pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 0, seq_budget: 8}\nplatforms:\n  npu: {}\n"
+    assert [g[2] for g in hits(text, "OPD111", ValidateOptions(all_platforms=True))] == [(3, 19)]
+
+
+def test_opd112_a_stage_without_parallel_config_does_not_end_the_scan() -> None:
+    text = ("stages:\n  - {stage_id: 0, devices: \"0\"}\n  - {stage_id: 1, devices: \"1,2\", tensor_parallel_size: 1, "
+            "parallel_config: {tensor_parallel_size: 2}}\n")
+    assert [g[1] for g in hits(text, "OPD112")] == [
+        "stage 1 sets tensor_parallel_size 1 and parallel_config.tensor_parallel_size 2; vllm-omni uses parallel_config"]
