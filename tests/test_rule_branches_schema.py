@@ -398,3 +398,10 @@ def test_opd112_a_stage_without_parallel_config_does_not_end_the_scan() -> None:
             "parallel_config: {tensor_parallel_size: 2}}\n")
     assert [g[1] for g in hits(text, "OPD112")] == [
         "stage 1 sets tensor_parallel_size 1 and parallel_config.tensor_parallel_size 2; vllm-omni uses parallel_config"]
+
+
+def test_opd112_a_data_parallel_clash_after_a_stage_without_one() -> None:
+    text = ("stages:\n  - {stage_id: 0, devices: \"0\", tensor_parallel_size: 1, parallel_config: {tensor_parallel_size: 1}}\n"
+            "  - {stage_id: 1, devices: \"1,2\", data_parallel_size: 1, parallel_config: {data_parallel_size: 2}}\n")
+    assert [g[1] for g in hits(text, "OPD112")] == [
+        "stage 1 sets data_parallel_size 1 and parallel_config.data_parallel_size 2; vllm-omni uses parallel_config"]

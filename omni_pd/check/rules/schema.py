@@ -478,12 +478,9 @@ def parallel_config_conflict(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         nested = n.settings.get("parallel_config")
         if not isinstance(nested, dict):
             continue
-        flat = {"tensor_parallel_size": n.settings.get("tensor_parallel_size"),
-                "pipeline_parallel_size": n.settings.get("pipeline_parallel_size"),
-                "data_parallel_size": n.settings.get("data_parallel_size")}
         clash = []
         for k in PARALLEL_SIZE_KEYS + ("use_hsdp",):
-            fv = flat.get(k, n.settings.get(k))
+            fv = n.settings.get(k)  # the flat key (after the platform overlay)
             nv = nested.get(k)
             if fv is not None and nv is not None and str(fv) != str(nv):
                 clash.append((k, fv, nv))
