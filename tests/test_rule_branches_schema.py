@@ -405,3 +405,9 @@ def test_opd112_a_data_parallel_clash_after_a_stage_without_one() -> None:
             "  - {stage_id: 1, devices: \"1,2\", data_parallel_size: 1, parallel_config: {data_parallel_size: 2}}\n")
     assert [g[1] for g in hits(text, "OPD112")] == [
         "stage 1 sets data_parallel_size 1 and parallel_config.data_parallel_size 2; vllm-omni uses parallel_config"]
+
+
+def test_opd107_a_legacy_file_is_not_checked() -> None:
+    legacy = "stage_args:\n  - stage_id: 0\n    engine_input_source: []\n"
+    assert hits(legacy, "OPD107", ValidateOptions(cli={"zzzqqq": 1}, vllm_version="0.30")) == []
+    assert len(hits(_TWO, "OPD107", ValidateOptions(cli={"zzzqqq": 1}, vllm_version="0.30"))) == 1
