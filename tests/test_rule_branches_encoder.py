@@ -281,3 +281,39 @@ def test_opd620_two_kv_ranges_that_collide_are_opd501s_finding_not_opd620s() -> 
     text = _EPD_CPU.format(e=", env: {VLLM_EC_SIDE_CHANNEL_PORT: \"5602\"}").replace("\"5601\"", "\"5600\"")
     res = validate_text(text, "t.yaml", options_from_example(_V30))
     assert [d.code for d in res.diagnostics if d.code in ("OPD501", "OPD620")] == ["OPD501"]
+
+
+def test_opd620_a_range_on_another_host_does_not_end_the_scan() -> None:
+    ctx = {"vllm_version": "0.30", "inventory": {"hosts": {"a": {}, "b": {}}, "placement": {"all": "a", "1": "b"}}}
+    assert [h[1] for h in found(_EPD_CPU.format(e=""), "OPD620", ctx)] == [
+        "port 5601: stage 0's EC side channel (ECCPUConnector) default collides with stage 2's NIXL side channel"]
+
+
+def test_opd620_the_ec_side_is_named_first_when_its_stage_comes_after_the_kv_one() -> None:
+    text = ("pipeline: llm_1e1p1d\nstages:\n"
+            "  - {stage_id: 0, ec_transfer_config: {ec_connector: ECMooncakeConnector, ec_role: ec_producer}}\n"
+            "  - {stage_id: 1, env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"14579\"}, kv_transfer_config: {kv_connector: "
+            "NixlConnector, kv_role: kv_producer, engine_id: p}}\n"
+            "  - {stage_id: 2, env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"5601\"}, kv_transfer_config: {kv_connector: "
+            "NixlConnector, kv_role: kv_consumer, engine_id: d}, ec_transfer_config: {ec_connector: "
+            "ECMooncakeConnector, ec_role: ec_consumer}}\n")
+    assert found(text, "OPD620", _V30) == [(
+        "error", "port 14579: stage 2's EC control (ECMooncakeConnector ec_port + rank) default collides with "
+                 "stage 1's NIXL side channel", _col(text, "ECMooncakeConnector", 1), _EC_HELP,
+        [(*_col(text, "\"14579\""), None)])]
+
+
+def test_opd620_every_colliding_pair_is_named() -> None:
+    # stage 0 and stage 1 (ec_both) both take ECCPUConnector's default 5601, as does decode's NIXL
+    text = ("pipeline: llm_1e1p1d\nstages:\n"
+            "  - {stage_id: 0, ec_transfer_config: {ec_connector: ECCPUConnector, ec_role: ec_producer}}\n"
+            "  - {stage_id: 1, env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"6600\"}, kv_transfer_config: {kv_connector: "
+            "NixlConnector, kv_role: kv_producer, engine_id: p}, ec_transfer_config: {ec_connector: ECCPUConnector, "
+            "ec_role: ec_both}}\n"
+            "  - {stage_id: 2, env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"5601\"}, "
+            "kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}}\n")
+    assert sorted(h[1] for h in found(text, "OPD620", _V30)) == [
+        "port 5601: stage 0's EC side channel (ECCPUConnector) default collides with stage 1's EC side channel "
+        "(ECCPUConnector) default",
+        "port 5601: stage 0's EC side channel (ECCPUConnector) default collides with stage 2's NIXL side channel",
+        "port 5601: stage 1's EC side channel (ECCPUConnector) default collides with stage 2's NIXL side channel"]
