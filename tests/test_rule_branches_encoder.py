@@ -317,3 +317,18 @@ def test_opd620_every_colliding_pair_is_named() -> None:
         "(ECCPUConnector) default",
         "port 5601: stage 0's EC side channel (ECCPUConnector) default collides with stage 2's NIXL side channel",
         "port 5601: stage 1's EC side channel (ECCPUConnector) default collides with stage 2's NIXL side channel"]
+
+
+def test_opd620_names_the_first_port_two_ranges_share() -> None:
+    # prefill's ec_port 14579-14580 (TP 2) and decode's 14578-14579 share 14579
+    text = ("pipeline: llm_1e1p1d\nstages:\n"
+            "  - {stage_id: 0, ec_transfer_config: {ec_connector: ECMooncakeConnector, ec_role: ec_producer}}\n"
+            "  - {stage_id: 1, tensor_parallel_size: 2, env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"5600\"}, kv_transfer_config: "
+            "{kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}, ec_transfer_config: {ec_connector: "
+            "ECMooncakeConnector, ec_role: ec_consumer}}\n"
+            "  - {stage_id: 2, tensor_parallel_size: 2, env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"5602\"}, kv_transfer_config: "
+            "{kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}, ec_transfer_config: {ec_connector: "
+            "ECMooncakeConnector, ec_role: ec_consumer, ec_port: 14578}}\n")
+    assert [h[1] for h in found(text, "OPD620", _V30)] == [
+        "port 14579: stage 1's EC control (ECMooncakeConnector ec_port + rank) default collides with stage 2's EC "
+        "control (ECMooncakeConnector ec_port + rank)"]
