@@ -332,3 +332,17 @@ def test_opd620_names_the_first_port_two_ranges_share() -> None:
     assert [h[1] for h in found(text, "OPD620", _V30)] == [
         "port 14579: stage 1's EC control (ECMooncakeConnector ec_port + rank) default collides with stage 2's EC "
         "control (ECMooncakeConnector ec_port + rank)"]
+
+
+def test_opd620_a_stage_pair_already_reported_does_not_end_the_scan() -> None:
+    # stage 1 binds 5601 twice (its API port and its NIXL side channel: OPD501's finding); the
+    # EC port collides with stage 1 once, and with stage 2 after it
+    text = ("pipeline: llm_1e1p1d\nstages:\n"
+            "  - {stage_id: 0, ec_transfer_config: {ec_connector: ECCPUConnector, ec_role: ec_producer}}\n"
+            "  - {stage_id: 1, port: 5601, env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"5601\"}, kv_transfer_config: "
+            "{kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}}\n"
+            "  - {stage_id: 2, env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"5601\"}, kv_transfer_config: {kv_connector: "
+            "NixlConnector, kv_role: kv_consumer, engine_id: d}}\n")
+    assert [h[1] for h in found(text, "OPD620", _V30)] == [
+        "port 5601: stage 0's EC side channel (ECCPUConnector) default collides with stage 1's NIXL side channel",
+        "port 5601: stage 0's EC side channel (ECCPUConnector) default collides with stage 2's NIXL side channel"]
