@@ -346,3 +346,25 @@ def test_opd620_a_stage_pair_already_reported_does_not_end_the_scan() -> None:
     assert [h[1] for h in found(text, "OPD620", _V30)] == [
         "port 5601: stage 0's EC side channel (ECCPUConnector) default collides with stage 1's NIXL side channel",
         "port 5601: stage 0's EC side channel (ECCPUConnector) default collides with stage 2's NIXL side channel"]
+
+
+def _mc(p_par: str, d_par: str, d_port: str) -> str:
+    return ("pipeline: llm_1e1p1d\nstages:\n"
+            "  - {stage_id: 0, ec_transfer_config: {ec_connector: ECMooncakeConnector, ec_role: ec_producer}}\n"
+            "  - {stage_id: 1, " + p_par + ", env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"5600\"}, kv_transfer_config: "
+            "{kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}, ec_transfer_config: {ec_connector: "
+            "ECMooncakeConnector, ec_role: ec_consumer}}\n"
+            "  - {stage_id: 2, " + d_par + ", env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"5610\"}, kv_transfer_config: "
+            "{kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}, ec_transfer_config: {ec_connector: "
+            "ECMooncakeConnector, ec_role: ec_consumer, ec_port: " + d_port + "}}\n")
+
+
+def test_opd620_one_range_over_two_of_another_stage_is_two_findings() -> None:
+    msg = ("port {}: stage 1's EC control (ECMooncakeConnector ec_port + rank) default collides with stage 2's EC "
+           "control (ECMooncakeConnector ec_port + rank)")
+    # prefill's DP ranks 14579 and 14580 (TP 1) inside decode's 14579-14582 (TP 4)
+    assert [h[1] for h in found(_mc("data_parallel_size: 2", "tensor_parallel_size: 4", "14579"), "OPD620", _V30)] == [
+        msg.format(14579), msg.format(14580)]
+    # prefill's 14579-14582 (TP 4) over decode's DP ranks 14580 and 14581
+    assert [h[1] for h in found(_mc("tensor_parallel_size: 4", "data_parallel_size: 2", "14580"), "OPD620", _V30)] == [
+        msg.format(14580), msg.format(14581)]
