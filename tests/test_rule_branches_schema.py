@@ -411,3 +411,19 @@ def test_opd107_a_legacy_file_is_not_checked() -> None:
     legacy = "stage_args:\n  - stage_id: 0\n    engine_input_source: []\n"
     assert hits(legacy, "OPD107", ValidateOptions(cli={"zzzqqq": 1}, vllm_version="0.30")) == []
     assert len(hits(_TWO, "OPD107", ValidateOptions(cli={"zzzqqq": 1}, vllm_version="0.30"))) == 1
+
+
+def test_opd107_a_misspelt_omni_flag_under_omni_is_matched_among_omni_flags() -> None:
+    got = hits(_TWO, "OPD107", ValidateOptions(cli={"stage_overide": "{}"}, vllm_version="0.30"))
+    assert [(g[1], g[3]) for g in got] == [("--stage-overide is not a `vllm serve --omni` flag in vLLM 0.30",
+                                            "did you mean --stage-overrides?")]
+
+
+def test_opd107_plain_stage_keys_near_a_flag_an_omni_flag_and_a_stage_without_an_entry() -> None:
+    # llm_pd's stage 0 has no entry here (scan goes on); stage_overrides is a --omni flag only
+    text = ("pipeline: llm_pd\nasync_chunk: false\nstages:\n  - {stage_id: 1, devices: \"1\", allowed_headerx: [a], "
+            "stage_overrides: x, kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}}\n")
+    said = "stage 1: `{k}` becomes `--{f}` on this engine's `vllm serve` command line, which vLLM 0.30 does not accept"
+    assert hits(text, "OPD107", ValidateOptions(vllm_version="0.30")) == [
+        (E, said.format(k="allowed_headerx", f="allowed-headerx"), (4, 33), "did you mean `allowed_headers`?", []),
+        (E, said.format(k="stage_overrides", f="stage-overrides"), (4, 55), "did you mean `hf_overrides`?", [])]
