@@ -427,3 +427,12 @@ def test_opd107_plain_stage_keys_near_a_flag_an_omni_flag_and_a_stage_without_an
     assert hits(text, "OPD107", ValidateOptions(vllm_version="0.30")) == [
         (E, said.format(k="allowed_headerx", f="allowed-headerx"), (4, 33), "did you mean `allowed_headers`?", []),
         (E, said.format(k="stage_overrides", f="stage-overrides"), (4, 55), "did you mean `hf_overrides`?", [])]
+
+
+def test_opd103_a_typo_in_a_stage_the_pipeline_lacks_or_with_no_topology_at_all() -> None:
+    said = "unknown stage key `max_num_seq`: vllm-omni 0.30 refuses to start (\"no structured config owner\")"
+    # stage 7 is not a qwen3_omni_moe stage (OPD202); a stage without stage_id leaves no topology (OPD101)
+    assert [(g[1], g[2]) for g in hits("pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 7, max_num_seq: 3}\n",
+                                       "OPD103")] == [(said, (3, 19))]
+    assert [(g[1], g[2]) for g in hits("pipeline: qwen3_omni_moe\nstages:\n  - {devices: \"0\", max_num_seq: 3}\n",
+                                       "OPD103")] == [(said, (3, 20))]
