@@ -700,3 +700,45 @@ def test_decode_devices_must_match_decodes_own_tp_when_the_sides_differ() -> Non
         "OPD805", "--decode-devices lists 1 device(s); decode at TP 2 needs 2", None, None)
     st, _ = stages(LLM, replace(opts, decode_devices=(3, 4)), pipeline="llm")
     assert [(s["tensor_parallel_size"], s["devices"]) for s in st] == [(1, "0"), (2, "3,4")]
+
+
+def test_merge_one_unread_path_keeps_the_keys_after_it_and_empty_user_mappings() -> None:
+    # a dropped top-level key and an emptied mapping are skipped, not the end of the copy;
+    # a mapping no unread path names is kept even when empty; a non-mapping value under a
+    # key some unread path names is copied as is
+    user = {"kv_ip": "x", "kv_connector_extra_config": {"mooncake_bootstrap_port": 1}, "other": {},
+            "kv_buffer_device": "cpu"}
+    got = pd_split._merge_user_kv(_CFG, user, target("0.30"),
+                                  ("kv_ip", "kv_connector_extra_config.mooncake_bootstrap_port"))
+    assert got.kv_transfer_config == {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer", "engine_id": "e",
+                                      "kv_connector_extra_config": {"bootstrap_port": 25201}, "other": {},
+                                      "kv_buffer_device": "cpu"}
+    odd = pd_split._merge_user_kv(_CFG, {"custom": "text", "kv_buffer_device": "cpu"}, target("0.30"),
+                                  ("custom.mooncake_bootstrap_port",))
+    assert odd.kv_transfer_config["custom"] == "text" and odd.kv_transfer_config["kv_buffer_device"] == "cpu"
+
+
+def test_stage_ranges_are_the_other_stages_connector_ranges() -> None:
+    from omni_pd.compile.parse import parse_config
+    from omni_pd.compile.pipelines import load_catalogue
+    from omni_pd.compile.topology import resolve
+
+    text = ("pipeline: qwen3_omni_moe\nstages:\n"
+            "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_both},"
+            " env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"5700\"}}\n"
+            "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer},"
+            " env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"5600\"}}\n"
+            "  - {stage_id: 2, devices: \"1\"}\n")
+    doc = parse_text(text, "in.yaml")
+    topo = resolve(parse_config(doc), load_catalogue().get("qwen3_omni_moe"), None, doc)
+    # the split stage (0) is left out; stage 1's NIXL port is kept; stage 2 has no connector
+    assert pd_split._stage_ranges(topo, 0, target("0.30"), "vllm-omni") == [(5600, 1)]
+    assert pd_split._stage_ranges(topo, 1, target("0.30"), "vllm-omni") == [(5700, 1)]
+
+
+def test_replicas_sharing_a_port_are_refused_at_the_thinkers_num_replicas() -> None:
+    text = "stages:\n  - stage_id: 0\n    devices: \"0,1\"\n    num_replicas: 2\n"
+    assert refusal(text, vllm_version="0.28", pipeline="qwen3_omni_moe_thinker_only") == (
+        "OPD805", "cannot place 2 replicas of the prefill stage on one host: vllm-omni 0.28 gives every replica the "
+                  "same Mooncake bootstrap port (25201)", (4, 19),
+        "set num_replicas: 1 on the Thinker (one engine per side), or serve the replicas from different hosts")
