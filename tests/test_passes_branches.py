@@ -742,3 +742,45 @@ def test_replicas_sharing_a_port_are_refused_at_the_thinkers_num_replicas() -> N
         "OPD805", "cannot place 2 replicas of the prefill stage on one host: vllm-omni 0.28 gives every replica the "
                   "same Mooncake bootstrap port (25201)", (4, 19),
         "set num_replicas: 1 on the Thinker (one engine per side), or serve the replicas from different hosts")
+
+
+def _ranges(stage: str, runtime: str = "vllm", version: str = "0.30") -> list:
+    from omni_pd.compile.parse import parse_config
+    from omni_pd.compile.pipelines import load_catalogue
+    from omni_pd.compile.topology import resolve
+
+    doc = parse_text("stages:\n  - {stage_id: 0, " + stage + "}\n", "in.yaml")
+    topo = resolve(parse_config(doc), load_catalogue().get("llm"), None, doc)
+    return pd_split._stage_ranges(topo, -1, target(version), runtime)  # -1: no stage is the split one
+
+
+@pytest.mark.parametrize("stage, runtime, version, want", [
+    # no kv_role: a Mooncake stage counts as a producer (it binds its bootstrap port); a consumer binds none
+    ('kv_transfer_config: {kv_connector: MooncakeConnector}, env: {VLLM_MOONCAKE_BOOTSTRAP_PORT: "25300"}',
+     "vllm", "0.30", [(25300, 1)]),
+    ('kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_consumer}, '
+     'env: {VLLM_MOONCAKE_BOOTSTRAP_PORT: "25300"}', "vllm", "0.30", []),
+    # vllm-omni 0.30 reads the extra-config key (the stage's kv), not the env
+    ("kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer, "
+     "kv_connector_extra_config: {bootstrap_port: 26000}}", "vllm-omni", "0.30", [(26000, 1)]),
+    # the stage's env port, TP x DP wide on vLLM 0.11, one range per replica
+    ('kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer}, env: {VLLM_NIXL_SIDE_CHANNEL_PORT: '
+     '"5650"}', "vllm", "0.30", [(5650, 1)]),
+    ('kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer}, tensor_parallel_size: 2, '
+     'env: {VLLM_NIXL_SIDE_CHANNEL_PORT: "5650"}', "vllm", "0.11", [(5650, 2)]),
+    ('kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer}, data_parallel_size: 2, '
+     'env: {VLLM_NIXL_SIDE_CHANNEL_PORT: "5650"}', "vllm", "0.11", [(5650, 2)]),
+    ('kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer}, num_replicas: 2, '
+     'env: {VLLM_NIXL_SIDE_CHANNEL_PORT: "5650"}', "vllm", "0.30", [(5650, 1), (5651, 1)]),
+    # only TCP ports count
+    ('kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer}, env: {VLLM_NIXL_SIDE_CHANNEL_PORT: '
+     '"65535"}', "vllm", "0.30", [(65535, 1)]),
+    ('kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer}, env: {VLLM_NIXL_SIDE_CHANNEL_PORT: '
+     '"65536"}', "vllm", "0.30", []),
+    ('kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer}, env: {VLLM_NIXL_SIDE_CHANNEL_PORT: '
+     '"1"}', "vllm", "0.30", [(1, 1)]),
+    ('kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer}, env: {VLLM_NIXL_SIDE_CHANNEL_PORT: '
+     '"0"}', "vllm", "0.30", []),
+])
+def test_stage_ranges_per_role_runtime_width_replica_and_bounds(stage, runtime, version, want) -> None:
+    assert _ranges(stage, runtime, version) == want
