@@ -784,3 +784,20 @@ def _ranges(stage: str, runtime: str = "vllm", version: str = "0.30") -> list:
 ])
 def test_stage_ranges_per_role_runtime_width_replica_and_bounds(stage, runtime, version, want) -> None:
     assert _ranges(stage, runtime, version) == want
+
+
+@pytest.mark.parametrize("platforms, want", [
+    ("  cpu:\n    stages:\n      - {stage_id: 0, max_model_len: 512}\n", {}),  # places nothing: inherits the base
+    ("  cpu: {}\n", {}),                                                       # no stages at all
+    ("  cpu:\n    stages:\n      - {stage_id: 0, devices: \"3\"}\n", {"cpu": {1: (4,)}}),  # decode after prefill's 3
+])
+def test_only_overlays_that_place_stages_get_overlay_devices(platforms, want) -> None:
+    from omni_pd.compile.parse import parse_config
+    from omni_pd.compile.pipelines import load_catalogue
+    from omni_pd.compile.topology import resolve
+
+    doc = parse_text("stages:\n  - {stage_id: 0, devices: \"0\"}\nplatforms:\n" + platforms, "in.yaml")
+    cat = load_catalogue()
+    topo = resolve(parse_config(doc), cat.get("llm"), None, doc)
+    plan = pd_split.plan_pd_split(topo, cat, target(None), ExpandOptions(connector="NixlConnector"), doc)
+    assert plan.overlay_devices == want
