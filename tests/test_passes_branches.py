@@ -801,3 +801,41 @@ def test_only_overlays_that_place_stages_get_overlay_devices(platforms, want) ->
     topo = resolve(parse_config(doc), cat.get("llm"), None, doc)
     plan = pd_split.plan_pd_split(topo, cat, target(None), ExpandOptions(connector="NixlConnector"), doc)
     assert plan.overlay_devices == want
+
+
+def test_check_tp_pair_refusals_exactly() -> None:
+    # no TP option given (the sides' TPs came from the file): no option prefix; OPD603 keeps
+    # the connector's location
+    with pytest.raises(OmniPdError) as e:
+        pd_split.check_tp_pair("MooncakeConnector", 2, 1, target("0.30"), "vllm-omni", (None, None), None)
+    d = e.value.diagnostic
+    assert (d.code, d.message, d.location, d.help) == (
+        "OPD306", "tensor_parallel_size differs: prefill 2, decode 1; vllm-omni's PD validator requires them equal "
+                  "(vllm_omni/entrypoints/pd_utils.py)", None,
+        "serve per-side TP from a pipeline launched as plain vllm serve engines (llm, *_thinker_only), or give "
+        "both sides the same TP")
+    from omni_pd.diagnostics import Location
+
+    loc = Location("in.yaml", 3, 7)
+    with pytest.raises(OmniPdError) as e:
+        pd_split.check_tp_pair("MooncakeConnector", 3, 2, target("0.30"), "vllm", (3, 2), loc)
+    d = e.value.diagnostic
+    assert (d.code, d.message, d.location) == (
+        "OPD603", "--prefill-tp 3 --decode-tp 2: MooncakeConnector needs one TP size to divide the other (got 3 and 2)",
+        loc)
+
+
+@pytest.mark.parametrize("text, where", [
+    (LLM + "    tensor_parallel_size: 5000\n", (5, 27)),                                 # the stage's key
+    ("tensor_parallel_size: 1\ndata_parallel_size: 5000\n" + LLM, (2, 21)),            # a top-level DP
+])
+def test_an_engine_too_wide_from_the_file_is_located_at_its_parallel_size(text, where) -> None:
+    assert refusal(text, pipeline="llm")[1:3] == (
+        "cannot place prefill and decode: TP x PP x DP = 5000 devices per engine, more than the 4096 omni-pd places",
+        where)
+
+
+def test_used_ports_stops_at_65535() -> None:
+    out: list[tuple[int, int]] = []
+    pd_split._used_ports({"a_port": 65536, "b_port": "65535"}, out)
+    assert out == [(65535, 1)]
