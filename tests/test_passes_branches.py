@@ -839,3 +839,30 @@ def test_used_ports_stops_at_65535() -> None:
     out: list[tuple[int, int]] = []
     pd_split._used_ports({"a_port": 65536, "b_port": "65535"}, out)
     assert out == [(65535, 1)]
+
+
+def test_prefill_keeps_the_thinkers_whole_device_list_unless_its_tp_is_given() -> None:
+    two = LLM.replace('"0"', '"0,1"')
+    st, _ = stages(two, ExpandOptions(connector="NixlConnector"), pipeline="llm")
+    assert [s["devices"] for s in st] == ["0,1", "2,3"]
+    st, _ = stages(two, ExpandOptions(connector="NixlConnector", decode_tp=2), pipeline="llm")
+    assert [(s["devices"], s.get("tensor_parallel_size")) for s in st] == [("0,1", None), ("2,3", 2)]
+    st, _ = stages(two, ExpandOptions(connector="NixlConnector", prefill_tp=1), pipeline="llm")
+    assert [s["devices"] for s in st] == ["0", "1"]  # prefill at TP 1: one device, decode the next
+
+
+def test_a_connector_the_release_lacks_is_located_where_the_file_names_it() -> None:
+    assert refusal(LLM + "    kv_transfer_config: {kv_connector: MooncakeConnector}\n", vllm_version="0.11",
+                   pipeline="llm") == ("OPD804", "MooncakeConnector is not registered in vLLM 0.11", (5, 40),
+                                       "pick another --connector or --vllm-version")
+
+
+def test_the_plan_records_the_tp_option() -> None:
+    from omni_pd.compile.parse import parse_config
+    from omni_pd.compile.pipelines import load_catalogue
+    from omni_pd.compile.topology import resolve
+
+    doc = parse_text(LLM, "in.yaml")
+    cat = load_catalogue()
+    topo = resolve(parse_config(doc), cat.get("llm"), None, doc)
+    assert pd_split.plan_pd_split(topo, cat, target(None), ExpandOptions(connector="NixlConnector", tp=2), doc).tp == 2
