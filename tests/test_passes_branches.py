@@ -866,3 +866,34 @@ def test_the_plan_records_the_tp_option() -> None:
     cat = load_catalogue()
     topo = resolve(parse_config(doc), cat.get("llm"), None, doc)
     assert pd_split.plan_pd_split(topo, cat, target(None), ExpandOptions(connector="NixlConnector", tp=2), doc).tp == 2
+
+
+_B = 'stages:\n  - {stage_id: 0, devices: "0"}\n'
+_Q = ('pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 0, devices: "0"}\n  - {stage_id: 1, devices: "1"}\n'
+      '  - {stage_id: 2, devices: "1"}\n')
+
+
+@pytest.mark.parametrize("base, overlay, pipeline, opts, want", [
+    # each side's TP (x DP) devices on the platform too
+    (_B, '{stage_id: 0, devices: "3"}', "llm", dict(prefill_tp=2, decode_tp=2), {0: (3, 4), 1: (5, 6)}),
+    (_B, '{stage_id: 0, devices: "3,4", data_parallel_size: 2}', "llm", dict(prefill_tp=2, decode_tp=2),
+     {0: (3, 4, 5, 6), 1: (7, 8, 9, 10)}),
+    (_B, '{stage_id: 0, devices: "3"}', "llm", dict(decode_tp=2), {1: (4, 5)}),
+    # the overlay's own TP (flat, engine_args or engine_extras) wins: its devices as written
+    (_B, '{stage_id: 0, devices: "3", engine_args: {tensor_parallel_size: 1}}', "llm", dict(prefill_tp=2, decode_tp=2),
+     {1: (4,)}),
+    (_B, '{stage_id: 0, devices: "3", engine_extras: {tensor_parallel_size: 1}}', "llm",
+     dict(prefill_tp=2, decode_tp=2), {1: (4,)}),
+    # an overlay without a Thinker entry: nothing moves
+    (_Q, '{stage_id: 1, devices: "5"}', "qwen3_omni_moe", {}, {}),
+])
+def test_overlay_devices_per_side_tp_and_the_overlays_own_tp(base, overlay, pipeline, opts, want) -> None:
+    from omni_pd.compile.parse import parse_config
+    from omni_pd.compile.pipelines import load_catalogue
+    from omni_pd.compile.topology import resolve
+
+    doc = parse_text(base + "platforms:\n  cpu:\n    stages:\n      - " + overlay + "\n", "in.yaml")
+    cat = load_catalogue()
+    topo = resolve(parse_config(doc), cat.get(pipeline), None, doc)
+    plan = pd_split.plan_pd_split(topo, cat, target(None), ExpandOptions(connector="NixlConnector", **opts), doc)
+    assert plan.overlay_devices == {"cpu": want}
