@@ -897,3 +897,16 @@ def test_overlay_devices_per_side_tp_and_the_overlays_own_tp(base, overlay, pipe
     topo = resolve(parse_config(doc), cat.get(pipeline), None, doc)
     plan = pd_split.plan_pd_split(topo, cat, target(None), ExpandOptions(connector="NixlConnector", **opts), doc)
     assert plan.overlay_devices == {"cpu": want}
+
+
+def test_no_thinker_without_a_document_is_refused_without_a_location() -> None:
+    from omni_pd.compile.parse import parse_config
+    from omni_pd.compile.pipelines import load_catalogue
+    from omni_pd.compile.topology import resolve
+
+    doc = parse_text("stages:\n  - {stage_id: 0, devices: \"0\"}\n  - {stage_id: 1, devices: \"1\"}\n", "in.yaml")
+    cat = load_catalogue()
+    topo = resolve(parse_config(doc), cat.get("llm_1e1pd"), None, doc)
+    with pytest.raises(OmniPdError) as e:
+        pd_split.plan_pd_split(topo, cat, target(None), ExpandOptions())
+    assert (e.value.diagnostic.code, e.value.diagnostic.location) == ("OPD801", None)
