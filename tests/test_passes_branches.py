@@ -910,3 +910,41 @@ def test_no_thinker_without_a_document_is_refused_without_a_location() -> None:
     with pytest.raises(OmniPdError) as e:
         pd_split.plan_pd_split(topo, cat, target(None), ExpandOptions())
     assert (e.value.diagnostic.code, e.value.diagnostic.location) == ("OPD801", None)
+
+
+_901_NOTES = ["vllm-omni routes prefill -> decode only when async_chunk is false (engine/orchestrator.py); with it on, "
+              "decode would get a placeholder prompt"]
+
+
+def _901(res) -> list:
+    return [(d.code, d.severity, d.message, (d.location.line, d.location.column) if d.location else None, d.notes)
+            for d in res.diagnostics if d.code == "OPD901"]
+
+
+def test_opd901_when_streaming_is_given_up_or_a_one_stage_vllm_omni_pipeline_needs_it_off() -> None:
+    import re
+
+    from omni_pd.compile.pipelines import Catalogue, load_catalogue, pipeline_from_dict
+    from omni_pd.resources import preset_path
+
+    q3 = preset_path("qwen3_omni_moe").read_text()
+    stream = "async_chunk set to false: streaming of audio chunks between stages is given up"
+    _, res = stages(q3, pipeline="qwen3_omni_moe")  # the preset says async_chunk: true (line 6)
+    assert _901(res) == [("OPD901", Severity.INFO, stream, (6, 14), _901_NOTES)]
+    _, res = stages(re.sub(r"(?m)^async_chunk:.*\n", "", q3), pipeline="qwen3_omni_moe")  # vllm-omni's default: on
+    assert _901(res) == [("OPD901", Severity.INFO, stream, None, _901_NOTES)]
+    _, res = stages(q3.replace("async_chunk: true", "async_chunk: false"), pipeline="qwen3_omni_moe")
+    assert _901(res) == []
+    # one stage: nothing streamed; said only when vllm-omni (whose orchestrator reads the key) serves it
+    solo = pipeline_from_dict({"name": "solo", "runtime": "vllm-omni",
+                               "stages": [{"stage_id": 0, "role": "thinker", "final_output": True}]})
+    cat = Catalogue({**load_catalogue().pipelines, solo.name: solo})
+    _, res = stages(LLM, ExpandOptions(connector="NixlConnector"), pipeline="solo", catalogue=cat)
+    assert _901(res) == [("OPD901", Severity.INFO, "async_chunk set to false (prefill/decode routing needs it off)",
+                          None, _901_NOTES)]
+    _, res = stages("async_chunk: false\n" + LLM, ExpandOptions(connector="NixlConnector"), pipeline="solo",
+                    catalogue=cat)
+    assert _901(res) == []
+    for pipeline in ("llm", "qwen3_omni_moe_thinker_only"):  # launched as plain vllm serve engines
+        _, res = stages("async_chunk: true\n" + LLM, pipeline=pipeline)
+        assert _901(res) == [], pipeline
