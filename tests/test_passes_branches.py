@@ -884,8 +884,9 @@ _Q = ('pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 0, devices: "0"}\n  - {
      {1: (4,)}),
     (_B, '{stage_id: 0, devices: "3", engine_extras: {tensor_parallel_size: 1}}', "llm",
      dict(prefill_tp=2, decode_tp=2), {1: (4,)}),
-    # an overlay without a Thinker entry: nothing moves
+    # an overlay without a Thinker entry: nothing moves (with a TP option too: its own TP is then not looked up)
     (_Q, '{stage_id: 1, devices: "5"}', "qwen3_omni_moe", {}, {}),
+    (_Q, '{stage_id: 1, devices: "5"}', "qwen3_omni_moe", dict(tp=1), {}),
 ])
 def test_overlay_devices_per_side_tp_and_the_overlays_own_tp(base, overlay, pipeline, opts, want) -> None:
     from omni_pd.compile.parse import parse_config
