@@ -830,9 +830,9 @@ def test_check_tp_pair_refusals_exactly() -> None:
     ("tensor_parallel_size: 1\ndata_parallel_size: 5000\n" + LLM, (2, 21)),            # a top-level DP
 ])
 def test_an_engine_too_wide_from_the_file_is_located_at_its_parallel_size(text, where) -> None:
-    assert refusal(text, pipeline="llm")[1:3] == (
-        "cannot place prefill and decode: TP x PP x DP = 5000 devices per engine, more than the 4096 omni-pd places",
-        where)
+    assert refusal(text, pipeline="llm") == (
+        "OPD805", "cannot place prefill and decode: TP x PP x DP = 5000 devices per engine, more than the 4096 "
+                  "omni-pd places", where, "parallel sizes must be at least 1 and fit the host's devices")
 
 
 def test_used_ports_stops_at_65535() -> None:
