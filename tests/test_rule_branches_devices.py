@@ -6,17 +6,8 @@ omni_pd/check/rules/devices.py (bench/mutation.py).
 
 from __future__ import annotations
 
-from omni_pd.check.validate import ValidateOptions, options_from_example, validate_text
-
-
-def found(text: str, code: str, ctx: dict | None = None, opts: ValidateOptions | None = None) -> list[tuple]:
-    """(severity, message, (line, column), help, [(line, column, label) of related]) of each
-    ``code`` diagnostic, in validate's order; also checks that no rule crashed (OPD000)."""
-    res = validate_text(text, "t.yaml", opts if opts is not None else options_from_example(ctx or {}))
-    assert [d.message for d in res.diagnostics if d.code == "OPD000"] == []
-    return [(d.severity.value, d.message, (d.location.line, d.location.column) if d.location else None, d.help,
-             [(r.line, r.column, r.label) for r in d.related])
-            for d in res.diagnostics if d.code == code]
+from omni_pd.check.validate import ValidateOptions, validate_text
+from rule_found import found  # tests/rule_found.py
 
 
 _Q = "pipeline: qwen3_omni_moe\nstages:\n"

@@ -6,20 +6,10 @@ run of omni_pd/check/rules/runtime.py (bench/mutation.py) is what named them.
 
 from __future__ import annotations
 
-from omni_pd.check.validate import ValidateOptions, options_from_example, validate_text
+from omni_pd.check.validate import ValidateOptions, options_from_example
+from rule_found import found_with_notes as found  # tests/rule_found.py
 from omni_pd.check.rules.runtime import _AUDIO_PD, _D, _LMC, _PD
 from pd_fixture import PD  # tests/pd_fixture.py
-
-
-def found(text: str, code: str, ctx: dict | None = None, opts: ValidateOptions | None = None) -> list[tuple]:
-    """(severity, message, (line, column), help, [(line, column, label) of related], notes) of
-    each ``code`` diagnostic; ``ctx`` is a rule-example context (inventory, model ...). Also
-    checks that no rule crashed on the input (a crash is an OPD000)."""
-    res = validate_text(text, "t.yaml", opts if opts is not None else options_from_example(ctx or {}))
-    assert [d.message for d in res.diagnostics if d.code == "OPD000"] == []
-    return [(d.severity.value, d.message, (d.location.line, d.location.column) if d.location else None, d.help,
-             [(r.line, r.column, r.label) for r in d.related], list(d.notes))
-            for d in res.diagnostics if d.code == code]
 
 
 def _sampled(sp: str) -> str:

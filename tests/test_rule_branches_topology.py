@@ -6,17 +6,8 @@ omni_pd/check/rules/topology.py (bench/mutation.py).
 
 from __future__ import annotations
 
-from omni_pd.check.validate import ValidateOptions, options_from_example, validate_text
-
-
-def found(text: str, code: str, ctx: dict | None = None, opts: ValidateOptions | None = None) -> list[tuple]:
-    """(severity, message, (line, column), help, [(line, column, label) of related], notes) of
-    each ``code`` diagnostic, in validate's order; also checks that no rule crashed (OPD000)."""
-    res = validate_text(text, "t.yaml", opts if opts is not None else options_from_example(ctx or {}))
-    assert [d.message for d in res.diagnostics if d.code == "OPD000"] == []
-    return [(d.severity.value, d.message, (d.location.line, d.location.column) if d.location else None, d.help,
-             [(r.line, r.column, r.label) for r in d.related], list(d.notes))
-            for d in res.diagnostics if d.code == code]
+from omni_pd.check.validate import ValidateOptions, options_from_example
+from rule_found import found_with_notes as found  # tests/rule_found.py
 
 
 _ROCM = "platforms:\n  rocm:\n    stages:\n      - {stage_id: 0, devices: \"0\"}\n"

@@ -1,0 +1,24 @@
+"""One probe for the rule branch tests (tests/test_rule_branches_<module>.py): what validate
+reports under one code, as plain tuples a test compares whole."""
+
+from __future__ import annotations
+
+from omni_pd.check.validate import ValidateOptions, options_from_example, validate_text
+
+
+def found(text: str, code: str, ctx: dict | None = None, opts: ValidateOptions | None = None, *,
+          notes: bool = False) -> list[tuple]:
+    """(severity, message, (line, column), help, [(line, column, label) of related]) of each
+    ``code`` diagnostic, in validate's order, with ``list(notes)`` appended when ``notes``;
+    also checks that no rule crashed (OPD000). ``ctx``: a rule example's context
+    (``options_from_example``); ``opts``: options given directly instead."""
+    res = validate_text(text, "t.yaml", opts if opts is not None else options_from_example(ctx or {}))
+    assert [d.message for d in res.diagnostics if d.code == "OPD000"] == []
+    return [(d.severity.value, d.message, (d.location.line, d.location.column) if d.location else None, d.help,
+             [(r.line, r.column, r.label) for r in d.related], *([list(d.notes)] if notes else []))
+            for d in res.diagnostics if d.code == code]
+
+
+def found_with_notes(text: str, code: str, ctx: dict | None = None, opts: ValidateOptions | None = None) -> list[tuple]:
+    """:func:`found` with each diagnostic's notes as a sixth element."""
+    return found(text, code, ctx, opts, notes=True)
