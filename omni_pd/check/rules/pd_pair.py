@@ -363,9 +363,7 @@ def peer_topology(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         return
     real = {"prefill": pair[0], "decode": pair[1]}
     for n in pair:
-        extra = (n.kv or {}).get("kv_connector_extra_config") or {}
-        if not isinstance(extra, dict):
-            continue  # not a mapping (possible under engine_args, which is untyped): no peer blocks to compare
+        extra = (n.kv or {}).get("kv_connector_extra_config") or {}  # a mapping: validate types it (OPD101)
         for side, peer in real.items():
             blk = extra.get(side)
             if not isinstance(blk, dict):
@@ -434,7 +432,7 @@ def ascend_peer_blocks_missing(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             continue
         extra = (n.kv or {}).get("kv_connector_extra_config") or {}
         for side, peer in real.items():
-            blk = extra.get(side) if isinstance(extra, dict) else None
+            blk = extra.get(side)
             missing = [k for k in ("tp_size", "dp_size") if not (isinstance(blk, dict) and k in blk)]
             if not missing:
                 continue

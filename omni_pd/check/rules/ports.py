@@ -263,9 +263,7 @@ def bootstrap_key_unread(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         kv = n.kv or {}
         if kv.get("kv_connector") != "MooncakeConnector":
             continue
-        extra = kv.get("kv_connector_extra_config") or {}
-        if not isinstance(extra, dict):
-            continue
+        extra = kv.get("kv_connector_extra_config") or {}  # a mapping: validate types it (OPD101)
         got = _bootstrap_facts(ctx, n)
         for path in facts.unread_keys:
             top, _, key = path.partition(".")
