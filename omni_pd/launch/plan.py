@@ -295,21 +295,21 @@ def check_ports(plan: LaunchPlan, opts: LaunchOptions) -> LaunchPlan:
 
     moved = [u.port for p in plan.processes for u in p.ports if from_base(p, u)]
     top = max(moved, default=PORT_MAX)  # every port the base moves must fit, DP RPC ports too
+    layout = "(prefill instances listen on it +0.., decode on +100.., the encoder on +200)"
     for proc in plan.processes:
         for use in proc.ports:
             if 1 <= use.port <= PORT_MAX:
                 continue
-            if use.purpose == "http" and proc.role != "router" and proc.role != "omni" and use.port < 1:
+            engine_http = use.purpose == "http" and proc.role not in ("router", "omni")
+            if engine_http and use.port < 1:
                 low = min(u.port for p in plan.processes for u in p.ports[:1] if from_base(p, u))
                 msg = (f"--engine-port-base {opts.engine_port_base}: {proc.name} would listen on HTTP port "
                        f"{use.port}, below 1")
-                help = (f"pass --engine-port-base {opts.engine_port_base + 1 - low} or higher (prefill instances "
-                        "listen on it +0.., decode on +100.., the encoder on +200)")
-            elif use.purpose == "http" and proc.role != "router" and proc.role != "omni":
+                help = f"pass --engine-port-base {opts.engine_port_base + 1 - low} or higher {layout}"
+            elif engine_http:
                 msg = (f"--engine-port-base {opts.engine_port_base}: {proc.name} would listen on HTTP port "
                        f"{use.port}, above {PORT_MAX}")
-                help = (f"pass --engine-port-base {opts.engine_port_base - (top - PORT_MAX)} or lower (prefill "
-                        "instances listen on it +0.., decode on +100.., the encoder on +200)")
+                help = f"pass --engine-port-base {opts.engine_port_base - (top - PORT_MAX)} or lower {layout}"
             elif use.purpose == "http":
                 msg = f"--port {opts.port}: {proc.name} would listen on port {use.port}, outside 1..{PORT_MAX}"
                 help = f"pass --port with a port from 1 to {PORT_MAX}"
