@@ -12,6 +12,7 @@ import pytest
 from omni_pd.check.context import Inventory
 from omni_pd.check.validate import ValidateOptions, validate_text
 from omni_pd.diagnostics import Severity
+from rule_found import found  # tests/rule_found.py
 
 E, W = Severity.ERROR, Severity.WARNING
 PD = "pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
@@ -23,13 +24,8 @@ HELP_504 = "use a free port number between 1024 and 65535"
 
 
 def hits(text: str, code: str, opts: ValidateOptions | None = None) -> list[tuple]:
-    """(severity, message, (line, column), help, [(line, column, label) of related]) of each
-    ``code`` diagnostic."""
-    res = validate_text(text, "t.yaml", opts)
-    assert [d.message for d in res.diagnostics if d.code == "OPD000"] == []  # no rule crashed
-    return [(d.severity, d.message, (d.location.line, d.location.column) if d.location else None, d.help,
-             [(r.line, r.column, r.label) for r in d.related])
-            for d in res.diagnostics if d.code == code]
+    """:func:`rule_found.found` with the severity as a :class:`Severity` (``E``/``W`` here)."""
+    return [(Severity(sev), *rest) for sev, *rest in found(text, code, opts=opts)]
 
 
 def stage(sid: int, kv: str, *, devices: str = "0", extra: str = "", role: str = "producer", eid: str = "p",
