@@ -61,7 +61,7 @@ TARGETS: dict[str, list[str]] = {
     "omni_pd/check/rules/devices.py": RULE_TESTS + ["tests/test_rule_branches_devices.py"],
     "omni_pd/check/rules/runtime.py": RULE_TESTS + ["tests/test_rule_branches_runtime.py"],
     "omni_pd/check/rules/schema.py": RULE_TESTS + ["tests/test_rule_branches_schema.py"],
-    "omni_pd/check/rules/capability.py": RULE_TESTS,
+    "omni_pd/check/rules/capability.py": RULE_TESTS + ["tests/test_rule_branches_capability.py"],
     "omni_pd/check/rules/__init__.py": RULE_TESTS,
     "omni_pd/check/rules/encoder.py": RULE_TESTS + ["tests/test_rule_branches_encoder.py"],
     "omni_pd/compile/alloc.py": ["tests/test_alloc_branches.py", "tests/test_expand.py"],
