@@ -1003,6 +1003,8 @@ def lmcache_pd_transport(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
 
 
 # --- encoder-cache transfer (CAP-EC-REGISTRY, EC keys) -------------------------------
+# OPD614 and OPD615 run on every platform of ``--all-platforms``: an overlay may set a stage's
+# ``ec_transfer_config`` (validate merges a finding the base platform already made).
 
 
 def _ec_facts() -> dict[str, Any]:
@@ -1090,7 +1092,7 @@ def ec_connector(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     cpu/scheduler/__init__.py, mooncake/config.py; https://github.com/llm-d/llm-d/issues/2535,
     https://github.com/vllm-project/vllm/pull/47941."""
     nodes = _ec_nodes(ctx)
-    if not nodes or not ctx.platform_first:
+    if not nodes:
         return
     tgt = ctx.target
     facts = _ec_facts()
@@ -1221,7 +1223,7 @@ def ec_key_unknown(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     checked. Sources: vLLM 0.30.0 config/ec_transfer.py, ec_connector/*
     (``get_from_extra_config`` calls); https://github.com/llm-d/llm-d/issues/2535."""
     nodes = _ec_nodes(ctx)
-    if not nodes or not ctx.platform_first or ctx.target.version < (0, 13):
+    if not nodes or ctx.target.version < (0, 13):
         return
     facts = _ec_facts()
     tgt = ctx.target
