@@ -80,7 +80,7 @@ def _loopback(url: str) -> bool:
     from urllib.parse import urlsplit
 
     host = (urlsplit(url).hostname or "").lower() if "://" in url else url.split(":")[0].lower()
-    return host in ("localhost", "127.0.0.1", "::1", "0.0.0.0") or host.startswith("127.")
+    return host in ("localhost", "::1", "0.0.0.0") or host.startswith("127.")  # 127.0.0.0/8, 127.0.0.1 included
 
 
 Transport = Literal["pd", "store", "none", "unknown"]
