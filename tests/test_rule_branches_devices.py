@@ -29,8 +29,20 @@ def test_opd401_pool_mode_needs_exactly_world_times_replicas() -> None:
     # one replica: the pool product is not an alternative
     text = "stages:\n  - {stage_id: 0, devices: \"0,1\", num_replicas: 1}\n"
     assert [h[1] for h in found(text, "OPD401")] == [
-        "stage 0: tensor_parallel_size 1 x pipeline_parallel_size 1 x data_parallel_size 1 = 1 devices, but devices "
+        "stage 0: tensor_parallel_size 1 x pipeline_parallel_size 1 x data_parallel_size 1 = 1 device, but devices "
         "has 2 entries"]
+
+
+def test_opd401_one_device_is_singular() -> None:
+    # a review found "= 1 devices" and "list 1 devices here"
+    text = "stages:\n  - {stage_id: 0, devices: \"0,1\", num_replicas: 1}\n"
+    assert [(h[1], h[3]) for h in found(text, "OPD401")] == [(
+        "stage 0: tensor_parallel_size 1 x pipeline_parallel_size 1 x data_parallel_size 1 = 1 device, but devices "
+        "has 2 entries", "list 1 device here, e.g. devices: \"0\"")]
+    nested = "stages:\n  - {stage_id: 0, devices: \"0,1\", parallel_config: {tensor_parallel_size: 1}}\n"
+    assert [(h[1], h[3]) for h in found(nested, "OPD401")] == [(
+        "stage 0: the effective parallel_config needs 1 device (TP 1 x PP 1 x DP 1), but devices has 2 entries",
+        "list 1 device here, e.g. devices: \"0\"")]
 
 
 def test_opd401_a_stage_omni_pd_does_not_know_may_use_more_devices_but_not_fewer() -> None:
@@ -75,7 +87,8 @@ def test_world_help_below_one() -> None:
     from omni_pd.check.rules.devices import _world_help
 
     assert _world_help(0) == "parallel sizes must be at least 1"
-    assert _world_help(1) == "list 1 devices here, e.g. devices: \"0\""
+    assert _world_help(1) == "list 1 device here, e.g. devices: \"0\""
+    assert _world_help(2) == "list 2 devices here, e.g. devices: \"0,1\""
 
 
 # --- OPD402 device exists ---------------------------------------------------------------------------
@@ -190,6 +203,20 @@ def test_opd404_vllms_default_counts_for_a_known_engine_without_the_key() -> Non
     assert found(text, "OPD404") == [(
         "error", "physical GPU 0: 0.9 (vLLM default) (stage 0) + 0.2 (stage 1) = 1.10 > 1.0", (4, 57), _MEM_HELP,
         [(3, 5, "stage 0 reserves 0.9")])]
+
+
+def test_opd404_a_value_that_is_not_a_number_is_not_counted_as_the_default() -> None:
+    # a review found OPD101's dropped value counted as "0.9 (vLLM default)" although the file sets the key: vLLM
+    # would not start that engine (OPD101 says why), so its share is unknown and not counted
+    text = (_Q + "  - {stage_id: 0, devices: \"0\", gpu_memory_utilization: high}\n"
+            "  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.3}\n")
+    assert found(text, "OPD404") == []
+    assert [h[1] for h in found(text, "OPD101")] == ["`gpu_memory_utilization` must be a number, found 'high'"]
+    # the other stages on the device are still summed; under engine_args too
+    text = (_Q + "  - {stage_id: 0, devices: \"0\", engine_args: {gpu_memory_utilization: [0.5]}}\n"
+            "  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.6}\n"
+            "  - {stage_id: 2, devices: \"0\", gpu_memory_utilization: 0.6}\n")
+    assert [h[1] for h in found(text, "OPD404")] == ["physical GPU 0: 0.6 (stage 1) + 0.6 (stage 2) = 1.20 > 1.0"]
 
 
 def test_opd404_an_unknown_engine_without_the_key_is_not_counted() -> None:

@@ -122,18 +122,23 @@ def world_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         entries = f"devices has {have} entr{'y' if have == 1 else 'ies'}"
         if nested or world != tp * pp * dp:
             what = "the effective parallel_config needs" if nested else "the stage's parallel sizes need"
-            msg = f"stage {n.stage_id}: {what} {world} devices ({how}){src}, but {entries}"
+            msg = f"stage {n.stage_id}: {what} {_devices(world)} ({how}){src}, but {entries}"
         else:
             msg = (f"stage {n.stage_id}: tensor_parallel_size {tp} x pipeline_parallel_size {pp} x data_parallel_size {dp} "
-                   f"= {world} devices{src}, but {entries}")
+                   f"= {_devices(world)}{src}, but {entries}")
         yield r.diag(msg, ctx.sloc(n, "devices", value=True), help=_world_help(world) if world != have else None)
+
+
+def _devices(count: int) -> str:
+    """``1 device``, ``2 devices``."""
+    return f"{count} device{'' if count == 1 else 's'}"
 
 
 def _world_help(world: int) -> str:
     """What to write for ``world`` devices; the example list only for a plausible count
     (``tensor_parallel_size: 10**20`` must not build a 10**20-entry string)."""
     if 1 <= world <= 64:
-        return f"list {world} devices here, e.g. devices: \"{','.join(str(i) for i in range(world))}\""
+        return f"list {_devices(world)} here, e.g. devices: \"{','.join(str(i) for i in range(world))}\""
     return f"list {world} devices here, or lower the parallel sizes" if world > 64 else \
         "parallel sizes must be at least 1"
 
@@ -227,7 +232,10 @@ def memory_budget(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     counts on its own device) plus device-side connector buffers (P2pNccl
     ``kv_buffer_size`` bytes, when ``memory_gib`` is known) must not exceed 1.0. Each
     engine reserves its fraction of the *total* memory, so two stages at 0.8 on one GPU
-    cannot both start. Sources: https://github.com/vllm-project/vllm-omni/issues/363,
+    cannot both start. A stage whose ``gpu_memory_utilization`` is written but is not a
+    number (OPD101: the schema drops it, and vLLM refuses to start the engine) is not
+    counted, neither at its value nor at the 0.9 default: its share is unknown until the
+    value is fixed. Sources: https://github.com/vllm-project/vllm-omni/issues/363,
     https://github.com/vllm-project/vllm-omni/issues/276,
     https://github.com/vllm-project/vllm/issues/25759."""
     if ctx.topology is None:
@@ -237,6 +245,8 @@ def memory_budget(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         if not isinstance(n.devices, tuple):
             continue
         util = ctx.setting(n, "gpu_memory_utilization")
+        if util is None and ctx.stage_path(n, "gpu_memory_utilization")[-1:] == ("gpu_memory_utilization",):
+            continue  # written but not a number: OPD101 reports it and vLLM would not start; not its 0.9 default
         if util is None and not ctx.stage_kind_known(n):
             continue  # not a vLLM engine we know: its default budget is not vLLM's 0.9
         try:
