@@ -275,9 +275,20 @@ def test_opd503_nixl_default_host_with_an_env_block_points_at_env() -> None:
 def test_opd503_nixl_loopback_host_in_the_env_points_at_its_value() -> None:
     got = hits(pair(NIXL, env(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1")), "OPD503", ValidateOptions(inventory=_APART))
     assert [(h[1], h[2]) for h in got] == [(
-        "stage 0 (prefill) on a advertises 127.0.0.1 as its NIXL side channel; decode on b cannot reach it", (4, 68))]
+        "stage 0 (prefill) on a advertises '127.0.0.1' as its NIXL side channel; decode on b cannot reach it", (4, 68))]
     routable = pair(NIXL, env(VLLM_NIXL_SIDE_CHANNEL_HOST="10.0.0.1"))
     assert hits(routable, "OPD503", ValidateOptions(inventory=_APART)) == []
+
+
+def test_opd503_a_blank_or_empty_host_is_shown_quoted() -> None:
+    # a review found "advertises   as its NIXL side channel" for a blank value: the value is quoted as written
+    for v, shown in ((" ", "' '"), ("", "''")):
+        got = hits(pair(NIXL, env(VLLM_NIXL_SIDE_CHANNEL_HOST=v)), "OPD503", ValidateOptions(inventory=_APART))
+        assert [h[1] for h in got] == [
+            f"stage 0 (prefill) on a advertises {shown} as its NIXL side channel; decode on b cannot reach it"]
+    got = hits(pair(MC, p_x=", kv_ip: \" \""), "OPD503", ValidateOptions(inventory=_APART))
+    assert [h[1] for h in got] == [
+        "stage 0 (prefill) on a advertises ' ' as its Mooncake bootstrap address; decode on b cannot reach it"]
 
 
 def test_opd503_mooncake_default_kv_ip_and_a_loopback_kv_ip() -> None:
@@ -287,7 +298,7 @@ def test_opd503_mooncake_default_kv_ip_and_a_loopback_kv_ip() -> None:
         "cannot reach it", (4, 33), "set kv_ip: 10.0.0.1 (and env VLLM_HOST_IP) on the prefill stage", _DECODE_ON_B)]
     got = hits(pair(MC, p_x=", kv_ip: localhost"), "OPD503", ValidateOptions(inventory=_NO_ADDR))
     assert [(h[1], h[2], h[3]) for h in got] == [(
-        "stage 0 (prefill) on a advertises localhost as its Mooncake bootstrap address; decode on b cannot reach it",
+        "stage 0 (prefill) on a advertises 'localhost' as its Mooncake bootstrap address; decode on b cannot reach it",
         (4, 130), "set kv_ip: <routable IP of a> (and env VLLM_HOST_IP) on the prefill stage")]
     assert hits(pair(MC, p_x=", kv_ip: 10.0.0.1"), "OPD503", ValidateOptions(inventory=_APART)) == []
 
@@ -503,13 +514,34 @@ def test_opd501_the_later_range_is_shown_whole_and_the_related_span_keeps_file_a
     assert [(r.file, r.path) for r in d.related] == [("t.yaml", ("stages", 0, "env", "VLLM_NIXL_SIDE_CHANNEL_PORT"))]
 
 
-def test_opd505_names_each_replicas_first_port_when_the_bootstrap_range_spans_tp() -> None:
-    # vLLM 0.13-0.17 binds dp x tp bootstrap ports per engine; omni-pd's launcher starts replica r at base + r x span
+def test_opd505_names_the_whole_range_when_the_bootstrap_range_spans_tp() -> None:
+    # vLLM 0.13-0.17 binds dp x tp bootstrap ports per engine; omni-pd's launcher starts replica r at base + r x span:
+    # replica 0 binds 25301-25302, replica 1 25303-25304 (a review found "ports 25301-25303 (replicas 0-1)": the
+    # first port of each replica shown as the range)
     text = pair(MC, ", tensor_parallel_size: 2, num_replicas: 2" + env(VLLM_MOONCAKE_BOOTSTRAP_PORT=25301),
-                head=LLM_PD, p_dev="0,1", d_dev="2", p_x=", kv_connector_extra_config: {mooncake_bootstrap_port: 25201}")
+                head=LLM_PD, p_dev="0,1,2,3", d_dev="4", p_x=", kv_connector_extra_config: {mooncake_bootstrap_port: 25201}")
     assert [g[1] for g in hits(text, "OPD505", ValidateOptions(vllm_version="0.13"))] == [
         "stage 0: kv_connector_extra_config.mooncake_bootstrap_port is read by nothing on vLLM 0.13; the bootstrap "
-        "port comes from env VLLM_MOONCAKE_BOOTSTRAP_PORT, so this stage binds ports 25301-25303 (replicas 0-1)"]
+        "port comes from env VLLM_MOONCAKE_BOOTSTRAP_PORT, so this stage binds ports 25301-25304 (replicas 0-1, "
+        "2 ports each)"]
+    one = pair(MC, ", tensor_parallel_size: 2" + env(VLLM_MOONCAKE_BOOTSTRAP_PORT=25301), head=LLM_PD, p_dev="0,1",
+               d_dev="2", p_x=", kv_connector_extra_config: {mooncake_bootstrap_port: 25201}")
+    assert [g[1] for g in hits(one, "OPD505", ValidateOptions(vllm_version="0.13"))] == [
+        "stage 0: kv_connector_extra_config.mooncake_bootstrap_port is read by nothing on vLLM 0.13; the bootstrap "
+        "port comes from env VLLM_MOONCAKE_BOOTSTRAP_PORT, so this stage binds ports 25301-25302"]
+
+
+def test_ports_text_of_replicas_that_are_not_back_to_back() -> None:
+    from omni_pd.check.rules.ports import _ports_text
+    from omni_pd.compile.connectors.base import PortUse
+
+    same = [PortUse(8998, 1, "Mooncake bootstrap", replica=r) for r in range(2)]
+    assert _ports_text(same) == "ports 8998 (replica 0), 8998 (replica 1)"
+    gap = [PortUse(25301, 2, "b", replica=0), PortUse(25401, 2, "b", replica=1)]
+    assert _ports_text(gap) == "ports 25301-25302 (replica 0), 25401-25402 (replica 1)"
+    mixed = [PortUse(25301, 2, "b", replica=0), PortUse(25303, 1, "b", replica=1)]
+    assert _ports_text(mixed) == "ports 25301-25302 (replica 0), 25303 (replica 1)"
+    assert _ports_text([PortUse(25201 + r, 1, "b", replica=r) for r in range(3)]) == "ports 25201-25203 (replicas 0-2)"
 
 
 def test_opd502_stages_without_a_disagreement_do_not_end_the_scan() -> None:
@@ -550,5 +582,17 @@ def test_opd506_a_stage_of_another_connector_does_not_end_the_scan() -> None:
     text = ("pipeline: qwen3_omni_moe\nstages:\n" + stage(0, NIXL)
             + stage(1, _ASC, devices="1", x=", kv_port: 30000"))
     assert [(g[1], g[2]) for g in hits(text, "OPD506", _NPU)] == [(
-        "stage 1: MooncakeConnectorV1 kv_port range 30000-30000 overlaps AscendDirectTransport's random ports "
+        "stage 1: MooncakeConnectorV1 kv_port 30000 overlaps AscendDirectTransport's random ports "
         "[20000, 36000) on a 16-NPU node", (4, 134))]
+
+
+def test_opd506_prints_one_port_and_a_range_as_opd501_does() -> None:
+    # a review found "kv_port range 30000-30000" for a one-port range (OPD501 prints 30000): one formatter
+    from omni_pd.check.rules.ports import port_range
+
+    assert (port_range(30000, 1), port_range(30000, 2), port_range(30000, 4)) == ("30000", "30000-30001", "30000-30003")
+    text = ("pipeline: qwen3_omni_moe\nstages:\n" + stage(0, NIXL)
+            + stage(1, _ASC, devices="1,2", extra=", tensor_parallel_size: 2", x=", kv_port: 30000"))
+    assert [g[1] for g in hits(text, "OPD506", _NPU)] == [
+        "stage 1: MooncakeConnectorV1 kv_port range 30000-30001 overlaps AscendDirectTransport's random ports "
+        "[20000, 36000) on a 16-NPU node"]

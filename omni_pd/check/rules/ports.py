@@ -113,6 +113,12 @@ def bound_ports(ctx: Context, n: "StageNode") -> list[Bound]:
     return out
 
 
+def port_range(port: int, span: int) -> str:
+    """``[port, port + span)`` as the port rules print it: ``30000`` for one port,
+    ``30000-30003`` for four."""
+    return f"{port}" if span <= 1 else f"{port}-{port + span - 1}"
+
+
 def _on_npu(ctx: Context, n: "StageNode") -> bool:
     if ctx.platform:
         return ctx.platform == "npu"
@@ -157,8 +163,7 @@ def port_conflict(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                 if b.port >= a.port + a.span:
                     break
                 lo = max(a.port, b.port)
-                ra = f"{a.port}" if a.span == 1 else f"{a.port}-{a.port + a.span - 1}"
-                rb = f"{b.port}" if b.span == 1 else f"{b.port}-{b.port + b.span - 1}"
+                ra, rb = port_range(a.port, a.span), port_range(b.port, b.span)
                 hostword = f"host {host}" if host != "localhost" else "the shared host"
                 if "HCCL" in b.purpose:
                     fix = "assign distinct HCCL_IF_BASE_PORT per instance (env)"
@@ -198,10 +203,17 @@ def _bootstrap_facts(ctx: Context, n: "StageNode"):
 
 
 def _ports_text(bound) -> str:
-    ports = [b.port for b in bound]
-    if len(ports) == 1:
-        return f"port {ports[0]}"
-    return f"ports {ports[0]}-{ports[-1]} (replicas 0-{len(ports) - 1})"
+    """What a stage's bootstrap servers bind (one PortUse per replica): ``port 25201``,
+    ``ports 25301-25302`` (one engine, TP 2 on vLLM 0.13), ``ports 25301-25304 (replicas
+    0-1, 2 ports each)`` for back-to-back ranges, else each replica's range."""
+    first = bound[0]
+    if len(bound) == 1:
+        return ("port " if first.span <= 1 else "ports ") + port_range(first.port, first.span)
+    if all(b.span == first.span and b.port == a.port + a.span for a, b in zip(bound, bound[1:])):
+        each = "" if first.span <= 1 else f", {first.span} ports each"
+        last = bound[-1]
+        return f"ports {first.port}-{last.port + last.span - 1} (replicas 0-{len(bound) - 1}{each})"
+    return "ports " + ", ".join(f"{port_range(b.port, b.span)} (replica {b.replica})" for b in bound)
 
 
 @rule("OPD502", "bootstrap-port-disagree", Severity.ERROR,
@@ -320,7 +332,8 @@ def cross_host_localhost(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         if v is None or str(v).strip() in LOCAL:
             # the value when set, else the nearest existing ancestor: the env block or the stage
             loc = ctx.sloc(p, "env", "VLLM_NIXL_SIDE_CHANNEL_HOST", value=True)
-            yield r.diag(f"stage {p.stage_id} (prefill) on {hp} advertises {v or 'localhost (default)'} as its NIXL side channel; "
+            shown = repr(str(v)) if v is not None else "localhost (default)"  # quoted: " " must show as ' '
+            yield r.diag(f"stage {p.stage_id} (prefill) on {hp} advertises {shown} as its NIXL side channel; "
                          f"decode on {hd} cannot reach it", loc,
                          related=[ctx.sloc(d, label=f"decode (stage {d.stage_id}) on {hd}")],
                          help=f"set env VLLM_NIXL_SIDE_CHANNEL_HOST: {addr} on the prefill stage")
@@ -328,7 +341,8 @@ def cross_host_localhost(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         v = (p.kv or {}).get("kv_ip")
         if v is None or str(v).strip() in LOCAL:
             loc = ctx.sloc(p, "kv_transfer_config", "kv_ip", value=True)
-            yield r.diag(f"stage {p.stage_id} (prefill) on {hp} advertises {v or '127.0.0.1 (default kv_ip)'} as its Mooncake "
+            shown = repr(str(v)) if v is not None else "127.0.0.1 (default kv_ip)"
+            yield r.diag(f"stage {p.stage_id} (prefill) on {hp} advertises {shown} as its Mooncake "
                          f"bootstrap address; decode on {hd} cannot reach it", loc,
                          related=[ctx.sloc(d, label=f"decode (stage {d.stage_id}) on {hd}")],
                          help=f"set kv_ip: {addr} (and env VLLM_HOST_IP) on the prefill stage")
@@ -369,7 +383,7 @@ def port_invalid(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                 yield r.diag(f"{b.who} would bind {b.purpose} port {b.port} (base + replica id), past 65535",
                              b.loc, help=f"start the range at {65535 - b.replica} or lower")
             elif 1 <= b.port <= 65535 and b.port + b.span - 1 > 65535:
-                yield r.diag(f"stage {n.stage_id}: {b.purpose} range {b.port}-{b.port + b.span - 1} runs past 65535",
+                yield r.diag(f"stage {n.stage_id}: {b.purpose} range {port_range(b.port, b.span)} runs past 65535",
                              b.loc, help="start the range lower")
 
 
@@ -419,6 +433,7 @@ def ascend_transport_range(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         lo, hi = ascend.transport_range(npus)
         for b in bound_ports(ctx, n):
             if b.purpose.startswith("kv_port") and b.port < hi and b.port + b.span > lo:
-                yield r.diag(f"stage {n.stage_id}: {name} kv_port range {b.port}-{b.port + b.span - 1} overlaps "
+                what = f"kv_port {port_range(b.port, b.span)}" if b.span <= 1 else f"kv_port range {port_range(b.port, b.span)}"
+                yield r.diag(f"stage {n.stage_id}: {name} {what} overlaps "
                              f"AscendDirectTransport's random ports [{lo}, {hi}) on a {npus}-NPU node",
                              b.loc, help=f"move kv_port to {hi} or above (omni-pd expand allocates from 36000)")
