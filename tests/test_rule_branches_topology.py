@@ -250,8 +250,18 @@ def test_opd206_a_pd_pipeline_names_each_missing_sub_config_and_the_thinker_only
     assert found(text, "OPD206", ctx) == [(
         "error", "pipeline qwen3_omni_moe_pd also materialises stage 3 (code2wav, needs code2wav_config); the "
                  "checkpoint has none of these", (1, 11),
-        "use `pipeline: qwen3_omni_moe_thinker_only` (its PD split then yields exactly prefill and decode)", [],
+        "use `pipeline: qwen3_omni_moe_thinker_only_pd` (the same split of the Thinker alone: prefill + decode)", [],
         ["checkpoint sub-configs: talker_config, thinker_config"])]
+
+
+def test_opd206_a_split_file_keeps_its_split_and_an_empty_sub_config_list_says_none() -> None:
+    # a review found the three-stage name (qwen3_omni_moe_thinker_only) suggested for a file that is already PD,
+    # and "checkpoint sub-configs: " for a checkpoint with none
+    text = "pipeline: qwen2_5_omni_pd\nasync_chunk: false\nstages:\n  - {stage_id: 0, devices: \"0\"}\n"
+    got = found(text, "OPD206", {"model": {"model_type": "qwen2_5_omni", "subconfigs": []}})
+    assert [(g[3], g[5]) for g in got] == [(
+        "use `pipeline: qwen2_5_omni_thinker_only_pd` (the same split of the Thinker alone: prefill + decode)",
+        ["checkpoint sub-configs: none"])]
 
 
 def test_opd206_a_pipeline_chosen_from_the_model_points_at_stages() -> None:

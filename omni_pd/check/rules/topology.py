@@ -244,18 +244,23 @@ def stage_set(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                if s.role in ROLE_SUBCONFIG and ROLE_SUBCONFIG[s.role] not in m.subconfigs]
     if not missing:
         return
-    alt = ""
     from omni_pd.compile.pipelines import load_catalogue
 
-    base = ctx.topology.pipeline.base or ctx.topology.pipeline.name
-    cand = load_catalogue().get(base.replace("_pd", "") + "_thinker_only")
-    if cand is not None:
+    pipe = ctx.topology.pipeline
+    # a split file (qwen3_omni_moe_pd) keeps its split: the thinker-only pipeline with the same suffix
+    split = pipe.name[len(pipe.base):] if pipe.base and pipe.name.startswith(pipe.base) else ""
+    cand = load_catalogue().get((pipe.base or pipe.name) + "_thinker_only" + split)
+    if cand is None:
+        alt = "select a pipeline whose stages the checkpoint provides"
+    elif split:
+        alt = (f"use `pipeline: {cand.name}` (the same split of the Thinker alone: "
+               + " + ".join(s.pd_role or s.role for s in cand.stages) + ")")
+    else:
         alt = f"use `pipeline: {cand.name}` (its PD split then yields exactly prefill and decode)"
     desc = ", ".join(f"stage {s.stage_id} ({s.role}, needs {c})" for s, c in missing)
-    yield r.diag(f"pipeline {ctx.topology.pipeline.name} also materialises {desc}; the checkpoint has none of these",
+    yield r.diag(f"pipeline {pipe.name} also materialises {desc}; the checkpoint has none of these",
                  ctx.loc(("pipeline",), value=True) if ctx.exists(("pipeline",)) else ctx.loc(("stages",)),
-                 help=alt or "select a pipeline whose stages the checkpoint provides",
-                 notes=[f"checkpoint sub-configs: {', '.join(sorted(m.subconfigs))}"])
+                 help=alt, notes=[f"checkpoint sub-configs: {', '.join(sorted(m.subconfigs)) or 'none'}"])
 
 
 @rule("OPD207", "pipeline-inferred", Severity.INFO,
