@@ -116,6 +116,19 @@ def test_opd103_top_level_typo_is_an_error_a_far_key_a_warning_and_x_keys_are_fr
         (W, "unknown top-level key `my_notes` (vllm-omni drops it)", (3, 1), "top-level keys: active_stream_window, as")]
 
 
+def test_opd103_a_stage_key_at_the_top_level_is_named_as_such() -> None:
+    # a review found `tensor_parallel_size: 2` at the top level reported as a typo of `data_parallel_size`
+    got = hits("tensor_parallel_size: 2\nmax_model_len: 4096\nstages:\n  - stage_id: 0\n", "OPD103")
+    assert got == [
+        (E, "`tensor_parallel_size` is a stage setting, not a top-level one: vllm-omni reads only its own top-level "
+            "fields and drops it, so no stage gets it", (1, 1), "set `tensor_parallel_size` in each stage entry that "
+            "needs it", []),
+        (E, "`max_model_len` is a stage setting, not a top-level one: vllm-omni reads only its own top-level fields "
+            "and drops it, so no stage gets it", (2, 1), "set `max_model_len` in each stage entry that needs it", [])]
+    # a pipeline-wide size vllm-omni reads at the top level is no finding
+    assert hits("data_parallel_size: 2\nstages:\n  - stage_id: 0\n", "OPD103") == []
+
+
 def test_opd103_unknown_platforms_near_and_far() -> None:
     text = "stages:\n  - {stage_id: 0}\nplatforms:\n  cudaa: {}\n  foo: {}\n  npu: {}\n"
     said = "under `platforms:`: vllm-omni applies the overlay of the platform it runs on only, so this one never applies"

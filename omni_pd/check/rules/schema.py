@@ -137,7 +137,11 @@ def unknown_key(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     for k in ctx.raw:
         if isinstance(k, str) and k not in TOP_LEVEL_KEYS and not k.startswith("x-"):
             close = get_close_matches(k, sorted(TOP_LEVEL_KEYS), n=1, cutoff=0.75)
-            if close:
+            if k in _known_stage_key_set():  # tensor_parallel_size: not a typo of data_parallel_size
+                yield r.diag(f"`{k}` is a stage setting, not a top-level one: vllm-omni reads only its own top-level "
+                             "fields and drops it, so no stage gets it", ctx.loc((k,)),
+                             help=f"set `{k}` in each stage entry that needs it")
+            elif close:
                 yield r.diag(f"unknown top-level key `{k}`: vllm-omni reads only its own fields and drops it, "
                              f"so `{close[0]}` is not set", ctx.loc((k,)), help=f"did you mean `{close[0]}`?")
             else:
