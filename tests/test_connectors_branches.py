@@ -165,6 +165,7 @@ def test_ascend_port_span(c, tp, dp, replicas, span) -> None:
     that many ranges, on either side and runtime."""
     t = target("0.23")
     assert c.port_span("prefill", tp, dp, t, replicas=replicas) == span
+    assert c.port_span("prefill", tp, dp, t) == tp * dp  # one engine by default
     assert c.port_span("decode", tp, dp, t, runtime="vllm-omni", replicas=replicas) == span
 
 

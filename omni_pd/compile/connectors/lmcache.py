@@ -71,7 +71,7 @@ def side_config(kv: dict[str, Any], env: dict[str, Any]) -> SideConfig:
     role = vals.get("pd_role")
     url = vals.get("remote_url")
     cfg = env.get(CONFIG_FILE_ENV)
-    return SideConfig(enable_pd=_truthy(vals.get("enable_pd", False)), pd_role=str(role) if role is not None else None,
+    return SideConfig(enable_pd=_truthy(vals.get("enable_pd")), pd_role=str(role) if role is not None else None,
                       remote_url=str(url) if url is not None else None,
                       config_file=str(cfg) if cfg not in (None, "") else None, source=src)
 
