@@ -208,7 +208,9 @@ class Context:
                     cands += [base + ("runtime",) + keys, base + ("engine_args",) + keys, base + keys]
         if node.index is not None:
             base = ("stages", node.index)
-            cands += [base + ("runtime",) + keys, base + ("engine_args",) + keys, base + keys]
+            if keys:  # no keys: the stage entry itself, not its runtime/engine_args block
+                cands += [base + ("runtime",) + keys, base + ("engine_args",) + keys]
+            cands.append(base + keys)
             for i in range(len(keys) - 1, 0, -1):  # nearest existing ancestor inside the stage
                 cands += [base + ("engine_args",) + keys[:i], base + keys[:i]]
             cands.append(base)
