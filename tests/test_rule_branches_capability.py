@@ -71,3 +71,235 @@ def test_opd614_and_opd615_are_said_once_under_all_platforms_when_the_base_has_t
            if d.code in ("OPD614", "OPD615")]
     assert got == [("OPD614", "stage 1: unknown ec_connector `ECExampleConnectr`; did you mean ECExampleConnector?", []),
                    ("OPD615", "stage 1: `ec_bufer_size` is not an ECTransferConfig field", [])]
+
+
+# --- OPD601 kv_connector registered for the vLLM version / platform ----------------------------------
+
+def _pair(conn: str, p_kv: str = "", d_kv: str = "", p_extra: str = "", d_extra: str = "") -> str:
+    """A Qwen3-Omni PD pair (stage 0 prefill on line 4, stage 1 decode on line 5) over ``conn``."""
+    from omni_pd.check.rules.capability import _pair_yaml
+
+    return _pair_yaml(conn, p_extra, d_extra, p_kv, d_kv)
+
+
+def _both(sev: str, msg: str, help_: str, col: int = 68) -> list[tuple]:
+    """The same finding for stage 0 (line 4) and stage 1 (line 5), at column ``col``."""
+    return [(sev, msg.format(s=s), (4 + s, col), help_, []) for s in (0, 1)]
+
+
+ASCEND_ON_CUDA = "stage {s}: MooncakeConnectorV1 is a vllm-ascend connector; it exists only on the npu platform"
+HELP_011 = ("pick a connector your vLLM has: LMCacheConnectorV1, MultiConnector, NixlConnector, OffloadingConnector, "
+            "P2pNcclConnector, SharedStorageConnector")
+
+
+def test_opd601_a_vllm_ascend_connector_off_npu_and_the_platform_from_the_inventory() -> None:
+    from omni_pd.check.context import Inventory
+
+    text = _pair("MooncakeConnectorV1")
+    assert found(text, "OPD601") == _both("error", ASCEND_ON_CUDA, "on cuda use MooncakeConnector or NixlConnector")
+    assert found(text, "OPD601", opts=ValidateOptions(platform="npu")) == []
+    # per stage: the host each stage is placed on; --platform wins over the inventory
+    two = Inventory.from_dict({"hosts": {"a": {"accelerator": "npu"}, "b": {"accelerator": "cuda"}},
+                               "placement": {"0": "a", "1": "b"}})
+    assert found(text, "OPD601", opts=ValidateOptions(inventory=two)) == \
+        _both("error", ASCEND_ON_CUDA, "on cuda use MooncakeConnector or NixlConnector")[1:]
+    assert len(found(text, "OPD601", opts=ValidateOptions(inventory=two, platform="rocm"))) == 2
+    one = Inventory.from_dict({"hosts": {"a": {"accelerator": "npu"}}})
+    assert found(text, "OPD601", opts=ValidateOptions(inventory=one)) == []
+    # a host that names no accelerator, or a stage placed on no host of two: cuda
+    bare = Inventory.from_dict({"hosts": {"a": {}}})
+    assert len(found(text, "OPD601", opts=ValidateOptions(inventory=bare))) == 2
+    unplaced = Inventory.from_dict({"hosts": {"a": {"accelerator": "npu"}, "b": {"accelerator": "npu"}}})
+    assert len(found(text, "OPD601", opts=ValidateOptions(inventory=unplaced))) == 2
+
+
+def test_opd601_a_renamed_connector_names_the_new_name_and_whether_it_ever_was_v1() -> None:
+    assert found(_pair("SharedStorageConnector"), "OPD601", opts=V30) == _both(
+        "error", "stage {s}: SharedStorageConnector is not registered in vLLM 0.30; did you mean ExampleConnector?",
+        "write `kv_connector: ExampleConnector`")
+    assert found(_pair("SharedStorageConnector"), "OPD601", opts=ValidateOptions(vllm_version="0.11")) == []
+    assert found(_pair("LMCacheConnector"), "OPD601", opts=V30) == _both(
+        "error", "stage {s}: LMCacheConnector is not a V1 connector; did you mean LMCacheConnectorV1?",
+        "write `kv_connector: LMCacheConnectorV1`")
+
+
+def test_opd601_a_connector_added_later_or_removed_says_when_and_lists_six_it_has() -> None:
+    v011 = ValidateOptions(vllm_version="0.11")
+    assert found(_pair("MoRIIOConnector"), "OPD601", opts=v011) == _both(
+        "error", "stage {s}: MoRIIOConnector is not available in vLLM 0.11 (added in vLLM 0.18)", HELP_011)
+    assert found(_pair("ExampleConnector"), "OPD601", opts=v011) == _both(
+        "error", "stage {s}: ExampleConnector is not available in vLLM 0.11 (added in vLLM 0.13)", HELP_011)
+    assert found(_pair("P2pNcclConnector"), "OPD601", opts=V30) == _both(
+        "error", "stage {s}: P2pNcclConnector is not available in vLLM 0.30 (removed in vLLM 0.24)",
+        "pick a connector your vLLM has: DecodeBenchConnector, ExampleConnector, ExampleHiddenStatesConnector, "
+        "FlexKVConnectorV1, HF3FSKVConnector, LMCacheConnectorV1")
+
+
+def test_opd601_unknown_names_get_the_case_insensitive_or_closest_name_or_the_module_path_hint() -> None:
+    for typo in ("NIXLCONNECTOR", "NixlConector"):
+        assert found(_pair(typo), "OPD601", opts=V30) == _both(
+            "error", f"stage {{s}}: unknown kv_connector `{typo}`; did you mean NixlConnector?",
+            "write `kv_connector: NixlConnector`")
+    # the closest name may be a vllm-ascend one
+    assert found(_pair("MooncakeConnectorV2"), "OPD601", opts=V30)[0][1] == \
+        "stage 0: unknown kv_connector `MooncakeConnectorV2`; did you mean MooncakeConnectorV1?"
+    assert found(_pair("FooBar"), "OPD601", opts=V30) == _both(
+        "error", "stage {s}: unknown kv_connector `FooBar`", "set kv_connector_module_path for an out-of-tree connector")
+    # a module path loads it; before 0.11 there are no registry facts
+    mod = ", kv_connector_module_path: my.mod"
+    assert found(_pair("FooBar", p_kv=mod, d_kv=mod), "OPD601", opts=V30) == []
+    assert found(_pair("FooBar"), "OPD601", opts=ValidateOptions(vllm_version="0.10")) == []
+
+
+# --- OPD602 MultiConnector children --------------------------------------------------------------------
+
+PARAMS_HS = ("ExampleHiddenStatesConnector returns kv_transfer_params (hidden_states_path) for every request, so every "
+             "request that prefill finishes fails with RuntimeError \"Only one connector can produce KV transfer params\"")
+PCP_STALL = ("NIXL on PCP ranks > 0 never reports sends done while OffloadingConnector saves on every rank, so requests "
+             "never finish sending and prefill stalls with its KV cache full")
+
+
+def _multi(children: list[str], side: str = "d", prefill: str = "") -> str:
+    """A PD pair (llm_pd) whose ``side`` stage runs MultiConnector over ``children``;
+    ``prefill`` adds keys to the prefill stage (line 4)."""
+    from omni_pd.check.rules.capability import _multi as multi
+
+    return multi(children, side).replace('devices: "0", kv_transfer_config', f'devices: "0"{prefill}, kv_transfer_config')
+
+
+def test_opd602_two_handoff_children_between_the_releases_read_name_both_refusals() -> None:
+    text = _multi(["NixlConnector", "MooncakeConnector"])
+    assert found(text, "OPD602", opts=ValidateOptions(vllm_version="0.27")) == [(
+        "error", "stage 1: MultiConnector has two P->D handoff children (NixlConnector, MooncakeConnector): both return "
+        "kv_transfer_params, which vLLM 0.27 either refuses outright (RuntimeError \"Only one connector can produce KV "
+        "transfer params\") or merges and refuses on a key clash (RuntimeError \"Key clash in kv_transfer_params from "
+        "multiple connectors\") (PR #46777; release not pinned); decode loads from one of them only",
+        _col(text, "MooncakeConnector, kv_role: kv_consumer"),
+        "keep one handoff connector (NixlConnector); use the others as cache/offload children only",
+        [(*_col(text, "NixlConnector, kv_role: kv_consumer}, {"), "first handoff child")])]
+
+
+def test_opd602_a_cache_child_first_on_decode_known_by_kv_role_or_by_the_pd_pair() -> None:
+    warn = ("stage 1: MultiConnector lists OffloadingConnector before the handoff child NixlConnector; decode loads from "
+            "the first child that reports hits, so a local OffloadingConnector hit skips the transfer from prefill (the "
+            "rest of the prompt is recomputed; prefill keeps its blocks until their lease ends)")
+    # a pipeline without a PD split (no pair): the consumer role alone makes the stage decode
+    text = _multi(["OffloadingConnector", "NixlConnector"]).replace("pipeline: llm_pd", "pipeline: qwen3_omni_moe")
+    assert found(text, "OPD602") == [("warning", warn, _col(text, "OffloadingConnector"),
+                                      "list NixlConnector first in `connectors:`",
+                                      [(*_col(text, "NixlConnector, kv_role: kv_consumer"), "handoff child")])]
+    # a PD pair's decode whatever its kv_role says
+    both = _multi(["OffloadingConnector", "NixlConnector"]).replace("MultiConnector, kv_role: kv_consumer",
+                                                                     "MultiConnector, kv_role: kv_both")
+    assert [h[:3] for h in found(both, "OPD602")] == [("warning", warn, _col(both, "OffloadingConnector"))]
+    assert found(both.replace("pipeline: llm_pd", "pipeline: qwen3_omni_moe"), "OPD602") == []
+
+
+def test_opd602_hidden_states_on_prefill_from_the_first_release_with_it_and_past_a_clean_row() -> None:
+    # 0.18 is the row's `since` (broken from it on, no clean release before); the LMCacheMPConnector
+    # row, clean on 0.18, is skipped without ending the scan
+    for kids in (["NixlConnector", "ExampleHiddenStatesConnector"],
+                 ["NixlConnector", "LMCacheMPConnector", "ExampleHiddenStatesConnector"]):
+        text = _multi(kids, side="p")
+        assert found(text, "OPD602", opts=ValidateOptions(vllm_version="0.18")) == [(
+            "error", "stage 0: MultiConnector NixlConnector + ExampleHiddenStatesConnector on prefill on vLLM 0.18: "
+            f"{PARAMS_HS} (https://github.com/vllm-project/vllm/pull/46777)", _col(text, "ExampleHiddenStatesConnector"),
+            "drop ExampleHiddenStatesConnector from prefill's connectors, or target vLLM 0.30+ (which merges the params)",
+            [])]
+
+
+def test_opd602_a_release_after_the_broken_span_names_the_span_read() -> None:
+    text = _multi(["NixlConnector", "ExampleHiddenStatesConnector"], side="p")
+    assert found(text, "OPD602", opts=ValidateOptions(vllm_version="0.27")) == [(
+        "info", "stage 0: MultiConnector NixlConnector + ExampleHiddenStatesConnector on prefill: on vLLM 0.18-0.24 "
+        f"(releases read) {PARAMS_HS}; vLLM 0.27 lies between the releases read, so this is not pinned",
+        _col(text, "ExampleHiddenStatesConnector"), "check that your vLLM has https://github.com/vllm-project/vllm/pull/46777",
+        [])]
+
+
+def test_opd602_the_pcp_stall_needs_a_nixl_handoff_and_replicated_pcp_prefill() -> None:
+    v028 = ValidateOptions(vllm_version="0.28")
+    pcp = ", prefill_context_parallel_size: 2"
+    text = _multi(["NixlConnector", "OffloadingConnector"], side="p", prefill=pcp)
+    stall = [("info", "stage 0: MultiConnector NixlConnector + OffloadingConnector on prefill: reported before vLLM 0.30 "
+              f"(no release read with it) {PCP_STALL}; vLLM 0.28 lies between the releases read, so this is not pinned",
+              _col(text, "OffloadingConnector"), "check that your vLLM has https://github.com/vllm-project/vllm/pull/53903",
+              [])]
+    assert found(text, "OPD602", opts=v028) == stall
+    # another handoff child: the row does not apply
+    assert found(_multi(["MooncakeConnector", "OffloadingConnector"], side="p", prefill=pcp), "OPD602", opts=v028) == []
+    # no prefill context parallelism (absent, 1 or 0: unreadable sizes count as 1)
+    for no in ("", ", prefill_context_parallel_size: 1", ", prefill_context_parallel_size: 0"):
+        assert found(_multi(["NixlConnector", "OffloadingConnector"], side="p", prefill=no), "OPD602", opts=v028) == []
+    # decode context parallelism shards the KV (not replicated); 0 or an unreadable size counts as 1
+    assert found(_multi(["NixlConnector", "OffloadingConnector"], side="p",
+                        prefill=pcp + ", decode_context_parallel_size: 2"), "OPD602", opts=v028) == []
+    for dcp in ("0", "x"):
+        t = _multi(["NixlConnector", "OffloadingConnector"], side="p", prefill=pcp + f", decode_context_parallel_size: {dcp}")
+        assert [h[:3] for h in found(t, "OPD602", opts=v028)] == [(*stall[0][:2], _col(t, "OffloadingConnector"))]
+
+
+# --- OPD612 pipeline parallelism per connector and side -----------------------------------------------
+
+NPU30 = ValidateOptions(vllm_version="0.30", platform="npu")
+
+
+def _pp(c: str, pp: int, dp: int, pe: str = "", de: str = "", pipeline: str = "llm_pd") -> str:
+    from omni_pd.check.rules.capability import _pp_yaml
+
+    return _pp_yaml(c, pp, dp, pe, de).replace("pipeline: llm_pd", f"pipeline: {pipeline}")
+
+
+def _peer(pp: str = "") -> str:
+    from omni_pd.check.rules.capability import _ASCEND_PEER
+
+    return _ASCEND_PEER.format(p=pp)
+
+
+def test_opd612_ascend_peer_pp_size_checked_on_each_stage_with_peer_blocks() -> None:
+    # prefill has no peer blocks (skipped, not the end of the scan); decode's lacks pp_size
+    text = _pp("MooncakeConnectorV1", 2, 1, de=_peer())
+    assert found(text, "OPD612", opts=NPU30) == [(
+        "error", "stage 1: kv_connector_extra_config.prefill.pp_size is missing but the prefill stage 0 runs "
+        "pipeline_parallel_size 2; MooncakeConnectorV1 maps ranks from it", _col(text, "prefill: {", 0),
+        "write `pp_size: 2` in the `prefill` block on both stages", [])]
+    # a wrong pp_size (not only a missing one)
+    text = _pp("MooncakeConnectorV1", 2, 1, pe=_peer(", pp_size: 1"), de=_peer(", pp_size: 2"))
+    assert found(text, "OPD612", opts=NPU30) == [(
+        "error", "stage 0: kv_connector_extra_config.prefill.pp_size is 1 but the prefill stage 0 runs "
+        "pipeline_parallel_size 2; MooncakeConnectorV1 maps ranks from it", _col(text, "pp_size: 1"),
+        "write `pp_size: 2` in the `prefill` block on both stages", [])]
+    # no PD pair (a pipeline without the split): no peer to compare with
+    assert found(_pp("MooncakeConnectorV1", 2, 1, pe=_peer(", pp_size: 1"), pipeline="qwen3_omni_moe"), "OPD612",
+                 opts=NPU30) == []
+    # a connector whose row has no peer blocks ignores a `prefill:` block in its extra config
+    assert found(_pp("NixlPushConnector", 2, 1, pe=", kv_connector_extra_config: {prefill: {pp_size: 1}}"), "OPD612",
+                 opts=V30) == []
+
+
+def test_opd602_kv_layouts_skip_the_children_without_a_layout_under_mla() -> None:
+    from omni_pd.check.validate import options_from_example
+
+    mla = options_from_example({"model": {"attention": "MLA"}, "vllm_version": "0.30"})
+    three = _multi(["NixlConnector", "OffloadingConnector", "ExampleHiddenStatesConnector"])
+
+    def layouts(shown: str) -> list[tuple]:
+        return [("error", f"stage 1: MultiConnector children require different KV cache layouts ({shown}): vLLM 0.30 stops "
+                 "with \"KV cache layout mismatch\"", _col(three, "connectors"),
+                 "combine children that use the same KV cache layout", [])]
+
+    # NIXL needs no layout under MLA: the scan goes on to the next children
+    assert found(three, "OPD602", opts=mla) == layouts("OffloadingConnector LBHNC, ExampleHiddenStatesConnector LBNHC")
+    assert found(three, "OPD602", opts=V30) == layouts("NixlConnector LBHNC, ExampleHiddenStatesConnector LBNHC")
+    assert found(_multi(["NixlConnector", "ExampleHiddenStatesConnector"]), "OPD602", opts=mla) == []
+
+
+def test_opd612_the_global_flag_is_located_on_the_command_line() -> None:
+    from omni_pd.check.validate import options_from_example
+
+    opts = options_from_example({"vllm_version": "0.30", "cli": {"pipeline_parallel_size": 2}})
+    got = [d for d in validate_text(_pp("NixlConnector", 1, 1), "t.yaml", opts).diagnostics if d.code == "OPD612"]
+    assert [(d.message, d.location.file, d.location.path, [(r.file, r.path, r.label) for r in d.related]) for d in got] == [
+        ("NixlConnector does not support pipeline_parallel_size > 1 in vLLM 0.30 (stage 0 PP 2, stage 1 PP 2)",
+         "<command line>", ("pipeline_parallel_size",),
+         [("<command line>", ("pipeline_parallel_size",), "stage 1 (decode) PP 2")])]

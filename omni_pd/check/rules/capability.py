@@ -43,16 +43,13 @@ def _kv_nodes(ctx: Context) -> list["StageNode"]:
     return [n for n in ctx.topology.stages if n.kv] if ctx.topology is not None else []
 
 
-def _platform(ctx: Context, node: "StageNode | None" = None) -> str:
+def _platform(ctx: Context, node: "StageNode") -> str:
+    """The platform ``node`` runs on: ``--platform``, else the accelerator of the inventory
+    host it is placed on (with one host, that host), else cuda."""
     if ctx.platform:
         return ctx.platform
-    if ctx.inventory is not None:
-        h = ctx.inventory.host(ctx.host_of(node)) if node is not None else None
-        if h is None and len(ctx.inventory.hosts) == 1:
-            h = next(iter(ctx.inventory.hosts.values()))
-        if h is not None and h.accelerator:
-            return h.accelerator
-    return "cuda"
+    h = ctx.inventory.host(ctx.host_of(node)) if ctx.inventory is not None else None
+    return h.accelerator if h is not None and h.accelerator else "cuda"
 
 
 @rule("OPD601", "connector-unknown", Severity.ERROR,
