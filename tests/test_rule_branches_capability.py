@@ -303,3 +303,181 @@ def test_opd612_the_global_flag_is_located_on_the_command_line() -> None:
         ("NixlConnector does not support pipeline_parallel_size > 1 in vLLM 0.30 (stage 0 PP 2, stage 1 PP 2)",
          "<command line>", ("pipeline_parallel_size",),
          [("<command line>", ("pipeline_parallel_size",), "stage 1 (decode) PP 2")])]
+
+
+# --- OPD603-OPD606: TP pairing, MLA, kv_cache_dtype -----------------------------------------------------
+
+def _model(**facts: object) -> ValidateOptions:
+    """vLLM 0.30 with ``--model-info`` facts (:class:`omni_pd.check.context.ModelInfo` fields)."""
+    from omni_pd.check.validate import options_from_example
+
+    return options_from_example({"model": facts, "vllm_version": "0.30"})
+
+
+def _val(text: str, key: str, nth: int = 0) -> tuple[int, int]:
+    """(line, column) of the value of the ``nth`` flow-style ``key: value`` in ``text``."""
+    line, col = _col(text, f"{key}: ", nth)
+    return line, col + len(key) + 2
+
+
+def _tp(conn: str, ptp: int, dtp: int) -> str:
+    """A PD pair with prefill TP ``ptp`` on devices 0.., decode TP ``dtp`` on the next devices."""
+    p_dev = ",".join(str(i) for i in range(ptp))
+    d_dev = ",".join(str(i) for i in range(ptp, ptp + dtp))
+    return _pair(conn, p_extra=f", tensor_parallel_size: {ptp}", d_extra=f", tensor_parallel_size: {dtp}").replace(
+        'devices: "0"', f'devices: "{p_dev}"').replace('devices: "1"', f'devices: "{d_dev}"')
+
+
+def test_opd603_decode_tp_above_the_kv_heads_is_located_at_decode_with_prefills_tp_related() -> None:
+    text = _tp("NixlConnector", 2, 4)
+    assert found(text, "OPD603", opts=_model(num_kv_heads=2)) == [(
+        "error", "decode TP 4 > num_key_value_heads 2 with the other side at TP 2: KV heads are replicated and the "
+        "heterogeneous-TP shape check fails", _val(text, "tensor_parallel_size", 1), "give decode `tensor_parallel_size: 2` "
+        "(or pick TPs the connector pairs)", [(*_val(text, "tensor_parallel_size"), "prefill TP 2")])]
+    assert found(text, "OPD603", opts=_model(num_kv_heads=8)) == []
+
+
+def test_opd604_each_connector_without_mla_support_under_an_mla_model() -> None:
+    for conn in ("PyNcclConnector", "LMCacheConnector"):
+        assert found(_pair(conn), "OPD604", opts=_model(attention="MLA")) == _both(
+            "error", f"stage {{s}}: {conn} has no MLA KV layout support and the model uses MLA",
+            "use NixlConnector (MLA needs no head split)")
+    assert found(_pair("PyNcclConnector"), "OPD604", opts=_model(attention="GQA")) == []
+    assert found(_pair("MooncakeConnector"), "OPD604", opts=_model(attention="MLA")) == []
+
+
+def test_opd605_an_unset_side_counts_as_auto_and_is_located_at_its_stage() -> None:
+    text = _pair("NixlConnector", p_extra=", kv_cache_dtype: fp8")
+    assert found(text, "OPD605") == [("error", "kv_cache_dtype fp8 (prefill) != auto (decode)", (5, 5),
+                                      "write `kv_cache_dtype: fp8` on both stages", [(*_col(text, "fp8"), "prefill uses fp8")])]
+    text = _pair("NixlConnector", d_extra=", kv_cache_dtype: fp8")
+    assert found(text, "OPD605") == [("error", "kv_cache_dtype auto (prefill) != fp8 (decode)", _col(text, "fp8"),
+                                      "write `kv_cache_dtype: auto` on both stages", [(4, 5, "prefill uses auto")])]
+
+
+def test_opd606_any_fp8_variant_over_nixl_only() -> None:
+    fp8 = ", kv_cache_dtype: fp8_e4m3"
+    text = _pair("NixlConnector", p_extra=fp8, d_extra=fp8)
+    assert found(text, "OPD606") == [
+        ("warning", "fp8 KV cache over NIXL P/D has been reported to corrupt output for this model family",
+         _col(text, "fp8_e4m3"), "use `kv_cache_dtype: auto` on both stages, or compare outputs against a non-PD run first",
+         [])]
+    assert found(_pair("MooncakeConnector", p_extra=fp8, d_extra=fp8), "OPD606") == []
+    auto = ", kv_cache_dtype: auto"
+    assert found(_pair("NixlConnector", p_extra=auto, d_extra=auto), "OPD606") == []
+
+
+# --- OPD607 block sizes ---------------------------------------------------------------------------------
+
+def _blocks(conn: str, pb: str, db: str, p_kv: str = "") -> str:
+    return _pair(conn, p_kv=p_kv, p_extra=f", block_size: {pb}", d_extra=f", block_size: {db}")
+
+
+def test_opd607_nixl_decode_may_take_a_multiple_from_013_unless_prefill_stages_on_the_host() -> None:
+    def refused(text: str, pb: str, db: str, conn: str = "NixlConnector") -> list[tuple]:
+        return [("error", f"block_size {pb} (prefill) and {db} (decode) are not compatible for {conn}",
+                 _val(text, "block_size", 1), f"write `block_size: {pb}` on both stages",
+                 [(*_val(text, "block_size"), f"prefill block_size {pb}")])]
+
+    text = _blocks("NixlConnector", "16", "32")
+    assert found(text, "OPD607", opts=ValidateOptions(vllm_version="0.13")) == []
+    assert found(text, "OPD607", opts=ValidateOptions(vllm_version="0.11")) == refused(text, "16", "32")
+    assert found(_blocks("MooncakeConnector", "16", "32"), "OPD607", opts=V30) == \
+        refused(_blocks("MooncakeConnector", "16", "32"), "16", "32", "MooncakeConnector")
+    cpu = _blocks("NixlConnector", "16", "32", p_kv=", kv_buffer_device: cpu")
+    assert found(cpu, "OPD607", opts=V30) == refused(cpu, "16", "32")
+    for pb, db in (("16", "24"), ("0", "32"), ("x", "32")):  # not a multiple; unreadable sizes are refused
+        text = _blocks("NixlConnector", pb, db)
+        assert found(text, "OPD607", opts=V30) == refused(text, pb, db)
+
+
+def test_opd607_a_hybrid_model_with_different_layouts_and_a_side_without_block_size() -> None:
+    warn = "hybrid model with different P/D layouts: the physical block size may differ (observed 16 vs 32)"
+    help_ = "pin the same `block_size:` on both stages"
+    hybrid = _model(attention="hybrid")
+
+    def layout(p: str, d: str = "") -> str:
+        return _pair("NixlConnector", p_extra=p, d_extra=d).replace('devices: "0"', 'devices: "0,1"').replace(
+            'devices: "1"', 'devices: "2"')
+
+    # decode has no block_size: located at decode's stage; prefill has none: at prefill's
+    for differs in (", tensor_parallel_size: 2", ", data_parallel_size: 2"):
+        assert found(layout(differs), "OPD607", opts=hybrid) == [("warning", warn, (5, 5), help_, [(4, 5, "prefill")])]
+    assert found(layout(", tensor_parallel_size: 2", ", block_size: 16"), "OPD607", opts=hybrid) == [
+        ("warning", warn, (4, 5), help_, [(4, 5, "prefill")])]
+    ep = _pair("NixlConnector", p_extra=", enable_expert_parallel: true")
+    assert [h[1] for h in found(ep, "OPD607", opts=hybrid)] == [warn]
+    # same layout, or not hybrid: nothing
+    assert found(_pair("NixlConnector", d_extra=", block_size: 16"), "OPD607", opts=hybrid) == []
+    assert found(layout(", tensor_parallel_size: 2"), "OPD607", opts=V30) == []
+
+
+# --- OPD608 required extra config keys, OPD609 KVTransferConfig fields -------------------------------
+
+def _x(keys: str) -> str:
+    return f", kv_connector_extra_config: {{{keys}}}"
+
+
+def test_opd608_p2pnccl_needs_http_port_only_with_a_proxy_and_an_empty_value_counts_as_missing() -> None:
+    v018 = ValidateOptions(vllm_version="0.18")
+    need = ("error", "stage 0: P2pNcclConnector requires kv_connector_extra_config.http_port")
+    help_ = "add `http_port: <port>` (the instance's API --port)"
+    # proxy_ip on prefill (no http_port), proxy_port with http_port on decode
+    text = _pair("P2pNcclConnector", p_kv=_x("proxy_ip: 10.0.0.1"), d_kv=_x("proxy_port: 30001, http_port: 8200"))
+    assert found(text, "OPD608", opts=v018) == [(*need, _col(text, "kv_connector_extra_config"), help_, [])]
+    text = _pair("P2pNcclConnector", p_kv=_x("proxy_ip: 10.0.0.1, http_port: ''"))
+    assert found(text, "OPD608", opts=v018) == [(*need, _col(text, "kv_connector_extra_config"), help_, [])]
+    assert found(_pair("P2pNcclConnector"), "OPD608", opts=v018) == []
+
+
+def test_opd608_moriio_without_extra_config_is_located_at_kv_transfer_config() -> None:
+    text = _pair("MoRIIOConnector")
+    want = []
+    for s in (0, 1):
+        for key, h in (("http_port", " (the instance's API --port)"), ("handshake_port", ""), ("notify_port", "")):
+            want.append(("error", f"stage {s}: MoRIIOConnector requires kv_connector_extra_config.{key}",
+                         _col(text, "kv_transfer_config", s), f"add `{key}: <port>`{h}", []))
+    assert found(text, "OPD608", opts=ValidateOptions(vllm_version="0.18")) == want
+
+
+def test_opd609_removed_fields_typos_and_unknown_keys_and_the_warning_before_018() -> None:
+    text = _pair("NixlConnector", p_kv=", kv_ip: 10.0.0.1, kv_rank: 0", d_kv=", kv_bufer_size: 1, foo_bar_baz: 1")
+    assert found(text, "OPD609", opts=ValidateOptions(vllm_version="0.32")) == [
+        ("error", "stage 0: `kv_ip` was removed from KVTransferConfig in vLLM 0.32 (target 0.32)", _col(text, "kv_ip"),
+         "remove `kv_ip` (vllm-omni reads the Mooncake address from kv_connector_extra_config / env)", []),
+        ("error", "stage 0: `kv_rank` was removed from KVTransferConfig in vLLM 0.32 (target 0.32)", _col(text, "kv_rank"),
+         "remove `kv_rank`", []),
+        ("error", "stage 1: `kv_bufer_size` is not a KVTransferConfig field", _col(text, "kv_bufer_size"),
+         "did you mean `kv_buffer_device`?", []),
+        ("error", "stage 1: `foo_bar_baz` is not a KVTransferConfig field", _col(text, "foo_bar_baz"),
+         "move connector options under kv_connector_extra_config", [])]
+    text = _pair("NixlConnector", d_kv=", kv_bufer_size: 1")
+    assert found(text, "OPD609", opts=ValidateOptions(vllm_version="0.13")) == [
+        ("warning", "stage 1: `kv_bufer_size` is not a KVTransferConfig field", _col(text, "kv_bufer_size"),
+         "did you mean `kv_buffer_size`?", [])]
+    assert found(text, "OPD609", opts=ValidateOptions(vllm_version="0.10")) == []
+
+
+# --- OPD611 kv_buffer_device per platform and release ---------------------------------------------------
+
+def test_opd611_the_latest_row_of_the_stages_platform_and_release_decides() -> None:
+    def bufs(p: str, d: str) -> str:
+        return _pair("NixlConnector", p_kv=f", kv_buffer_device: {p}", d_kv=f", kv_buffer_device: {d}")
+
+    def refused(stage: int, plat: str, v: str, allowed: str, dev: str, first: str) -> tuple:
+        return ("error", f"stage {stage}: NixlConnector on {plat} with vLLM {v} accepts kv_buffer_device {allowed}, not {dev}",
+                (4 + stage, 137), f"write `kv_buffer_device: {first}`", [])
+
+    assert found(bufs("cpu", "xpu"), "OPD611", opts=ValidateOptions(vllm_version="0.13")) == [
+        refused(1, "cuda", "0.13", "cuda or cpu", "xpu", "cuda")]
+    assert found(bufs("xpu", "cuda"), "OPD611", opts=ValidateOptions(vllm_version="0.18", platform="xpu")) == [
+        refused(1, "xpu", "0.18", "cpu or xpu", "cuda", "cpu")]
+    assert found(bufs("xpu", "cuda"), "OPD611", opts=ValidateOptions(vllm_version="0.13", platform="xpu")) == [
+        refused(0, "xpu", "0.13", "cpu", "xpu", "cpu"), refused(1, "xpu", "0.13", "cpu", "cuda", "cpu")]
+    assert found(bufs("cpu", "cpu"), "OPD611", opts=ValidateOptions(vllm_version="0.11", platform="rocm")) == [
+        refused(0, "rocm", "0.11", "cuda", "cpu", "cuda"), refused(1, "rocm", "0.11", "cuda", "cpu", "cuda")]
+    # no row for the platform, or before the first row; connectors without a table are not checked
+    assert found(bufs("cpu", "cpu"), "OPD611", opts=ValidateOptions(vllm_version="0.11", platform="npu")) == []
+    assert found(bufs("cpu", "cpu"), "OPD611", opts=ValidateOptions(vllm_version="0.10")) == []
+    banana = _pair("MooncakeConnector", p_kv=", kv_buffer_device: banana")
+    assert found(banana, "OPD611", opts=ValidateOptions(vllm_version="0.11")) == []
