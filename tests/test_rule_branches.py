@@ -551,8 +551,8 @@ def test_opd312_a_non_mapping_extra_config_under_engine_args_lacks_both_blocks()
                           extra=", kv_connector_extra_config: [prefill, decode]") + "\n"
             "  - {stage_id: 1, devices: \"1\", kv_transfer_config: "
             + _ASC.format(conn="MooncakeConnectorV1", role="kv_consumer", port=36001, eid="d", extra=_BLOCKS) + "}\n")
-    # the prefill stage's span is its `engine_args:` key (6:5): Context.sloc with no keys picks it
-    assert hits(text, "OPD312", _NPU) == [_need(0, "prefill", (7, 42), (6, 5, "prefill stage 0")),
+    # the prefill stage's span is its entry (4:5), not its `engine_args:` key: Context.sloc with no keys
+    assert hits(text, "OPD312", _NPU) == [_need(0, "prefill", (7, 42), (4, 5, "prefill stage 0")),
                                           _need(0, "decode", (7, 42), (8, 5, "decode stage 1"))]
 
 

@@ -80,7 +80,8 @@ def test_opd616_a_non_mapping_ec_config_is_no_role() -> None:
 def test_opd616_a_string_ec_config_under_engine_args_is_no_role_not_a_crash() -> None:
     # engine_args is an untyped mapping: a non-mapping ec_transfer_config there reaches the rules
     text = _epd(p=", engine_args: {ec_transfer_config: ECExampleConnector}")
-    assert [(h[1], h[2]) for h in found(text, "OPD616")] == [(_NOT_CONSUMER, _col(text, "engine_args"))]
+    # located at the prefill stage's entry (Context.sloc with no keys), not at its engine_args: block
+    assert [(h[1], h[2]) for h in found(text, "OPD616")] == [(_NOT_CONSUMER, _col(text, "{stage_id: 1"))]
 
 
 def test_opd616_is_said_once_per_file_under_all_platforms() -> None:
