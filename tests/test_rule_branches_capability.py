@@ -481,3 +481,25 @@ def test_opd611_the_latest_row_of_the_stages_platform_and_release_decides() -> N
     assert found(bufs("cpu", "cpu"), "OPD611", opts=ValidateOptions(vllm_version="0.10")) == []
     banana = _pair("MooncakeConnector", p_kv=", kv_buffer_device: banana")
     assert found(banana, "OPD611", opts=ValidateOptions(vllm_version="0.11")) == []
+
+
+NIXL_PP_HELP = "use pipeline_parallel_size 1 (scale with tensor_parallel_size instead), or NixlPushConnector with PP on prefill only"
+
+
+def test_opd612_sides_from_kv_role_outside_a_pd_pair_and_a_kv_both_stage_named_once() -> None:
+    # no PD pair: kv_producer is prefill, kv_consumer decode, each stage listed with its side
+    text = _pp("NixlConnector", 2, 2, pipeline="qwen3_omni_moe")
+    assert found(text, "OPD612", opts=V30) == [(
+        "error", "NixlConnector does not support pipeline_parallel_size > 1 in vLLM 0.30 (stage 0 PP 2, stage 1 PP 2)",
+        _val(text, "pipeline_parallel_size"), NIXL_PP_HELP, [(*_val(text, "pipeline_parallel_size", 1), "stage 1 (decode) PP 2")])]
+    # kv_both runs both sides: one stage, named once (it was "stage 0 PP 2, stage 0 PP 2" with itself related)
+    both = _pp("NixlConnector", 2, 1, pipeline="qwen3_omni_moe").replace("kv_role: kv_producer", "kv_role: kv_both")
+    assert found(both, "OPD612", opts=V30) == [(
+        "error", "NixlConnector does not support pipeline_parallel_size > 1 in vLLM 0.30 (stage 0 PP 2)",
+        _val(both, "pipeline_parallel_size"), NIXL_PP_HELP, [])]
+    # a MultiConnector naming the same child twice: the stage once too
+    kid = "{kv_connector: NixlConnector, kv_role: kv_producer}"
+    twice = _pp("MultiConnector", 2, 1, pe=f", kv_connector_extra_config: {{connectors: [{kid}, {kid}]}}")
+    assert [h[1:] for h in found(twice, "OPD612", opts=V30)] == [(
+        "NixlConnector does not support pipeline_parallel_size > 1 in vLLM 0.30 (stage 0 PP 2)",
+        _val(twice, "pipeline_parallel_size"), NIXL_PP_HELP, [])]

@@ -831,12 +831,17 @@ def pp_unsupported(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     for name, hits in bad.items():
         row = hits[0][3]
         sides = sorted({s for _, s, _, _ in hits})
-        where = ", ".join(f"stage {n.stage_id} PP {pp}" for n, _, pp, _ in hits)
+        # a kv_both stage (both sides) or a child named twice is one stage: name and relate it once
+        once: dict[int, tuple["StageNode", str, int]] = {}
+        for n, s, pp, _ in hits:
+            once.setdefault(n.stage_id, (n, s, pp))
+        stages = list(once.values())
+        where = ", ".join(f"stage {n.stage_id} PP {pp}" for n, _, pp in stages)
         on = "" if row.get("prefill") is False and row.get("decode") is False else " on " + " and ".join(sides)
         first = hits[0][0]
         yield r.diag(f"{name} does not support pipeline_parallel_size > 1{on} in vLLM {ctx.target.label} ({where})",
                      _pp_loc(ctx, first),
-                     related=[_pp_loc(ctx, n, label=f"stage {n.stage_id} ({s}) PP {pp}") for n, s, pp, _ in hits[1:]],
+                     related=[_pp_loc(ctx, n, label=f"stage {n.stage_id} ({s}) PP {pp}") for n, s, pp in stages[1:]],
                      notes=[row["why"]] if row.get("why") else [],
                      help=row.get("fix") or "use pipeline_parallel_size 1 with this connector")
 
