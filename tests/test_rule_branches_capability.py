@@ -503,3 +503,67 @@ def test_opd612_sides_from_kv_role_outside_a_pd_pair_and_a_kv_both_stage_named_o
     assert [h[1:] for h in found(twice, "OPD612", opts=V30)] == [(
         "NixlConnector does not support pipeline_parallel_size > 1 in vLLM 0.30 (stage 0 PP 2)",
         _val(twice, "pipeline_parallel_size"), NIXL_PP_HELP, [])]
+
+
+# --- OPD613 LMCacheConnectorV1 as the PD transport ---------------------------------------------------------
+
+NO_TRANSPORT_HELP = ("use MultiConnector with NixlConnector (P->D handoff) and LMCacheMPConnector (reuse), or set LMCache PD "
+                     "mode (lmcache.enable_pd: true, lmcache.pd_role: sender / receiver) with LMCache's PD proxy, or one "
+                     "shared backend (the same LMCACHE_REMOTE_URL on both sides)")
+
+
+def _two_hosts() -> ValidateOptions:
+    from omni_pd.check.context import Inventory
+    from omni_pd.check.rules.capability import _TWO_HOSTS
+
+    return ValidateOptions(inventory=Inventory.from_dict(_TWO_HOSTS["inventory"]))
+
+
+def _lmc(**kw: str) -> str:
+    from omni_pd.check.rules.capability import _lmc as lmc
+
+    return lmc(**kw)
+
+
+def _multi_p(kids: str) -> str:
+    """:func:`_lmc` with prefill's connector a MultiConnector over ``kids`` (decode stays LMCacheConnectorV1)."""
+    return _lmc().replace("kv_connector: LMCacheConnectorV1, kv_role: kv_producer",
+                          f"kv_connector: MultiConnector, kv_role: kv_producer, kv_connector_extra_config: {{connectors: [{kids}]}}")
+
+
+def test_opd613_no_transport_says_two_hosts_only_when_they_are_and_points_at_both_connectors() -> None:
+    text = _lmc()
+    for opts, hosts in ((None, ""), (_two_hosts(), " on two hosts")):
+        assert found(text, "OPD613", opts=opts) == [(
+            "error", f"LMCacheConnectorV1 P/D pair{hosts} with no LMCache PD mode (enable_pd/pd_role) and no shared remote "
+            "backend: decode recomputes every prompt", (4, 68), NO_TRANSPORT_HELP, [(5, 68, "decode")])]
+
+
+def test_opd613_a_transport_problem_gets_the_help_of_its_transport() -> None:
+    url = ", env: {{LMCACHE_REMOTE_URL: \"redis://{}:6379\"}}"
+    text = _lmc(pe=url.format("a"), de=url.format("b"))
+    assert found(text, "OPD613", opts=_two_hosts()) == [(
+        "error", "LMCacheConnectorV1 P/D pair: prefill and decode use different LMCache remote backends (redis://a:6379 / "
+        "redis://b:6379): decode never finds prefill's KV", _val(text, "kv_connector"),
+        "point both sides at one remote backend both hosts reach (same LMCACHE_REMOTE_URL)",
+        [(*_val(text, "kv_connector", 1), "decode")])]
+    pd = ", kv_connector_extra_config: {lmcache.enable_pd: true, lmcache.pd_role: sender}"
+    assert found(_lmc(px=pd), "OPD613", opts=_two_hosts()) == [(
+        "error", "LMCacheConnectorV1 P/D pair: LMCache PD mode (enable_pd) is on for one side only; decode does not have it",
+        (4, 68), "set enable_pd on both with pd_role sender (prefill) / receiver (decode)", [(5, 68, "decode")])]
+
+
+def test_opd613_under_multiconnector_the_lmcache_child_is_the_transport_and_offloaders_do_not_count() -> None:
+    off = "{kv_connector: OffloadingConnector, kv_role: kv_producer}"
+    # the LMCache child's own extra config is read (PD mode on prefill only)
+    pd = "{kv_connector: LMCacheConnectorV1, kv_role: kv_producer, kv_connector_extra_config: {lmcache.enable_pd: true, " \
+         "lmcache.pd_role: sender}}"
+    assert [h[1] for h in found(_multi_p(f"{off}, {pd}"), "OPD613", opts=_two_hosts())] == [
+        "LMCacheConnectorV1 P/D pair: LMCache PD mode (enable_pd) is on for one side only; decode does not have it"]
+    # offload-only children move nothing: LMCache is still the only transport
+    assert len(found(_multi_p(f"{off}, {{kv_connector: SimpleCPUOffloadConnector, kv_role: kv_producer}}"), "OPD613")) == 1
+    # another connector that moves KV: not an LMCache pair
+    assert found(_lmc().replace("LMCacheConnectorV1, kv_role: kv_consumer", "NixlConnector, kv_role: kv_consumer"),
+                 "OPD613") == []
+    only_off = _multi_p(off).replace("LMCacheConnectorV1, kv_role: kv_consumer", "OffloadingConnector, kv_role: kv_consumer")
+    assert found(only_off, "OPD613") == []
