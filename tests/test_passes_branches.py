@@ -949,3 +949,15 @@ def test_opd901_when_streaming_is_given_up_or_a_one_stage_vllm_omni_pipeline_nee
     for pipeline in ("llm", "qwen3_omni_moe_thinker_only"):  # launched as plain vllm serve engines
         _, res = stages("async_chunk: true\n" + LLM, pipeline=pipeline)
         assert _901(res) == [], pipeline
+
+
+def test_an_overlay_thinker_without_devices_gets_its_whole_engine_on_each_side() -> None:
+    # the Thinker (TP 2) has devices neither in the base nor in the rocm overlay, which moves
+    # the Talker to 5: on rocm prefill starts after every device in use there (2 and 5) and
+    # each side gets TP x PP x DP = 2 devices, as in the base split (it gave one before)
+    text = ('pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 0, tensor_parallel_size: 2}\n'
+            '  - {stage_id: 1, devices: "1"}\n  - {stage_id: 2, devices: "2"}\n'
+            'platforms:\n  rocm:\n    stages:\n      - {stage_id: 1, devices: "5"}\n')
+    _, res = stages(text, ExpandOptions(connector="NixlConnector"))
+    assert res.plan.base_devices == {0: (3, 4), 1: (5, 6), 2: (1,), 3: (2,)}
+    assert res.plan.overlay_devices == {"rocm": {0: (6, 7), 1: (8, 9)}}

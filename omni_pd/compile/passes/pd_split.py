@@ -497,10 +497,13 @@ def _plan_overlays(topo: Topology, t: int, ids: IdMap, base_new: dict[int, Devic
             return any(isinstance(h, dict) and key in h for h in (r, r.get("engine_args"), r.get("engine_extras")))
 
         node = ptopo.node(t)
-        as_is = len(t_dev) if isinstance(t_dev, tuple) else 1
+        assert node is not None  # resolve builds a node for every stage of the pipeline
+        # a Thinker without devices on this platform runs one engine there (TP x PP x DP),
+        # as in the base split (plan_pd_split's world)
+        as_is = len(t_dev) if isinstance(t_dev, tuple) else node.world_size
 
         def world(tp: int | None) -> int:
-            if tp is None or node is None or overlay_sets("tensor_parallel_size"):
+            if tp is None or overlay_sets("tensor_parallel_size"):
                 return as_is
             return tp * node.pp * node.dp
 
