@@ -961,3 +961,188 @@ def test_an_overlay_thinker_without_devices_gets_its_whole_engine_on_each_side()
     _, res = stages(text, ExpandOptions(connector="NixlConnector"))
     assert res.plan.base_devices == {0: (3, 4), 1: (5, 6), 2: (1,), 3: (2,)}
     assert res.plan.overlay_devices == {"rocm": {0: (6, 7), 1: (8, 9)}}
+
+
+# --- refusals and values only the expand goldens pinned (mutation run at 0c9a320) ------------------
+
+@pytest.mark.parametrize("opts, flag", [(ExpandOptions(tp=1, prefill_tp=2), "--prefill-tp"),
+                                        (ExpandOptions(tp=1, decode_tp=2), "--decode-tp")])
+def test_a_side_tp_contradicting_tp_names_its_own_option(opts, flag) -> None:
+    assert refusal(LLM, opts, pipeline="llm") == (
+        "OPD006", f"{flag} 2 contradicts --tp 1 (--tp sets both prefill and decode)", None,
+        f"drop --tp and give --prefill-tp and --decode-tp, or give {flag} 1")
+
+
+_803 = ("OPD803", "this deploy config is already prefill/decode split; refusing to split it twice")
+_803_HELP = "run `omni-pd validate` on it instead, or expand the original three-stage config"
+
+
+@pytest.mark.parametrize("a, b", [("kv_producer", "kv_consumer"), ("kv_consumer", "kv_producer"),
+                                  ("kv_producer", "kv_both"), ("kv_both", "kv_both")])
+def test_every_sender_receiver_pair_is_already_split(a, b) -> None:
+    # vLLM's role sets: a sender is kv_producer or kv_both, a receiver kv_consumer or kv_both;
+    # two different stages forming one pair means the file was split already
+    text = _TWO.format(a=_KV.format(role=a), b=_KV.format(role=b))
+    assert refusal(text, pipeline="qwen3_omni_moe_thinker_only") == (*_803, (1, 1), _803_HELP)
+
+
+def test_a_pair_written_under_engine_extras_is_already_split() -> None:
+    # vllm-omni forwards engine_extras to the engine: the roles count there too
+    kv = "    engine_extras:\n      kv_transfer_config: {{kv_connector: MooncakeConnector, kv_role: {role}}}\n"
+    text = _TWO.format(a=kv.format(role="kv_producer"), b=kv.format(role="kv_consumer"))
+    assert refusal(text, pipeline="qwen3_omni_moe_thinker_only") == (*_803, (1, 1), _803_HELP)
+
+
+def test_already_split_by_the_pipeline_option_or_by_the_files_pipeline_name() -> None:
+    # --pipeline names a PD pipeline (the file names none): located at the document
+    assert refusal(LLM, pipeline="llm_pd") == (*_803, (1, 1), _803_HELP)
+    # the file says llm_pd and --pipeline picks llm: the file's own name still refuses, at its value
+    assert refusal("pipeline: llm_pd\n" + LLM, pipeline="llm") == (*_803, (1, 11), _803_HELP)
+
+
+def _plan(text: str, pipeline: str, opts: ExpandOptions = ExpandOptions(connector="NixlConnector"),
+          with_doc: bool = True, version: str | None = None):
+    from omni_pd.compile.parse import parse_config
+    from omni_pd.compile.pipelines import load_catalogue
+    from omni_pd.compile.topology import resolve
+
+    doc = parse_text(text, "in.yaml")
+    cat = load_catalogue()
+    topo = resolve(parse_config(doc), cat.get(pipeline), None, doc)
+    return pd_split.plan_pd_split(topo, cat, target(version), opts, doc if with_doc else None)
+
+
+def test_without_a_document_refusals_and_notes_have_no_location() -> None:
+    with pytest.raises(OmniPdError) as e:
+        _plan(LLM, "llm_pd", with_doc=False)
+    assert (e.value.diagnostic.code, e.value.diagnostic.location) == ("OPD803", None)
+    plan = _plan(LLM.replace("    devices: \"0\"\n", ""), "llm", with_doc=False)
+    assert [(d.code, d.message, d.location) for d in plan.diagnostics] == [
+        ("OPD902", 'the Thinker had no `devices`; prefill gets "0" and decode "1"', None)]
+
+
+def test_an_engine_of_zero_devices_is_refused_without_the_upper_bound() -> None:
+    # tensor_parallel_size 0 under engine_args (the model bounds only the flat key by 1)
+    assert refusal(LLM + "    engine_args: {tensor_parallel_size: 0}\n", pipeline="llm") == (
+        "OPD805", "cannot place prefill and decode: TP x PP x DP = 0 devices per engine", (5, 41),
+        "parallel sizes must be at least 1 and fit the host's devices")
+
+
+def test_xpyd_device_options_are_counted_per_instance_times_engine() -> None:
+    # 2 decode instances of 1 device: 3 listed is refused naming the decode option
+    assert refusal(LLM, ExpandOptions(connector="NixlConnector", decode_replicas=2, decode_devices=(1, 2, 3)),
+                   pipeline="llm") == (
+        "OPD805", "--decode-devices lists 3 device(s); 2 are needed (2 instance(s) x 1 device(s) each)", None, None)
+    # 2 prefill instances at TP 2 need 2 x 2 = 4 devices: the four given are taken as they are
+    st, _ = stages(LLM, ExpandOptions(connector="NixlConnector", tp=2, prefill_replicas=2,
+                                      prefill_devices=(0, 1, 2, 3)), pipeline="llm")
+    assert [(s["devices"], s.get("num_replicas")) for s in st] == [("0,1,2,3", 2), ("4,5", None)]
+
+
+def test_prefill_and_downstream_device_options_place_those_stages() -> None:
+    st, _ = stages(LLM, ExpandOptions(connector="NixlConnector", prefill_devices=(5,)), pipeline="llm")
+    assert [s["devices"] for s in st] == ["5", "6"]  # decode: the next device above prefill's
+    st, _ = stages(_Q, ExpandOptions(connector="NixlConnector", downstream_devices=(7,)))
+    assert [s["devices"] for s in st] == ["0", "1", "7", "7"]
+    st, _ = stages(_Q, ExpandOptions(connector="NixlConnector"))
+    assert [s["devices"] for s in st] == ["0", "1", "2", "2"]  # without it the Talker moves past decode
+
+
+def test_the_thinkers_own_connector_range_is_free_for_the_new_pair() -> None:
+    # vLLM 0.11: a NIXL engine binds TP x DP = 2 side-channel ports. The Thinker's own env port
+    # 5601 is reserved (it is in the input), its range [5601, 5603) is not: the Thinker is
+    # what gets split. From 5600: [5600, 5602) hits 5601, so prefill 5602, decode 5604
+    text = LLM.replace('"0"', '"0,1"') + '    tensor_parallel_size: 2\n    env: {VLLM_NIXL_SIDE_CHANNEL_PORT: "5601"}\n' \
+        "    kv_transfer_config: {kv_connector: NixlConnector}\n"
+    st, _ = stages(text, ExpandOptions(port_base=5600), pipeline="llm", vllm_version="0.11")
+    assert [s["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] for s in st] == ["5602", "5604"]
+
+
+def test_mooncake_engine_ids_and_a_bootstrap_port_for_prefill_only() -> None:
+    # vllm-omni 0.30: prefill's bootstrap_port (extra config) and env from --port-base; a
+    # kv_consumer runs no bootstrap server, so decode gets neither
+    st, res = stages(LLM, ExpandOptions(port_base=30000), pipeline="qwen3_omni_moe_thinker_only")
+    assert [(s["kv_transfer_config"]["engine_id"], s["kv_transfer_config"].get("kv_connector_extra_config"),
+             s.get("env")) for s in st] == [
+        ("omni-thinker-prefill", {"bootstrap_port": 30000}, {"VLLM_MOONCAKE_BOOTSTRAP_PORT": "30000"}),
+        ("omni-thinker-decode", None, None)]
+    assert (res.plan.prefill_engine_id, res.plan.decode_engine_id) == ("omni-thinker-prefill", "omni-thinker-decode")
+    # plain vLLM (the llm pipeline) reads only the env
+    st, _ = stages(LLM, ExpandOptions(port_base=30000), pipeline="llm")
+    assert [(s["kv_transfer_config"]["engine_id"], s["kv_transfer_config"].get("kv_connector_extra_config"),
+             s.get("env")) for s in st] == [
+        ("llm-prefill", None, {"VLLM_MOONCAKE_BOOTSTRAP_PORT": "30000"}), ("llm-decode", None, None)]
+
+
+def test_both_sides_keep_the_thinkers_kv_keys_after_the_contracts_in_order() -> None:
+    # the contract's fields first, in its order (the Thinker's kv_buffer_device is one of
+    # them), then the Thinker's other keys; the unread mooncake_bootstrap_port is dropped
+    kv = ("    kv_transfer_config: {kv_connector: MooncakeConnector, kv_connector_extra_config: "
+          "{mooncake_bootstrap_port: 1, x: 1}, kv_load_failure_policy: recompute, kv_buffer_device: cpu}\n")
+    st, _ = stages(LLM + kv, pipeline="qwen3_omni_moe_thinker_only")
+    assert [list(s["kv_transfer_config"].items()) for s in st] == [
+        [("kv_connector", "MooncakeConnector"), ("kv_role", "kv_producer"), ("engine_id", "omni-thinker-prefill"),
+         ("kv_ip", "127.0.0.1"), ("kv_buffer_device", "cpu"),
+         ("kv_connector_extra_config", {"x": 1, "bootstrap_port": 25201}), ("kv_load_failure_policy", "recompute")],
+        [("kv_connector", "MooncakeConnector"), ("kv_role", "kv_consumer"), ("engine_id", "omni-thinker-decode"),
+         ("kv_ip", "127.0.0.1"), ("kv_buffer_device", "cpu"), ("kv_connector_extra_config", {"x": 1}),
+         ("kv_load_failure_policy", "recompute")]]
+
+
+def test_a_platform_that_widens_the_thinker_widens_both_connector_ranges() -> None:
+    # vLLM 0.11 NIXL binds TP x DP ports per engine: rocm runs the Thinker at TP 2, so each
+    # side reserves 2 from 5557 (0.11's default) although the base runs TP 1
+    text = LLM + "platforms:\n  rocm:\n    stages:\n      - {stage_id: 0, tensor_parallel_size: 2}\n"
+    st, _ = stages(text, ExpandOptions(connector="NixlConnector"), pipeline="llm", vllm_version="0.11")
+    assert [s["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] for s in st] == ["5557", "5559"]
+    # omni-pd's launcher starts one engine per replica from consecutive ranges: 2 replicas on
+    # rocm -> 2 ports per side
+    text = LLM + "platforms:\n  rocm:\n    stages:\n      - {stage_id: 0, num_replicas: 2}\n"
+    st, _ = stages(text, ExpandOptions(connector="NixlConnector"), pipeline="llm")
+    assert [s["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] for s in st] == ["5600", "5602"]
+
+
+def test_replicas_sharing_a_port_are_refused_before_the_port_range_is_sized() -> None:
+    # vllm-omni hands every replica the stage's NIXL port: 2 prefill replicas are refused for
+    # sharing 65534, not for a 2-port range that would not fit below 65535
+    assert refusal(LLM, ExpandOptions(connector="NixlConnector", prefill_replicas=2, port_base=65534),
+                   pipeline="qwen3_omni_moe_thinker_only")[:3] == (
+        "OPD805", "cannot place 2 replicas of the prefill stage on one host: vllm-omni 0.30 gives every replica the "
+                  "same NIXL side channel port (65534)", None)
+
+
+def test_replicas_given_on_the_command_line_are_refused_naming_the_option() -> None:
+    assert refusal(LLM, ExpandOptions(connector="NixlConnector", decode_replicas=2),
+                   pipeline="qwen3_omni_moe_thinker_only") == (
+        "OPD805", "cannot place 2 replicas of the decode stage on one host: vllm-omni 0.30 gives every replica the "
+                  "same NIXL side channel port (5601)", None,
+        "give --decode-replicas 1 (one engine per side), or serve the replicas from different hosts")
+
+
+def test_decode_replicas_of_a_mooncake_consumer_need_no_port() -> None:
+    # vllm-omni 0.28 gives every replica the same env port, but a kv_consumer binds none:
+    # 2 decode instances pass and prefill (1 instance) is not checked as if it had 2
+    st, _ = stages(LLM, ExpandOptions(decode_replicas=2), pipeline="qwen3_omni_moe_thinker_only",
+                   vllm_version="0.28")
+    assert [(s["devices"], s.get("num_replicas")) for s in st] == [("0", None), ("1,2", 2)]
+
+
+def test_opd901_for_a_one_stage_pipeline_that_asked_for_async_chunk_and_a_two_stage_one() -> None:
+    from omni_pd.compile.pipelines import Catalogue, load_catalogue, pipeline_from_dict
+
+    solo = pipeline_from_dict({"name": "solo", "runtime": "vllm-omni",
+                               "stages": [{"stage_id": 0, "role": "thinker", "final_output": True}]})
+    duo = pipeline_from_dict({"name": "duo", "runtime": "vllm-omni",
+                              "stages": [{"stage_id": 0, "role": "thinker"},
+                                         {"stage_id": 1, "role": "talker", "final_output": True}]})
+    cat = Catalogue({**load_catalogue().pipelines, "solo": solo, "duo": duo})
+    # one stage streams nothing even with async_chunk: true
+    _, res = stages("async_chunk: true\n" + LLM, ExpandOptions(connector="NixlConnector"), pipeline="solo",
+                    catalogue=cat)
+    assert _901(res) == [("OPD901", Severity.INFO, "async_chunk set to false (prefill/decode routing needs it off)",
+                          (1, 14), _901_NOTES)]
+    # two stages stream chunks from the Thinker to the next stage
+    _, res = stages("async_chunk: true\n" + LLM + '  - {stage_id: 1, devices: "1"}\n',
+                    ExpandOptions(connector="NixlConnector"), pipeline="duo", catalogue=cat)
+    assert _901(res) == [("OPD901", Severity.INFO, "async_chunk set to false: streaming of audio chunks between "
+                          "stages is given up", (1, 14), _901_NOTES)]

@@ -144,11 +144,13 @@ def _stage_ranges(topo: Topology, split_id: int, target: Target, runtime: str) -
 
 
 def check_replicas_apart(contract: Any, side: str, cfg: SideConfig, tp: int, dp: int, target: Target,
-                          runtime: str, replicas: int, loc: Location | None) -> None:
+                          runtime: str, replicas: int, loc: Location | None, option: str | None = None) -> None:
     """Refuse (OPD805) when the ``replicas`` engines of one side would bind the same port on
     one host: the runtime gives every replica the stage's env unchanged (NIXL side channel,
     Mooncake on vllm-omni <= 0.28), so no port choice in the file can make them disjoint.
-    Mooncake prefill on vllm-omni 0.30 binds ``bootstrap_port + replica id`` and passes."""
+    Mooncake prefill on vllm-omni 0.30 binds ``bootstrap_port + replica id`` and passes.
+    ``option``: the command-line flag that asked for the replicas (``--decode-replicas``),
+    named in the help; None: they come from the file (``num_replicas``, at ``loc``)."""
     uses = contract.ports(side, cfg.kv_transfer_config, cfg.env, tp, dp, target, runtime=runtime, replicas=replicas)
     seen: dict[int, int] = {}
     for u in uses:
@@ -158,8 +160,8 @@ def check_replicas_apart(contract: Any, side: str, cfg: SideConfig, tp: int, dp:
 
                 raise _err("OPD805", f"cannot place {replicas} replicas of the {side} stage on one host: "
                            f"{runtime_release(runtime, target)} gives every replica the same {u.purpose} port ({port})",
-                           loc, help=("set num_replicas: 1 on the Thinker (one engine per side), or serve the "
-                                      "replicas from different hosts"))
+                           loc, help=(f"give {option} 1" if option else "set num_replicas: 1 on the Thinker")
+                           + " (one engine per side), or serve the replicas from different hosts")
             seen.setdefault(port, u.replica)
 
 
@@ -378,19 +380,22 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
     unread = contract.unread_keys(target, runtime)
     p_cfg = _merge_user_kv(contract.configure(p_ep, target), thinker.kv, target, unread)
     d_cfg = _merge_user_kv(contract.configure(d_ep, target), thinker.kv, target, unread)
-    for side, cfg, reps, side_tp in (("prefill", p_cfg, side_reps[0], span_tps[0]),
-                                     ("decode", d_cfg, side_reps[1], span_tps[1])):
-        if reps > 1:
+    for side, cfg, reps, side_tp, asked in (("prefill", p_cfg, side_reps[0], span_tps[0], opts.prefill_replicas),
+                                            ("decode", d_cfg, side_reps[1], span_tps[1], opts.decode_replicas)):
+        if reps > 1:  # replicas from the command line are refused naming the option, without a location
             check_replicas_apart(contract, side, cfg, side_tp, span_dp, target, runtime, reps,
-                                  _stage_loc(doc, thinker.index, "num_replicas"))
+                                  None if asked else _stage_loc(doc, thinker.index, "num_replicas"),
+                                  f"--{side}-replicas" if asked else None)
 
     # async chunking ----------------------------------------------------------------
     # said when the file asked for async_chunk, or when vllm-omni (whose orchestrator
     # reads the key) serves the pair; a pipeline launched as plain `vllm serve` engines
     # (llm, *_thinker_only) never reads it, so writing false there changes nothing
-    if topo.async_chunk or (topo.config.async_chunk is None and len(src.stages) == 1
+    # (a one-stage pipeline has topo.async_chunk off: vllm-omni forces it off there, and
+    # turns it back on, unless the file says false, once the pair has two stages)
+    if topo.async_chunk or (topo.config.async_chunk is not False and len(src.stages) == 1
                             and target_pipe.launcher == "vllm-omni"):
-        had_stream = topo.async_chunk and len(src.stages) > 1
+        had_stream = topo.async_chunk  # on only for a pipeline of several stages (resolve)
         notes.append(Diagnostic(
             code="OPD901", severity=Severity.INFO,
             message=("async_chunk set to false: streaming of audio chunks between stages is given up"
