@@ -400,7 +400,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
     ec_storage, ec_name = None, None
     enc = topo.node(topo.pipeline.encoder.stage_id) if topo.pipeline.encoder is not None else None
     if enc is not None:
-        e_proc, ec_name, ec_storage = _encoder_process(enc, p, opts, served, env_all, engine_py, wide)
+        e_proc, ec_name, ec_storage = _encoder_process(enc, opts, served, env_all, engine_py, wide)
         procs = [replace(x, writable_dirs=(ec_storage,)) if (x.role == "prefill" and ec_storage) else x
                  for x in procs]
         procs.append(e_proc)
@@ -433,7 +433,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
 ENCODER_PORT_OFFSET = 200
 
 
-def _encoder_process(node: StageNode, prefill: StageNode, opts: LaunchOptions, served: str,
+def _encoder_process(node: StageNode, opts: LaunchOptions, served: str,
                      env_all: dict[str, str], engine_py: str | None,
                      wide: dict[str, Any] | None = None) -> tuple[ProcessSpec, str | None, str | None]:
     """The ``vllm serve`` of the encoder-only instance E (``--ec-transfer-config`` with
