@@ -149,6 +149,11 @@ def test_opd601_unknown_names_get_the_case_insensitive_or_closest_name_or_the_mo
     mod = ", kv_connector_module_path: my.mod"
     assert found(_pair("FooBar", p_kv=mod, d_kv=mod), "OPD601", opts=V30) == []
     assert found(_pair("FooBar"), "OPD601", opts=ValidateOptions(vllm_version="0.10")) == []
+    # a registered connector on one stage does not end the scan
+    text = _pair("NixlConnector").replace("NixlConnector, kv_role: kv_consumer", "FooBar, kv_role: kv_consumer")
+    assert found(text, "OPD601", opts=V30) == [
+        ("error", "stage 1: unknown kv_connector `FooBar`", (5, 68), "set kv_connector_module_path for an out-of-tree connector",
+         [])]
 
 
 # --- OPD602 MultiConnector children --------------------------------------------------------------------
@@ -335,6 +340,27 @@ def test_opd603_decode_tp_above_the_kv_heads_is_located_at_decode_with_prefills_
         "heterogeneous-TP shape check fails", _val(text, "tensor_parallel_size", 1), "give decode `tensor_parallel_size: 2` "
         "(or pick TPs the connector pairs)", [(*_val(text, "tensor_parallel_size"), "prefill TP 2")])]
     assert found(text, "OPD603", opts=_model(num_kv_heads=8)) == []
+    # MLA keeps one latent KV per token: no head limit
+    assert found(text, "OPD603", opts=_model(num_kv_heads=2, attention="MLA")) == []
+
+
+def test_opd603_hybrid_models_need_equal_tp_over_nixl() -> None:
+    text = _tp("NixlConnector", 2, 4)
+    assert [h[1] for h in found(text, "OPD603", opts=_model(attention="hybrid"))] == [
+        "hybrid-attention models need equal TP over NIXL (got P=2, D=4)"]
+    assert found(text, "OPD603", opts=V30) == []
+
+
+def test_opd603_the_connector_is_prefills_else_decodes() -> None:
+    v013 = ValidateOptions(vllm_version="0.13")
+    # Mooncake (prefill) needs equal TP on 0.13 where NIXL (decode) would take D a multiple of P
+    mixed = _tp("NixlConnector", 2, 4).replace("NixlConnector, kv_role: kv_producer", "MooncakeConnector, kv_role: kv_producer")
+    assert [h[1] for h in found(mixed, "OPD603", opts=v013)] == [
+        "MooncakeConnector on vLLM 0.13 needs equal TP on prefill and decode"]
+    # prefill names no connector: decode's
+    bare = _tp("NixlConnector", 4, 2).replace("kv_connector: NixlConnector, kv_role: kv_producer", "kv_role: kv_producer")
+    assert [h[1] for h in found(bare, "OPD603", opts=v013)] == [
+        "NixlConnector on vLLM 0.13 allows decode TP >= prefill TP only, as a multiple (got P=4, D=2)"]
 
 
 def test_opd604_each_connector_without_mla_support_under_an_mla_model() -> None:
@@ -497,6 +523,13 @@ def test_opd612_sides_from_kv_role_outside_a_pd_pair_and_a_kv_both_stage_named_o
     assert found(both, "OPD612", opts=V30) == [(
         "error", "NixlConnector does not support pipeline_parallel_size > 1 in vLLM 0.30 (stage 0 PP 2)",
         _val(both, "pipeline_parallel_size"), NIXL_PP_HELP, [])]
+    # a stage without kv_connector, and MultiConnector children that name none, have no PP facts to check
+    assert found(_pp("NixlConnector", 2, 1).replace("kv_connector: NixlConnector, kv_role: kv_producer",
+                                                     "kv_role: kv_producer"), "OPD612", opts=V30) == []
+    odd = _pp("MultiConnector", 2, 1, pe=", kv_connector_extra_config: {connectors: [{kv_role: kv_producer}, 3, "
+              "{kv_connector: NixlConnector, kv_role: kv_producer}]}")
+    assert [h[1] for h in found(odd, "OPD612", opts=V30)] == [
+        "NixlConnector does not support pipeline_parallel_size > 1 in vLLM 0.30 (stage 0 PP 2)"]
     # a MultiConnector naming the same child twice: the stage once too
     kid = "{kv_connector: NixlConnector, kv_role: kv_producer}"
     twice = _pp("MultiConnector", 2, 1, pe=f", kv_connector_extra_config: {{connectors: [{kid}, {kid}]}}")
@@ -567,3 +600,40 @@ def test_opd613_under_multiconnector_the_lmcache_child_is_the_transport_and_offl
                  "OPD613") == []
     only_off = _multi_p(off).replace("LMCacheConnectorV1, kv_role: kv_consumer", "OffloadingConnector, kv_role: kv_consumer")
     assert found(only_off, "OPD613") == []
+
+
+# --- OPD610 a broken vLLM install: the import error's first line ----------------------------------------
+
+def test_opd610_a_broken_import_is_named_by_its_first_line_or_its_type_alone(monkeypatch) -> None:
+    import importlib.machinery
+    import sys
+    import types
+
+    def broken(exc: Exception) -> str:
+        pkg = types.ModuleType("vllm")
+        pkg.__spec__ = importlib.machinery.ModuleSpec("vllm", None, is_package=True)
+        pkg.__path__ = []
+        cfg = types.ModuleType("vllm.config")
+
+        def fail(name: str) -> None:
+            raise exc
+
+        cfg.__getattr__ = fail  # type: ignore[attr-defined]  # `from vllm.config import X` raises exc
+        monkeypatch.setitem(sys.modules, "vllm", pkg)
+        monkeypatch.setitem(sys.modules, "vllm.config", cfg)
+        (hit,) = found(_pair("NixlConnector"), "OPD610")
+        assert (hit[0], hit[2]) == ("info", (4, 33))
+        return hit[1]
+
+    tail = "): kv_transfer_config was not checked by vLLM"
+    head = "vLLM is installed but `from vllm.config import KVTransferConfig` failed ("
+    assert broken(RuntimeError("CPU lacks AVX\nsee the install guide")) == head + "RuntimeError: CPU lacks AVX" + tail
+    assert broken(RuntimeError()) == head + "RuntimeError" + tail
+
+
+# --- OPD614 EC roles along the edges ------------------------------------------------------------------------
+
+def test_opd614_an_ec_both_stage_downstream_consumes_the_producers_outputs() -> None:
+    from omni_pd.check.rules.capability import _ec
+
+    assert found(_ec(dr="ec_both"), "OPD614", opts=V30) == []
