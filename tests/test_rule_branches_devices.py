@@ -217,6 +217,11 @@ def test_opd404_a_value_that_is_not_a_number_is_not_counted_as_the_default() -> 
             "  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.6}\n"
             "  - {stage_id: 2, devices: \"0\", gpu_memory_utilization: 0.6}\n")
     assert [h[1] for h in found(text, "OPD404")] == ["physical GPU 0: 0.6 (stage 1) + 0.6 (stage 2) = 1.20 > 1.0"]
+    # null is YAML for unset: vLLM's default counts
+    text = (_Q + "  - {stage_id: 0, devices: \"0\", gpu_memory_utilization: null}\n"
+            "  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.3}\n")
+    assert [h[1] for h in found(text, "OPD404")] == [
+        "physical GPU 0: 0.9 (vLLM default) (stage 0) + 0.3 (stage 1) = 1.20 > 1.0"]
 
 
 def test_opd404_an_unknown_engine_without_the_key_is_not_counted() -> None:

@@ -235,7 +235,7 @@ def memory_budget(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     cannot both start. A stage whose ``gpu_memory_utilization`` is written but is not a
     number (OPD101: the schema drops it, and vLLM refuses to start the engine) is not
     counted, neither at its value nor at the 0.9 default: its share is unknown until the
-    value is fixed. Sources: https://github.com/vllm-project/vllm-omni/issues/363,
+    value is fixed (``null`` is unset: the default). Sources: https://github.com/vllm-project/vllm-omni/issues/363,
     https://github.com/vllm-project/vllm-omni/issues/276,
     https://github.com/vllm-project/vllm/issues/25759."""
     if ctx.topology is None:
@@ -245,7 +245,8 @@ def memory_budget(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         if not isinstance(n.devices, tuple):
             continue
         util = ctx.setting(n, "gpu_memory_utilization")
-        if util is None and ctx.stage_path(n, "gpu_memory_utilization")[-1:] == ("gpu_memory_utilization",):
+        at = ctx.stage_path(n, "gpu_memory_utilization")
+        if util is None and at[-1:] == ("gpu_memory_utilization",) and ctx.raw_at(at) is not None:
             continue  # written but not a number: OPD101 reports it and vLLM would not start; not its 0.9 default
         if util is None and not ctx.stage_kind_known(n):
             continue  # not a vLLM engine we know: its default budget is not vLLM's 0.9
