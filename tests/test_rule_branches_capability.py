@@ -523,13 +523,6 @@ def test_opd612_sides_from_kv_role_outside_a_pd_pair_and_a_kv_both_stage_named_o
     assert found(both, "OPD612", opts=V30) == [(
         "error", "NixlConnector does not support pipeline_parallel_size > 1 in vLLM 0.30 (stage 0 PP 2)",
         _val(both, "pipeline_parallel_size"), NIXL_PP_HELP, [])]
-    # a stage without kv_connector, and MultiConnector children that name none, have no PP facts to check
-    assert found(_pp("NixlConnector", 2, 1).replace("kv_connector: NixlConnector, kv_role: kv_producer",
-                                                     "kv_role: kv_producer"), "OPD612", opts=V30) == []
-    odd = _pp("MultiConnector", 2, 1, pe=", kv_connector_extra_config: {connectors: [{kv_role: kv_producer}, 3, "
-              "{kv_connector: NixlConnector, kv_role: kv_producer}]}")
-    assert [h[1] for h in found(odd, "OPD612", opts=V30)] == [
-        "NixlConnector does not support pipeline_parallel_size > 1 in vLLM 0.30 (stage 0 PP 2)"]
     # a MultiConnector naming the same child twice: the stage once too
     kid = "{kv_connector: NixlConnector, kv_role: kv_producer}"
     twice = _pp("MultiConnector", 2, 1, pe=f", kv_connector_extra_config: {{connectors: [{kid}, {kid}]}}")
@@ -637,3 +630,12 @@ def test_opd614_an_ec_both_stage_downstream_consumes_the_producers_outputs() -> 
     from omni_pd.check.rules.capability import _ec
 
     assert found(_ec(dr="ec_both"), "OPD614", opts=V30) == []
+
+
+def test_opd612_a_stage_or_multiconnector_child_without_a_connector_has_no_pp_facts_to_check() -> None:
+    assert found(_pp("NixlConnector", 2, 1).replace("kv_connector: NixlConnector, kv_role: kv_producer",
+                                                     "kv_role: kv_producer"), "OPD612", opts=V30) == []
+    odd = _pp("MultiConnector", 2, 1, pe=", kv_connector_extra_config: {connectors: [{kv_role: kv_producer}, 3, "
+              "{kv_connector: NixlConnector, kv_role: kv_producer}]}")
+    assert [h[1] for h in found(odd, "OPD612", opts=V30)] == [
+        "NixlConnector does not support pipeline_parallel_size > 1 in vLLM 0.30 (stage 0 PP 2)"]
