@@ -639,3 +639,131 @@ def test_opd612_a_stage_or_multiconnector_child_without_a_connector_has_no_pp_fa
               "{kv_connector: NixlConnector, kv_role: kv_producer}]}")
     assert [h[1] for h in found(odd, "OPD612", opts=V30)] == [
         "NixlConnector does not support pipeline_parallel_size > 1 in vLLM 0.30 (stage 0 PP 2)"]
+
+
+# --- OPD614 EC connector registry, roles and options --------------------------------------------------
+
+NOWHERE = "stage {} is an ec_producer but no ec_consumer is downstream of it: its encoder outputs go nowhere"
+NOWHERE_HELP = "give the stage that consumes its outputs `ec_role: ec_consumer`"
+V2_OFF = "stage {}: ECCPUConnector requires the V2 model runner, which is switched off here"
+V2_HELP = "set VLLM_USE_V2_MODEL_RUNNER=1 (and no `model_runner: v1`)"
+
+
+def _ec(**kw: str) -> str:
+    """Stage 0 (line 2) an encoder-only EC producer, stage 1 (line 3) its consumer."""
+    from omni_pd.check.rules.capability import _ec as ec
+
+    return ec(**kw)
+
+
+def _cpu_ok() -> str:
+    from omni_pd.check.rules.capability import _CPU_OK
+
+    return _CPU_OK
+
+
+def _on_both(text: str, msg: str, needle: str, help_: str, sev: str = "error") -> list[tuple]:
+    """``msg`` for stage 0 and stage 1, located at the first and second ``needle``."""
+    return [(sev, msg.format(s), _col(text, needle, s), help_, []) for s in (0, 1)]
+
+
+def test_opd614_before_013_one_finding_at_the_first_ec_config() -> None:
+    text = _ec()
+    assert found(text, "OPD614", opts=ValidateOptions(vllm_version="0.11")) == [
+        ("error", "ec_transfer_config (encoder disaggregation) arrived in vLLM 0.13; the target is 0.11",
+         _col(text, "ec_transfer_config"), "target vLLM 0.13 or later, or remove ec_transfer_config", [])]
+
+
+def test_opd614_connector_not_yet_registered_renamed_or_unknown() -> None:
+    text = _ec(c="ECMooncakeConnector")
+    assert found(text, "OPD614", opts=ValidateOptions(vllm_version="0.29")) == _on_both(
+        text, "stage {}: ECMooncakeConnector is not registered in vLLM 0.29 (added in vLLM 0.30)", "ECMooncakeConnector",
+        "pick an EC connector your vLLM has: ECCPUConnector, ECExampleConnector")
+    text = _ec(c="ECSharedStorageConnector")
+    assert found(text, "OPD614", opts=V30) == _on_both(
+        text, "stage {}: ECSharedStorageConnector is not registered; it is ECExampleConnector", "ECShared",
+        "write `ec_connector: ECExampleConnector`")
+    text = _ec(c="FooBarBaz")
+    assert found(text, "OPD614", opts=V30) == _on_both(
+        text, "stage {}: unknown ec_connector `FooBarBaz`", "FooBarBaz",
+        "set ec_connector_module_path for an out-of-tree EC connector")
+    text = _ec(c="ECExampleConnectr")
+    assert found(text, "OPD614", opts=V30) == _on_both(
+        text, "stage {}: unknown ec_connector `ECExampleConnectr`; did you mean ECExampleConnector?", "ECExampleConnectr",
+        "write `ec_connector: ECExampleConnector`")
+
+
+def test_opd614_a_missing_or_unknown_role_and_the_producer_left_without_a_consumer() -> None:
+    text = _ec().replace(", ec_role: ec_consumer", "")
+    assert found(text, "OPD614", opts=V30) == [
+        ("warning", NOWHERE.format(0), _col(text, "ec_producer"), NOWHERE_HELP, []),
+        ("error", "stage 1: ec_connector is set but there is no ec_role (vLLM refuses to start)",
+         _col(text, "ec_transfer_config", 1), "add `ec_role: ec_producer` (encoder) or `ec_role: ec_consumer`", [])]
+    for role, hint in (("ec_reader", "did you mean `ec_producer`? "), ("zzz", "")):
+        text = _ec(dr=role)
+        assert found(text, "OPD614", opts=V30) == [
+            ("warning", NOWHERE.format(0), _col(text, "ec_producer"), NOWHERE_HELP, []),
+            ("error", f"stage 1: unsupported ec_role `{role}`", _col(text, role),
+             hint + "ec_role is one of ec_producer, ec_consumer, ec_both", [])]
+
+
+def test_opd614_consumers_name_their_upstream_and_every_lone_producer_is_warned() -> None:
+    text = _ec(pr="ec_consumer")
+    assert found(text, "OPD614", opts=V30) == [
+        ("error", "stage 0 is an ec_consumer but no ec_producer feeds it (upstream: none)", _col(text, "ec_consumer"),
+         "make the encoder-only stage upstream of it `ec_role: ec_producer`", []),
+        ("error", "stage 1 is an ec_consumer but no ec_producer feeds it (upstream: 0)", _col(text, "ec_consumer", 1),
+         "make the encoder-only stage upstream of it `ec_role: ec_producer`", [])]
+    text = _ec(dr="ec_producer")
+    assert found(text, "OPD614", opts=V30) == _on_both(text, NOWHERE, "ec_producer", NOWHERE_HELP, "warning")
+
+
+def test_opd614_required_options_zero_counts_as_missing_and_options_a_release_ignores() -> None:
+    text = _ec(c="ECCPUConnector")
+    assert found(text, "OPD614", opts=V30) == _on_both(
+        text, "stage {}: ECCPUConnector in vLLM 0.30 requires ec_connector_extra_config.ec_cpu_bytes", "ec_transfer_config",
+        "add `ec_cpu_bytes: <bytes>` (the CPU region size for encoder outputs)")
+    text = _ec(c="ECCPUConnector", px=", ec_connector_extra_config: {ec_cpu_bytes: 0, ec_enable_nixl: true}", dx=_cpu_ok())
+    assert found(text, "OPD614", opts=V30) == [
+        ("error", "stage 0: ECCPUConnector in vLLM 0.30 requires ec_connector_extra_config.ec_cpu_bytes",
+         _col(text, "ec_connector_extra_config"), "add `ec_cpu_bytes: <bytes>` (the CPU region size for encoder outputs)",
+         [])]
+    x = ", ec_connector_extra_config: {ec_cpu_bytes: 1, ec_enable_nixl: true}"
+    text = _ec(c="ECCPUConnector", px=x, dx=x)
+    assert found(text, "OPD614", opts=ValidateOptions(vllm_version="0.29")) == _on_both(
+        text, "stage {}: ec_connector_extra_config.ec_enable_nixl is not read by ECCPUConnector in vLLM 0.29: P2P NIXL EC "
+        "transfer (vLLM PR #47941) is not in this release; it arrives in 0.30: the consumer re-encodes every item",
+        "ec_enable_nixl", "target the release that reads ec_enable_nixl, or use an EC connector that moves encoder outputs "
+        "on this release (ECExampleConnector with a shared directory)")
+
+
+def test_opd614_the_v2_runner_switched_off_by_stage_env_launcher_env_or_model_runner() -> None:
+    ok = _cpu_ok()
+    for off in ("0", " False "):
+        text = _ec(c="ECCPUConnector", px=ok, dx=ok, de=f", env: {{VLLM_USE_V2_MODEL_RUNNER: \"{off}\"}}")
+        assert found(text, "OPD614", opts=V30) == [
+            ("error", V2_OFF.format(1), _col(text, "VLLM_USE_V2_MODEL_RUNNER"), V2_HELP, [])]
+    on = _ec(c="ECCPUConnector", px=ok, dx=ok, de=", env: {VLLM_USE_V2_MODEL_RUNNER: \"1\"}")
+    assert found(on, "OPD614", opts=V30) == []
+    # the launcher's environment: no stage key to point at, so each stage
+    text = _ec(c="ECCPUConnector", px=ok, dx=ok)
+    got = found(text, "OPD614", opts=ValidateOptions(vllm_version="0.30", env={"VLLM_USE_V2_MODEL_RUNNER": "no"}))
+    assert got == [("error", V2_OFF.format(s), (2 + s, 5), V2_HELP, []) for s in (0, 1)]
+    assert found("model_runner: v1\n" + text, "OPD614", opts=V30) == [
+        ("error", V2_OFF.format(s), (1, 1), V2_HELP, []) for s in (0, 1)]
+
+
+def test_opd614_mooncake_producers_run_on_one_rank_each_size_named() -> None:
+    text = _ec(c="ECMooncakeConnector").replace(
+        'devices: "0", mm_encoder_only', 'devices: "0,1,2,3", tensor_parallel_size: 2, pipeline_parallel_size: 2, mm_encoder_only')
+    assert found(text, "OPD614", opts=V30) == [
+        ("error", f"stage 0: ECMooncakeConnector producers need {k} 1 (got 2)", _val(text, k),
+         f"run the encoder stage with `{k}: 1`", []) for k in ("tensor_parallel_size", "pipeline_parallel_size")]
+    text = _ec(c="ECMooncakeConnector", pr="ec_both").replace(
+        'devices: "0", mm_encoder_only', 'devices: "0,1", data_parallel_size: 2, mm_encoder_only')
+    assert found(text, "OPD614", opts=V30) == [
+        ("error", "stage 0: ECMooncakeConnector producers need data_parallel_size 1 (got 2)", _val(text, "data_parallel_size"),
+         "run the encoder stage with `data_parallel_size: 1`", [])]
+    # consumers may run TP > 1
+    text = _ec(c="ECMooncakeConnector").replace('devices: "1"', 'devices: "1,2", tensor_parallel_size: 2')
+    assert found(text, "OPD614", opts=V30) == []
