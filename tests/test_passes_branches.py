@@ -884,6 +884,9 @@ _Q = ('pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 0, devices: "0"}\n  - {
      {1: (4,)}),
     (_B, '{stage_id: 0, devices: "3", engine_extras: {tensor_parallel_size: 1}}', "llm",
      dict(prefill_tp=2, decode_tp=2), {1: (4,)}),
+    # a Thinker given more devices than TP x PP x DP on the platform (two replicas): prefill keeps
+    # all of them, as in the base split, and decode gets as many after them
+    (_B, '{stage_id: 0, devices: "3,4", num_replicas: 2}', "llm", {}, {1: (5, 6)}),
     # an overlay without a Thinker entry: nothing moves (with a TP option too: its own TP is then not looked up)
     (_Q, '{stage_id: 1, devices: "5"}', "qwen3_omni_moe", {}, {}),
     (_Q, '{stage_id: 1, devices: "5"}', "qwen3_omni_moe", dict(tp=1), {}),
