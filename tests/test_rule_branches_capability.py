@@ -767,3 +767,49 @@ def test_opd614_mooncake_producers_run_on_one_rank_each_size_named() -> None:
     # consumers may run TP > 1
     text = _ec(c="ECMooncakeConnector").replace('devices: "1"', 'devices: "1,2", tensor_parallel_size: 2')
     assert found(text, "OPD614", opts=V30) == []
+
+
+# --- OPD615 ECTransferConfig fields and EC connector options --------------------------------------------
+
+FORK = ("a key of the closed fork PR https://github.com/vllm-project/vllm/pull/42998; no upstream EC connector reads it")
+
+
+def test_opd615_removed_fields_typos_and_unknown_fields_a_warning_before_018_nothing_before_013() -> None:
+    text = _ec(px=", ec_rank: 0, ec_parallel_size: 1")
+    assert found(text, "OPD615", opts=ValidateOptions(vllm_version="0.32")) == [
+        ("error", f"stage 0: ec_transfer_config.{k} was removed in vLLM 0.32 (target 0.32)", _col(text, k), f"remove `{k}`", [])
+        for k in ("ec_rank", "ec_parallel_size")]
+    assert found(text, "OPD615", opts=V30) == []
+    text = _ec(px=", ec_bufer_size: 1.0e9, zzz_qqq: 1")
+    assert found(text, "OPD615", opts=ValidateOptions(vllm_version="0.13")) == [
+        ("warning", "stage 0: `ec_bufer_size` is not an ECTransferConfig field", _col(text, "ec_bufer_size"),
+         "did you mean `ec_buffer_size`?", []),
+        ("warning", "stage 0: `zzz_qqq` is not an ECTransferConfig field", _col(text, "zzz_qqq"),
+         "move connector options under ec_connector_extra_config", [])]
+    assert found(text, "OPD615", opts=ValidateOptions(vllm_version="0.11")) == []
+
+
+def test_opd615_connector_options_fork_keys_typos_and_the_list_it_reads() -> None:
+    text = _ec(c="ECCPUConnector", px=", ec_connector_extra_config: {ec_cpu_bytes: 1, ec_enable_nixl: true, "
+                                      "num_ec_blocks: 3, ec_cpu_byts: 1, zzzz: 2}")
+    assert found(text, "OPD615", opts=V30) == [
+        ("warning", f"stage 0: num_ec_blocks is not an option of ECCPUConnector ({FORK})", _col(text, "num_ec_blocks"),
+         "remove `num_ec_blocks`", []),
+        ("warning", "stage 0: `ec_cpu_byts` is not an option ECCPUConnector reads in vLLM 0.30", _col(text, "ec_cpu_byts"),
+         "did you mean `ec_cpu_bytes`?", []),
+        ("warning", "stage 0: `zzzz` is not an option ECCPUConnector reads in vLLM 0.30", _col(text, "zzzz"),
+         "ECCPUConnector reads: ec_cpu_bytes, ec_enable_nixl, consumer_ack_timeout_s", [])]
+
+
+def test_opd615_a_release_without_pinned_options_still_names_fork_keys_past_an_ignored_option() -> None:
+    # 0.29: ECCPUConnector's options are not pinned (no unknown-key finding); ec_enable_nixl is
+    # OPD614's (ignored by this release), and the scan goes on to the fork key
+    text = _ec(c="ECCPUConnector", px=", ec_connector_extra_config: {ec_enable_nixl: true, num_ec_blocks: 3, zzzz: 1}")
+    assert found(text, "OPD615", opts=ValidateOptions(vllm_version="0.29")) == [
+        ("warning", f"stage 0: num_ec_blocks is not an option of ECCPUConnector ({FORK})", _col(text, "num_ec_blocks"),
+         "remove `num_ec_blocks`", [])]
+
+
+def test_opd615_unknown_connectors_and_extra_config_that_is_not_a_mapping_are_not_read() -> None:
+    assert found(_ec(c="FooBar", px=", ec_connector_extra_config: {zzz: 1}"), "OPD615", opts=V30) == []
+    assert found(_ec(px=", ec_connector_extra_config: [1]"), "OPD615", opts=V30) == []
