@@ -109,6 +109,29 @@ class Legs:
         self.leg_timeouts = leg_timeouts
         self.loads, self.dumps = orjson.loads, orjson.dumps
 
+    async def start(self) -> None:
+        """Open the client (on the running loop)."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def prefill(self, body: bytes):
+        """POST ``body`` to P; P's whole answer (bytes or a buffer orjson reads)."""
+        raise NotImplementedError
+
+    async def decode(self, body: bytes):
+        """POST ``body`` to D; see the class doc for what it returns."""
+        raise NotImplementedError
+
+    def chunk(self, handle):
+        """An awaitable of D's next body chunk, ``None`` or empty at the end."""
+        raise NotImplementedError
+
+    async def done(self, handle) -> None:
+        """Release D's response: back to the pool when read to the end, else its connection closed."""
+        raise NotImplementedError
+
     async def two_legs(self, raw: bytes):
         body = self.loads(raw)
         p_body = {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": {"do_remote_decode": True}}
@@ -161,7 +184,8 @@ class PyreqwestLegs(Legs):
     """pyreqwest (Rust reqwest/hyper, tokio runtime on its own thread): one pooled
     ``Client``, no decompression, no cookies; ``leg_timeouts``: connect 5 s and a 3600 s
     timeout per request (reqwest's per-request ``timeout`` is a total, its read timeout is
-    client-wide: set too)."""
+    client-wide: set too). Measured with 0.15.1 (``--leave``): a cancelled leg that awaits
+    its answer is not passed on to the connection, the backend serves it in full."""
 
     async def start(self) -> None:
         from datetime import timedelta
@@ -620,13 +644,25 @@ def client_leaves(url: str, p_url: str, d_url: str) -> dict:
     return out
 
 
+def first_thread_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid``'s first thread: the asyncio loop of the
+    Python proxies (a compiled client's runtime threads are the rest of the process's figure).
+    Meaningful for single-process kinds only (granian serves from a child process)."""
+    import psutil
+
+    try:
+        return next((t.user_time + t.system_time for t in psutil.Process(pid).threads() if t.id == pid), 0.0)
+    except psutil.NoSuchProcess:
+        return 0.0
+
+
 def measure(kind_pid: int, target: str, conc: int, duration: float, stream: bool, p_url: str, d_url: str) -> dict:
-    c0 = rl.tree_cpu_s(kind_pid)
+    c0, l0 = rl.tree_cpu_s(kind_pid), first_thread_cpu_s(kind_pid)
     r = rl.run_client(target, conc, duration, stream, p_url, d_url)
-    c1 = rl.tree_cpu_s(kind_pid)
+    c1, l1 = rl.tree_cpu_s(kind_pid), first_thread_cpu_s(kind_pid)
     n = max(r["ok"], 1)
-    return {"us": (c1 - c0) / n * 1e6, "rps": r["rps"], "ok": r["ok"], "unanswered": r["unanswered"],
-            "codes": r["codes"]}
+    return {"us": (c1 - c0) / n * 1e6, "first_thread_us": (l1 - l0) / n * 1e6, "rps": r["rps"], "ok": r["ok"],
+            "unanswered": r["unanswered"], "codes": r["codes"]}
 
 
 def main() -> int:
@@ -686,7 +722,8 @@ def main() -> int:
                                 p_url, d_url)
                     runs[k].append(m)
                     served[k] += m["ok"]
-                    print(f"{mode:6} {k:13} {m['us']:7.1f} µs/req  {m['rps']:7.1f} req/s  ok {m['ok']} "
+                    print(f"{mode:6} {k:13} {m['us']:7.1f} µs/req (first thread {m['first_thread_us']:6.1f})  "
+                          f"{m['rps']:7.1f} req/s  ok {m['ok']} "
                           f"unanswered {m['unanswered']} codes {m['codes']}", flush=True)
             for k in kinds:
                 us = [m["us"] for m in runs[k]]
@@ -700,6 +737,7 @@ def main() -> int:
                     "over_vllm_router_us_median": None if vr is None else round(statistics.median(vr), 1),
                     "rounds_below_vllm_router": None if vr is None else sum(d < 0 for d in vr),
                     "us_min": round(min(us), 1), "us_median": round(statistics.median(us), 1),
+                    "first_thread_us_median": round(statistics.median(m["first_thread_us"] for m in runs[k]), 1),
                     "rps_median": round(statistics.median(m["rps"] for m in runs[k])),
                     "unanswered": sum(m["unanswered"] for m in runs[k]), "rounds_us": [round(x, 1) for x in us]}
         # a proxy that loses prefill's kv_transfer_params is wrong, not fast: decode counts them
@@ -728,7 +766,7 @@ def main() -> int:
             vr = ("-" if v.get("over_vllm_router_us_median") is None
                   else f"{v['over_vllm_router_us_median']:+.1f} ({v['rounds_below_vllm_router']}/{len(v['rounds_us'])})")
             print(f"{mode:6} {k:14} {v['us_min']:7.1f} · {v['us_median']:7.1f} · {over:>7} · {vr:>14}   "
-                  f"{v['rps_median']} req/s  unanswered {v['unanswered']}")
+                  f"{v['rps_median']} req/s  unanswered {v['unanswered']}  (first thread {v['first_thread_us_median']})")
     for k, v in result.get("profile", {}).items():
         print(f"cProfile {k:14} {v['calls_per_request']:7.1f} Python calls per request, "
               f"{v['profiled_us_per_request']:7.1f} profiled µs per request, "
