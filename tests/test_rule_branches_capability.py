@@ -813,3 +813,29 @@ def test_opd615_a_release_without_pinned_options_still_names_fork_keys_past_an_i
 def test_opd615_unknown_connectors_and_extra_config_that_is_not_a_mapping_are_not_read() -> None:
     assert found(_ec(c="FooBar", px=", ec_connector_extra_config: {zzz: 1}"), "OPD615", opts=V30) == []
     assert found(_ec(px=", ec_connector_extra_config: [1]"), "OPD615", opts=V30) == []
+
+
+def test_opd602_malformed_children_each_key_named_and_the_npu_alias_after_a_non_name() -> None:
+    one = _multi(["NixlConnector"])
+    kids = "[{kv_connector: NixlConnector, kv_role: kv_consumer}]"
+    need = ("error", "stage 1: MultiConnector needs a non-empty kv_connector_extra_config.connectors list")
+    need_help = "list the child connectors: `connectors: [{kv_connector: NixlConnector, kv_role: kv_producer}]`"
+    for bad in ("{a: 1}", "[]"):
+        text = one.replace(kids, bad)
+        assert found(text, "OPD602") == [(*need, _col(text, "kv_connector_extra_config"), need_help, [])]
+    text = one.replace(kids, "[3, {kv_role: kv_consumer}, {kv_connector: NixlConnector}, {kv_connector: '', kv_role: ''}]")
+    at = [_col(text, "{kv_role"), _col(text, "{kv_connector: NixlConnector}"), _col(text, "{kv_connector: ''")]
+    assert found(text, "OPD602") == [
+        ("error", "stage 1: MultiConnector child 1 has no kv_connector", at[0], "add `kv_connector:` to the child", []),
+        ("error", "stage 1: MultiConnector child 2 has no kv_role", at[1], "add `kv_role:` to the child", []),
+        ("error", "stage 1: MultiConnector child 3 has no kv_connector", at[2], "add `kv_connector:` to the child", []),
+        ("error", "stage 1: MultiConnector child 3 has no kv_role", at[2], "add `kv_role:` to the child", [])]
+    text = one.replace(kids, "[{kv_connector: [1], kv_role: kv_consumer}, {kv_connector: OffloadingConnector, "
+                             "kv_role: kv_consumer}]")
+    assert found(text, "OPD602", opts=ValidateOptions(platform="npu")) == [
+        ("error", "stage 1: MultiConnector child 0 kv_connector must be a connector name, found a list",
+         _col(text, "[1]"), "write the child's connector class name, e.g. `NixlConnector`", []),
+        ("warning", "MultiConnector child 'OffloadingConnector' is an alias of AscendOffloadingConnector on npu; stats "
+         "reconstruction can crash EngineCore on unpatched vLLM", _col(text, "OffloadingConnector"),
+         "use a vLLM with the fix, or name `AscendOffloadingConnector` and check its stats support", [])]
+    assert found(_multi(["MooncakeConnectorV1", "OffloadingConnector"]), "OPD602") == []
