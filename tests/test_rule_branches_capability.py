@@ -839,3 +839,28 @@ def test_opd602_malformed_children_each_key_named_and_the_npu_alias_after_a_non_
          "reconstruction can crash EngineCore on unpatched vLLM", _col(text, "OffloadingConnector"),
          "use a vLLM with the fix, or name `AscendOffloadingConnector` and check its stats support", [])]
     assert found(_multi(["MooncakeConnectorV1", "OffloadingConnector"]), "OPD602") == []
+
+
+def test_opd612_no_fact_is_an_info_with_the_rows_reason_and_web_sources_when_there_is_a_row() -> None:
+    text = _pp("LMCacheConnectorV1", 2, 1)
+    assert found(text, "OPD612", opts=V30) == [(
+        "info", "stage 0 (prefill) runs pipeline_parallel_size 2 over LMCacheConnectorV1: omni-pd has no pipeline-parallel "
+        "fact for LMCacheConnectorV1 on the prefill side in vLLM 0.30", _val(text, "pipeline_parallel_size"),
+        "check the connector's PP support for your release before launch", [])]
+    text = _pp("NixlPushConnector", 2, 1)
+    assert found(text, "OPD612", opts=ValidateOptions(vllm_version="0.26")) == [(
+        "info", "stage 0 (prefill) runs pipeline_parallel_size 2 over NixlPushConnector: omni-pd has no pipeline-parallel "
+        "fact for NixlPushConnector on the prefill side in vLLM 0.26; push mode before vLLM PR #45880 has no PP-aware "
+        "handshake; decode PP is not supported", _val(text, "pipeline_parallel_size"),
+        "check the connector's PP support for your release before launch (https://github.com/vllm-project/vllm/pull/35264, "
+        "https://github.com/vllm-project/vllm/pull/45880)", [])]
+    # before 0.11 there are no PP facts at all
+    assert found(_pp("NixlConnector", 2, 2), "OPD612", opts=ValidateOptions(vllm_version="0.10")) == []
+
+
+def test_opd612_a_side_only_row_names_the_side_and_its_fix() -> None:
+    text = _pp("NixlPushConnector", 1, 2)
+    assert found(text, "OPD612", opts=V30) == [(
+        "error", "NixlPushConnector does not support pipeline_parallel_size > 1 on decode in vLLM 0.30 (stage 1 PP 2)",
+        _val(text, "pipeline_parallel_size", 1),
+        "use pipeline_parallel_size 1 on decode (scale decode with tensor_parallel_size)", [])]
