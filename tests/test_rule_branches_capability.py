@@ -864,3 +864,33 @@ def test_opd612_a_side_only_row_names_the_side_and_its_fix() -> None:
         "error", "NixlPushConnector does not support pipeline_parallel_size > 1 on decode in vLLM 0.30 (stage 1 PP 2)",
         _val(text, "pipeline_parallel_size", 1),
         "use pipeline_parallel_size 1 on decode (scale decode with tensor_parallel_size)", [])]
+
+
+def test_opd602_an_empty_list_on_prefill_does_not_end_the_scan_and_each_stage_has_its_hosts_platform() -> None:
+    from omni_pd.check.context import Inventory
+
+    text = _multi(["OffloadingConnector", "NixlConnector"]).replace(
+        "{kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}",
+        "{kv_connector: MultiConnector, kv_role: kv_producer, engine_id: p, kv_connector_extra_config: {connectors: []}}")
+    assert [(h[0], h[1][:60]) for h in found(text, "OPD602")] == [
+        ("error", "stage 0: MultiConnector needs a non-empty kv_connector_extra"),
+        ("warning", "stage 1: MultiConnector lists OffloadingConnector before the")]
+    # decode is placed on the npu host: OffloadingConnector there is vllm-ascend's alias
+    inv = Inventory.from_dict({"hosts": {"a": {"accelerator": "cuda"}, "b": {"accelerator": "npu"}},
+                               "placement": {"0": "a", "1": "b"}})
+    text = _multi(["MooncakeConnectorV1", "OffloadingConnector"])
+    assert [(h[1][:60], h[2]) for h in found(text, "OPD602", opts=ValidateOptions(inventory=inv))] == [
+        ("MultiConnector child 'OffloadingConnector' is an alias of Asc", _col(text, "OffloadingConnector"))]
+
+
+def test_opd614_a_producer_two_stages_upstream_feeds_the_consumer_and_all_upstream_stages_are_named() -> None:
+    def chain(*ec: str) -> str:
+        return "stages:\n" + "".join(f"  - {{stage_id: {i}, devices: \"{i}\"{x}}}\n" for i, x in enumerate(ec))
+
+    prod = ", ec_transfer_config: {ec_connector: ECExampleConnector, ec_role: ec_producer}"
+    cons = ", ec_transfer_config: {ec_connector: ECExampleConnector, ec_role: ec_consumer}"
+    assert found(chain(prod, "", cons), "OPD614", opts=V30) == []
+    text = chain("", "", cons)
+    assert found(text, "OPD614", opts=V30) == [
+        ("error", "stage 2 is an ec_consumer but no ec_producer feeds it (upstream: 0, 1)", _col(text, "ec_consumer"),
+         "make the encoder-only stage upstream of it `ec_role: ec_producer`", [])]
