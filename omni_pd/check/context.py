@@ -75,8 +75,14 @@ class Inventory:
         unknown = set(d) - {"hosts", "placement", "router", "allow_shared_devices"}
         if unknown:
             raise ValueError(f"unknown inventory key(s): {', '.join(sorted(map(str, unknown)))}")
+        raw_hosts = _mapping(d, "hosts", "a mapping of host name -> {accelerator, count, memory_gib, address}")
+        raw_placement = _mapping(d, "placement", "a mapping of stage id (or `all`) -> host name")
+        _mapping(d, "router", "a mapping (e.g. {relays_kv_transfer_params: true})")
+        shared = d.get("allow_shared_devices", False)
+        if not isinstance(shared, bool) and shared is not None:
+            raise ValueError(f"allow_shared_devices must be true or false, found {shared!r}")
         hosts: dict[str, Host] = {}
-        for name, h in (d.get("hosts") or {}).items():
+        for name, h in raw_hosts.items():
             h = h or {}
             if not isinstance(h, dict):
                 raise ValueError(f"hosts.{name} must be a mapping")
@@ -88,10 +94,14 @@ class Inventory:
                 mem = float(h["memory_gib"]) if h.get("memory_gib") is not None else None
             except (TypeError, ValueError):
                 raise ValueError(f"hosts.{name}: count must be an integer, memory_gib a number") from None
+            if count is not None and count < 0:
+                raise ValueError(f"hosts.{name}: count must be a non-negative integer, found {count}")
+            if mem is not None and not mem > 0:
+                raise ValueError(f"hosts.{name}: memory_gib must be a positive number, found {mem}")
             hosts[str(name)] = Host(str(name), acc, count, mem, h.get("address"))
         placement: dict[int, str] = {}
         default = None
-        for k, v in (d.get("placement") or {}).items():
+        for k, v in raw_placement.items():
             if str(k) == "all":
                 default = str(v)
             else:
@@ -102,8 +112,28 @@ class Inventory:
         for h in list(placement.values()) + ([default] if default else []):
             if hosts and h not in hosts:
                 raise ValueError(f"placement names host {h!r}, which is not under hosts:")
-        return cls(hosts=hosts, placement=placement, default_host=default, router=d.get("router"),
-                   allow_shared_devices=bool(d.get("allow_shared_devices", False)))
+        return cls(hosts=hosts, placement=placement, default_host=default,
+                   router=d.get("router"), allow_shared_devices=bool(shared))
+
+
+def _mapping(d: dict[str, Any], key: str, what: str) -> dict[Any, Any]:
+    """``d[key]`` as a mapping (absent or null: ``{}``). Raises ValueError naming ``key``,
+    ``what`` it must be and the YAML type found, so a malformed inventory is a usage
+    error (OPD006) instead of a crash in a rule that reads it."""
+    v = d.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ValueError(f"{key} must be {what}, found {_kind(v)}")
+    return v
+
+
+def _kind(v: Any) -> str:
+    """The YAML kind of ``v`` for a message (ruamel's CommentedSeq reads as ``list``)."""
+    for t, name in ((bool, "bool"), (int, "int"), (float, "float"), (str, "string"), (list, "list")):
+        if isinstance(v, t):
+            return name
+    return type(v).__name__
 
 
 @dataclass(frozen=True)
