@@ -694,6 +694,9 @@ def diff_cmd(
     try:  # errors are shown with these two documents' lines (stdin has no file to read back)
         a_topo, a_plain = _resolve(a_doc, pipeline, platform)
         b_topo, b_plain = _resolve(b_doc, None, platform)
+        if pipeline is None and a_topo.pipeline.name == "<linear chain>" and b_topo.pipeline.base:
+            # BEFORE says nothing about its pipeline: it is the one AFTER was split from
+            a_topo, a_plain = _resolve(a_doc, b_topo.pipeline.base, platform)
         try:
             d = config_diff(a_topo, b_topo, a_plain, b_plain)
         except ValueError as e:
