@@ -137,7 +137,9 @@ def _npu_pass(tree, plan: PDSplitPlan, opts: ExpandOptions, tgt: Target, doc: Do
         return ()
     topo = resolve(cfg, plan.target_pipeline, "npu", None)  # the sizes the pair runs with on npu
     sides = plan_ascend(topo, opts.npu_connector, release=ascend.release_for_vllm(tgt.label),
-                        decode_tp=opts.npu_decode_tp, target=tgt, overlay=not base)
+                        decode_tp=opts.npu_decode_tp, target=tgt, overlay=not base,
+                        replica_options=tuple(side for side, n in (("prefill", opts.prefill_replicas),
+                                                                   ("decode", opts.decode_replicas)) if n))
     if base and sides:
         apply_ascend(tree, sides, base=True)
     if overlay and sides:

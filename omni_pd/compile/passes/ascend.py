@@ -55,7 +55,8 @@ class AscendSide:
 
 def plan_ascend(topo: Topology, connector: str, *, release: str | None = None, decode_tp: int | None = None,
                 kv_port_base: int | None = None, hccl_base: int | None = None,
-                target: Target | None = None, overlay: bool = False) -> list[AscendSide]:
+                target: Target | None = None, overlay: bool = False,
+                replica_options: tuple[str, ...] = ()) -> list[AscendSide]:
     """The Ascend configuration of the PD pair of ``topo`` (resolved on npu).
 
     ``connector``: ``MooncakeConnectorV1`` or ``MooncakeLayerwiseConnector``. Prefill takes
@@ -64,6 +65,9 @@ def plan_ascend(topo: Topology, connector: str, *, release: str | None = None, d
     ``disaggregated_prefill.md`` limits; e.g. 4 -> 2); decode then runs on the first
     ``decode_tp * dp * pp`` of its devices.
     ``target``: the vLLM release (default: omni-pd's default), for the replica check.
+    ``replica_options``: the sides (``"prefill"``, ``"decode"``) whose replicas came from
+    ``--prefill-replicas`` / ``--decode-replicas``: a refusal's help names that option
+    instead of the file's ``num_replicas``.
     ``overlay``: the sides go into ``platforms.npu`` of a file whose base runs elsewhere;
     a side whose replicas cannot be kept apart on npu (below) then runs one replica
     there (``num_replicas: 1`` in the overlay, which vllm-omni 0.30's
@@ -118,7 +122,7 @@ def plan_ascend(topo: Topology, connector: str, *, release: str | None = None, d
         notes: tuple[Diagnostic, ...] = ()
         try:
             check_replicas_apart(contract, side, SideConfig(kv_transfer_config=kv, env=env), s.tp, s.dp, tgt,
-                                 runtime, reps, None)
+                                 runtime, reps, None, f"--{side}-replicas" if side in replica_options else None)
         except OmniPdError as e:
             if not overlay:
                 raise OmniPdError(replace(e.diagnostic, message=f"npu: {e.diagnostic.message}")) from None
