@@ -114,6 +114,8 @@ def test_explain_with_runtime_contexts_and_examples() -> None:
         "Context of the failing example: cli={'tensor_parallel_size': 2}, platform='npu'\n"
         "Context of the passing example: none\n\n"
         "More examples (each is a test):\n  fires: fires here\n  passes: passes there\n")
+    two = _r(pass_context={"env": {"A": "1"}, "platform": "npu"}).explain()
+    assert two.endswith("Context of the passing example: env={'A': '1'}, platform='npu'\n")
     plain = _r(runtime="vllm", pass_context={"env": {"A": "1"}}).explain()
     assert "\n\nRuntime: vllm only (plain `vllm serve` engines)\n\nThe doc." in plain
     assert plain.endswith("Passes:\n\n    stages: []\nContext of the passing example: env={'A': '1'}\n")
@@ -203,6 +205,13 @@ def test_stage_path_overlay_flat_key_and_entries_that_are_not_mappings(monkeypat
     assert ctx.stage_path(ctx.topology.stages[0], "devices") == ("stages", 0, "devices")
 
 
+def test_stage_path_in_a_file_without_stages(monkeypatch) -> None:
+    ctx = ctx_of(monkeypatch, "pipeline: qwen3_omni_moe\nasync_chunk: true\n")
+    n0 = ctx.topology.stages[0]
+    assert (n0.index, ctx.stage_path(n0, "devices"), ctx.stage_path(n0)) == (None, (), ())
+    assert (ctx.sloc(n0, "devices").line, ctx.sloc(n0, "devices").column) == (1, 1)
+
+
 def test_stage_path_of_a_stage_without_an_entry(monkeypatch) -> None:
     ctx = ctx_of(monkeypatch, "pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 0, devices: \"0\"}\n")
     n2 = ctx.topology.stages[2]
@@ -274,6 +283,44 @@ def test_parallel_of_an_llm_stage_nested_over_cli_over_flat(monkeypatch) -> None
     assert _sizes(ctx.parallel(ctx.topology.stages[1])) == (2, 1, 1, 1, 1, 1, 1, 1, 1, 1)
 
 
+def test_parallel_reads_the_pipeline_wide_pp_and_dp_as_flat_keys(monkeypatch) -> None:
+    text = ("pipeline: qwen3_omni_moe\npipeline_parallel_size: 2\ndata_parallel_size: 3\nstages:\n"
+            "  - {stage_id: 0}\n  - {stage_id: 1, data_parallel_size: 1, pipeline_parallel_size: 4}\n")
+    ctx = ctx_of(monkeypatch, text)
+    n0, n1, _ = ctx.topology.stages
+    assert _sizes(ctx.parallel(n0))[:3] == (1, 2, 3)
+    assert _sizes(ctx.parallel(n1))[:3] == (1, 4, 1)
+    assert ctx.world_size(n0) == (6, "TP 1 x PP 2 x DP 3")
+
+
+def _diffusion(ctx: Context) -> Context:
+    """``ctx`` with stage 0 of its pipeline a diffusion stage (no catalogued pipeline has one)."""
+    import dataclasses
+
+    pipe = ctx.topology.pipeline
+    stages = (dataclasses.replace(pipe.stages[0], execution_type="Diffusion"),) + tuple(pipe.stages[1:])
+    topo = dataclasses.replace(ctx.topology, pipeline=dataclasses.replace(pipe, stages=stages))
+    return dataclasses.replace(ctx, topology=topo)
+
+
+def test_a_diffusion_stage_of_the_pipeline_takes_the_cli_over_nested(monkeypatch) -> None:
+    text = "pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 0, parallel_config: {tensor_parallel_size: 4}}\n"
+    ctx = _diffusion(ctx_of(monkeypatch, text, ValidateOptions(cli={"tensor_parallel_size": 8})))
+    n0, n1, _ = ctx.topology.stages
+    assert (ctx.is_diffusion(n0), ctx.is_diffusion(n1)) == (True, False)
+    assert ctx.parallel(n0)["tensor_parallel_size"] == 8
+    assert ctx.stage_kind_known(n0) is False and ctx.stage_kind_known(n1) is True
+
+
+def test_without_a_topology_only_the_keys_decide(monkeypatch) -> None:
+    ctx = ctx_of(monkeypatch, "pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 0, cfg_parallel_size: 2}\n"
+                              "  - {stage_id: 1}\n")
+    n0, n1, _ = ctx.topology.stages
+    bare = Context(doc=ctx.doc, config=None, topology=None, target=ctx.target)
+    assert (bare.is_diffusion(n0), bare.is_diffusion(n1)) == (True, False)
+    assert bare.stage_kind_known(n1) is False
+
+
 def test_parallel_of_a_diffusion_stage_cli_over_nested_over_flat(monkeypatch) -> None:
     text = ("pipeline: qwen3_omni_moe\nstages:\n"
             "  - {stage_id: 0, cfg_parallel_size: 2, ulysses_degree: 3, parallel_config: {tensor_parallel_size: 4,"
@@ -310,7 +357,11 @@ def test_is_diffusion_from_diffusion_only_keys_flat_or_nested(monkeypatch, stage
     ("{stage_id: 0, use_hsdp: true, hsdp_replicate_size: 2, hsdp_shard_size: 3}", 6, "HSDP 2 x 3"),
     ("{stage_id: 0, use_hsdp: true, parallel_config: {use_hsdp: false}, hsdp_shard_size: 3}", 1, "TP 1 x PP 1 x DP 1"),
     ("{stage_id: 0, parallel_config: {use_hsdp: true, hsdp_shard_size: 0}}", 1, "TP 1 x PP 1 x DP 1"),
-    ("{stage_id: 0, use_hsdp: true, tensor_parallel_size: 2, hsdp_shard_size: 3}", 2, "TP 2 x PP 1 x DP 1")])
+    ("{stage_id: 0, use_hsdp: true, tensor_parallel_size: 2, hsdp_shard_size: 3}", 2, "TP 2 x PP 1 x DP 1"),
+    # an explicit shard size of 1 is standalone HSDP too (data.py: world = replicate x shard when the rest is 1)
+    ("{stage_id: 0, use_hsdp: true, hsdp_replicate_size: 2, hsdp_shard_size: 1}", 2, "HSDP 2 x 1"),
+    # engine_args is untyped: a parallel_config that is not a mapping reaches the rules and is not the nested block
+    ("{stage_id: 0, use_hsdp: true, hsdp_shard_size: 2, engine_args: {parallel_config: [a]}}", 2, "HSDP 1 x 2")])
 def test_world_size_as_vllm_omni_computes_it(monkeypatch, stage, world, how) -> None:
     ctx = ctx_of(monkeypatch, "pipeline: qwen3_omni_moe\nstages:\n  - " + stage + "\n")
     assert ctx.world_size(ctx.topology.stages[0]) == (world, how)

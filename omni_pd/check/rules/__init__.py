@@ -222,7 +222,7 @@ class Context:
     def sloc(self, node: "StageNode", *keys: Any, value: bool = False, label: str | None = None) -> Location:
         """Location of ``keys`` in ``node``'s stage entry (see :meth:`stage_path`)."""
         path = self.stage_path(node, *keys)
-        loc = self.doc.loc(path, value=value and len(path) >= 2 and path[-1] == (keys[-1] if keys else None))
+        loc = self.doc.loc(path, value=value and bool(keys) and path[-1:] == keys[-1:])  # the key itself was found
         if label:
             loc = Location(file=loc.file, line=loc.line, column=loc.column, path=loc.path, label=label)
         return loc
@@ -254,8 +254,8 @@ class Context:
         stages: CLI flag, nested, flat; other stages: nested, CLI flag, flat (the
         pipeline-wide ``pipeline_parallel_size``/``data_parallel_size`` count as flat)."""
         flat = {k: node.settings.get(k) for k in PARALLEL_SIZE_KEYS}
-        flat["tensor_parallel_size"], flat["pipeline_parallel_size"] = node.tp, node.pp
-        flat["data_parallel_size"] = node.dp
+        # PP and DP fall back to the pipeline-wide top-level keys (node.pp/dp); TP is the stage's key
+        flat["pipeline_parallel_size"], flat["data_parallel_size"] = node.pp, node.dp
         nested = node.settings.get("parallel_config")
         nested = nested if isinstance(nested, dict) else {}
         cli_wins = self.is_diffusion(node)  # LLM stages: the CLI value is flat, and nested wins over flat
@@ -265,10 +265,8 @@ class Context:
             if v is None:
                 v = nested.get(k)
             if v is None:
-                v = self.cli.get(k)
-            if v is None:
                 v = flat.get(k)
-            out[k] = as_int(v, 1)
+            out[k] = as_int(v)
         return out
 
     def is_diffusion(self, node: "StageNode") -> bool:
