@@ -895,3 +895,55 @@ def test_opd614_a_producer_two_stages_upstream_feeds_the_consumer_and_all_upstre
     assert found(text, "OPD614", opts=V30) == [
         ("error", "stage 2 is an ec_consumer but no ec_producer feeds it (upstream: 0, 1)", _col(text, "ec_consumer"),
          "make the encoder-only stage upstream of it `ec_role: ec_producer`", [])]
+
+
+def test_opd607_a_prefill_without_kv_connector_names_decodes_connector() -> None:
+    # "... are not compatible for " (an empty name) before: prefill's connector only was read
+    text = _blocks("MooncakeConnector", "16", "32").replace("kv_connector: MooncakeConnector, kv_role: kv_producer",
+                                                            "kv_role: kv_producer")
+    assert [h[1] for h in found(text, "OPD607", opts=V30)] == [
+        "block_size 16 (prefill) and 32 (decode) are not compatible for MooncakeConnector"]
+
+
+def test_opd607_and_opd603_need_both_kv_configs() -> None:
+    # a PD pair whose prefill has no kv_transfer_config: neither rule reads it (nor crashes)
+    text = _tp("NixlConnector", 4, 2).replace(", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, "
+                                              "engine_id: p}", ", block_size: 16")
+    assert "kv_producer" not in text
+    assert found(text, "OPD603", opts=ValidateOptions(vllm_version="0.13")) == []
+    assert found(text.replace('devices: "4,5"', 'devices: "4,5", block_size: 32'), "OPD607", opts=V30) == []
+
+
+def test_opd607_hybrid_warning_cases_by_which_side_pins_block_size() -> None:
+    warn = "hybrid model with different P/D layouts: the physical block size may differ (observed 16 vs 32)"
+    hybrid = _model(attention="hybrid")
+
+    def layout(p: str, d: str = "") -> str:
+        return _pair("NixlConnector", p_extra=p, d_extra=d).replace('devices: "0"', 'devices: "0,1"').replace(
+            'devices: "1"', 'devices: "2"')
+
+    # prefill pins it, decode does not: at decode's stage
+    assert [h[1:3] for h in found(layout(", tensor_parallel_size: 2, block_size: 16"), "OPD607", opts=hybrid)] == [
+        (warn, (5, 5))]
+    # both pin the same size: nothing to warn about
+    assert found(layout(", tensor_parallel_size: 2, block_size: 16", ", block_size: 16"), "OPD607", opts=hybrid) == []
+    # expert parallelism on decode only differs too
+    assert [h[1] for h in found(_pair("NixlConnector", d_extra=", enable_expert_parallel: true"), "OPD607",
+                                opts=hybrid)] == [warn]
+    # a side that writes `block_size: null` is pointed at that key
+    text = layout(", tensor_parallel_size: 2", ", block_size: null")
+    assert [h[1:3] for h in found(text, "OPD607", opts=hybrid)] == [(warn, _col(text, "block_size"))]
+    text = layout(", tensor_parallel_size: 2, block_size: null", ", block_size: 16")
+    assert [h[1:3] for h in found(text, "OPD607", opts=hybrid)] == [(warn, _col(text, "block_size"))]
+
+
+def test_opd608_a_proxy_port_alone_needs_http_port_too() -> None:
+    text = _pair("P2pNcclConnector", d_kv=_x("proxy_port: 30001"))
+    assert [h[1:3] for h in found(text, "OPD608", opts=ValidateOptions(vllm_version="0.18"))] == [
+        ("stage 1: P2pNcclConnector requires kv_connector_extra_config.http_port", _col(text, "kv_connector_extra_config"))]
+
+
+def test_opd609_is_checked_from_011() -> None:
+    text = _pair("NixlConnector", d_kv=", kv_bufer_size: 1")
+    assert [h[:2] for h in found(text, "OPD609", opts=ValidateOptions(vllm_version="0.11"))] == [
+        ("warning", "stage 1: `kv_bufer_size` is not a KVTransferConfig field")]

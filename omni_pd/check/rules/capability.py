@@ -511,9 +511,9 @@ def block_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         return
     p, d = pair
     pb, db = ctx.setting(p, "block_size"), ctx.setting(d, "block_size")
-    name = str(p.kv.get("kv_connector") or "")  # type: ignore[union-attr]
+    # the pair's connector: prefill's, else decode's (as hetero_tp_problem reads it)
+    name = str(p.kv.get("kv_connector") or d.kv.get("kv_connector") or "")  # type: ignore[union-attr]
     if pb is not None and db is not None and str(pb) != str(db):
-        ok = False
         try:
             nixl_multiple = name.startswith("Nixl") and ctx.target.version >= (0, 13) and int(db) % int(pb) == 0
             ok = nixl_multiple and str((p.kv or {}).get("kv_buffer_device")) != "cpu"
