@@ -510,9 +510,13 @@ def plan_document(doc: Any, config_path: str, opts: LaunchOptions) -> Planned:
             help="expand with `--encoder-split 1e1p1d` for a launchable E->P->D config; serve this one with "
                  "two `vllm serve` (the stages' ec_transfer_config) and an encoder-aware proxy"))
     if pipe is None or not pipe.is_pd:
+        named = res.pipeline_name is not None
         raise OmniPdError(Diagnostic(
             code="OPD966", severity=Severity.ERROR,
-            message=f"{doc.name} is not a PD config (pipeline `{res.pipeline_name}`)",
-            help=f"compile it first: `omni-pd expand {config_path} -o pd.yaml`, then launch pd.yaml"))
+            message=f"{doc.name} is not a PD config "
+                    + (f"(pipeline `{res.pipeline_name}`)" if named else "(it names no `pipeline:`)"),
+            help=f"compile it first: `omni-pd expand {config_path} -o pd.yaml`, then launch pd.yaml" if named
+            else f"compile it first: `omni-pd expand {config_path} --pipeline NAME -o pd.yaml` "
+                 "(NAME from `omni-pd pipelines`), then launch pd.yaml"))
     topo = resolve(parse_config(doc), pipe, overlay, doc)
     return Planned(check_ports(build_plan(topo, config_path, opts, make_target(None)), opts), res, topo)
