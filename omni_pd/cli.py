@@ -125,7 +125,7 @@ def expand(
     input: Optional[Path] = typer.Argument(None, help="three-stage deploy YAML (default: the bundled Qwen3-Omni preset)",
                                            show_default=False),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="write here (atomically) instead of stdout"),
-    connector: Optional[str] = typer.Option(None, "--connector", help="KV connector: MooncakeConnector (default) or NixlConnector"),
+    connector: Optional[str] = typer.Option(None, "--connector", help="KV connector: MooncakeConnector (default), NixlConnector or NixlPushConnector (omni-pd connectors; npu: --npu-connector)"),
     vllm_version: Optional[str] = typer.Option(None, "--vllm-version",
                                                help="target vLLM major.minor (default and known range: omni-pd --version)"),
     tp: Optional[int] = typer.Option(None, "--tp", min=1, help="tensor parallel size of both prefill and decode"),
