@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from omni_pd.check.rules.encoder import _epd
 from omni_pd.check.validate import ValidateOptions, validate_text
-from rule_found import found  # tests/rule_found.py
+from rule_found import found, found_with_notes  # tests/rule_found.py
 
 V30 = ValidateOptions(vllm_version="0.30")
 ROCM_NOTE = "found with the `platforms.rocm` overlay applied"
@@ -947,3 +947,54 @@ def test_opd609_is_checked_from_011() -> None:
     text = _pair("NixlConnector", d_kv=", kv_bufer_size: 1")
     assert [h[:2] for h in found(text, "OPD609", opts=ValidateOptions(vllm_version="0.11"))] == [
         ("warning", "stage 1: `kv_bufer_size` is not a KVTransferConfig field")]
+
+
+def test_opd611_each_stage_on_its_hosts_platform_and_a_stage_without_the_key_skipped() -> None:
+    from omni_pd.check.context import Inventory
+
+    inv = Inventory.from_dict({"hosts": {"a": {"accelerator": "cuda"}, "b": {"accelerator": "xpu"}},
+                               "placement": {"0": "a", "1": "b"}})
+    cpu = ", kv_buffer_device: cpu"
+    got = found(_pair("NixlConnector", p_kv=cpu, d_kv=cpu), "OPD611", opts=ValidateOptions(vllm_version="0.11", inventory=inv))
+    assert [h[1] for h in got] == ["stage 0: NixlConnector on cuda with vLLM 0.11 accepts kv_buffer_device cuda, not cpu"]
+    got = found(_pair("NixlConnector", d_kv=", kv_buffer_device: xpu"), "OPD611", opts=ValidateOptions(vllm_version="0.13"))
+    assert [h[1] for h in got] == ["stage 1: NixlConnector on cuda with vLLM 0.13 accepts kv_buffer_device cuda or cpu, not xpu"]
+
+
+class _Refusing:
+    """A stand-in vllm.config.KVTransferConfig that refuses every config with ``error``."""
+
+    error: Exception = ValueError()
+
+    def __init__(self, **_: object) -> None:
+        raise type(self).error
+
+
+def test_opd610_exact_findings_with_a_stand_in_class_and_a_broken_install(monkeypatch) -> None:
+    import importlib.machinery
+    import sys
+    import types
+
+    pkg = types.ModuleType("vllm")
+    pkg.__spec__ = importlib.machinery.ModuleSpec("vllm", None, is_package=True)
+    pkg.__path__ = []
+    mod = types.ModuleType("vllm.config")
+    mod.KVTransferConfig = _Refusing  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", pkg)
+    monkeypatch.setitem(sys.modules, "vllm.config", mod)
+    fix = "fix the field vLLM names (see `omni-pd explain OPD609` for removed fields)"
+    # the first line is the message, the next three are notes
+    _Refusing.error = ValueError("6 validation errors\nline 1\nline 2\nline 3\nline 4")
+    text = _pair("NixlConnector")
+    assert found_with_notes(text, "OPD610") == [
+        ("error", f"stage {s}: vLLM rejects kv_transfer_config: 6 validation errors", _col(text, "kv_transfer_config", s),
+         fix, [], ["line 1", "line 2", "line 3"]) for s in (0, 1)]
+    # an error without a message is named by its type
+    _Refusing.error = TypeError()
+    assert [h[1] for h in found(text, "OPD610")] == [
+        f"stage {s}: vLLM rejects kv_transfer_config: TypeError" for s in (0, 1)]
+    # a broken install: one info, with the repair help
+    monkeypatch.setitem(sys.modules, "vllm.config", None)
+    assert [(h[0], h[2], h[3]) for h in found(text, "OPD610")] == [(
+        "info", _col(text, "kv_transfer_config"), "repair the vLLM install (`python -c 'import vllm.config'` shows the "
+        "error), or uninstall it to check without vLLM")]
