@@ -512,12 +512,18 @@ def test_opd611_the_latest_row_of_the_stages_platform_and_release_decides() -> N
 NIXL_PP_HELP = "use pipeline_parallel_size 1 (scale with tensor_parallel_size instead), or NixlPushConnector with PP on prefill only"
 
 
-def test_opd612_sides_from_kv_role_outside_a_pd_pair_and_a_kv_both_stage_named_once() -> None:
+def test_opd612_sides_from_kv_role_outside_a_pd_pair_and_from_the_pair_inside_one() -> None:
     # no PD pair: kv_producer is prefill, kv_consumer decode, each stage listed with its side
     text = _pp("NixlConnector", 2, 2, pipeline="qwen3_omni_moe")
     assert found(text, "OPD612", opts=V30) == [(
         "error", "NixlConnector does not support pipeline_parallel_size > 1 in vLLM 0.30 (stage 0 PP 2, stage 1 PP 2)",
         _val(text, "pipeline_parallel_size"), NIXL_PP_HELP, [(*_val(text, "pipeline_parallel_size", 1), "stage 1 (decode) PP 2")])]
+    # in a PD pair the pair decides: a prefill that says kv_consumer is still prefill (push NIXL takes PP there)
+    text = _pp("NixlPushConnector", 2, 1).replace("kv_role: kv_producer", "kv_role: kv_consumer")
+    assert found(text, "OPD612", opts=V30) == []
+
+
+def test_opd612_a_kv_both_stage_is_named_once() -> None:
     # kv_both runs both sides: one stage, named once (it was "stage 0 PP 2, stage 0 PP 2" with itself related)
     both = _pp("NixlConnector", 2, 1, pipeline="qwen3_omni_moe").replace("kv_role: kv_producer", "kv_role: kv_both")
     assert found(both, "OPD612", opts=V30) == [(
