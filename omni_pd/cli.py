@@ -9,7 +9,7 @@ bad usage, 3 internal error (a bug in omni-pd; set OMNI_PD_DEBUG=1 for the trace
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 
@@ -23,6 +23,16 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+# Closed-set options are typer Choices (``Literal``): an unknown value is the parser's usage
+# error (exit 2, the choices listed) before any file is read, on every command alike.
+# Spelt out here because importing the modules that own them costs ~0.1 s per start
+# (bench/RESULTS.md figure 5); tests/test_walkthrough_cli_values.py holds them equal.
+#: ``--platform`` of validate, graph and diff: omni_pd/compile/topology.py ``PLATFORMS``
+_PLATFORM = Literal["cuda", "rocm", "npu", "xpu", "musa"]
+#: launch's ``--platform``: omni_pd/launch/plan.py ``DEVICE_ENV`` (``cpu`` selects no devices)
+_LAUNCH_PLATFORM = Literal["cuda", "rocm", "npu", "xpu", "musa", "cpu"]
+
 
 class _no_pydantic_plugins:
     """Context: pydantic builds the classes imported inside without looking for plugins
@@ -237,8 +247,8 @@ def expand(
 def _require_deploy_config(doc, pipeline: Optional[str], vllm_version: Optional[str]) -> None:
     """expand's gate: the schema rules (OPD1xx) on the input. A file that is not a
     deploy config gets validate's OPD007 (omni_pd/check/inputs.py ``not_a_deploy_config``)
-    with the schema findings summed up in a note (exit 2); a deploy config with schema
-    errors gets those (exit 2)."""
+    alone, as validate reports it (exit 2); a deploy config with schema errors gets
+    those (exit 2)."""
     from dataclasses import replace
 
     from omni_pd.check.rules import registry
@@ -252,12 +262,7 @@ def _require_deploy_config(doc, pipeline: Optional[str], vllm_version: Optional[
         return
     found = [d for d in res.diagnostics if d.severity is not Severity.INFO and d.code != "OPD007"]
     if gate is not None:
-        from omni_pd.diagnostics import summary
-
-        notes = [f"schema checks: {summary(found)}; `omni-pd validate {doc.name}` lists them"]
-        if errors:
-            notes.append(f"first error: {errors[0].message} at {errors[0].location}")
-        found = [replace(gate, severity=Severity.ERROR, notes=notes, help=(
+        found = [replace(gate, severity=Severity.ERROR, help=(
             "expand takes a vllm-omni deploy config (a `stages:` list of per-stage engine settings, "
             "like presets/qwen3_omni_moe.yaml); nothing was written"))]
     elif all(d.code == "OPD102" for d in errors):
@@ -451,14 +456,14 @@ def validate(
     inputs: Optional[list[str]] = typer.Argument(
         None, help="deploy YAML files or directories (walked for *.yaml/*.yml); - reads stdin "
                    "(default: the bundled Qwen3-Omni preset)", show_default=False),
-    platform: Optional[str] = typer.Option(None, "--platform", help="apply platforms.<P> first: cuda, rocm, npu, xpu, musa"),
+    platform: Optional[_PLATFORM] = typer.Option(None, "--platform", help="apply platforms.<P> first"),
     all_platforms: bool = typer.Option(False, "--all-platforms", help="check the base config and every platform overlay"),
     inventory: Optional[Path] = typer.Option(None, "--inventory", help="hosts (accelerator, count, memory_gib) and stage placement (YAML)"),
     model_info: Optional[Path] = typer.Option(None, "--model-info", help="the model's config.json (KV heads, MLA, hybrid, sub-configs)"),
     vllm_version: Optional[str] = typer.Option(None, "--vllm-version",
                                                help="target vLLM major.minor (default and known range: omni-pd --version)"),
     pipeline: Optional[str] = typer.Option(None, "--pipeline", help="pipeline name when the file does not say"),
-    fmt: str = typer.Option("text", "--format", help="text | json | sarif"),
+    fmt: Literal["text", "json", "sarif"] = typer.Option("text", "--format", help="diagnostics as text, JSON or SARIF"),
     env: Optional[list[str]] = typer.Option(None, "--env", help="launcher environment KEY=VALUE (repeatable), e.g. CUDA_VISIBLE_DEVICES=4,5"),
     serve_arg: Optional[list[str]] = typer.Option(None, "--serve-arg", help="global `vllm serve` flag KEY=VALUE the launch will pass "
                                                   "(broadcast to every stage), e.g. tensor_parallel_size=4"),
@@ -483,8 +488,6 @@ def validate(
 
     from omni_pd import cli_options
 
-    if fmt not in ("text", "json", "sarif"):
-        raise typer.BadParameter("use text, json or sarif", param_hint="--format")
     cli_options.vllm_version(vllm_version)
     if platform is not None and all_platforms:
         raise typer.BadParameter("give either --platform or --all-platforms", param_hint="--platform")
@@ -600,8 +603,8 @@ def _validate_one(name: str, opts, against: bool, python: Optional[str], model: 
 def graph(
     input: Optional[Path] = typer.Argument(None, help="deploy YAML (default: the bundled Qwen3-Omni preset)",
                                            show_default=False),
-    fmt: str = typer.Option("tree", "--format", help="tree (rich, default) | mermaid | dot"),
-    platform: Optional[str] = typer.Option(None, "--platform", help="apply platforms.<P> first: cuda, rocm, npu, xpu, musa"),
+    fmt: Literal["tree", "mermaid", "dot"] = typer.Option("tree", "--format", help="tree (rich), Mermaid or DOT"),
+    platform: Optional[_PLATFORM] = typer.Option(None, "--platform", help="apply platforms.<P> first"),
     pipeline: Optional[str] = typer.Option(None, "--pipeline", help="pipeline name when the file does not say"),
     vllm_version: Optional[str] = typer.Option(None, "--vllm-version",
                                                help="target vLLM major.minor (decides the ports shown)"),
@@ -613,12 +616,12 @@ def graph(
     from omni_pd.io import atomic_write, load_file
     from omni_pd.resources import preset_path
 
-    if fmt not in ("tree", "mermaid", "dot"):
-        raise typer.BadParameter("use tree, mermaid or dot", param_hint="--format")
     tgt = cli_options.vllm_version(vllm_version)
     src = input if input is not None else preset_path("qwen3_omni_moe")
     doc = load_file(src)
-    g = stage_graph(*_graph_inputs(doc, pipeline, platform, tgt))
+    topo, ports = _graph_inputs(doc, pipeline, platform, tgt)
+    g = stage_graph(topo, ports)
+    _say_linear_chain(topo.pipeline.name, doc.name, pipeline)
     if fmt == "tree" and output is None and sys.stdout.isatty():
         from rich.console import Console
         from rich.markup import escape
@@ -637,6 +640,23 @@ def graph(
         sys.stdout.write(text)
     else:
         atomic_write(output, text, protect=[str(src)])
+
+
+def _say_linear_chain(drawn: str, name: str, pipeline: Optional[str]) -> None:
+    """A note on stderr when graph drew ``name`` as a linear chain of stages whose roles
+    it does not know (``<linear chain>``: no ``pipeline:`` and none inferred, as
+    validate's OPD207 says; ``<X: linear chain>``: ``X`` is not catalogued), with how to
+    name the pipeline. Nothing for a catalogued or inferred-PD pipeline."""
+    if drawn == "<linear chain>":
+        why = f"{name} names no `pipeline:` and omni-pd cannot infer one"
+    elif drawn.endswith(": linear chain>"):
+        given = drawn[1:-len(": linear chain>")]
+        where = "--pipeline" if pipeline else f"{name}'s `pipeline:`"
+        why = f"pipeline `{given}` ({where}) is not in omni-pd's catalogue"
+    else:
+        return
+    sys.stderr.write(f"note: {why}, so its stages are drawn as a linear chain with unknown roles; "
+                     "pass --pipeline NAME (see `omni-pd pipelines`) or add `pipeline: NAME` to the file\n")
 
 
 def _resolve(doc, pipeline: Optional[str], platform: Optional[str]):
@@ -674,8 +694,8 @@ def diff_cmd(
     before: Path = typer.Argument(..., help="the deploy config given to `omni-pd expand`"),
     after: str = typer.Argument(..., help="what expand wrote (- reads stdin)"),
     pipeline: Optional[str] = typer.Option(None, "--pipeline", help="pipeline of BEFORE when the file does not say"),
-    platform: Optional[str] = typer.Option(None, "--platform", help="compare with platforms.<P> applied to both"),
-    fmt: str = typer.Option("text", "--format", help="text | json"),
+    platform: Optional[_PLATFORM] = typer.Option(None, "--platform", help="compare with platforms.<P> applied to both"),
+    fmt: Literal["text", "json"] = typer.Option("text", "--format", help="the changes as text or JSON"),
 ) -> None:
     """Show what expand changed, stage by stage (each output stage against the input stage it came from)."""
     import json
@@ -683,14 +703,8 @@ def diff_cmd(
     from omni_pd.compile.diff import config_diff, diff_json, diff_text
     from omni_pd.io import load_file, load_stream
 
-    if fmt not in ("text", "json"):
-        raise typer.BadParameter("use text or json", param_hint="--format")
     a_doc = load_file(before)
     b_doc = load_stream(sys.stdin.buffer, "<stdin>") if after == "-" else load_file(after)
-    from omni_pd.compile.topology import PLATFORMS
-
-    if platform is not None and platform not in PLATFORMS:
-        raise typer.BadParameter("one of: " + ", ".join(PLATFORMS), param_hint="--platform")
     try:  # errors are shown with these two documents' lines (stdin has no file to read back)
         a_topo, a_plain = _resolve(a_doc, pipeline, platform)
         b_topo, b_plain = _resolve(b_doc, None, platform)
@@ -750,13 +764,13 @@ def launch(
     config: Path = typer.Argument(..., help="compiled PD deploy YAML (the output of `omni-pd expand`)"),
     model: str = typer.Option(..., "--model", help="model id or path every engine serves"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the launch plan and start nothing"),
-    fmt: str = typer.Option("text", "--format", help="plan output with --dry-run: text | json"),
+    fmt: Literal["text", "json"] = typer.Option("text", "--format", help="plan output with --dry-run: text or JSON"),
     vllm: str = typer.Option("vllm", "--vllm", help="the `vllm` executable (path or name on PATH)"),
     python: Optional[str] = typer.Option(None, "--python", help="python of the vLLM environment (default: next to --vllm)"),
     host: str = typer.Option("127.0.0.1", "--host", help="address every server binds and advertises"),
     port: int = typer.Option(8000, "--port", help="client port: the PD router, or the vllm-omni server"),
     engine_port_base: int = typer.Option(8100, "--engine-port-base", help="prefill HTTP port (decode: +100)"),
-    platform: str = typer.Option("cuda", "--platform", help="cuda | rocm | npu | xpu | musa | cpu"),
+    platform: _LAUNCH_PLATFORM = typer.Option("cuda", "--platform", help="the accelerator the engines run on"),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="name clients use (default: --model)"),
     ready_timeout: float = typer.Option(1200.0, "--ready-timeout", help="seconds each engine may take to become healthy"),
     grace: float = typer.Option(10.0, "--grace", help="seconds between SIGTERM and SIGKILL at shutdown"),
@@ -779,12 +793,8 @@ def launch(
 
     from omni_pd.diagnostics import render_text, summary
     from omni_pd.io import load_file
-    from omni_pd.launch.plan import DEVICE_ENV, LaunchOptions, plan_document
+    from omni_pd.launch.plan import LaunchOptions, plan_document
 
-    if fmt not in ("text", "json"):
-        raise typer.BadParameter("use text or json", param_hint="--format")
-    if platform not in DEVICE_ENV:
-        raise typer.BadParameter("one of: " + ", ".join(DEVICE_ENV), param_hint="--platform")
     from omni_pd import cli_options
 
     cli_options.host(host, "--host")

@@ -285,6 +285,61 @@ def _check_nested_kv(work: dict, loc: Locator, diags: list[Diagnostic], seen: se
                 _drop(work, base + sub)
 
 
+def _scalar_field(annotation: Any) -> bool:
+    """True for a deploy-schema field typed by scalars only (``int | None``, ``float``,
+    ``bool``, a ``Literal``): one ``vllm serve`` token can be read as it. Mappings such
+    as ``compilation_config`` are JSON text on the command line and stay unchecked."""
+    import types
+    import typing
+
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return all(_scalar_field(a) for a in args if a is not type(None))
+    return annotation in (int, float, bool, str) or typing.get_origin(annotation) is typing.Literal
+
+
+def check_serve_args(cli: dict[str, Any]) -> tuple[dict[str, Any], list[Diagnostic]]:
+    """Type global ``vllm serve`` flags (``validate --serve-arg KEY=VALUE``: ``{key: str}``,
+    keys with ``_``) as the same key in a stage entry is typed: the deploy schema's field
+    (:class:`omni_pd.compile.model.StageDeploy`, vllm-omni ``StageDeployConfig``), the
+    mechanism OPD101 already uses for stage keys and ``engine_args.kv_transfer_config``
+    (:func:`_check_nested_kv`). Pydantic's lax mode reads the text as vLLM's argparse
+    ``type=`` does (``"2"`` -> 2, ``"0.5"`` -> 0.5, ``"true"`` -> True); parallel sizes
+    must be >= 1 (vLLM ``ParallelConfig``).
+
+    Returns (the flags with each typed value converted and each badly typed one dropped,
+    so no rule reads ``x`` as the default TP; one OPD101 per bad value at ``<command
+    line>``, naming the flag). Keys the schema does not type, or types as a mapping, are
+    kept as given (OPD107 judges unknown flags). Pure. Source of the refusal: vLLM
+    ``EngineArgs.add_cli_args`` (vllm/engine/arg_utils.py) gives each flag its field's
+    type, so ``vllm serve --tensor-parallel-size x`` exits with "invalid int value"."""
+    from pydantic import ValidationError
+
+    from omni_pd.check.serve_flags import flag_name
+    from omni_pd.compile.model import StageDeploy
+    from omni_pd.compile.parse import _TYPE_WORDS, _show
+
+    fields = StageDeploy.model_fields
+    typed: dict[str, Any] = {}
+    diags: list[Diagnostic] = []
+    for key, val in cli.items():
+        f = fields.get(key)
+        if f is None or key == "stage_id" or not isinstance(val, str) or not _scalar_field(f.annotation):
+            typed[key] = val
+            continue
+        try:
+            typed[key] = getattr(StageDeploy.model_validate({"stage_id": 0, key: val}), key)
+        except ValidationError as e:
+            err = next(x for x in e.errors() if x.get("loc", ())[:1] == (key,))
+            want = _TYPE_WORDS.get(err.get("type", "")) or "one of the values it accepts"
+            diags.append(Diagnostic(
+                code="OPD101", severity=Severity.ERROR,
+                message=f"{flag_name(key)} must be {want}, found {_show(val)} (vllm serve's parser refuses it)",
+                location=Location(file="<command line>", path=(key,)),
+                help=f"pass --serve-arg {key}=<{want}>"))
+    return typed, diags
+
+
 def _keys_along(tree: Any, loc: tuple) -> set:
     keys: set = set()
     node = tree
@@ -385,8 +440,11 @@ def choose_pipeline(cfg: DeployConfig, loc: Locator, cat: Catalogue, opts: Valid
 
 def validate_document(doc: Document, opts: ValidateOptions | None = None) -> ValidateResult:
     """Check ``doc`` with every rule. A file that is not a deploy config (a CI workflow,
-    a pipeline definition, ``stages: []``) gets the OPD007 error expand refuses it with
-    (:func:`omni_pd.check.inputs.not_a_deploy_config`) and the schema rules only.
+    a pipeline definition, ``stages: []``) gets the OPD007 diagnostic expand refuses it
+    with (:func:`omni_pd.check.inputs.not_a_deploy_config`) and nothing else: as a
+    compiler stops at "not a source file", no rule judges keys written for another
+    schema (a pipeline definition's ``role``, a workflow's ``jobs``). ``--serve-arg``
+    values (``opts.cli``) are typed first (:func:`check_serve_args`, OPD101).
     Raises :class:`OmniPdError` (exit 2) only for bad usage (an unknown
     ``--vllm-version`` or ``--platform``)."""
     from omni_pd.compile.parse import to_plain
@@ -407,24 +465,27 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
                                      help="one of: " + ", ".join(PLATFORMS)))
     plain = to_plain(doc.tree)
     gate = not_a_deploy_config(doc, plain)
-    # a file that is no deploy config (OPD007): only the schema rules say more about it;
-    # the topology rules would judge stages it does not have
-    rules = [r for c, r in registry().items()
-             if (opts.rules is None or c in opts.rules) and (gate is None or c.startswith("OPD1"))]
+    if gate is not None:
+        # not a deploy config (OPD007): every other finding would judge keys written for
+        # another schema (16 for a pipeline definition, OPD103 per key of a CI workflow)
+        return ValidateResult([gate], {doc.name: doc})
+    rules = [r for c, r in registry().items() if opts.rules is None or c in opts.rules]
+    cli, cli_diags = check_serve_args(opts.cli)
     legacy = "stage_args" in plain and "stages" not in plain
-    diags: list[Diagnostic] = [gate] if gate is not None else []
+    diags: list[Diagnostic] = []
     if legacy:
         ctx = Context(doc=Locator(doc), config=None, topology=None, target=tgt, platform=opts.platform,
-                      inventory=opts.inventory, model=opts.model, env=dict(opts.env), cli=dict(opts.cli),
-                      raw=plain, legacy=True)
+                      inventory=opts.inventory, model=opts.model, env=dict(opts.env), cli=dict(cli),
+                      raw=plain, legacy=True, parse_diagnostics=cli_diags)
         return ValidateResult(_finish(diags + run_rules(ctx, rules)), {doc.name: doc})
     merged, locator, base_diags = _merge_base(doc, plain)
     diags += base_diags
     cfg, parse_diags = parse_all(merged, locator)
+    parse_diags = cli_diags + parse_diags  # both OPD101 (rule wrong-type reports them)
     cat = load_catalogue()
     if cfg is None:
         ctx = Context(doc=locator, config=None, topology=None, target=tgt, platform=opts.platform,
-                      inventory=opts.inventory, model=opts.model, env=dict(opts.env), cli=dict(opts.cli),
+                      inventory=opts.inventory, model=opts.model, env=dict(opts.env), cli=dict(cli),
                       raw=merged, parse_diagnostics=parse_diags)
         return ValidateResult(_finish(diags + run_rules(ctx, rules)), locator.docs())
     pipe, pdiags = choose_pipeline(cfg, locator, cat, opts, base_name=plain.get("base_config"))
@@ -443,7 +504,7 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
             diags.append(e.diagnostic)
             continue
         ctx = Context(doc=locator, config=cfg, topology=topo, target=tgt, platform=plat,
-                      inventory=opts.inventory, model=opts.model, env=dict(opts.env), cli=dict(opts.cli),
+                      inventory=opts.inventory, model=opts.model, env=dict(opts.env), cli=dict(cli),
                       raw=merged, parse_diagnostics=parse_diags if first else [], platform_first=first)
         found = run_rules(ctx, rules)
         if plat is not None and opts.all_platforms:
