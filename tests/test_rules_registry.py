@@ -205,6 +205,19 @@ def test_stage_path_overlay_flat_key_and_entries_that_are_not_mappings(monkeypat
     assert ctx.stage_path(ctx.topology.stages[0], "devices") == ("stages", 0, "devices")
 
 
+def test_two_overlay_entries_of_one_stage_both_apply_and_the_later_is_located(monkeypatch) -> None:
+    # vllm-omni 0.30 _apply_platform_overrides applies each platforms.<p>.stages entry in file order;
+    # omni-pd's topology kept only the last entry of a stage (devices "2" was lost)
+    text = ("pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 0, devices: \"0\"}\n  - {stage_id: 1, devices: \"1\"}\n"
+            "platforms:\n  npu:\n    stages:\n      - {stage_id: 1, devices: \"2\", max_model_len: 4}\n"
+            "      - {stage_id: 1, max_model_len: 5}\n")
+    ctx = ctx_of(monkeypatch, text, ValidateOptions(platform="npu"))
+    n1 = ctx.topology.stages[1]
+    assert (n1.devices, n1.settings["max_model_len"]) == ((2,), 5)
+    assert ctx.stage_path(n1, "devices") == ("platforms", "npu", "stages", 0, "devices")
+    assert ctx.stage_path(n1, "max_model_len") == ("platforms", "npu", "stages", 1, "max_model_len")
+
+
 def test_stage_path_in_a_file_without_stages(monkeypatch) -> None:
     ctx = ctx_of(monkeypatch, "pipeline: qwen3_omni_moe\nasync_chunk: true\n")
     n0 = ctx.topology.stages[0]

@@ -224,16 +224,17 @@ def resolve(cfg: DeployConfig, pipeline: Pipeline, platform: str | None = None,
     by_id: dict[int, tuple[int, dict]] = {}
     for i, rs in enumerate(raw_stages):
         by_id.setdefault(int(rs["stage_id"]), (i, rs))
-    overlay: dict[int, dict] = {}
+    # every entry of a stage in file order, as vllm-omni applies them (two entries of one stage both apply)
+    overlay: dict[int, list[dict]] = {}
     if platform and cfg.platforms and cfg.platforms.get(platform) and cfg.platforms[platform].stages:
         for o in cfg.platforms[platform].stages:  # type: ignore[union-attr]
-            overlay[o.stage_id] = o.model_dump(by_alias=True, exclude_unset=True)
+            overlay.setdefault(o.stage_id, []).append(o.model_dump(by_alias=True, exclude_unset=True))
     nodes: list[StageNode] = []
     for ps in pipeline.stages:
         idx, rs = by_id.get(ps.stage_id, (None, {"stage_id": ps.stage_id}))
         eff = effective_stage(rs)
-        if ps.stage_id in overlay:
-            eff = apply_overlay(eff, overlay[ps.stage_id])
+        for o in overlay.get(ps.stage_id, ()):
+            eff = apply_overlay(eff, o)
         try:
             devices = parse_devices(eff.get("devices"))
         except ValueError as e:

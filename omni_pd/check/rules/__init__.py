@@ -202,7 +202,8 @@ class Context:
         cands: list[tuple] = []
         if self.platform and keys:
             ov = self.raw_at(("platforms", self.platform, "stages"))  # any type when OPD101 reported it
-            for j, o in enumerate(ov if isinstance(ov, list) else []):
+            # the last entry of the stage first: vllm-omni applies them in file order, so it wins
+            for j, o in reversed(list(enumerate(ov if isinstance(ov, list) else []))):
                 if isinstance(o, dict) and o.get("stage_id") == node.stage_id:
                     base = ("platforms", self.platform, "stages", j)
                     cands += [base + ("runtime",) + keys, base + ("engine_args",) + keys, base + keys]
