@@ -1004,3 +1004,44 @@ def test_opd610_exact_findings_with_a_stand_in_class_and_a_broken_install(monkey
     assert [(h[0], h[2], h[3]) for h in found(text, "OPD610")] == [(
         "info", _col(text, "kv_transfer_config"), "repair the vLLM install (`python -c 'import vllm.config'` shows the "
         "error), or uninstall it to check without vLLM")]
+
+
+def test_opd612_kv_both_outside_a_pair_and_a_reversed_role_on_the_pairs_decode() -> None:
+    push = "use pipeline_parallel_size 1 on decode (scale decode with tensor_parallel_size)"
+    # no pair: stage 0 consumes (decode), stage 1 is kv_both (prefill and decode): both named, decode only
+    text = _pp("NixlPushConnector", 2, 2, pipeline="qwen3_omni_moe").replace(
+        "kv_role: kv_producer", "kv_role: kv_consumer").replace("kv_role: kv_consumer, engine_id: d", "kv_role: kv_both, engine_id: d")
+    assert found(text, "OPD612", opts=V30) == [(
+        "error", "NixlPushConnector does not support pipeline_parallel_size > 1 on decode in vLLM 0.30 (stage 0 PP 2, "
+        "stage 1 PP 2)", _val(text, "pipeline_parallel_size"), push,
+        [(*_val(text, "pipeline_parallel_size", 1), "stage 1 (decode) PP 2")])]
+    # the pair's decode that says kv_producer is decode
+    text = _pp("NixlPushConnector", 1, 2).replace("kv_role: kv_consumer", "kv_role: kv_producer")
+    assert found(text, "OPD612", opts=V30) == [(
+        "error", "NixlPushConnector does not support pipeline_parallel_size > 1 on decode in vLLM 0.30 (stage 1 PP 2)",
+        _val(text, "pipeline_parallel_size", 1), push, [])]
+    # 0.11 has facts already
+    assert [h[1] for h in found(_pp("NixlConnector", 2, 2), "OPD612", opts=ValidateOptions(vllm_version="0.11"))] == [
+        "NixlConnector does not support pipeline_parallel_size > 1 in vLLM 0.11 (stage 0 PP 2, stage 1 PP 2)"]
+
+
+def test_opd613_lmcache_must_be_the_only_mover_on_both_sides_and_its_mp_connector_moves_nothing() -> None:
+    # decode over LMCache, prefill over NIXL: not an LMCache pair
+    assert found(_lmc().replace("LMCacheConnectorV1, kv_role: kv_producer", "NixlConnector, kv_role: kv_producer"),
+                 "OPD613") == []
+    # LMCacheMPConnector beside LMCacheConnectorV1 moves nothing between engines: still an LMCache pair
+    multi = _multi_p("{kv_connector: LMCacheConnectorV1, kv_role: kv_producer}, "
+                     "{kv_connector: LMCacheMPConnector, kv_role: kv_producer}")
+    assert [h[1][:60] for h in found(multi, "OPD613")] == ["LMCacheConnectorV1 P/D pair with no LMCache PD mode (enable_p"]
+    # a `connectors:` list under a plain LMCacheConnectorV1 is not read as MultiConnector's
+    x = ", kv_connector_extra_config: {{lmcache.enable_pd: true, lmcache.pd_role: {}, connectors: [{{kv_connector: " \
+        "LMCacheConnectorV1}}]}}"
+    assert found(_lmc(px=x.format("sender"), dx=x.format("receiver")), "OPD613") == []
+
+
+def test_opd614_from_013_and_a_role_suggested_from_half_similar() -> None:
+    assert found(_ec(), "OPD614", opts=ValidateOptions(vllm_version="0.13")) == []
+    text = _ec(dr="prod")
+    assert found(text, "OPD614", opts=V30)[1][1:4] == (
+        "stage 1: unsupported ec_role `prod`", _col(text, "prod"),
+        "did you mean `ec_producer`? ec_role is one of ec_producer, ec_consumer, ec_both")
