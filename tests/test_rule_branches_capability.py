@@ -1032,7 +1032,9 @@ def test_opd613_lmcache_must_be_the_only_mover_on_both_sides_and_its_mp_connecto
     # LMCacheMPConnector beside LMCacheConnectorV1 moves nothing between engines: still an LMCache pair
     multi = _multi_p("{kv_connector: LMCacheConnectorV1, kv_role: kv_producer}, "
                      "{kv_connector: LMCacheMPConnector, kv_role: kv_producer}")
-    assert [h[1][:60] for h in found(multi, "OPD613")] == ["LMCacheConnectorV1 P/D pair with no LMCache PD mode (enable_p"]
+    assert [h[1] for h in found(multi, "OPD613")] == [
+        "LMCacheConnectorV1 P/D pair with no LMCache PD mode (enable_pd/pd_role) and no shared remote backend: decode "
+        "recomputes every prompt"]
     # a `connectors:` list under a plain LMCacheConnectorV1 is not read as MultiConnector's
     x = ", kv_connector_extra_config: {{lmcache.enable_pd: true, lmcache.pd_role: {}, connectors: [{{kv_connector: " \
         "LMCacheConnectorV1}}]}}"
@@ -1043,5 +1045,5 @@ def test_opd614_from_013_and_a_role_suggested_from_half_similar() -> None:
     assert found(_ec(), "OPD614", opts=ValidateOptions(vllm_version="0.13")) == []
     text = _ec(dr="prod")
     assert found(text, "OPD614", opts=V30)[1][1:4] == (
-        "stage 1: unsupported ec_role `prod`", _col(text, "prod"),
+        "stage 1: unsupported ec_role `prod`", _val(text, "ec_role", 1),
         "did you mean `ec_producer`? ec_role is one of ec_producer, ec_consumer, ec_both")
