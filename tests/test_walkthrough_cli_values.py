@@ -73,6 +73,40 @@ def test_serve_arg_values_of_the_right_type_reach_the_rules_typed():
     assert typed == {"max_num_seqs": 8} and [d.location.path for d in diags] == [("tensor_parallel_size",)]
 
 
+def test_deploy_only_keys_are_not_typed_as_flags():
+    from omni_pd.check.validate import check_serve_args
+
+    assert check_serve_args({"num_replicas": "x", "stage_id": "y"}) == ({"num_replicas": "x", "stage_id": "y"}, [])
+
+
+_ENGINE_ARG_TYPES = """
+import dataclasses, json
+from vllm.engine.arg_utils import EngineArgs
+from omni_pd.compile.model import StageDeploy
+from omni_pd.check.validate import _scalar_field
+up = {f.name: str(f.type) for f in dataclasses.fields(EngineArgs)}
+print(json.dumps({k: [str(f.annotation), up[k]] for k, f in StageDeploy.model_fields.items()
+                  if _scalar_field(f.annotation) and k in up}))
+"""
+
+
+def test_typed_serve_args_have_vllms_engine_args_types():
+    # the schema types a --serve-arg value; for vLLM's own flags they must be EngineArgs' types
+    import os
+    import subprocess
+
+    py = os.environ.get("OMNI_PD_ORACLE_PYTHON")
+    if not py:
+        pytest.skip("OMNI_PD_ORACLE_PYTHON not set (build it with .ci/oracle_venv.sh)")
+    proc = subprocess.run([py, "-c", _ENGINE_ARG_TYPES], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "enforce_eager"} <= set(got)
+    for key, (ours, vllm) in got.items():
+        base = lambda t: {w for w in ("int", "float", "bool", "str") if w in t}  # noqa: E731
+        assert base(ours) == base(vllm), (key, ours, vllm)
+
+
 def test_serve_arg_integer_still_reaches_the_device_rules(capsys):
     rc, out, _ = run_cli(["validate", "-q", "--format", "json", str(PRESET), "--serve-arg", "tensor_parallel_size=2"],
                          capsys)

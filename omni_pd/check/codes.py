@@ -80,10 +80,10 @@ CODES: tuple[CodeDoc, ...] = (
             from) says what it looks like instead (an omni-pd pipeline definition from
             ``presets/pipelines/``, ``stages: []``, a launch inventory, a Hugging Face config.json,
             a JSON Schema, a CI workflow or Kubernetes manifest), located at the top of the file.
-            ``expand`` writes nothing (exit 2, the schema findings summed up in a note);
-            ``validate`` reports it as an error (exit 1) with the schema findings only; for
-            vllm-omni's forced-aligner stage settings (``forced_aligner:``, shipped beside its
-            deploy configs) as a warning.""",
+            Nothing else in that file is checked (no rule judges keys written for another
+            schema). ``expand`` writes nothing (exit 2); ``validate`` reports it as an error
+            (exit 1); for vllm-omni's forced-aligner stage settings (``forced_aligner:``,
+            shipped beside its deploy configs) as a warning.""",
             "omni_pd/check/inputs.py, omni_pd/cli.py expand, omni_pd/check/validate.py", exit=2),
     CodeDoc("OPD008", "not-a-pd-split", _E, "input", "diff was given a second file that is not a prefill/decode split",
             """``omni-pd diff IN OUT`` matches each stage of OUT to the stage of IN it came from

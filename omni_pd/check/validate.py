@@ -310,12 +310,14 @@ def check_serve_args(cli: dict[str, Any]) -> tuple[dict[str, Any], list[Diagnost
     Returns (the flags with each typed value converted and each badly typed one dropped,
     so no rule reads ``x`` as the default TP; one OPD101 per bad value at ``<command
     line>``, naming the flag). Keys the schema does not type, or types as a mapping, are
-    kept as given (OPD107 judges unknown flags). Pure. Source of the refusal: vLLM
+    kept as given, and so are deploy-only keys (``num_replicas``: never a flag; OPD107
+    judges unknown flags). The typed fields that are vLLM ``EngineArgs`` fields have its
+    types (tests/test_walkthrough_cli_values.py compares them with the oracle's vLLM). Pure. Source of the refusal: vLLM
     ``EngineArgs.add_cli_args`` (vllm/engine/arg_utils.py) gives each flag its field's
     type, so ``vllm serve --tensor-parallel-size x`` exits with "invalid int value"."""
     from pydantic import ValidationError
 
-    from omni_pd.check.serve_flags import flag_name
+    from omni_pd.check.serve_flags import DEPLOY_ONLY_KEYS, flag_name
     from omni_pd.compile.model import StageDeploy
     from omni_pd.compile.parse import _TYPE_WORDS, _show
 
@@ -324,7 +326,7 @@ def check_serve_args(cli: dict[str, Any]) -> tuple[dict[str, Any], list[Diagnost
     diags: list[Diagnostic] = []
     for key, val in cli.items():
         f = fields.get(key)
-        if f is None or key == "stage_id" or not isinstance(val, str) or not _scalar_field(f.annotation):
+        if f is None or key in DEPLOY_ONLY_KEYS or not isinstance(val, str) or not _scalar_field(f.annotation):
             typed[key] = val
             continue
         try:
