@@ -1047,3 +1047,12 @@ def test_opd614_from_013_and_a_role_suggested_from_half_similar() -> None:
     assert found(text, "OPD614", opts=V30)[1][1:4] == (
         "stage 1: unsupported ec_role `prod`", _val(text, "ec_role", 1),
         "did you mean `ec_producer`? ec_role is one of ec_producer, ec_consumer, ec_both")
+
+
+def test_opd614_a_module_path_stage_does_not_end_the_scan_and_an_empty_required_value_is_missing() -> None:
+    text = _ec(c="FooBarBaz", px=", ec_connector_module_path: my.ec")
+    assert [h[1] for h in found(text, "OPD614", opts=V30)] == ["stage 1: unknown ec_connector `FooBarBaz`"]
+    x = ", ec_connector_extra_config: {ec_cpu_bytes: '', ec_enable_nixl: true}"
+    text = _ec(c="ECCPUConnector", px=x, dx=_cpu_ok())
+    assert [h[1] for h in found(text, "OPD614", opts=V30)] == [
+        "stage 0: ECCPUConnector in vLLM 0.30 requires ec_connector_extra_config.ec_cpu_bytes"]
