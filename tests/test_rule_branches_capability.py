@@ -1056,3 +1056,18 @@ def test_opd614_a_module_path_stage_does_not_end_the_scan_and_an_empty_required_
     text = _ec(c="ECCPUConnector", px=x, dx=_cpu_ok())
     assert [h[1] for h in found(text, "OPD614", opts=V30)] == [
         "stage 0: ECCPUConnector in vLLM 0.30 requires ec_connector_extra_config.ec_cpu_bytes"]
+
+
+def test_opd615_suggestions_need_a_close_match_and_an_unread_stage_does_not_end_the_scan() -> None:
+    text = _ec(px=", ec_buf: 1")
+    assert [h[1:4] for h in found(text, "OPD615", opts=V30)] == [
+        ("stage 0: `ec_buf` is not an ECTransferConfig field", _col(text, "ec_buf"),
+         "move connector options under ec_connector_extra_config")]
+    text = _ec(c="ECCPUConnector", px=", ec_connector_extra_config: {ec_cpu_bytes: 1, ec_cpu: 1}")
+    assert [h[1:4] for h in found(text, "OPD615", opts=V30)] == [
+        ("stage 0: `ec_cpu` is not an option ECCPUConnector reads in vLLM 0.30", _col(text, "ec_cpu:"),
+         "ECCPUConnector reads: ec_cpu_bytes, ec_enable_nixl, consumer_ack_timeout_s")]
+    # stage 0's connector is unknown (its options are not read); stage 1's are
+    text = _ec(dx=", ec_connector_extra_config: {zzzz: 1}").replace("ec_connector: ECExampleConnector", "ec_connector: FooBar", 1)
+    assert [h[1] for h in found(text, "OPD615", opts=V30)] == [
+        "stage 1: `zzzz` is not an option ECExampleConnector reads in vLLM 0.30"]
