@@ -212,11 +212,13 @@ def test_opd404_a_value_that_is_not_a_number_is_not_counted_as_the_default() -> 
             "  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.3}\n")
     assert found(text, "OPD404") == []
     assert [h[1] for h in found(text, "OPD101")] == ["`gpu_memory_utilization` must be a number, found 'high'"]
-    # the other stages on the device are still summed; under engine_args too
-    text = (_Q + "  - {stage_id: 0, devices: \"0\", engine_args: {gpu_memory_utilization: [0.5]}}\n"
-            "  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.6}\n"
-            "  - {stage_id: 2, devices: \"0\", gpu_memory_utilization: 0.6}\n")
-    assert [h[1] for h in found(text, "OPD404")] == ["physical GPU 0: 0.6 (stage 1) + 0.6 (stage 2) = 1.20 > 1.0"]
+    # the other stages on the device are still summed (the skipped stage does not end the scan); a value
+    # under engine_args (untyped) that is not a number is not counted either
+    for bad in ("gpu_memory_utilization: high", "engine_args: {gpu_memory_utilization: [0.5]}"):
+        text = (_Q + "  - {stage_id: 0, devices: \"0\", " + bad + "}\n"
+                "  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.6}\n"
+                "  - {stage_id: 2, devices: \"0\", gpu_memory_utilization: 0.6}\n")
+        assert [h[1] for h in found(text, "OPD404")] == ["physical GPU 0: 0.6 (stage 1) + 0.6 (stage 2) = 1.20 > 1.0"]
     # null is YAML for unset: vLLM's default counts
     text = (_Q + "  - {stage_id: 0, devices: \"0\", gpu_memory_utilization: null}\n"
             "  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.3}\n")
