@@ -22,3 +22,13 @@ def found(text: str, code: str, ctx: dict | None = None, opts: ValidateOptions |
 def found_with_notes(text: str, code: str, ctx: dict | None = None, opts: ValidateOptions | None = None) -> list[tuple]:
     """:func:`found` with each diagnostic's notes as a sixth element."""
     return found(text, code, ctx, opts, notes=True)
+
+
+def col(text: str, needle: str, nth: int = 0) -> tuple[int, int]:
+    """1-based (line, column) of the ``nth`` ``needle`` in ``text``: an oracle for locations
+    independent of validate's locator. Raises ValueError when ``text`` has fewer."""
+    at = -1
+    for _ in range(nth + 1):
+        at = text.index(needle, at + 1)
+    before = text[:at]
+    return before.count("\n") + 1, len(before) - before.rfind("\n")

@@ -10,19 +10,10 @@ from __future__ import annotations
 
 from omni_pd.check.rules.encoder import _epd
 from omni_pd.check.validate import ValidateOptions, validate_text
-from rule_found import found, found_with_notes  # tests/rule_found.py
+from rule_found import col as _col, found, found_with_notes  # tests/rule_found.py
 
 V30 = ValidateOptions(vllm_version="0.30")
 ROCM_NOTE = "found with the `platforms.rocm` overlay applied"
-
-
-def _col(text: str, needle: str, nth: int = 0) -> tuple[int, int]:
-    """1-based (line, column) of the ``nth`` ``needle`` in ``text`` (an oracle independent of the locator)."""
-    at = -1
-    for _ in range(nth + 1):
-        at = text.index(needle, at + 1)
-    before = text[:at]
-    return before.count("\n") + 1, len(before) - before.rfind("\n")
 
 
 def _overlay(ec: str) -> str:

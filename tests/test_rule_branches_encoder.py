@@ -8,17 +8,7 @@ from __future__ import annotations
 
 from omni_pd.check.rules.encoder import _CONS, _EPD_CPU, _S, _epd
 from omni_pd.check.validate import ValidateOptions, options_from_example, validate_text
-from rule_found import found  # tests/rule_found.py
-
-
-def _col(text: str, needle: str, nth: int = 0) -> tuple[int, int]:
-    """1-based (line, column) of the ``nth`` ``needle`` in ``text``: an oracle for locations
-    independent of the locator."""
-    at = -1
-    for _ in range(nth + 1):
-        at = text.index(needle, at + 1)
-    before = text[:at]
-    return before.count("\n") + 1, len(before) - before.rfind("\n")
+from rule_found import col as _col, found  # tests/rule_found.py
 
 
 def _all() -> ValidateOptions:

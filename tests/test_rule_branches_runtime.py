@@ -7,7 +7,7 @@ run of omni_pd/check/rules/runtime.py (bench/mutation.py) is what named them.
 from __future__ import annotations
 
 from omni_pd.check.validate import ValidateOptions, options_from_example
-from rule_found import found_with_notes as found  # tests/rule_found.py
+from rule_found import col as _col, found_with_notes as found  # tests/rule_found.py
 from omni_pd.check.rules.runtime import _AUDIO_PD, _D, _LMC, _PD
 from pd_fixture import PD  # tests/pd_fixture.py
 
@@ -16,13 +16,6 @@ def _sampled(sp: str) -> str:
     """The Mooncake PD pair of the rule examples, prefill's default_sampling_params ``sp``."""
     return (_PD + "  - {stage_id: 0, devices: \"0\", default_sampling_params: " + sp + ", kv_transfer_config: "
             "{kv_connector: MooncakeConnector, kv_role: kv_producer, engine_id: p}}\n" + _D)
-
-
-def _col(text: str, needle: str) -> tuple[int, int]:
-    """1-based (line, column) of the first ``needle`` in ``text``: an oracle for locations
-    independent of the locator."""
-    before = text[:text.index(needle)]
-    return before.count("\n") + 1, len(before) - before.rfind("\n")
 
 
 # --- OPD701 prefill sampling ------------------------------------------------------------------------
