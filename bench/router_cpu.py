@@ -233,7 +233,21 @@ class PyreqwestLegs(Legs):
         await h[0].__aexit__(None, None, None)
 
 
-class PyqwestLegs(Legs):
+class _ResponseIterLegs(Legs):
+    """Legs whose streamed-D handle is ``(response, async iterator of its chunks)`` and whose
+    response closes with ``aclose()`` (pyqwest, curl_cffi)."""
+
+    async def chunk(self, h):
+        try:
+            return await h[1].__anext__()
+        except StopAsyncIteration:
+            return None
+
+    async def done(self, h) -> None:
+        await h[0].aclose()
+
+
+class PyqwestLegs(_ResponseIterLegs):
     """pyqwest (Rust reqwest/hyper, tokio runtime on its own thread): one ``Client`` on one
     ``HTTPTransport``, no decompression, redirects or OpenTelemetry, idle connections kept
     (its default keeps 2 per host); ``leg_timeouts``: connect 5 s, each read 3600 s (its
@@ -263,15 +277,6 @@ class PyqwestLegs(Legs):
         if "content-length" in d.headers:
             return d.status, ctype, b"".join([bytes(c) async for c in it]), None
         return d.status, ctype, None, (d, it)
-
-    async def chunk(self, h):
-        try:
-            return await h[1].__anext__()
-        except StopAsyncIteration:
-            return None
-
-    async def done(self, h) -> None:
-        await h[0].aclose()
 
 
 class WreqLegs(Legs):
@@ -315,7 +320,7 @@ class WreqLegs(Legs):
         pass  # the stream ends with its last chunk; dropped, it drops the connection
 
 
-class CurlLegs(Legs):
+class CurlLegs(_ResponseIterLegs):
     """curl_cffi's ``AsyncSession`` (libcurl's multi interface driven from the asyncio
     loop; the maintained asyncio binding of libcurl: pycurl has none): ``max_clients`` 1024
     handles, no redirects or Accept-Encoding; ``leg_timeouts``: (connect 5 s, read 3600 s),
@@ -342,15 +347,6 @@ class CurlLegs(Legs):
             await d.aclose()
             return d.status_code, ctype, data, None
         return d.status_code, ctype, None, (d, d.aiter_content().__aiter__())
-
-    async def chunk(self, h):
-        try:
-            return await h[1].__anext__()
-        except StopAsyncIteration:
-            return None
-
-    async def done(self, h) -> None:
-        await h[0].aclose()
 
 
 def make_legs(client: str, p_url: str, d_url: str, leg_timeouts: bool) -> Legs:
