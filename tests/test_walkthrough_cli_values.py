@@ -73,6 +73,22 @@ def test_serve_arg_values_of_the_right_type_reach_the_rules_typed():
     assert typed == {"max_num_seqs": 8} and [d.location.path for d in diags] == [("tensor_parallel_size",)]
 
 
+def test_human_readable_integers_are_read_as_vllm_serve_reads_them():
+    # vLLM's parser takes --max-model-len 32k / auto and --max-num-batched-tokens 8K
+    # (human_readable_int): they were OPD101 "vllm serve's parser refuses it"
+    from omni_pd.check.validate import check_serve_args
+
+    assert check_serve_args({"max_model_len": "32k", "max_num_batched_tokens": "8K"}) == (
+        {"max_model_len": 32000, "max_num_batched_tokens": 8192}, [])
+    assert check_serve_args({"max_model_len": "25.6k"}) == ({"max_model_len": 25600}, [])
+    assert check_serve_args({"max_model_len": "auto"}) == ({"max_model_len": -1}, [])
+    # what vLLM refuses stays refused: decimals with a binary suffix, a suffix on a plain int flag
+    typed, diags = check_serve_args({"max_model_len": "1.5K", "max_num_seqs": "2k"})
+    assert typed == {} and [d.message for d in diags] == [
+        "--max-model-len must be an integer, found '1.5K' (vllm serve's parser refuses it)",
+        "--max-num-seqs must be an integer, found '2k' (vllm serve's parser refuses it)"]
+
+
 def test_deploy_only_keys_are_not_typed_as_flags():
     from omni_pd.check.validate import check_serve_args
 

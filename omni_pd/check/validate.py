@@ -298,13 +298,44 @@ def _scalar_field(annotation: Any) -> bool:
     return annotation in (int, float, bool, str) or typing.get_origin(annotation) is typing.Literal
 
 
+#: ``vllm serve`` flags whose parser reads ``32k`` (10**3) and ``32K`` (2**10), suffixes k/m/g/t
+#: and K/M/G/T, decimals with the decimal ones only; ``max_model_len`` also ``auto`` / ``-1``
+#: (vLLM 0.30 vllm/engine/arg_utils.py ``add_cli_args``: ``human_readable_int``,
+#: ``human_readable_int_or_auto`` of vllm/utils/argparse_utils.py)
+_HUMAN_READABLE_INTS = frozenset({"max_model_len", "max_num_batched_tokens", "max_num_scheduled_tokens",
+                                  "kv_cache_memory_bytes", "safetensors_prefetch_block_size",
+                                  "max_num_queued_tokens"})
+
+
+def _human_readable_int(key: str, text: Any) -> int | None:
+    """``text`` of the flag ``key`` read as vLLM's parser reads a human-readable integer
+    (:data:`_HUMAN_READABLE_INTS`: ``"32k"`` -> 32000, ``"2K"`` -> 2048, ``"25.6k"`` -> 25600,
+    ``max_model_len`` ``"auto"`` -> -1); None for any other key, a plain number (the schema
+    types it) or text vLLM refuses too (``"1.5K"``, ``"4x"``)."""
+    import re
+
+    if key not in _HUMAN_READABLE_INTS or not isinstance(text, str):
+        return None
+    v = text.strip()
+    if key == "max_model_len" and v.lower() == "auto":
+        return -1
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT])", v)
+    if m is None:
+        return None
+    number, suffix = m.groups()
+    if suffix.islower():
+        return int(float(number) * 10 ** (3 * ("kmgt".index(suffix) + 1)))
+    return int(number) * 2 ** (10 * ("KMGT".index(suffix) + 1)) if number.isdigit() else None
+
+
 def check_serve_args(cli: dict[str, Any]) -> tuple[dict[str, Any], list[Diagnostic]]:
     """Type global ``vllm serve`` flags (``validate --serve-arg KEY=VALUE``: ``{key: str}``,
     keys with ``_``) as the same key in a stage entry is typed: the deploy schema's field
     (:class:`omni_pd.compile.model.StageDeploy`, vllm-omni ``StageDeployConfig``), the
     mechanism OPD101 already uses for stage keys and ``engine_args.kv_transfer_config``
     (:func:`_check_nested_kv`). Pydantic's lax mode reads the text as vLLM's argparse
-    ``type=`` does (``"2"`` -> 2, ``"0.5"`` -> 0.5, ``"true"`` -> True); parallel sizes
+    ``type=`` does (``"2"`` -> 2, ``"0.5"`` -> 0.5, ``"true"`` -> True; ``"32k"`` for the
+    flags vLLM reads as human-readable integers, :func:`_human_readable_int`); parallel sizes
     must be >= 1 (vLLM ``ParallelConfig``).
 
     Returns (the flags with each typed value converted and each badly typed one dropped,
@@ -330,7 +361,8 @@ def check_serve_args(cli: dict[str, Any]) -> tuple[dict[str, Any], list[Diagnost
             typed[key] = val
             continue
         try:
-            typed[key] = getattr(StageDeploy.model_validate({"stage_id": 0, key: val}), key)
+            n = _human_readable_int(key, val)
+            typed[key] = getattr(StageDeploy.model_validate({"stage_id": 0, key: val if n is None else n}), key)
         except ValidationError as e:
             err = next(x for x in e.errors() if x.get("loc", ())[:1] == (key,))
             want = _TYPE_WORDS.get(err.get("type", "")) or "one of the values it accepts"
