@@ -37,3 +37,10 @@ def test_explicit_pipeline_still_decides(tmp_path, capsys):
     rc, out, _ = run_cli(["diff", "my_deploy.yaml", "pd.yaml", "--pipeline", "qwen3_omni_moe"], capsys, cwd=tmp_path)
     assert rc == 0
     assert [ln + "\n" for ln in out.splitlines() if ln.startswith("stage ")] == list(STAGES)
+    # a --pipeline other than AFTER's base is the one BEFORE is read with (the same name as
+    # the base above could not tell the option from the fallback)
+    rc, out, _ = run_cli(["diff", "my_deploy.yaml", "pd.yaml", "--pipeline", "llm"], capsys, cwd=tmp_path)
+    assert rc == 0
+    assert [ln for ln in out.splitlines() if ln.startswith("stage ")] == [
+        "stage 0 thinker prefill (from input stage 0 llm)", "stage 1 thinker decode (from input stage 0 llm)",
+        "stage 2 talker (new)", "stage 3 code2wav (new)"]
