@@ -17,13 +17,13 @@ HELP = "  = help: see `omni-pd explain OPD402` for the inventory format\n"
 
 
 @pytest.mark.parametrize("text, message", [
-    ("hosts: 3\n", "hosts must be a mapping of host name -> {accelerator, count, memory_gib, address}, found int"),
+    ("hosts: 3\n", "hosts must be a mapping of host name -> {accelerator, count, memory_gib, address}, found a number"),
     ("hosts: [host-a]\n", "hosts must be a mapping of host name -> {accelerator, count, memory_gib, address}, "
-                          "found list"),
-    ("placement: 3\n", "placement must be a mapping of stage id (or `all`) -> host name, found int"),
-    ("placement: [host-a]\n", "placement must be a mapping of stage id (or `all`) -> host name, found list"),
-    ("router: 3\n", "router must be a mapping (e.g. {relays_kv_transfer_params: true}), found int"),
-    ("router: [x]\n", "router must be a mapping (e.g. {relays_kv_transfer_params: true}), found list"),
+                          "found a list"),
+    ("placement: 3\n", "placement must be a mapping of stage id (or `all`) -> host name, found a number"),
+    ("placement: [host-a]\n", "placement must be a mapping of stage id (or `all`) -> host name, found a list"),
+    ("router: 3\n", "router must be a mapping (e.g. {relays_kv_transfer_params: true}), found a number"),
+    ("router: [x]\n", "router must be a mapping (e.g. {relays_kv_transfer_params: true}), found a list"),
     ("allow_shared_devices: maybe\n", "allow_shared_devices must be true or false, found 'maybe'"),
     ("hosts: {a: {count: -1}}\n", "hosts.a: count must be a non-negative integer, found -1"),
     ("hosts: {a: {memory_gib: 0}}\n", "hosts.a: memory_gib must be a positive number, found 0.0"),

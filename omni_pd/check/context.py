@@ -124,16 +124,10 @@ def _mapping(d: dict[str, Any], key: str, what: str) -> dict[Any, Any]:
     if v is None:
         return {}
     if not isinstance(v, dict):
-        raise ValueError(f"{key} must be {what}, found {_kind(v)}")
+        from omni_pd.io import _value_kind  # the kind words of io's own top-level message
+
+        raise ValueError(f"{key} must be {what}, found {_value_kind(v)}")
     return v
-
-
-def _kind(v: Any) -> str:
-    """The YAML kind of ``v`` for a message (ruamel's CommentedSeq reads as ``list``)."""
-    for t, name in ((bool, "bool"), (int, "int"), (float, "float"), (str, "string"), (list, "list")):
-        if isinstance(v, t):
-            return name
-    return type(v).__name__
 
 
 @dataclass(frozen=True)
