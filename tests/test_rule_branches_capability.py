@@ -94,7 +94,8 @@ def test_opd601_a_vllm_ascend_connector_off_npu_and_the_platform_from_the_invent
                                "placement": {"0": "a", "1": "b"}})
     assert found(text, "OPD601", opts=ValidateOptions(inventory=two)) == \
         _both("error", ASCEND_ON_CUDA, "on cuda use MooncakeConnector or NixlConnector")[1:]
-    assert len(found(text, "OPD601", opts=ValidateOptions(inventory=two, platform="rocm"))) == 2
+    assert found(text, "OPD601", opts=ValidateOptions(inventory=two, platform="rocm")) == \
+        _both("error", ASCEND_ON_CUDA, "on rocm use NixlConnector")
     one = Inventory.from_dict({"hosts": {"a": {"accelerator": "npu"}}})
     assert found(text, "OPD601", opts=ValidateOptions(inventory=one)) == []
     # a host that names no accelerator, or a stage placed on no host of two: cuda
@@ -102,6 +103,25 @@ def test_opd601_a_vllm_ascend_connector_off_npu_and_the_platform_from_the_invent
     assert len(found(text, "OPD601", opts=ValidateOptions(inventory=bare))) == 2
     unplaced = Inventory.from_dict({"hosts": {"a": {"accelerator": "npu"}, "b": {"accelerator": "npu"}}})
     assert len(found(text, "OPD601", opts=ValidateOptions(inventory=unplaced))) == 2
+
+
+def test_opd601_help_for_a_vllm_ascend_connector_names_the_platform_checked() -> None:
+    # it said "on cuda use MooncakeConnector or NixlConnector" under --platform rocm / xpu too
+    text = _pair("MooncakeConnectorV1")
+    helps = {plat: {h[3] for h in found(text, "OPD601", opts=ValidateOptions(platform=plat, vllm_version=v))}
+             for plat, v in (("cuda", "0.30"), ("rocm", "0.30"), ("xpu", "0.30"), ("musa", "0.30"))}
+    assert helps == {"cuda": {"on cuda use MooncakeConnector or NixlConnector"}, "rocm": {"on rocm use NixlConnector"},
+                     "xpu": {"on xpu use NixlConnector"},
+                     "musa": {"on musa use a connector vLLM 0.30 registers, or kv_connector_module_path for an "
+                              "out-of-tree one"}}
+    # only what the target registers: vLLM 0.11 has no MooncakeConnector
+    assert {h[3] for h in found(text, "OPD601", opts=ValidateOptions(vllm_version="0.11"))} == \
+        {"on cuda use NixlConnector"}
+    # --all-platforms: a platforms.rocm overlay over a vllm-ascend base is checked on rocm
+    over = text + "platforms:\n  rocm:\n    stages:\n      - {stage_id: 0, enforce_eager: true}\n"
+    every = validate_text(over, "t.yaml", ValidateOptions(all_platforms=True, vllm_version="0.30")).diagnostics
+    assert sorted((d.location.line, d.help, list(d.notes)) for d in every if d.code == "OPD601") == [
+        (l, "on rocm use NixlConnector", ["found with the `platforms.rocm` overlay applied"]) for l in (4, 5)]
 
 
 def test_opd601_a_renamed_connector_names_the_new_name_and_whether_it_ever_was_v1() -> None:
@@ -131,9 +151,18 @@ def test_opd601_unknown_names_get_the_case_insensitive_or_closest_name_or_the_mo
         assert found(_pair(typo), "OPD601", opts=V30) == _both(
             "error", f"stage {{s}}: unknown kv_connector `{typo}`; did you mean NixlConnector?",
             "write `kv_connector: NixlConnector`")
-    # the closest name may be a vllm-ascend one
-    assert found(_pair("MooncakeConnectorV2"), "OPD601", opts=V30)[0][1] == \
-        "stage 0: unknown kv_connector `MooncakeConnectorV2`; did you mean MooncakeConnectorV1?"
+    # the closest name is one registered on the platform checked: a vllm-ascend name on npu
+    # only (on cuda OPD601 refuses MooncakeConnectorV1, so suggesting it sent the user in a circle)
+    assert found(_pair("MooncakeConnectorV2"), "OPD601", opts=V30) == _both(
+        "error", "stage {s}: unknown kv_connector `MooncakeConnectorV2`; did you mean MooncakeConnector?",
+        "write `kv_connector: MooncakeConnector`")
+    for plat in ("rocm", "xpu", "musa"):
+        assert [h[1] for h in found(_pair("MooncakeConnectorV2"), "OPD601",
+                                    opts=ValidateOptions(vllm_version="0.30", platform=plat))] == [
+            f"stage {s}: unknown kv_connector `MooncakeConnectorV2`; did you mean MooncakeConnector?" for s in (0, 1)]
+    assert found(_pair("MooncakeConnectorV2"), "OPD601", opts=ValidateOptions(vllm_version="0.30", platform="npu")) == \
+        _both("error", "stage {s}: unknown kv_connector `MooncakeConnectorV2`; did you mean MooncakeConnectorV1?",
+              "write `kv_connector: MooncakeConnectorV1`")
     assert found(_pair("FooBar"), "OPD601", opts=V30) == _both(
         "error", "stage {s}: unknown kv_connector `FooBar`", "set kv_connector_module_path for an out-of-tree connector")
     # a module path loads it; before 0.11 there are no registry facts

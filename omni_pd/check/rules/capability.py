@@ -79,7 +79,7 @@ def connector_unknown(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                 continue
             yield r.diag(f"stage {n.stage_id}: {name} is a vllm-ascend connector; it exists only on the npu platform",
                          ctx.sloc(n, "kv_transfer_config", "kv_connector", value=True),
-                         help="on cuda use MooncakeConnector or NixlConnector")
+                         help=_off_npu_help(plat, registered, tgt.label))
             continue
         hist = tgt.connector_history(name)
         if name in renames:
@@ -95,12 +95,31 @@ def connector_unknown(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                          ctx.sloc(n, "kv_transfer_config", "kv_connector", value=True),
                          help="pick a connector your vLLM has: " + ", ".join(sorted(c for c in registered if "Connector" in c)[:6]))
         else:
-            close = get_close_matches(name, sorted(registered | ASCEND_CONNECTORS), n=1, cutoff=0.6)
+            # only names that load on the stage's platform: a vllm-ascend name off npu is refused above
+            pool = registered | ASCEND_CONNECTORS if plat == "npu" else registered
+            close = get_close_matches(name, sorted(pool), n=1, cutoff=0.6)
             low = {c.lower(): c for c in registered}
             sugg = low.get(name.lower()) or (close[0] if close else None)
             yield r.diag(f"stage {n.stage_id}: unknown kv_connector `{name}`" + (f"; did you mean {sugg}?" if sugg else ""),
                          ctx.sloc(n, "kv_transfer_config", "kv_connector", value=True),
                          help=f"write `kv_connector: {sugg}`" if sugg else "set kv_connector_module_path for an out-of-tree connector")
+
+
+#: vLLM connectors to suggest in place of a vllm-ascend one, per platform, when the target
+#: registers them. NixlConnector runs on cuda, rocm and xpu (vLLM v1/nixl/utils.py
+#: ``_NIXL_SUPPORTED_DEVICE``, BUFFER_DEVICES below); MooncakeConnector is suggested on cuda only.
+OFF_NPU_CONNECTORS = {"cuda": ("MooncakeConnector", "NixlConnector"), "rocm": ("NixlConnector",),
+                      "xpu": ("NixlConnector",)}
+
+
+def _off_npu_help(plat: str, registered: frozenset[str], label: str) -> str:
+    """OPD601's help for a vllm-ascend connector on ``plat`` (not npu): the connectors of
+    :data:`OFF_NPU_CONNECTORS` the target registers, named for ``plat``, else a pointer
+    to the target's registry."""
+    names = [c for c in OFF_NPU_CONNECTORS.get(plat, ()) if c in registered]
+    if names:
+        return f"on {plat} use " + " or ".join(names)
+    return f"on {plat} use a connector vLLM {label} registers, or kv_connector_module_path for an out-of-tree one"
 
 
 def _v(s: str) -> tuple[int, int]:
