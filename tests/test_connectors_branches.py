@@ -225,3 +225,28 @@ def test_ascend_hetero_tp(c) -> None:
         f"vllm-ascend {c.name} needs prefill TP >= decode TP and divisible by it (got P=2, D=4)")
     assert c.hetero_tp_error(4, 3, t) == (
         f"vllm-ascend {c.name} needs prefill TP >= decode TP and divisible by it (got P=4, D=3)")
+
+
+# --- MooncakeConnector.unread_keys per side: the deciding extra key is read for a kv_producer only ---
+
+@pytest.mark.parametrize("version,runtime,side,want", [
+    # vllm-omni 0.30 reads kv_connector_extra_config.bootstrap_port for a kv_producer only
+    # (stage_runtime.py _prepare_replica_vllm_config): unread on decode, read on prefill
+    ("0.30", "vllm-omni", "decode", ("kv_connector_extra_config.mooncake_bootstrap_port",
+                                     "kv_connector_extra_config.bootstrap_port")),
+    ("0.30", "vllm-omni", "prefill", ("kv_connector_extra_config.mooncake_bootstrap_port",)),
+    ("0.30", "vllm-omni", None, ("kv_connector_extra_config.mooncake_bootstrap_port",)),
+    # where the env var decides (plain vLLM; vllm-omni 0.28) both keys are unread on every side
+    ("0.30", "vllm", "decode", ("kv_connector_extra_config.mooncake_bootstrap_port",
+                                "kv_connector_extra_config.bootstrap_port")),
+    ("0.28", "vllm-omni", "decode", ("kv_connector_extra_config.mooncake_bootstrap_port",
+                                     "kv_connector_extra_config.bootstrap_port")),
+])
+def test_mooncake_unread_keys_per_side(version, runtime, side, want) -> None:
+    moon = connectors.get("MooncakeConnector")
+    assert moon.unread_keys(target(version), runtime, side=side) == want
+
+
+def test_base_and_nixl_unread_keys_take_a_side() -> None:
+    for name in ("NixlConnector",):
+        assert connectors.get(name).unread_keys(target("0.30"), "vllm-omni", side="decode") == ()

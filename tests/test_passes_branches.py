@@ -1149,3 +1149,32 @@ def test_opd901_for_a_one_stage_pipeline_that_asked_for_async_chunk_and_a_two_st
                     ExpandOptions(connector="NixlConnector"), pipeline="duo", catalogue=cat)
     assert _901(res) == [("OPD901", Severity.INFO, "async_chunk set to false: streaming of audio chunks between "
                           "stages is given up", (1, 14), _901_NOTES)]
+
+
+# --- the Thinker's Mooncake bootstrap_port is a prefill setting: decode does not carry it -----------
+# vllm-omni 0.30 reads kv_connector_extra_config.bootstrap_port only for a MooncakeConnector
+# kv_producer (vllm_omni/engine/stage_runtime.py StageRuntime._prepare_replica_vllm_config); a
+# kv_consumer binds no bootstrap server (vLLM mooncake_connector.py), so a copied port on decode is
+# read by nothing. Prefill keeps its own allocated port; other extra keys reach both halves.
+
+_MC_THINKER = ("    devices: \"0\"\n    kv_transfer_config: {kv_connector: MooncakeConnector, "
+               "kv_connector_extra_config: {bootstrap_port: 25201, num_workers: 4}}\n")
+
+
+@pytest.mark.parametrize("version,prefill_extra", [
+    # 0.30: the Thinker's 25201 is taken in the input, so prefill's allocation moves to 25202
+    ("0.30", {"bootstrap_port": 25202, "num_workers": 4}),
+    # 0.28: the port is the env var; the extra key is unread on every side and dropped from both
+    ("0.28", {"num_workers": 4}),
+])
+def test_decode_does_not_carry_the_thinkers_bootstrap_port(version, prefill_extra) -> None:
+    from omni_pd.resources import preset_path
+
+    text = preset_path("qwen3_omni_moe").read_text().replace("    devices: \"0\"\n", _MC_THINKER, 1)
+    got, res = stages(text, vllm_version=version, pipeline="qwen3_omni_moe")
+    p, d = got[0], got[1]
+    assert p["kv_transfer_config"]["kv_role"] == "kv_producer"
+    assert p["kv_transfer_config"]["kv_connector_extra_config"] == prefill_extra
+    assert d["kv_transfer_config"]["kv_role"] == "kv_consumer"
+    assert d["kv_transfer_config"]["kv_connector_extra_config"] == {"num_workers": 4}
+    assert res.plan.decode.kv_transfer_config["kv_connector_extra_config"] == {"num_workers": 4}

@@ -173,9 +173,13 @@ class KVConnector:
         one :class:`PortUse` per replica and range (read back for checks and preflight)."""
         return []
 
-    def unread_keys(self, target: Target, runtime: str = "vllm") -> tuple[str, ...]:
+    def unread_keys(self, target: Target, runtime: str = "vllm", *,
+                    side: Side | None = None) -> tuple[str, ...]:
         """Dotted ``kv_transfer_config`` paths (``kv_connector_extra_config.x``) that no
-        code reads on ``runtime`` at ``target``: expand drops them from what it copies."""
+        code reads on ``runtime`` at ``target`` for an engine on ``side`` (None: on either
+        side, the keys unread whatever the ``kv_role``). Expand drops them from what each
+        side copies from the Thinker, so a setting of the other side's role (a prefill's
+        bootstrap port) does not reach this one."""
         return ()
 
     def hetero_tp_error(self, p_tp: int, d_tp: int, target: Target) -> str | None:

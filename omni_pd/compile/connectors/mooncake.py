@@ -145,8 +145,16 @@ class MooncakeConnector(KVConnector):
         kv.setdefault("kv_role", ROLE.get(side, "kv_producer"))
         return bootstrap_ports(kv, env, tp, dp, target, runtime, replicas)
 
-    def unread_keys(self, target, runtime: str = "vllm") -> tuple[str, ...]:
-        return target.mooncake_bootstrap(runtime).unread_keys
+    def unread_keys(self, target, runtime: str = "vllm", *, side: Side | None = None) -> tuple[str, ...]:
+        """The target's unread paths, plus, on decode, the extra-config key that decides the
+        bootstrap port: vllm-omni 0.30 reads ``bootstrap_port`` only for a ``kv_producer``
+        (``StageRuntime._prepare_replica_vllm_config``) and a ``kv_consumer`` binds no
+        bootstrap server, so the Thinker's port copied to decode would be read by nothing."""
+        facts = target.mooncake_bootstrap(runtime)
+        unread = facts.unread_keys
+        if side == "decode" and facts.extra_key and facts.key not in unread:
+            unread = (*unread, facts.key)
+        return unread
 
     def hetero_tp_error(self, p_tp, d_tp, target):
         if p_tp == d_tp:

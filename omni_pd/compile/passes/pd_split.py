@@ -377,9 +377,11 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
     kvbd = opts.kv_buffer_device or (thinker.kv or {}).get("kv_buffer_device")
     p_ep = Endpoint("prefill", p_id, opts.kv_host, p_tp, thinker.dp, p_port, kvbd, runtime)
     d_ep = Endpoint("decode", d_id, opts.kv_host, d_tp, thinker.dp, d_port, kvbd, runtime)
-    unread = contract.unread_keys(target, runtime)
-    p_cfg = _merge_user_kv(contract.configure(p_ep, target), thinker.kv, target, unread)
-    d_cfg = _merge_user_kv(contract.configure(d_ep, target), thinker.kv, target, unread)
+    # each side drops what its role does not read (decode: a Mooncake prefill's bootstrap port)
+    p_cfg = _merge_user_kv(contract.configure(p_ep, target), thinker.kv, target,
+                           contract.unread_keys(target, runtime, side="prefill"))
+    d_cfg = _merge_user_kv(contract.configure(d_ep, target), thinker.kv, target,
+                           contract.unread_keys(target, runtime, side="decode"))
     for side, cfg, reps, side_tp, asked in (("prefill", p_cfg, side_reps[0], span_tps[0], opts.prefill_replicas),
                                             ("decode", d_cfg, side_reps[1], span_tps[1], opts.decode_replicas)):
         if reps > 1:  # replicas from the command line are refused naming the option, without a location
