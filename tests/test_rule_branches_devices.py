@@ -381,3 +381,20 @@ def test_opd404_with_three_contributors_in_the_base_points_at_the_last(tmp_path)
            if d.code == "OPD404"]
     assert got == [("physical GPU 0: 0.4 (stage 0) + 0.4 (stage 1) + 0.4 (stage 2) = 1.20 > 1.0",
                     (str(tmp_path / "base.yaml"), 5, 57))]
+
+
+def test_opd401_checks_the_device_list_a_platform_overlay_sets() -> None:
+    # the base is right (TP 2 on "0,1"); platforms.rocm moves stage 0 to one device. A
+    # brief reported this validating clean under --platform rocm / --all-platforms; it is
+    # found at this revision because the rule reads the resolved per-platform node
+    # (n.devices, ctx.parallel(n)) and has no platform_first guard: this pins both.
+    text = (_Q + "  - {stage_id: 0, tensor_parallel_size: 2, devices: \"0,1\"}\n"
+            "platforms:\n  rocm:\n    stages:\n      - {stage_id: 0, devices: \"6\"}\n")
+    msg = ("stage 0: tensor_parallel_size 2 x pipeline_parallel_size 1 x data_parallel_size 1 = 2 devices, but "
+           "devices has 1 entry")
+    assert found(text, "OPD401") == []
+    assert found(text, "OPD401", opts=ValidateOptions(platform="rocm")) == [
+        ("error", msg, (7, 32), "list 2 devices here, e.g. devices: \"0,1\"", [])]
+    got = [(d.message, d.location.line, d.location.column, list(d.notes))
+           for d in validate_text(text, "t.yaml", ValidateOptions(all_platforms=True)).diagnostics if d.code == "OPD401"]
+    assert got == [(msg, 7, 32, ["found with the `platforms.rocm` overlay applied"])]
