@@ -621,7 +621,7 @@ def graph(
     doc = load_file(src)
     topo, ports = _graph_inputs(doc, pipeline, platform, tgt)
     g = stage_graph(topo, ports)
-    _say_linear_chain(topo.pipeline.name, doc.name, pipeline)
+    _say_linear_chain(topo, doc.name, pipeline)
     if fmt == "tree" and output is None and sys.stdout.isatty():
         from rich.console import Console
         from rich.markup import escape
@@ -642,20 +642,22 @@ def graph(
         atomic_write(output, text, protect=[str(src)])
 
 
-def _say_linear_chain(drawn: str, name: str, pipeline: Optional[str]) -> None:
-    """A note on stderr when graph drew ``name`` as a linear chain of stages whose roles
-    it does not know (``<linear chain>``: no ``pipeline:`` and none inferred, as
-    validate's OPD207 says; ``<X: linear chain>``: ``X`` is not catalogued), with how to
-    name the pipeline. Nothing for a catalogued or inferred-PD pipeline."""
-    if drawn == "<linear chain>":
+def _say_linear_chain(topo, name: str, pipeline: Optional[str], verb: str = "drawn") -> None:
+    """A note on stderr when ``topo`` (of the file ``name``, ``--pipeline`` = ``pipeline``)
+    was resolved against validate's linear-chain stand-in (``Pipeline.linear_chain``):
+    its stage roles are unknown because the file names no pipeline and none is inferred
+    (validate's OPD207), or the pipeline it names is not catalogued. Says how to name the
+    pipeline. Nothing for a catalogued or inferred-PD pipeline. Shared by graph and diff
+    (``verb``: what the command did with the stages)."""
+    if not topo.pipeline.linear_chain:
+        return
+    given = pipeline or topo.config.pipeline
+    if not given:
         why = f"{name} names no `pipeline:` and omni-pd cannot infer one"
-    elif drawn.endswith(": linear chain>"):
-        given = drawn[1:-len(": linear chain>")]
+    else:
         where = "--pipeline" if pipeline else f"{name}'s `pipeline:`"
         why = f"pipeline `{given}` ({where}) is not in omni-pd's catalogue"
-    else:
-        return
-    sys.stderr.write(f"note: {why}, so its stages are drawn as a linear chain with unknown roles; "
+    sys.stderr.write(f"note: {why}, so its stages are {verb} as a linear chain with unknown roles; "
                      "pass --pipeline NAME (see `omni-pd pipelines`) or add `pipeline: NAME` to the file\n")
 
 
@@ -708,7 +710,8 @@ def diff_cmd(
     try:  # errors are shown with these two documents' lines (stdin has no file to read back)
         a_topo, a_plain = _resolve(a_doc, pipeline, platform)
         b_topo, b_plain = _resolve(b_doc, None, platform)
-        if pipeline is None and a_topo.pipeline.name == "<linear chain>" and b_topo.pipeline.base:
+        if pipeline is None and a_topo.pipeline.linear_chain and not a_topo.config.pipeline \
+                and b_topo.pipeline.base:
             # BEFORE says nothing about its pipeline: it is the one AFTER was split from
             a_topo, a_plain = _resolve(a_doc, b_topo.pipeline.base, platform)
         try:
@@ -721,6 +724,7 @@ def diff_cmd(
     except OmniPdError as e:
         _emit_diags([e.diagnostic], {a_doc.name: a_doc, b_doc.name: b_doc})
         raise SystemExit(e.exit_code) from None
+    _say_linear_chain(a_topo, a_doc.name, pipeline, verb="compared")
     sys.stdout.write(json.dumps(diff_json(d), indent=2) + "\n" if fmt == "json" else diff_text(d, a_doc.name, b_doc.name))
 
 

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -221,3 +222,73 @@ def test_graph_of_an_unnamed_chain_says_how_to_name_the_pipeline(tmp_path, capsy
                           "are drawn as a linear chain with unknown roles; pass --pipeline NAME")
     rc, out, err = run_cli(["graph", "presets/qwen3_omni_moe.yaml"], capsys)
     assert rc == 0 and err == ""
+
+
+# --- review fixes: the linear-chain stand-in is a field, diff notes it, Literal flags list their values
+
+
+def _chosen(text: str, pipeline: str | None = None):
+    from omni_pd.check.validate import Locator, choose_pipeline
+    from omni_pd.compile.parse import parse_config
+    from omni_pd.compile.pipelines import load_catalogue
+    from omni_pd.io import load_stream
+
+    doc = load_stream(io.BytesIO(text.encode()), "x.yaml")
+    return choose_pipeline(parse_config(doc), Locator(doc), load_catalogue(), ValidateOptions(pipeline=pipeline))[0]
+
+
+THREE = "stages:\n  - {stage_id: 0}\n  - {stage_id: 1}\n  - {stage_id: 2}\n"
+
+
+def test_the_linear_chain_stand_in_is_marked_by_a_field_not_by_its_name():
+    # graph's note and diff's fallback test this field; they used to match the display name
+    assert _chosen(THREE).linear_chain and _chosen(THREE).name == "<linear chain>"
+    assert _chosen("pipeline: foo\n" + THREE).linear_chain
+    assert _chosen(THREE, pipeline="foo").linear_chain
+    assert not _chosen(THREE, pipeline="qwen3_omni_moe").linear_chain
+    pd = ("stages:\n  - {stage_id: 0, engine_args: {kv_transfer_config: {kv_role: kv_producer}}}\n"
+          "  - {stage_id: 1, engine_args: {kv_transfer_config: {kv_role: kv_consumer}}}\n")
+    assert _chosen(pd).name == "<inferred PD chain>" and not _chosen(pd).linear_chain
+
+
+def test_diff_with_an_unknown_pipeline_says_so_as_graph_does(tmp_path, capsys):
+    from tests.test_cli import ROOT
+
+    (tmp_path / "my.yaml").write_text((ROOT / "presets" / "qwen3_omni_moe.yaml").read_text())
+    rc, _, _ = run_cli(["expand", "my.yaml", "--pipeline", "qwen3_omni_moe", "-q", "-o", "pd.yaml"],
+                       capsys, cwd=tmp_path)
+    assert rc == 0
+    rc, out, err = run_cli(["diff", "--pipeline", "nosuch", "my.yaml", "pd.yaml"], capsys, cwd=tmp_path)
+    assert rc == 0 and "stage 2 talker (from input stage 1 stage)" in out
+    assert err == ("note: pipeline `nosuch` (--pipeline) is not in omni-pd's catalogue, so its stages are compared "
+                   "as a linear chain with unknown roles; pass --pipeline NAME (see `omni-pd pipelines`) "
+                   "or add `pipeline: NAME` to the file\n")
+    rc, out, err = run_cli(["diff", "my.yaml", "pd.yaml"], capsys, cwd=tmp_path)  # the fallback: no note
+    assert (rc, err) == (0, "") and "stage 2 talker (from input stage 1 talker)" in out
+
+
+def test_a_literal_flag_names_the_values_it_accepts(monkeypatch):
+    from typing import Literal
+
+    from pydantic import model_validator
+
+    import omni_pd.compile.model as model
+    from omni_pd.check.validate import check_serve_args
+
+    class WithChoice(model.StageDeploy):
+        load_format: Literal["auto", "dummy"] | None = None
+
+        @model_validator(mode="after")
+        def _no_three(self):  # a refusal pydantic locates at the model, not at the field
+            if self.tensor_parallel_size == 3:
+                raise ValueError("three")
+            return self
+
+    monkeypatch.setattr(model, "StageDeploy", WithChoice)
+    typed, diags = check_serve_args({"load_format": "pt", "tensor_parallel_size": "3"})
+    assert typed == {}
+    assert [(d.code, d.message, d.help) for d in diags] == [
+        ("OPD101", "--load-format must be one of `auto`, `dummy`, found 'pt' (vllm serve's parser refuses it)",
+         "pass --serve-arg load_format=<one of `auto`, `dummy`>"),
+        ("OPD101", "--tensor-parallel-size must be a value it accepts, found '3' (vllm serve's parser refuses it)",
+         "pass --serve-arg tensor_parallel_size=<a value it accepts>")]

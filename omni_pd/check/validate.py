@@ -298,6 +298,24 @@ def _scalar_field(annotation: Any) -> bool:
     return annotation in (int, float, bool, str) or typing.get_origin(annotation) is typing.Literal
 
 
+def _accepted(annotation: Any, err: dict | None, words: dict[str, str | None]) -> str:
+    """What a flag whose schema field is typed ``annotation`` accepts, in words for
+    OPD101, given pydantic's error ``err`` for that field (None when the refusal is not
+    located at the field, e.g. a model-level check): ``words[err["type"]]`` (parse's
+    type words: "an integer"), else the values of a ``Literal`` ("one of `v1`, `v2`"),
+    else "a value it accepts"."""
+    import types
+    import typing
+
+    want = words.get(err.get("type", "")) if err is not None else None
+    if want:
+        return want
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    choices = [c for a in (typing.get_args(annotation) if union else (annotation,))
+               if typing.get_origin(a) is typing.Literal for c in typing.get_args(a)]
+    return "one of " + ", ".join(f"`{c}`" for c in choices) if choices else "a value it accepts"
+
+
 #: ``vllm serve`` flags whose parser reads ``32k`` (10**3) and ``32K`` (2**10), suffixes k/m/g/t
 #: and K/M/G/T, decimals with the decimal ones only; ``max_model_len`` also ``auto`` / ``-1``
 #: (vLLM 0.30 vllm/engine/arg_utils.py ``add_cli_args``: ``human_readable_int``,
@@ -364,8 +382,8 @@ def check_serve_args(cli: dict[str, Any]) -> tuple[dict[str, Any], list[Diagnost
             n = _human_readable_int(key, val)
             typed[key] = getattr(StageDeploy.model_validate({"stage_id": 0, key: val if n is None else n}), key)
         except ValidationError as e:
-            err = next(x for x in e.errors() if x.get("loc", ())[:1] == (key,))
-            want = _TYPE_WORDS.get(err.get("type", "")) or "one of the values it accepts"
+            err = next((x for x in e.errors() if x.get("loc", ())[:1] == (key,)), None)
+            want = _accepted(f.annotation, err, _TYPE_WORDS)
             diags.append(Diagnostic(
                 code="OPD101", severity=Severity.ERROR,
                 message=f"{flag_name(key)} must be {want}, found {_show(val)} (vllm serve's parser refuses it)",
@@ -396,7 +414,8 @@ def _kv_role(stage: dict) -> str | None:
 
 
 def _chain(name: str, ids: list[int], pd: tuple[int, int] | None) -> Pipeline:
-    """A linear chain over ``ids``; ``pd`` marks a (prefill, decode) pair."""
+    """A linear chain over ``ids``; ``pd`` marks a (prefill, decode) pair. Without one
+    the stage roles are unknown (``Pipeline.linear_chain``)."""
     stages = []
     for k, sid in enumerate(ids):
         pd_role = None
@@ -410,7 +429,7 @@ def _chain(name: str, ids: list[int], pd: tuple[int, int] | None) -> Pipeline:
             execution_type="LLM_AR" if pd_role else "unknown",
             input_sources=(ids[k - 1],) if k else (), final_output=last or pd_role == "decode",
             final_output_type="text" if (last or pd_role == "decode") else None, pd_role=pd_role))
-    return Pipeline(name=name, stages=tuple(stages), runtime="vllm-omni")
+    return Pipeline(name=name, stages=tuple(stages), runtime="vllm-omni", linear_chain=pd is None)
 
 
 def choose_pipeline(cfg: DeployConfig, loc: Locator, cat: Catalogue, opts: ValidateOptions,

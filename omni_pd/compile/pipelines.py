@@ -54,6 +54,9 @@ class Pipeline:
     engine behind omni-pd's router, for thinker-only pipelines whose architecture vLLM
     itself maps to the Thinker class (vllm/model_executor/models/registry.py:
     ``Qwen3OmniMoeForConditionalGeneration`` -> ``Qwen3OmniMoeThinkerForConditionalGeneration``).
+    ``linear_chain``: not a real pipeline but validate's stand-in for one it cannot name
+    or does not catalogue (``omni_pd/check/validate.py choose_pipeline``): its stages are
+    a chain whose roles are unknown.
     """
 
     name: str
@@ -63,6 +66,7 @@ class Pipeline:
     deploy_configs: tuple[str, ...] = ()
     base: str | None = None  # for a PD variant: the pipeline it was derived from
     launch_runtime: Literal["vllm-omni", "vllm"] | None = None
+    linear_chain: bool = False
 
     @property
     def launcher(self) -> Literal["vllm-omni", "vllm"]:
