@@ -1178,3 +1178,21 @@ def test_decode_does_not_carry_the_thinkers_bootstrap_port(version, prefill_extr
     assert d["kv_transfer_config"]["kv_role"] == "kv_consumer"
     assert d["kv_transfer_config"]["kv_connector_extra_config"] == {"num_workers": 4}
     assert res.plan.decode.kv_transfer_config["kv_connector_extra_config"] == {"num_workers": 4}
+
+
+def test_validate_opd505_agrees_with_expand_on_decodes_bootstrap_port() -> None:
+    # validate warns (OPD505) about the key expand drops from decode, and expand's own output is clean
+    from rule_found import found  # tests/rule_found.py
+    from omni_pd.resources import preset_path
+
+    pd = ("pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
+          "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MooncakeConnector, "
+          "kv_role: kv_producer, engine_id: p, kv_connector_extra_config: {bootstrap_port: 25201}}}\n"
+          "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: MooncakeConnector, "
+          "kv_role: kv_consumer, engine_id: d, kv_connector_extra_config: {bootstrap_port: 25201}}}\n")
+    assert [(sev, msg, help_) for sev, msg, _, help_, *_ in found(pd, "OPD505")] == [(
+        "warning", "stage 1: kv_connector_extra_config.bootstrap_port is read by nothing on vllm-omni 0.30, and a "
+             "kv_consumer binds no bootstrap port", "remove bootstrap_port")]
+    text = preset_path("qwen3_omni_moe").read_text().replace("    devices: \"0\"\n", _MC_THINKER, 1)
+    _, res = stages(text, pipeline="qwen3_omni_moe")
+    assert found(res.text, "OPD505") == []

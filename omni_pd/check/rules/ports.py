@@ -265,8 +265,14 @@ def bootstrap_key_unread(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     ``_prepare_pd_decode_routing``, which no vllm-omni release (0.18-0.30 read) calls; plain
     vLLM reads no extra-config key for the port at all. Such a key looks like it sets the
     port and does not: the port is the one in the deciding setting (or its default 8998).
+    On a ``kv_consumer`` the key a producer reads is unread too (vllm-omni 0.30 reads
+    ``bootstrap_port`` for a ``kv_producer`` only: engine/stage_runtime.py
+    ``_prepare_replica_vllm_config``): the paths are the contract's for the stage's side
+    (``MooncakeConnector.unread_keys``), the ones expand drops.
     Source: vllm_omni/entrypoints/pd_utils.py (0.18.0-0.30.0 wheels); facts per runtime and
     version, each with its source: presets/targets/mooncake_bootstrap.yaml."""
+    from omni_pd.compile import connectors
+
     if ctx.topology is None:
         return
     runtime = runtime_of(ctx)
@@ -277,7 +283,9 @@ def bootstrap_key_unread(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             continue
         extra = kv.get("kv_connector_extra_config") or {}  # a mapping: validate types it (OPD101)
         got = _bootstrap_facts(ctx, n)
-        for path in facts.unread_keys:
+        # the contract's list for this stage's side, the one expand drops by: on decode it
+        # also names the key a kv_producer reads (vllm-omni 0.30 ``bootstrap_port``)
+        for path in connectors.get("MooncakeConnector").unread_keys(ctx.target, runtime, side=_side(n)):
             top, _, key = path.partition(".")
             if top != "kv_connector_extra_config" or key not in extra:
                 continue
