@@ -53,7 +53,7 @@ def test_transport_packages() -> None:
 
 @pytest.mark.parametrize(("raw", "n"), [(None, 1), (0, 1), (1, 1), (3, 3), ("2", 2), ("x", 1), (-2, 1)])
 def test_launched_replicas(raw, n) -> None:
-    assert launched_replicas("vllm", raw) == n
+    assert launched_replicas(raw) == n
 
 
 def test_instance_port_and_engine_id() -> None:

@@ -145,7 +145,7 @@ def _connector_ports(node: StageNode, target: Any, host: str, runtime: str = "vl
     if conn is None or target is None:
         return ()
     side = "prefill" if node.pd_role == "prefill" else "decode"
-    reps = launched_replicas(runtime, node.num_replicas)
+    reps = launched_replicas(node.num_replicas)
     out = []
     for p in conn.ports(side, kv, node.env or {}, node.tp, node.dp, target, runtime=runtime, replicas=reps):
         label = p.purpose + (f" replica {p.replica}" if reps > 1 else "")
@@ -195,7 +195,7 @@ def instances(node: StageNode, target: Any) -> list[Instance]:
     from omni_pd.compile.connectors.base import instance_engine_id, launched_replicas
 
     kv = dict(node.kv or {})
-    reps = launched_replicas("vllm", node.num_replicas)
+    reps = launched_replicas(node.num_replicas)
     conn = connectors.get(str(kv.get("kv_connector", "")))
     side = "prefill" if node.pd_role == "prefill" else "decode"
     uses = (conn.ports(side, kv, node.env or {}, node.tp, node.dp, target, runtime="vllm", replicas=reps)

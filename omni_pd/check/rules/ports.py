@@ -78,7 +78,7 @@ def bound_ports(ctx: Context, n: "StageNode") -> list[Bound]:
     c = connectors.get(name) if name else None
     if c is not None and ctx.target.version >= (0, 11):
         runtime = runtime_of(ctx)
-        reps = launched_replicas(runtime, n.num_replicas)
+        reps = launched_replicas(n.num_replicas)
         for pu in c.ports(_side(n), kv, n.env, tp, dp, ctx.target, runtime=runtime, replicas=reps):
             if pu.span <= 0:
                 continue
@@ -195,7 +195,7 @@ def _bootstrap_facts(ctx: Context, n: "StageNode"):
     if kv.get("kv_connector") != "MooncakeConnector" or kv.get("kv_role") not in ("kv_producer", "kv_both"):
         return None
     runtime = runtime_of(ctx)
-    reps = launched_replicas(runtime, n.num_replicas)
+    reps = launched_replicas(n.num_replicas)
     bound = bootstrap_ports(kv, n.env, ctx.stage_tp(n), ctx.stage_dp(n), ctx.target, runtime, reps)
     if not bound:
         return None

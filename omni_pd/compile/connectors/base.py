@@ -95,8 +95,9 @@ def config_int(raw: Any) -> int | None:
         return None
 
 
-def launched_replicas(runtime: str, num_replicas: int | None) -> int:
-    """Engines a stage's deploy entry starts: ``num_replicas`` on both runtimes. vllm-omni's
+def launched_replicas(num_replicas: int | None) -> int:
+    """Engines a stage's deploy entry starts (>= 1; 1 for an absent or non-integer value):
+    ``num_replicas`` on both runtimes, so the runtime is not an argument. vllm-omni's
     stage runtime starts one engine per replica (vllm_omni/engine/stage_runtime.py
     ``_build_logical_stage_init_plans``); on the ``vllm`` runtime omni-pd's launcher starts
     one ``vllm serve`` per replica of the prefill and of the decode stage (xPyD: x prefill

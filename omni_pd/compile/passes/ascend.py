@@ -114,7 +114,7 @@ def plan_ascend(topo: Topology, connector: str, *, release: str | None = None, d
     contract = connectors.get(connector)
     out = []
     for n, s, side in ((p, ps, "prefill"), (d, ds, "decode")):
-        reps = launched_replicas(runtime, n.num_replicas)
+        reps = launched_replicas(n.num_replicas)
         engine_id = str((n.kv or {}).get("engine_id") or f"omni-{side}")
         kv, env = ascend.side_config(connector, side, engine_id=engine_id, kv_port=port, prefill=ps, decode=ds,
                                      hccl_base=hccl, release=release)

@@ -137,7 +137,7 @@ def _stage_ranges(topo: Topology, split_id: int, target: Target, runtime: str) -
             continue
         side = "decode" if kv.get("kv_role") == "kv_consumer" else "prefill"
         for pu in c.ports(side, kv, n.env, n.tp, n.dp, target, runtime=runtime,
-                          replicas=launched_replicas(runtime, n.num_replicas)):
+                          replicas=launched_replicas(n.num_replicas)):
             if 0 < pu.port <= 65535 and pu.span > 0:
                 out.append((pu.port, pu.span))
     return out
@@ -357,8 +357,8 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
             span_tps = [max(x, node.tp) for x in span_tps]
             span_dp = max(span_dp, node.dp)
             span_rep = max(span_rep, node.num_replicas)
-    side_reps = (launched_replicas(runtime, opts.prefill_replicas or span_rep),
-                 launched_replicas(runtime, opts.decode_replicas or span_rep))
+    side_reps = (launched_replicas(opts.prefill_replicas or span_rep),
+                 launched_replicas(opts.decode_replicas or span_rep))
     # each side's range from its own TP: a NIXL engine binds one port per TP x DP rank on
     # vLLM 0.11, a Mooncake prefill one per rank on 0.13 (the contracts' port_span)
     spans = [contract.port_span(side, side_tp, span_dp, target, runtime=runtime, replicas=reps)
