@@ -8,6 +8,8 @@ Each test names the branch it pins.
 
 from __future__ import annotations
 
+import pytest
+
 from omni_pd.check.rules.encoder import _epd
 from omni_pd.check.validate import ValidateOptions, validate_text
 from rule_found import col as _col, found, found_with_notes  # tests/rule_found.py
@@ -700,23 +702,19 @@ def test_opd614_before_013_one_finding_at_the_first_ec_config() -> None:
          _col(text, "ec_transfer_config"), "target vLLM 0.13 or later, or remove ec_transfer_config", [])]
 
 
-def test_opd614_connector_not_yet_registered_renamed_or_unknown() -> None:
-    text = _ec(c="ECMooncakeConnector")
-    assert found(text, "OPD614", opts=ValidateOptions(vllm_version="0.29")) == _on_both(
-        text, "stage {}: ECMooncakeConnector is not registered in vLLM 0.29 (added in vLLM 0.30)", "ECMooncakeConnector",
-        "pick an EC connector your vLLM has: ECCPUConnector, ECExampleConnector")
-    text = _ec(c="ECSharedStorageConnector")
-    assert found(text, "OPD614", opts=V30) == _on_both(
-        text, "stage {}: ECSharedStorageConnector is not registered; it is ECExampleConnector", "ECShared",
-        "write `ec_connector: ECExampleConnector`")
-    text = _ec(c="FooBarBaz")
-    assert found(text, "OPD614", opts=V30) == _on_both(
-        text, "stage {}: unknown ec_connector `FooBarBaz`", "FooBarBaz",
-        "set ec_connector_module_path for an out-of-tree EC connector")
-    text = _ec(c="ECExampleConnectr")
-    assert found(text, "OPD614", opts=V30) == _on_both(
-        text, "stage {}: unknown ec_connector `ECExampleConnectr`; did you mean ECExampleConnector?", "ECExampleConnectr",
-        "write `ec_connector: ECExampleConnector`")
+@pytest.mark.parametrize("connector,vllm,message,at,help_", [
+    ("ECMooncakeConnector", "0.29", "stage {}: ECMooncakeConnector is not registered in vLLM 0.29 (added in vLLM 0.30)",
+     "ECMooncakeConnector", "pick an EC connector your vLLM has: ECCPUConnector, ECExampleConnector"),
+    ("ECSharedStorageConnector", "0.30", "stage {}: ECSharedStorageConnector is not registered; it is ECExampleConnector",
+     "ECShared", "write `ec_connector: ECExampleConnector`"),
+    ("FooBarBaz", "0.30", "stage {}: unknown ec_connector `FooBarBaz`", "FooBarBaz",
+     "set ec_connector_module_path for an out-of-tree EC connector"),
+    ("ECExampleConnectr", "0.30", "stage {}: unknown ec_connector `ECExampleConnectr`; did you mean ECExampleConnector?",
+     "ECExampleConnectr", "write `ec_connector: ECExampleConnector`"),
+])
+def test_opd614_connector_not_yet_registered_renamed_or_unknown(connector, vllm, message, at, help_) -> None:
+    text = _ec(c=connector)
+    assert found(text, "OPD614", opts=ValidateOptions(vllm_version=vllm)) == _on_both(text, message, at, help_)
 
 
 def test_opd614_a_missing_or_unknown_role_and_the_producer_left_without_a_consumer() -> None:
