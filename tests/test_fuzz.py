@@ -503,3 +503,17 @@ def test_regression_non_utf8_byte_has_a_column(tmp_path: Path) -> None:
     path.write_bytes(b"stages: []\nx: caf\xe9\n")
     d = first_error(cli(["validate", str(path)]))
     assert (d.code, d.message, d.line, d.column) == ("OPD001", "not UTF-8 text (invalid byte 0xe9)", 2, 7)
+
+
+def test_a_malformed_overlay_devices_value_is_located_at_the_overlay() -> None:
+    """Found by the fuzzer in CI: an overlay's devices that is not a device list (here a
+    YAML binary, b'hello') was an OPD101 without a location under --all-platforms."""
+    from omni_pd.check.validate import ValidateOptions, validate_text
+
+    text = ("pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n    devices: \"0\"\n  - stage_id: 1\n    devices: \"1\"\n"
+            "    gpu_memory_utilization: 0.4\n  - stage_id: 2\n    devices: \"1\"\n    gpu_memory_utilization: 0.4\n"
+            "platforms:\n  npu:\n    stages:\n      - stage_id: 2\n        devices: \"2\"\n"
+            "      - stage_id: 0\n        devices: !!binary aGVsbG8=\n")
+    res = validate_text(text, "f.yaml", ValidateOptions(all_platforms=True))
+    [d] = [d for d in res.diagnostics if d.code == "OPD101" and "devices" in d.message]
+    assert (d.location.line, d.location.column) == (17, 18)

@@ -552,7 +552,7 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
     first = True
     for plat in platforms:
         try:
-            topo = resolve(cfg, pipe, plat, None)
+            topo = resolve(cfg, pipe, plat, locator)
         except OmniPdError as e:
             diags.append(e.diagnostic)
             continue

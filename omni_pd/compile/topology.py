@@ -225,22 +225,27 @@ def resolve(cfg: DeployConfig, pipeline: Pipeline, platform: str | None = None,
     for i, rs in enumerate(raw_stages):
         by_id.setdefault(int(rs["stage_id"]), (i, rs))
     # every entry of a stage in file order, as vllm-omni applies them (two entries of one stage both apply)
-    overlay: dict[int, list[dict]] = {}
+    overlay: dict[int, list[tuple[int, dict]]] = {}  # stage id -> (entry index, entry)
     if platform and cfg.platforms and cfg.platforms.get(platform) and cfg.platforms[platform].stages:
-        for o in cfg.platforms[platform].stages:  # type: ignore[union-attr]
-            overlay.setdefault(o.stage_id, []).append(o.model_dump(by_alias=True, exclude_unset=True))
+        for j, o in enumerate(cfg.platforms[platform].stages):  # type: ignore[union-attr]
+            overlay.setdefault(o.stage_id, []).append((j, o.model_dump(by_alias=True, exclude_unset=True)))
     nodes: list[StageNode] = []
     for ps in pipeline.stages:
         idx, rs = by_id.get(ps.stage_id, (None, {"stage_id": ps.stage_id}))
         eff = effective_stage(rs)
-        for o in overlay.get(ps.stage_id, ()):
+        where: tuple = ("stages", idx, "devices")  # the entry whose devices win: the last that sets them
+        for j, o in overlay.get(ps.stage_id, ()):
             eff = apply_overlay(eff, o)
+            if "devices" in o:
+                where = ("platforms", platform, "stages", j, "devices")
+            elif "devices" in (o.get("runtime") or {}):
+                where = ("platforms", platform, "stages", j, "runtime", "devices")
         try:
             devices = parse_devices(eff.get("devices"))
         except ValueError as e:
             loc = None
-            if doc is not None and idx is not None:
-                loc = doc.loc(("stages", idx, "devices"), value=True)
+            if doc is not None and None not in where:
+                loc = doc.loc(where, value=True)
             raise OmniPdError(Diagnostic(code="OPD101", severity=Severity.ERROR, message=str(e),
                                          location=loc, help='write devices as "0" or "0,1"')) from None
         kv = eff.get("kv_transfer_config")
