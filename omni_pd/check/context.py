@@ -141,6 +141,12 @@ class ModelInfo:
     #: has a vision or audio encoder (``vision_config``/``audio_config``, also under
     #: ``thinker_config``); None = unknown (encoder-split rule OPD619)
     multimodal: bool | None = None
+    #: the checkpoint's weight dtype (``torch_dtype``, or ``dtype`` in newer config.json
+    #: files), e.g. "bfloat16"; None = unknown (OPD313 resolves ``dtype: auto`` with it)
+    torch_dtype: str | None = None
+    #: ``quantization_config.quant_method`` (e.g. "fp8", "compressed-tensors"); "" = the
+    #: config.json has no quantization_config; None = unknown (OPD313)
+    quant_method: str | None = None
 
     @property
     def is_mla(self) -> bool:
@@ -177,5 +183,10 @@ class ModelInfo:
                  for c in (d, th))
         # a fragment without model_type may just omit the encoders: unknown, not "text-only"
         multimodal = True if mm else (False if d.get("model_type") else None)
+        tdt = next((str(c.get("torch_dtype") or c.get("dtype")) for c in cands
+                    if isinstance(c, dict) and isinstance(c.get("torch_dtype") or c.get("dtype"), str)), None)
+        qc = next((c["quantization_config"] for c in cands if isinstance(c, dict)
+                   and isinstance(c.get("quantization_config"), dict)), None)
+        quant = str(qc.get("quant_method") or "") or None if qc is not None else ("" if d.get("model_type") else None)
         return cls(model_type=d.get("model_type"), num_kv_heads=heads, attention=attention,
-                   subconfigs=subs or None, multimodal=multimodal)
+                   subconfigs=subs or None, multimodal=multimodal, torch_dtype=tdt, quant_method=quant)
