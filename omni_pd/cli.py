@@ -389,7 +389,7 @@ def _npu_platform_opt(value: Optional[str]) -> Optional[str]:
 def _npu_connector_opt(value: str) -> str:
     from omni_pd.compile import ascend
 
-    if not ascend.is_ascend(value):
+    if not ascend.emits(value):
         raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
                                      message=f"--npu-connector {value!r} is not a vllm-ascend PD connector",
                                      help=f"use {ascend.PULL} (pull) or {ascend.PUSH} (layerwise push)"))

@@ -534,6 +534,24 @@ def test_opd312_a_prefill_whose_connector_reads_no_blocks_does_not_end_the_scan(
         _need(1, "decode", (5, 68), (5, 5, "decode stage 1"))]
 
 
+def test_opd312_vllm_ascend_mooncake_hybrid_connector_needs_both_blocks_on_both_stages() -> None:
+    # issue 22 / BR-49: MooncakeHybridConnector (vllm-ascend 0.23.0.post1) asserts tp_size/dp_size in
+    # both blocks (kv_p2p/mooncake_hybrid_connector.py _get_prefill_decode_size); it was unknown (OPD601)
+    hy = "MooncakeHybridConnector"
+    v23 = ValidateOptions(platform="npu", vllm_version="0.23")
+    bare = _asc(_ASC.format(conn=hy, role="kv_producer", port=36000, eid="p", extra=""),
+                _ASC.format(conn=hy, role="kv_consumer", port=36001, eid="d", extra=""))
+    assert hits(bare, "OPD312", v23) == [
+        _need(s, side, (4 + s, 68), (4 if side == "prefill" else 5, 5, f"{side} stage {0 if side == 'prefill' else 1}"), hy)
+        for s in (0, 1) for side in ("prefill", "decode")]
+    ok = _asc(_ASC.format(conn=hy, role="kv_producer", port=36000, eid="p", extra=_BLOCKS),
+              _ASC.format(conn=hy, role="kv_consumer", port=36001, eid="d", extra=_BLOCKS))
+    assert hits(ok, "OPD312", v23) == []
+    # the whole file is clean as two plain `vllm serve` engines (qwen3_omni_moe_pd adds the Talker's OPD704)
+    res = validate_text(ok.replace("qwen3_omni_moe_pd", "llm_pd"), "t.yaml", v23)
+    assert [(d.code, d.message) for d in res.diagnostics if d.severity in (E, W)] == []
+
+
 def test_opd312_a_complete_prefill_block_does_not_end_the_scan_of_the_decode_block() -> None:
     text = _asc(_ASC.format(conn="MooncakeConnectorV1", role="kv_producer", port=36000, eid="p", extra=_BLOCKS),
                 _ASC.format(conn="MooncakeConnectorV1", role="kv_consumer", port=36001, eid="d",

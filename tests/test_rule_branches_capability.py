@@ -107,6 +107,41 @@ def test_opd601_a_vllm_ascend_connector_off_npu_and_the_platform_from_the_invent
     assert len(found(text, "OPD601", opts=ValidateOptions(inventory=unplaced))) == 2
 
 
+def _every_ascend_release() -> list:
+    from omni_pd.compile import ascend
+
+    return [pytest.param(rel, name, id=f"{rel}-{name}") for rel in ascend.releases() for name in sorted(ascend.registered(rel))]
+
+
+@pytest.mark.parametrize(("release", "name"), _every_ascend_release())
+def test_opd601_accepts_every_connector_a_vllm_ascend_release_registers(release: str, name: str) -> None:
+    # issue 22 / BR-49: MooncakeHybridConnector (registered by vllm-ascend 0.23.0.post1) was "unknown
+    # kv_connector"; the names come from presets/targets/vllm_ascend.yaml extracted.<release>.connectors
+    from omni_pd.compile import ascend
+
+    opts = ValidateOptions(platform="npu", vllm_version=ascend.releases()[release])
+    assert found(_pair(name), "OPD601", opts=opts) == []
+
+
+def test_opd601_a_vllm_ascend_connector_its_release_does_not_register_names_the_release_that_does() -> None:
+    hy = "MooncakeHybridConnector"
+    assert found(_pair(hy), "OPD601", opts=ValidateOptions(platform="npu", vllm_version="0.18")) == _both(
+        "error", "stage {s}: MooncakeHybridConnector is not registered in vllm-ascend 0.18.0 (the release for "
+        "vLLM 0.18) (registered in vllm-ascend 0.23.0.post1)",
+        "run vllm-ascend 0.23.0.post1 (`--vllm-version 0.23`) or use one of MooncakeConnectorV1, "
+        "MooncakeLayerwiseConnector")
+    # a name no release in the table registers any more (vllm-ascend <= 0.11)
+    assert [h[1] for h in found(_pair("LLMDataDistCMgrConnector"), "OPD601",
+                                opts=ValidateOptions(platform="npu", vllm_version="0.23"))] == [
+        f"stage {s}: LLMDataDistCMgrConnector is not registered in vllm-ascend 0.23.0.post1 (the release for vLLM 0.23)"
+        for s in (0, 1)]
+    # no vllm-ascend release runs on vLLM 0.30: no registry facts, no finding
+    assert found(_pair(hy), "OPD601", opts=ValidateOptions(platform="npu", vllm_version="0.30")) == []
+    # off npu it is a vllm-ascend connector like the others
+    assert [h[1] for h in found(_pair(hy), "OPD601", opts=V30)] == [
+        f"stage {s}: {hy} is a vllm-ascend connector; it exists only on the npu platform" for s in (0, 1)]
+
+
 def test_opd601_help_for_a_vllm_ascend_connector_names_the_platform_checked() -> None:
     # it said "on cuda use MooncakeConnector or NixlConnector" under --platform rocm / xpu too
     text = _pair("MooncakeConnectorV1")

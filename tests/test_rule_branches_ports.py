@@ -303,6 +303,39 @@ def test_opd503_mooncake_default_kv_ip_and_a_loopback_kv_ip() -> None:
     assert hits(pair(MC, p_x=", kv_ip: 10.0.0.1"), "OPD503", ValidateOptions(inventory=_APART)) == []
 
 
+_ASC_PAIR = "{{kv_connector: {c}, kv_role: kv_{role}, kv_port: 3600{n}, engine_id: {eid}{x}, kv_connector_extra_config: " \
+    "{{prefill: {{tp_size: 1, dp_size: 1}}, decode: {{tp_size: 1, dp_size: 1}}}}}}"
+
+
+@pytest.mark.parametrize("conn", ["MooncakeConnectorV1", "MooncakeLayerwiseConnector", "MooncakeHybridConnector"])
+def test_opd503_vllm_ascend_mooncake_finds_its_host_address_itself(conn: str) -> None:
+    # issue 22 / BR-49: vllm-ascend's Mooncake workers advertise vLLM's get_ip() (VLLM_HOST_IP, else the
+    # outward interface) and never read kv_ip: a cross-host pair without kv_ip is correct
+    kv = _ASC_PAIR.replace("{c}", conn)
+    text = LLM_PD + stage(0, kv.replace("{n}", "0"), x="") + stage(1, kv.replace("{n}", "1"), role="consumer", eid="d")
+    npu = ValidateOptions(inventory=_APART, platform="npu", vllm_version="0.23")
+    assert hits(text, "OPD503", npu) == []
+    on_omni = PD + text[len(LLM_PD):]  # vllm-omni's orchestrator relays a kv_ip bootstrap address vllm-ascend ignores
+    assert hits(on_omni, "OPD503", npu) == []
+    # a loopback VLLM_HOST_IP is what get_ip() returns: decode cannot reach it
+    lo = LLM_PD + stage(0, kv.replace("{n}", "0"), extra=env(VLLM_HOST_IP="127.0.0.1")) + \
+        stage(1, kv.replace("{n}", "1"), role="consumer", eid="d")
+    assert [(h[0], h[1], h[3]) for h in hits(lo, "OPD503", npu)] == [(
+        E, "stage 0 (prefill) on a advertises VLLM_HOST_IP='127.0.0.1' as its Mooncake transfer address; decode on b "
+        "cannot reach it", "set env VLLM_HOST_IP: 10.0.0.1 on the prefill stage, or remove it (vLLM then picks the "
+        "address of the interface that routes outward)")]
+
+
+def test_opd503_plain_vllm_serve_mooncake_takes_the_bootstrap_address_from_the_router() -> None:
+    # vLLM's MooncakeConnector reads no kv_ip (decode gets remote_bootstrap_addr in kv_transfer_params);
+    # only vllm-omni's orchestrator builds it from kv_ip (test above: default kv_ip is an error there)
+    assert hits(pair(MC, head=LLM_PD), "OPD503", ValidateOptions(inventory=_APART)) == []
+    got = hits(pair(MC, head=LLM_PD, p_x="", p_extra=env(VLLM_HOST_IP="localhost")), "OPD503",
+               ValidateOptions(inventory=_APART))
+    assert [h[1] for h in got] == ["stage 0 (prefill) on a advertises VLLM_HOST_IP='localhost' as its Mooncake "
+                                   "transfer address; decode on b cannot reach it"]
+
+
 def test_opd503_same_host_or_another_connector_is_not_its_finding() -> None:
     same = Inventory.from_dict({"hosts": {"a": {}, "b": {}}, "placement": {"all": "a"}})
     assert hits(pair(NIXL), "OPD503", ValidateOptions(inventory=same)) == []

@@ -60,6 +60,26 @@ def is_ascend(name: str | None) -> bool:
     return name in rules()["connectors"]
 
 
+def emits(name: str | None) -> bool:
+    """True for a vllm-ascend PD connector ``expand`` writes (``--npu-connector``): a row
+    of ``rules.connectors`` without ``emit: false`` (MooncakeHybridConnector is checked by
+    validate only: omni-pd has no connector contract for it)."""
+    return is_ascend(name) and bool(rules()["connectors"][name].get("emit", True))
+
+
+def registered(release: str | None = None) -> frozenset[str]:
+    """The KV connector names vllm-ascend ``release`` registers in vLLM's factory
+    (``extracted.<release>.connectors``, vllm_ascend/distributed/kv_transfer/__init__.py);
+    ``release`` None: the names of every release in the table."""
+    ex = facts()["extracted"]
+    rels = [release] if release is not None else list(ex)
+    out: set[str] = set()
+    for rel in rels:
+        conns = ((ex.get(rel) or {}).get("connectors") or {}).get("value") or {}
+        out.update(str(k) for k in conns)
+    return frozenset(out)
+
+
 def peer_blocks_read(name: str, release: str | None = None) -> bool:
     """Whether ``name`` at vllm-ascend ``release`` reads ``kv_connector_extra_config.prefill``
     /``.decode`` (MooncakeConnectorV1: always; MooncakeLayerwiseConnector: before 0.18)."""

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from omni_pd.compile.targets import Target
 
 #: vllm-ascend's connector names (registered by the vllm-ascend plugin, NPU only)
-ASCEND_CONNECTORS = frozenset({"MooncakeConnectorV1", "MooncakeLayerwiseConnector", "MooncakeConnectorStoreV1",
-                               "AscendStoreConnector", "LLMDataDistCMgrConnector"})
+ASCEND_CONNECTORS = frozenset({"MooncakeConnectorV1", "MooncakeLayerwiseConnector", "MooncakeHybridConnector",
+                               "MooncakeConnectorStoreV1", "AscendStoreConnector", "LLMDataDistCMgrConnector"})
 #: connectors that pair prefill rank i with decode rank i (no heterogeneous TP)
 RANK_PAIRED = ("P2pNcclConnector", "PyNcclConnector")
 #: the runtime whose PD validator requires equal TP (``Pipeline.launcher``)

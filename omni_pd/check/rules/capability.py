@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Severity
 from omni_pd.check.rules import Context, Example, Rule, rule
+from omni_pd.compile import ascend  # vllm-ascend's facts (presets/targets/vllm_ascend.yaml)
 from omni_pd.compile.tp_pairs import ASCEND_CONNECTORS  # vllm-ascend's connector names (NPU only)
 
 if TYPE_CHECKING:
@@ -60,7 +61,13 @@ def connector_unknown(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     vllm-ascend's, on NPU), unless ``kv_connector_module_path`` loads it. The V0 names
     ``PyNcclConnector``/``LMCacheConnector`` never were V1 connectors, and
     ``SharedStorageConnector`` became ``ExampleConnector`` in 0.13; the replacement is
-    suggested. Sources: vLLM kv_connector/factory.py (0.11-0.33);
+    suggested. On npu every name the vllm-ascend release built for the target vLLM
+    registers is accepted (presets/targets/vllm_ascend.yaml ``extracted.<release>.connectors``,
+    e.g. ``MooncakeHybridConnector`` from 0.23.0.post1); a vllm-ascend name that release
+    does not register is refused with the release that does; with no vllm-ascend release
+    for the target vLLM in the table, vllm-ascend names are not checked. Sources: vLLM
+    kv_connector/factory.py (0.11-0.33); vllm-ascend
+    vllm_ascend/distributed/kv_transfer/__init__.py (0.13.0-0.23.0.post1);
     https://github.com/vllm-project/vllm/issues/24152,
     https://github.com/vllm-project/vllm/issues/22093."""
     tgt = ctx.target
@@ -74,8 +81,9 @@ def connector_unknown(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         if not name or kv.get("kv_connector_module_path") or name in registered:
             continue
         plat = _platform(ctx, n)
-        if name in ASCEND_CONNECTORS:
+        if name in ASCEND_CONNECTORS or name in ascend.registered():
             if plat == "npu":
+                yield from _ascend_release_lacks(ctx, r, n, name)
                 continue
             yield r.diag(f"stage {n.stage_id}: {name} is a vllm-ascend connector; it exists only on the npu platform",
                          ctx.sloc(n, "kv_transfer_config", "kv_connector", value=True),
@@ -96,13 +104,31 @@ def connector_unknown(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                          help="pick a connector your vLLM has: " + ", ".join(sorted(c for c in registered if "Connector" in c)[:6]))
         else:
             # only names that load on the stage's platform: a vllm-ascend name off npu is refused above
-            pool = registered | ASCEND_CONNECTORS if plat == "npu" else registered
+            pool = registered | ASCEND_CONNECTORS | ascend.registered() if plat == "npu" else registered
             close = get_close_matches(name, sorted(pool), n=1, cutoff=0.6)
             low = {c.lower(): c for c in registered}
             sugg = low.get(name.lower()) or (close[0] if close else None)
             yield r.diag(f"stage {n.stage_id}: unknown kv_connector `{name}`" + (f"; did you mean {sugg}?" if sugg else ""),
                          ctx.sloc(n, "kv_transfer_config", "kv_connector", value=True),
                          help=f"write `kv_connector: {sugg}`" if sugg else "set kv_connector_module_path for an out-of-tree connector")
+
+
+def _ascend_release_lacks(ctx: Context, r: Rule, n: "StageNode", name: str) -> Iterable[Diagnostic]:
+    """OPD601 on npu for vllm-ascend connector ``name``: an error when the vllm-ascend
+    release built for the target vLLM (presets/targets/vllm_ascend.yaml ``targets``) does
+    not register it (``extracted.<release>.connectors``); nothing when it does, or when no
+    release in the table runs on the target vLLM (no registry facts to check against)."""
+    release = ascend.release_for_vllm(ctx.target.label)
+    have = ascend.registered(release) if release is not None else frozenset()
+    if not have or name in have:
+        return
+    others = [rel for rel in ascend.releases() if name in ascend.registered(rel)]
+    where = f" (registered in vllm-ascend {', '.join(others)})" if others else ""
+    yield r.diag(f"stage {n.stage_id}: {name} is not registered in vllm-ascend {release} "
+                 f"(the release for vLLM {ctx.target.label}){where}",
+                 ctx.sloc(n, "kv_transfer_config", "kv_connector", value=True),
+                 help=(f"run vllm-ascend {others[0]} (`--vllm-version {ascend.releases()[others[0]]}`) or use "
+                       if others else "use ") + "one of " + ", ".join(sorted(c for c in have if ascend.is_ascend(c))))
 
 
 #: vLLM connectors to suggest in place of a vllm-ascend one, per platform, when the target

@@ -403,6 +403,11 @@ _ASC_D = _ASC_P.replace("kv_producer", "kv_consumer").replace("36000", "36001").
               "kv_role: kv_producer, kv_port: 36000, engine_id: p}}\n"
               "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: MooncakeLayerwiseConnector, "
               "kv_role: kv_consumer, kv_port: 36001, engine_id: d}}\n"), False, {"platform": "npu", "vllm_version": "0.18"}),
+          Example("MooncakeHybridConnector (vllm-ascend 0.23.0.post1) asserts them too", _PD + (
+              "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MooncakeHybridConnector, "
+              "kv_role: kv_producer, kv_port: 36000, engine_id: p}}\n"
+              "  - {stage_id: 1, devices: \"1\", kv_transfer_config: " + _ASC_D.replace("MooncakeConnectorV1", "MooncakeHybridConnector")
+              + "}\n"), True, {"platform": "npu", "vllm_version": "0.23"}, contains="MooncakeHybridConnector"),
           Example("layerwise on vllm-ascend 0.13 asserts them", _PD + (
               "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MooncakeLayerwiseConnector, "
               "kv_role: kv_producer, kv_port: 36000, engine_id: p}}\n"
@@ -413,12 +418,18 @@ _ASC_D = _ASC_P.replace("kv_producer", "kv_consumer").replace("36000", "36001").
 def ascend_peer_blocks_missing(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """vllm-ascend's ``MooncakeConnectorV1`` worker asserts ``tp_size`` and ``dp_size`` in
     both ``kv_connector_extra_config.prefill`` and ``.decode`` at init (``pp_size``
-    defaults to 1); ``MooncakeLayerwiseConnector`` did so up to vllm-ascend 0.13 (0.18+
+    defaults to 1); so does ``MooncakeHybridConnector`` (vllm-ascend 0.23.0.post1, the
+    hybrid-KV connector; without the blocks it assumes peer TP 1 and misroutes KV under
+    heterogeneous TP); ``MooncakeLayerwiseConnector`` did so up to vllm-ascend 0.13 (0.18+
     takes the peer TP per request). A missing key is an ``AssertionError`` at engine start;
-    the help gives the block from the stages' real sizes (what ``expand`` writes). Source:
-    presets/targets/vllm_ascend.yaml ``extracted.*.pull_peer_blocks`` /
+    the help gives the block from the stages' real sizes (what ``expand`` writes). The
+    connectors that read the blocks: presets/targets/vllm_ascend.yaml ``rules.connectors``
+    (``peer_blocks``); a vllm-ascend connector not listed there (UCMConnector, the store
+    connectors) is not checked. Sources: ``extracted.*.pull_peer_blocks`` /
     ``push_peer_blocks`` (vllm-ascend kv_p2p/mooncake_connector.py
-    ``_get_prefill_decode_size``, 0.13-0.23.0.post1); vllm-ascend issue #8442."""
+    ``_get_prefill_decode_size``, 0.13-0.23.0.post1); vllm-ascend v0.23.0
+    kv_p2p/mooncake_hybrid_connector.py ``MooncakeConnectorWorker._get_prefill_decode_size``;
+    vllm-ascend issue #8442, PR #11725."""
     from omni_pd.compile import ascend
 
     pair = ctx.pd_pair

@@ -320,8 +320,11 @@ def cross_host_localhost(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """When prefill and decode run on different hosts, the address prefill advertises
     must be routable: NIXL's ``VLLM_NIXL_SIDE_CHANNEL_HOST`` defaults to localhost (it is
     both the bind address and the ``remote_host`` decode dials), and vllm-omni builds the
-    Mooncake bootstrap address from ``kv_ip`` (default 127.0.0.1). The failure is a
-    handshake error and silent recompute. Sources:
+    Mooncake bootstrap address from ``kv_ip`` (default 127.0.0.1; :func:`_reads_kv_ip`:
+    vllm-ascend's connectors and plain ``vllm serve`` do not read it, so a missing
+    ``kv_ip`` there is no finding). A Mooncake prefill whose ``VLLM_HOST_IP`` is a
+    loopback address advertises it (vLLM ``vllm/utils/network_utils.py`` ``get_ip``).
+    The failure is a handshake error and silent recompute. Sources:
     https://github.com/vllm-project/vllm/issues/27083; vLLM PR #53018; dynamo PR #1327."""
     pair = ctx.pd_pair
     if pair is None:
@@ -346,6 +349,18 @@ def cross_host_localhost(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                          related=[ctx.sloc(d, label=f"decode (stage {d.stage_id}) on {hd}")],
                          help=f"set env VLLM_NIXL_SIDE_CHANNEL_HOST: {addr} on the prefill stage")
     elif "mooncake" in name.lower():
+        host_ip = p.env.get("VLLM_HOST_IP")
+        if host_ip is not None and str(host_ip).strip() in LOCAL:
+            # every Mooncake worker (vLLM's, vllm-ascend's) advertises get_ip() = VLLM_HOST_IP when set
+            yield r.diag(f"stage {p.stage_id} (prefill) on {hp} advertises VLLM_HOST_IP={str(host_ip)!r} as its Mooncake "
+                         f"transfer address; decode on {hd} cannot reach it",
+                         ctx.sloc(p, "env", "VLLM_HOST_IP", value=True),
+                         related=[ctx.sloc(d, label=f"decode (stage {d.stage_id}) on {hd}")],
+                         help=f"set env VLLM_HOST_IP: {addr} on the prefill stage, or remove it (vLLM then picks "
+                              "the address of the interface that routes outward)")
+            return
+        if not _reads_kv_ip(ctx, name):
+            return
         v = (p.kv or {}).get("kv_ip")
         if v is None or str(v).strip() in LOCAL:
             loc = ctx.sloc(p, "kv_transfer_config", "kv_ip", value=True)
@@ -354,6 +369,21 @@ def cross_host_localhost(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                          f"bootstrap address; decode on {hd} cannot reach it", loc,
                          related=[ctx.sloc(d, label=f"decode (stage {d.stage_id}) on {hd}")],
                          help=f"set kv_ip: {addr} (and env VLLM_HOST_IP) on the prefill stage")
+
+
+def _reads_kv_ip(ctx: Context, name: str) -> bool:
+    """Whether the address a decode dials for Mooncake connector ``name`` comes from the
+    prefill's ``kv_ip``: only on the vllm-omni runtime with a vLLM Mooncake connector
+    (vllm_omni/engine/stage_runtime.py ``_prepare_replica_vllm_config`` and
+    entrypoints/pd_utils.py build ``bootstrap_addr`` from ``kv_ip``, default 127.0.0.1).
+    vllm-ascend's Mooncake workers advertise vLLM's ``get_ip()`` (presets/targets/
+    vllm_ascend.yaml ``rules.host_address``), and on plain ``vllm serve`` the router passes
+    ``remote_bootstrap_addr`` (vLLM v1/mooncake/mooncake_connector.py reads no kv_ip)."""
+    from omni_pd.compile import ascend
+
+    if ascend.is_ascend(name) or name in ascend.registered():
+        return bool(ascend.rules()["host_address"]["reads_kv_ip"])
+    return runtime_of(ctx) == "vllm-omni"
 
 
 @rule("OPD504", "port-invalid", Severity.ERROR,

@@ -81,7 +81,7 @@ def plan_ascend(topo: Topology, connector: str, *, release: str | None = None, d
     ``_prepare_replica_vllm_config``); the connector contract's ``ports`` (what validate
     checks, OPD501) says which ports each replica binds on the pipeline's runtime.
     """
-    if not ascend.is_ascend(connector):
+    if not ascend.emits(connector):
         raise OmniPdError(Diagnostic(code="OPD804", severity=Severity.ERROR,
                                      message=f"{connector} is not a vllm-ascend PD connector",
                                      help=f"on npu use {ascend.PULL} (pull) or {ascend.PUSH} (layerwise push)"))
