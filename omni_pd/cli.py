@@ -232,7 +232,7 @@ def expand(
                               schema_ref=_schema_ref(schema_ref))
     if kv_buffer_device is not None and encoder_split is None:
         cli_options.kv_buffer_device(kv_buffer_device, res.plan.connector, tgt)
-    _self_check(res.text, doc, vllm_version, output, platform=opts.platform)
+    _self_check(res.text, doc, vllm_version, output, platform=opts.platform, pipeline=pipeline)
     diags = [d for d in res.diagnostics if not (quiet and d.severity is Severity.INFO)]
     _emit_diags(diags, {doc.name: doc})
     if output is None:
@@ -272,14 +272,19 @@ def _require_deploy_config(doc, pipeline: Optional[str], vllm_version: Optional[
 
 
 def _self_check(text: str, doc, vllm_version: Optional[str], output: Optional[Path],
-                platform: Optional[str] = None) -> None:
+                platform: Optional[str] = None, pipeline: Optional[str] = None) -> None:
     """Validate what expand is about to write. Errors the input already has (the same
     code in the input's own validation) are the input's: shown where the input sets
     them, exit 2 (bad input). Any other error is a bug in expand: OPD000, exit 3.
     Nothing is written in either case. Checked as ``validate --all-platforms`` does: the
     base and every ``platforms.<P>`` overlay (expand's npu pass writes one); with
     ``--platform npu`` the base is checked on npu and no other overlay is left.
-    ``platform``: the ``--platform`` expand was given (kept for callers; the check is the same)."""
+    ``platform``: the ``--platform`` expand was given (kept for callers; the check is the same).
+    ``pipeline``: expand's ``--pipeline``; the input is judged under the pipeline expand split
+    it with (judged under its own, a file whose stages the pipeline lacks made expand's
+    OPD202 look new, an OPD000 for a user's choice)."""
+    from dataclasses import replace
+
     from omni_pd.check.validate import ValidateOptions, validate_document
     from omni_pd.io import parse_text
 
@@ -288,12 +293,13 @@ def _self_check(text: str, doc, vllm_version: Optional[str], output: Optional[Pa
     out = validate_document(parse_text(text, name, own_output=True), vopts)
     if not out.errors:
         return
-    before = validate_document(doc, vopts)
+    before = validate_document(doc, replace(vopts, pipeline=pipeline))
     inherited = {d.code for d in before.errors}
     new = [d for d in out.errors if d.code not in inherited]
     if not new:  # show them where the user fixes them: in the input
         _emit_diags([d for d in before.errors if d.code in {e.code for e in out.errors}], before.docs)
-        sys.stderr.write(f"expand: {doc.name} already has these errors (`omni-pd validate {doc.name}`); "
+        again = f"omni-pd validate {doc.name}" + (f" --pipeline {pipeline}" if pipeline else "")
+        sys.stderr.write(f"expand: {doc.name} already has these errors (`{again}`); "
                          "fix them first, nothing was written\n")
         raise SystemExit(2)
     _emit_diags(out.errors, out.docs)

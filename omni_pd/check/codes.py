@@ -159,6 +159,12 @@ CODES: tuple[CodeDoc, ...] = (
             overlay sets ``num_replicas: 1`` for that stage on npu and says so. With
             ``--platform npu`` (the base itself is for npu) expand refuses instead (OPD805).""",
             "omni_pd/compile/passes/ascend.py plan_ascend()"),
+    CodeDoc("OPD905", "stages-left-out", _I, "expand", "expand kept the Thinker alone (--pipeline *_thinker_only)",
+            """``--pipeline <name>_thinker_only`` on a deploy file whose stages are those of the full
+            pipeline ``<name>`` (Thinker -> Talker -> Code2Wav, e.g. the bundled preset): the Thinker's
+            entry (stage 0 in both pipelines, as vllm-omni registers them) is split and the other
+            stages, their overlay entries and the connectors only they used are left out.""",
+            "omni_pd/compile/passes/narrow.py thinker_only_narrowing()"),
     CodeDoc("OPD903", "encoder-shares-devices", _I, "expand", "the encoder instance shares devices with the LLM",
             """``--encoder-devices`` names a device the prefill/decode engines already use; fine for
             a small encoder, but both processes then compete for its memory.""",

@@ -435,9 +435,16 @@ def _chain(name: str, ids: list[int], pd: tuple[int, int] | None) -> Pipeline:
 def choose_pipeline(cfg: DeployConfig, loc: Locator, cat: Catalogue, opts: ValidateOptions,
                     base_name: str | None = None) -> tuple[Pipeline, list[Diagnostic]]:
     """``--pipeline``, ``pipeline:``, the deploy file name, the model's ``model_type``,
-    a kv_producer/kv_consumer pair (PD), one stage (``llm``), else a linear chain."""
+    a kv_producer/kv_consumer pair (PD), one stage (``llm``), else a linear chain.
+    Raises OPD006 (exit 2) when ``--pipeline`` and ``pipeline:`` name different pipelines
+    (:func:`omni_pd.compile.topology.pipeline_conflict`)."""
     from difflib import get_close_matches
 
+    from omni_pd.compile.topology import pipeline_conflict
+
+    clash = pipeline_conflict(opts.pipeline, cfg.pipeline, loc.loc(("pipeline",), value=True))
+    if clash is not None:
+        raise clash
     diags: list[Diagnostic] = []
     name = opts.pipeline or cfg.pipeline
     if name:

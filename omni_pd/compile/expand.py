@@ -57,6 +57,41 @@ def _front(doc: Document, vllm_version: str | None, pipeline: str | None,
     return cat, tgt, resolve(cfg, pipe, None, doc)
 
 
+def _thinker_only(doc: Document, pipeline: str | None, catalogue: Catalogue | None
+                  ) -> tuple[Document, tuple[Diagnostic, ...]]:
+    """``doc`` with the Thinker alone when ``--pipeline`` (``pipeline``) asks for
+    ``<F>_thinker_only`` and the file, which names no other pipeline, has the stages of
+    ``F`` (:func:`omni_pd.compile.passes.narrow.thinker_only_narrowing`), with the
+    OPD905 info saying which stages were left out; else ``doc`` unchanged and no
+    diagnostic. The narrowed document keeps ``doc``'s name, text and line positions."""
+    from omni_pd.compile.passes.narrow import narrow_tree, thinker_only_narrowing
+    from omni_pd.io import build_source_map, copy_tree
+
+    tree = doc.tree
+    if not pipeline or not isinstance(tree, dict) or tree.get("pipeline") not in (None, pipeline):
+        return doc, ()
+    cat = catalogue or load_catalogue()
+    wanted = cat.get(pipeline)
+    stages = tree.get("stages")
+    if wanted is None or not isinstance(stages, list):
+        return doc, ()
+    ids = {e.get("stage_id") for e in stages if isinstance(e, dict)}
+    if not all(isinstance(i, int) for i in ids):
+        return doc, ()  # the schema rules report it (OPD101)
+    nar = thinker_only_narrowing(ids, wanted, cat)
+    if nar is None:
+        return doc, ()
+    narrowed = copy_tree(tree)
+    narrow_tree(narrowed, {s.stage_id for s in wanted.stages})
+    left = ", ".join(f"{sid} ({role})" for sid, role in nar.dropped)
+    note = Diagnostic(
+        code="OPD905", severity=Severity.INFO, location=doc.loc(("stages",)),
+        message=f"--pipeline {wanted.name}: the Thinker (stage 0) alone is split; stages {left} of "
+                f"{nar.full.name} are left out, with the connectors only they used",
+        help=f"for the full pipeline, expand without --pipeline (or with --pipeline {nar.full.name})")
+    return Document(name=doc.name, text=doc.text, tree=narrowed, source_map=build_source_map(narrowed)), (note,)
+
+
 def _reparse(text: str, doc: Document, pipeline: Pipeline) -> tuple[DeployConfig, Topology]:
     """The emitted ``text`` read back as a user's file would be (config and topology
     under the split's target ``pipeline``), so callers check what was written."""
@@ -101,6 +136,7 @@ def expand_document(doc: Document, opts: ExpandOptions = ExpandOptions(), *, vll
     """
     from omni_pd.compile.emit import apply_pd_split, render
 
+    doc, narrowed = _thinker_only(doc, pipeline, catalogue)
     cat, tgt, topo = _front(doc, vllm_version, pipeline, catalogue)
     plan = plan_pd_split(topo, cat, tgt, opts, doc)
     tree = apply_pd_split(doc.tree, plan)
@@ -108,12 +144,14 @@ def expand_document(doc: Document, opts: ExpandOptions = ExpandOptions(), *, vll
     dropped = drop_foreign_overlays(tree) if opts.platform == "npu" else ()
     header = header_lines(doc, plan, tgt, npu_connector=opts.npu_connector if opts.platform == "npu" else None,
                           dropped=dropped)
+    if narrowed:  # the input's own comments still describe its three stages
+        header.append(f"Thinker only (--pipeline {plan.source.name}): the input's other stages are left out.")
     text = render(tree, schema_ref=schema_ref, header=header)
     if dropped:  # the blank line that separated the npu overlay from the next one must not end the file
         text = text.rstrip("\n") + "\n"
     out_cfg, out_topo = _reparse(text, doc, plan.target_pipeline)
     return ExpandResult(text=text, config=out_cfg, topology=out_topo, plan=plan,
-                        diagnostics=tuple(plan.diagnostics) + npu_notes)
+                        diagnostics=narrowed + tuple(plan.diagnostics) + npu_notes)
 
 
 def _npu_pass(tree, plan: PDSplitPlan, opts: ExpandOptions, tgt: Target, doc: Document) -> tuple[Diagnostic, ...]:

@@ -172,6 +172,22 @@ def as_int(v: Any, default: int = 1) -> int:
         return default
 
 
+def pipeline_conflict(override: str | None, named: str | None, location=None) -> OmniPdError | None:
+    """The usage error (OPD006, exit 2) for ``--pipeline override`` on a file whose own
+    ``pipeline:`` key says ``named``, another pipeline; ``location``: that key's value.
+    None when either is unset or both agree. ``--pipeline`` names the pipeline only when
+    the file does not say: vllm-omni reads the file's key (config/stage_config.py
+    ``StageConfigFactory``), so a command that checked or split the file under another
+    pipeline would describe a deploy that never runs. Shared by expand, validate, graph and diff."""
+    if not override or not named or override == named:
+        return None
+    return OmniPdError(Diagnostic(
+        code="OPD006", severity=Severity.ERROR, location=location,
+        message=f"--pipeline {override}: the file names pipeline `{named}`",
+        help=f"--pipeline only names the pipeline of a file without a `pipeline:` key; drop --pipeline to use "
+             f"`{named}`, or change the file's `pipeline:` to `{override}`"))
+
+
 def select_pipeline(cfg: DeployConfig, catalogue: Catalogue, doc: Document | None = None,
                     override: str | None = None) -> Pipeline:
     """Which frozen pipeline a deploy config runs.
@@ -179,8 +195,12 @@ def select_pipeline(cfg: DeployConfig, catalogue: Catalogue, doc: Document | Non
     Order: ``override`` (``--pipeline``), the config's ``pipeline:`` key, the vllm-omni
     default deploy file name (``qwen3_omni_moe.yaml`` -> ``qwen3_omni_moe``), and a
     single-stage config defaults to ``llm``. Raises :class:`OmniPdError` (OPD802, exit 2)
-    when none applies or the name is not in the catalogue.
+    when none applies or the name is not in the catalogue, and OPD006 (exit 2) when
+    ``override`` and the config's ``pipeline:`` name different pipelines (:func:`pipeline_conflict`).
     """
+    clash = pipeline_conflict(override, cfg.pipeline, doc.loc(("pipeline",), value=True) if doc is not None else None)
+    if clash is not None:
+        raise clash
     name = override or cfg.pipeline
     loc = doc.loc(("pipeline",), value=True) if (doc is not None and not override and cfg.pipeline) else (
         doc.loc(()) if doc is not None else None)
