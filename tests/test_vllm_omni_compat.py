@@ -31,7 +31,8 @@ PROBE = ROOT / "tests" / "oracle" / "compat_probe.py"
 
 pytestmark = pytest.mark.skipif(not ORACLE, reason="OMNI_PD_ORACLE_PYTHON not set (build it with .ci/oracle_venv.sh)")
 
-PATCHES = ("pd_detect", "pd_validate", "pd_connector_info", "engine_bootstrap_addr", "decode_kv_params")
+PATCHES = ("pd_detect", "pd_validate", "pd_connector_info", "engine_bootstrap_addr", "decode_kv_params",
+           "pd_prefill_rows", "talker_prefill_rows", "talker_prefill_merge")
 NONE_PATCHED = dict.fromkeys(PATCHES, False)
 ALL_PATCHED = dict.fromkeys(PATCHES, True)
 ON_LINE = (
@@ -43,7 +44,11 @@ ON_LINE = (
     "OmniEngineBase._detect_pd_config (orchestrator gets bootstrap_addr None, Mooncake decode has no "
     "remote_bootstrap_addr); OrchestratorBase._build_pd_decode_params (every Mooncake request fails with "
     "'Missing prefill kv_transfer_params.remote_request_id', and with num_replicas > 1 on the prefill stage "
-    "decode would pull KV from replica 0)")
+    "decode would pull KV from replica 0); OrchestratorBase._route_output (prefill's rows are never kept (the "
+    "orchestrator reads RequestOutput.multimodal_output, always None)); thinker2talker_token_only (the Talker "
+    "request carries no prompt rows under PD); Qwen3OmniMoeForConditionalGeneration.talker_preprocess_prefill "
+    "(the Talker raises a size mismatch (answer shorter than the prompt) or is conditioned on the wrong rows "
+    "under PD)")
 
 #: name -> (connector, TP, pipeline vllm-omni resolves, stage count)
 FILES = {

@@ -82,6 +82,8 @@ class Patch:
     why: str
     source: str
     steps_in: str = ""
+    #: a finer environment switch (``OMNI_PD_VLLM_OMNI_TALKER_PD``): ``0`` skips this patch
+    switch: str = ""
 
     @property
     def module(self) -> str:
@@ -89,6 +91,8 @@ class Patch:
 
     @property
     def owner_and_attr(self) -> tuple[str, str]:
+        """(class path inside the module, attribute); the class path is ``""`` for a
+        module-level function (``module:function``)."""
         qual = self.target.split(":", 1)[1]
         owner, _, attr = qual.rpartition(".")
         return owner, attr
@@ -377,12 +381,87 @@ def _wrap_decode_params(orig: Callable[[Any, str, Any], Any]) -> Callable[[Any, 
     return _build_pd_decode_params
 
 
+def _completion_mm_output(output: Any) -> Any:
+    """``output.outputs[0].multimodal_output`` (where vllm-omni 0.30's output processor
+    attaches a stage's rows, outputs/output_processor.py ``_new_completion_output``), or None."""
+    try:
+        return getattr(output.outputs[0], "multimodal_output", None)
+    except (AttributeError, IndexError, TypeError):
+        return None
+
+
+def _wrap_prefill_rows(orig: Callable[..., Any]) -> Callable[..., Any]:
+    async def _route_output(self, stage_id, replica_id, output, req_state, stage_metrics):
+        # The orchestrator's dispatcher awaits one _route_output at a time
+        # (engine/orchestrator.py _handle_processed_outputs), and decode is submitted by
+        # this very call, so decode's output is routed only after this returns.
+        result = await orig(self, stage_id, replica_id, output, req_state, stage_metrics)
+        pair = getattr(self, "_pd_pair", None)
+        if (pair is not None and stage_id == pair[0] and getattr(output, "finished", False)
+                and getattr(req_state, "pd_prefill_multimodal_output", False) is None):
+            mm = _completion_mm_output(output)
+            if mm:
+                req_state.pd_prefill_multimodal_output = mm
+                _once(logger, logging.INFO, "omni-pd compat: keeping prefill's rows from outputs[0].multimodal_output "
+                      "(upstream read RequestOutput.multimodal_output, which is None)")
+        return result
+    return _route_output
+
+
+def _wrap_talker_input(orig: Callable[..., Any]) -> Callable[..., Any]:
+    from omni_pd.upstream import talker_pd
+
+    def thinker2talker_token_only(source_outputs, prompt=None, requires_multimodal_data=False,
+                                  streaming_context=None):
+        prompts = orig(source_outputs, prompt, requires_multimodal_data, streaming_context)
+        bridge = getattr(streaming_context, "bridge_states", None)
+        by_req = bridge.get(talker_pd.BRIDGE_KEY) if isinstance(bridge, dict) else None
+        if not by_req or getattr(streaming_context, "enabled", False):
+            return prompts
+        for i, (out, tp) in enumerate(zip(source_outputs, prompts)):
+            mm = by_req.pop(str(getattr(out, "request_id", f"idx-{i}")), None)
+            info = talker_pd.attach(tp.get("additional_information"), talker_pd.prefill_layers(mm),
+                                    len(getattr(out, "prompt_token_ids", None) or ()))
+            if info is not None:
+                tp["additional_information"] = info
+        return prompts
+    return thinker2talker_token_only
+
+
+def _wrap_talker_prefill(orig: Callable[..., Any]) -> Callable[..., Any]:
+    from omni_pd.upstream import talker_pd
+
+    def talker_preprocess_prefill(self, input_ids, input_embeds, payload):
+        accept = getattr(getattr(self, "talker_config", None), "accept_hidden_layer", None)
+        merged, why = talker_pd.merge_payload(payload, -1 if accept is None else int(accept))
+        if merged is None:
+            if why not in ("not-pd-shape", "no-prefill-rows"):
+                _once(logger, logging.WARNING, f"omni-pd compat: prefill rows on the Talker request not merged "
+                      f"({why}); the Talker is conditioned as upstream builds it")
+            ids, embeds, update = orig(self, input_ids, input_embeds, payload)
+            update.update(talker_pd.release(payload))
+            return ids, embeds, update
+        ids, embeds, update = orig(self, input_ids, input_embeds, merged)
+        # the merged rows replace decode's in the request buffer (a later chunk of a
+        # chunked prefill then sees the non-PD shape) and prefill's copy is released
+        update.setdefault("embed", {})["prefill"] = merged["embed"]["prefill"]
+        update.setdefault("hidden_states", {})["output"] = merged["hidden_states"]["output"]
+        update.update(talker_pd.release(payload))
+        _once(logger, logging.INFO, "omni-pd compat: Talker prefill under PD gets prefill's prompt rows followed by "
+              "decode's rows without the recomputed last prompt token")
+        return ids, embeds, update
+    return talker_preprocess_prefill
+
+
 WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     "pd_detect": _wrap_detect,
     "pd_validate": _wrap_over_views,
     "pd_connector_info": _wrap_over_views,
     "engine_bootstrap_addr": _wrap_engine_bootstrap,
     "decode_kv_params": _wrap_decode_params,
+    "pd_prefill_rows": _wrap_prefill_rows,
+    "talker_prefill_rows": _wrap_talker_input,
+    "talker_prefill_merge": _wrap_talker_prefill,
 }
 
 
@@ -414,9 +493,10 @@ def _once(log: logging.Logger, level: int, msg: str) -> None:
         log.log(level, msg)
 
 
-def env_disabled(environ: Mapping[str, str]) -> bool:
-    """True when ``OMNI_PD_VLLM_OMNI_COMPAT`` is ``0``/``false``/``off``/``no``."""
-    return environ.get(ENV_SWITCH, "").strip().lower() in ("0", "false", "off", "no")
+def env_disabled(environ: Mapping[str, str], name: str = ENV_SWITCH) -> bool:
+    """True when ``name`` (default ``OMNI_PD_VLLM_OMNI_COMPAT``) is ``0``/``false``/``off``/``no``."""
+    return environ.get(name, "").strip().lower() in ("0", "false", "off", "no")
+
 
 
 def _resolve(p: Patch, importer: Callable[[str], Any]) -> tuple[Any, Any, Any]:
@@ -428,11 +508,11 @@ def _resolve(p: Patch, importer: Callable[[str], Any]) -> tuple[Any, Any, Any]:
         raise LookupError(f"{p.module}: cannot import ({type(e).__name__}: {e})") from e
     owner_name, attr = p.owner_and_attr
     owner: Any = mod
-    for part in owner_name.split("."):
+    for part in owner_name.split(".") if owner_name else ():
         owner = getattr(owner, part, None)
         if owner is None:
             raise LookupError(f"{p.target}: {owner_name} is missing")
-    raw = vars(owner).get(attr) if isinstance(owner, type) else None
+    raw = vars(owner).get(attr) if isinstance(owner, type) or owner is mod else None
     if raw is None:
         raise LookupError(f"{p.target}: {attr} is missing")
     if p.kind == "staticmethod":
@@ -501,7 +581,9 @@ def install(*, version: str | None = None, table: CompatTable | None = None,
         return InstallReport("not-needed", None, message="vllm-omni is not installed")
     table = table if table is not None else load_table()
     needed = table.needed(version)
-    if not needed:
+    skipped = tuple(p for p in needed if p.switch and env_disabled(environ, p.switch))
+    needed = tuple(p for p in needed if p not in skipped)
+    if not needed and not skipped:
         msg = f"omni-pd: vllm-omni {version} needs no PD compatibility patch (not in vllm_omni_compat.yaml)"
         _once(log, logging.DEBUG, msg)
         return InstallReport("not-needed", version, message=msg)
@@ -512,6 +594,13 @@ def install(*, version: str | None = None, table: CompatTable | None = None,
                "`omni-pd validate --against-vllm-omni` (docs/upstream/README.md)")
         _once(log, logging.WARNING, msg)
         return InstallReport("refused", version, problems=tuple(problems), message=msg)
+    off = sorted({p.switch for p in skipped})
+    off_note = (f"; off by {', '.join(f'{k}={environ.get(k)}' for k in off)}: "
+                + ", ".join(p.name for p in skipped)) if skipped else ""
+    if not todo and not needed:  # every patch it needs is switched off
+        msg = f"omni-pd: vllm-omni {version} PD compatibility layer: nothing patched{off_note}"
+        _once(log, logging.INFO, msg)
+        return InstallReport("off", version, message=msg)
     if not todo:
         return InstallReport("already", version, message="already installed")
     for p, owner, fn in todo:
@@ -522,7 +611,7 @@ def install(*, version: str | None = None, table: CompatTable | None = None,
         wrapper.__doc__ = fn.__doc__
         setattr(owner, p.owner_and_attr[1], staticmethod(wrapper) if p.kind == "staticmethod" else wrapper)
     msg = (f"omni-pd: vllm-omni {version} PD compatibility layer on ({ENV_SWITCH}=0 turns it off): "
-           + "; ".join(f"{p.target.split(':')[1]} ({p.why})" for p, _, _ in todo))
+           + "; ".join(f"{p.target.split(':')[1]} ({p.why})" for p, _, _ in todo) + off_note)
     log.info(msg)
     return InstallReport("patched", version, patched=tuple(p.name for p, _, _ in todo), message=msg)
 
