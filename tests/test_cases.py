@@ -73,7 +73,7 @@ CASE_RULES: dict[str, str | tuple[str, ...] | None] = {
     "SCH-PARALLEL-CONFLICT": "OPD112",
     # issue 22 (BR-45..BR-54): labels with no omni-pd rule yet; XFAIL says what each waits for
     "XS-MODEL-IDENTITY": "OPD313",
-    "CAP-HYBRID-SSM": None,
+    "CAP-HYBRID-SSM": "OPD621",
     "CAP-MULTI-DP-LB": None,
 }
 
@@ -94,11 +94,6 @@ XFAIL = {
                        "the prefill-leg sampling rewrite is the orchestrator's, validate warns instead (OPD701, "
                        "see test_br32_prefill_sampling_is_flagged)",
     # issue 22, in progress: each reason says which rule is missing or wrong
-    ("BR-46", "main"): "CAP-HYBRID-SSM: no per-connector/per-release table of hybrid (Mamba/GDN) state transfer yet",
-    ("BR-46", "fix"): "CAP-HYBRID-SSM has no omni-pd code yet",
-    ("BR-47", "main"): "CAP-HYBRID-SSM: the hybrid KV cache manager rule on vLLM 0.20 does not exist yet",
-    ("BR-47", "variant"): "CAP-HYBRID-SSM: disable_hybrid_kv_cache_manager: true with a hybrid model is not checked yet",
-    ("BR-47", "fix"): "CAP-HYBRID-SSM has no omni-pd code yet",
     ("BR-50", "main"): "SCH-EXTRA-REQUIRED (OPD608) does not read LMCache's per-TP-rank pd_peer_*_port lists yet",
     ("BR-52", "main"): "RT-PROXY-PARAMS (OPD702): the inventory router has no protocol kind yet (a NIXL-only relay "
                        "in front of MooncakeConnector is not flagged)",

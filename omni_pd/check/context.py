@@ -147,6 +147,13 @@ class ModelInfo:
     #: ``quantization_config.quant_method`` (e.g. "fp8", "compressed-tensors"); "" = the
     #: config.json has no quantization_config; None = unknown (OPD313)
     quant_method: str | None = None
+    #: per-layer kinds the config lists (``layer_types``, ``layers_block_type``,
+    #: ``hybrid_override_pattern`` M/* as mamba2/attention), top level and nested text
+    #: configs; None = no per-layer list (OPD621 reads state layers from it)
+    layer_kinds: frozenset[str] | None = None
+    #: every ``model_type`` of the config and its text sub-configs (``qwen3_5_moe``,
+    #: ``qwen3_5_moe_text``); None = unknown
+    model_types: frozenset[str] | None = None
 
     @property
     def is_mla(self) -> bool:
@@ -183,10 +190,22 @@ class ModelInfo:
                  for c in (d, th))
         # a fragment without model_type may just omit the encoders: unknown, not "text-only"
         multimodal = True if mm else (False if d.get("model_type") else None)
+        kinds: set[str] = set()
+        for c in cands:
+            if not isinstance(c, dict):
+                continue
+            for key in ("layer_types", "layers_block_type"):
+                if isinstance(c.get(key), list):
+                    kinds |= {str(x) for x in c[key]}
+            pat = c.get("hybrid_override_pattern")
+            if isinstance(pat, str):
+                kinds |= {{"M": "mamba2", "*": "attention"}[ch] for ch in pat if ch in "M*"}
+        mtypes = frozenset(str(c["model_type"]) for c in cands if isinstance(c, dict) and c.get("model_type"))
         tdt = next((str(c.get("torch_dtype") or c.get("dtype")) for c in cands
                     if isinstance(c, dict) and isinstance(c.get("torch_dtype") or c.get("dtype"), str)), None)
         qc = next((c["quantization_config"] for c in cands if isinstance(c, dict)
                    and isinstance(c.get("quantization_config"), dict)), None)
         quant = str(qc.get("quant_method") or "") or None if qc is not None else ("" if d.get("model_type") else None)
         return cls(model_type=d.get("model_type"), num_kv_heads=heads, attention=attention,
-                   subconfigs=subs or None, multimodal=multimodal, torch_dtype=tdt, quant_method=quant)
+                   subconfigs=subs or None, multimodal=multimodal, torch_dtype=tdt, quant_method=quant,
+                   layer_kinds=frozenset(kinds) or None, model_types=mtypes or None)
