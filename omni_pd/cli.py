@@ -321,6 +321,59 @@ def _say_missing_schema(ref: str, output: Path) -> None:
 
 
 @app.command()
+def migrate(
+    input: Path = typer.Argument(..., help="a legacy `stage_args` file (vllm-omni <= 0.26 `--stage-configs-path`)"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write here (atomically) instead of stdout; never over the input"),
+    vllm_omni_version: Optional[str] = typer.Option(None, "--vllm-omni-version", "--vllm-version",
+                                                    help="target vllm-omni (= vLLM) major.minor (default 0.30)"),
+    pipeline: Optional[str] = typer.Option(None, "--pipeline", help="the catalogue pipeline of the stages when they do not say"),
+    check: bool = typer.Option(False, "--check", help="write nothing; exit 1 with the diff when the file is not in the target's form"),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="hide the per-key notes"),
+) -> None:
+    """Rewrite a legacy `stage_args` file into the `stages:` deploy schema of the target release.
+
+    One note per change on stderr (which key went where, what was dropped and why, which
+    default is now written); a key with no home is an error naming it (exit 2). Prints
+    the serve command line for the result.
+    """
+    from omni_pd import cli_options
+    from omni_pd.compile.migrate import migrate_text, serve_command, sorted_notes
+    from omni_pd.compile.pipelines import load_catalogue
+    from omni_pd.io import atomic_write, load_file, parse_text
+
+    tgt = cli_options.vllm_version(vllm_omni_version, "--vllm-omni-version")
+    doc = load_file(input)
+    try:
+        text, m = migrate_text(doc, tgt, load_catalogue(), pipeline)
+    except OmniPdError as e:
+        _emit_diags(getattr(e, "diagnostics", [e.diagnostic]), {doc.name: doc})
+        raise SystemExit(e.exit_code) from None
+    if m is not None:
+        parse_text(text, f"{output or '<stdout>'} (migrated)", own_output=True)  # it reads back
+    if check:
+        if m is None:
+            sys.stderr.write(f"{doc.name}: already in the `stages:` form\n")
+            return
+        import difflib
+
+        sys.stdout.writelines(difflib.unified_diff(doc.text.splitlines(True), text.splitlines(True),
+                                                   doc.name, f"{doc.name} (migrated, vllm-omni {tgt.label})"))
+        sys.stderr.write(f"{doc.name}: legacy `stage_args` file; `omni-pd migrate {doc.name} -o OUT` rewrites it\n")
+        raise SystemExit(1)
+    if m is not None and not quiet:
+        _emit_diags(sorted_notes(m), {doc.name: doc})
+    if m is None:
+        sys.stderr.write(f"{doc.name}: already in the `stages:` form; nothing to migrate\n")
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        atomic_write(output, text, protect=[str(input)])
+        if not quiet:
+            sys.stderr.write(f"wrote {output}" + (f" ({m.pipeline.name}, {len(m.tree['stages'])} stages)" if m else "") + "\n")
+    sys.stderr.write(f"serve with: {serve_command(str(output or 'FILE.yaml'), tgt)}\n")
+
+
+@app.command()
 def schema(output: Optional[Path] = typer.Option(
         None, "-o", "--output",
         help="write here (atomically) instead of stdout; a directory gets omni-pd-deploy.schema.json")) -> None:

@@ -327,9 +327,9 @@ def test_a_key_near_a_stage_key_that_plain_vllm_serve_accepts_is_not_a_typo_ther
 
 def test_opd102_a_legacy_file_is_located_at_stage_args() -> None:
     assert hits("x: 1\nstage_args:\n  - stage_id: 0\n    engine_input_source: []\n", "OPD102") == [(
-        W, "legacy `stage_args` file: no schema defaults are applied; vllm-omni 0.30's deploy loader only reads "
-        "`stages:`", (2, 1), "convert it: one `stages:` entry per stage with flat engine keys (engine_args.* -> stage "
-        "keys, runtime.devices -> devices); topology comes from the pipeline", [])]
+        E, "legacy `stage_args` file: no schema defaults are applied; vllm-omni 0.30's deploy loader only reads "
+        "`stages:`", (2, 1), "run `omni-pd migrate FILE -o OUT.yaml` (the `stages:` schema; serve it with "
+        "--deploy-config)", [])]
 
 
 def test_opd103_suggests_what_difflib_suggests_over_every_known_stage_key() -> None:

@@ -211,7 +211,7 @@ def test_legacy_file_is_explained_and_input_sources_checked() -> None:
             "  - stage_id: 1\n    engine_input_source: [0]\n")
     res = validate_text(text, "t.yaml")
     assert [(d.code, d.severity, d.location.line) for d in res.diagnostics] == [
-        ("OPD102", Severity.WARNING, 1), ("OPD201", Severity.ERROR, 2)]
+        ("OPD102", Severity.ERROR, 1), ("OPD201", Severity.ERROR, 2)]
 
 
 def test_explain_text_has_both_examples() -> None:

@@ -216,6 +216,20 @@ CODES: tuple[CodeDoc, ...] = (
             E writes ``<dir>/<mm_hash>/encoder_cache.safetensors`` there and prefill reads it.
             Preflight requires it writable, or creatable when missing (this host only).""",
             "omni_pd/launch/preflight.py check_dirs()"),
+    CodeDoc("OPD970", "migrate-note", _I, "migrate", "migrate moved, dropped or wrote a key",
+            """One note per change ``omni-pd migrate`` makes to a legacy ``stage_args`` file, at the
+            legacy key: where it went in the ``stages:`` schema, why it was dropped (the pipeline
+            owns it, the target release does not read it), or which default is now written
+            explicitly. The table of every legacy key is docs/migrate.md.""",
+            "omni_pd/compile/migrate.py migrate_document()"),
+    CodeDoc("OPD971", "cannot-migrate", _E, "migrate", "a legacy key has no home in the target's schema",
+            """``omni-pd migrate`` (and ``validate``/``expand`` on a legacy file) cannot map this key:
+            it is in no row of presets/targets/legacy_stage_args.yaml, it contradicts the pipeline
+            (``model_stage``, ``engine_input_source``, ``final_output`` are the pipeline's), no or
+            several catalogued pipelines fit the stages (``--pipeline`` picks one), or vllm-omni
+            0.30 could not place the engine argument. Nothing is dropped silently: fix or remove
+            the key.""",
+            "omni_pd/compile/migrate.py migrate_document()", exit=2),
     CodeDoc("OPD966", "not-pd", _E, "launch", "launch was given a config that is not prefill/decode split",
             """``launch`` starts a compiled PD config; compile it first with ``omni-pd expand``.""",
             "omni_pd/launch/plan.py plan_document()", exit=2),

@@ -537,8 +537,15 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
         ctx = Context(doc=Locator(doc), config=None, topology=None, target=tgt, platform=opts.platform,
                       inventory=opts.inventory, model=opts.model, env=dict(opts.env), cli=dict(cli),
                       raw=plain, legacy=True, parse_diagnostics=cli_diags)
-        return ValidateResult(_finish(diags + run_rules(ctx, rules)), {doc.name: doc})
-    merged, locator, base_diags = _merge_base(doc, plain)
+        migrated = _migrate_legacy(doc, tgt, opts)
+        if isinstance(migrated, list):  # cannot migrate: the legacy checks, and why no more ran
+            return ValidateResult(_finish(_legacy_why(run_rules(ctx, rules), migrated)), {doc.name: doc})
+        # every rule over the migrated form, located at the legacy keys; plus OPD102 itself
+        diags += run_rules(ctx, [r for r in rules if r.code == "OPD102"])
+        rules = [r for r in rules if r.code != "OPD102"]
+        merged, locator, base_diags = to_plain(migrated.doc.tree), migrated, []
+    else:
+        merged, locator, base_diags = _merge_base(doc, plain)
     diags += base_diags
     cfg, parse_diags = parse_all(merged, locator)
     parse_diags = cli_diags + parse_diags  # both OPD101 (rule wrong-type reports them)
@@ -572,6 +579,51 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
         diags += found
         first = False
     return ValidateResult(_finish(diags), locator.docs(), pipe.name if cat.get(pipe.name) else None)
+
+
+class MigratedLocator(Locator):
+    """``loc``/``exists`` over a legacy ``stage_args`` file checked in its migrated form:
+    ``exists`` asks the migrated tree (the rules' paths are ``stages[i]...``), ``loc``
+    answers at the legacy key the value came from (``Migration.legacy_path``, walked up to
+    the nearest key the legacy file has), so every finding points into the user's file."""
+
+    def __init__(self, legacy: Document, migrated: Document, migration: Any):
+        super().__init__(migrated)
+        self.legacy, self.migration = legacy, migration
+        self.name = legacy.name
+
+    def loc(self, path: tuple, *, value: bool = False) -> Location:
+        old = self.migration.legacy_path(tuple(path))
+        p = tuple(old) if old is not None else ("stage_args",)
+        while p and not self.legacy.exists(p):
+            p = p[:-1]
+        return self.legacy.loc(p, value=value and old is not None and p == tuple(old))
+
+    def docs(self) -> dict[str, Document]:
+        return {self.legacy.name: self.legacy}
+
+
+def _migrate_legacy(doc: Document, tgt: Any, opts: "ValidateOptions") -> "MigratedLocator | list[Diagnostic]":
+    """``doc`` (legacy) migrated for ``tgt`` (omni_pd/compile/migrate.py) as a
+    :class:`MigratedLocator`, or the OPD971 errors that stopped the migration."""
+    from omni_pd.compile.migrate import MigrateError, migrate_document
+    from omni_pd.io import dump, parse_text
+
+    try:
+        m = migrate_document(doc, tgt, load_catalogue(), opts.pipeline)
+    except MigrateError as e:
+        return list(e.diagnostics)
+    mdoc = parse_text(dump(m.tree), doc.name + " (migrated)", own_output=True, comments=False)
+    return MigratedLocator(doc, mdoc, m)
+
+
+def _legacy_why(found: list[Diagnostic], errors: list[Diagnostic]) -> list[Diagnostic]:
+    """``found`` with the reasons migration failed added to OPD102 as notes (the rules that
+    need the stage roles did not run)."""
+    from dataclasses import replace
+
+    why = [f"not checked in its migrated form: {e.message} ({e.location})" for e in errors[:3]]
+    return [replace(d, notes=list(d.notes) + why) if d.code == "OPD102" else d for d in found]
 
 
 def _base_platform(cfg: Any, pipe: Any) -> str | None:

@@ -136,6 +136,7 @@ def expand_document(doc: Document, opts: ExpandOptions = ExpandOptions(), *, vll
     """
     from omni_pd.compile.emit import apply_pd_split, render
 
+    doc, migrated = migrate_first(doc, vllm_version, pipeline, catalogue)
     doc, narrowed = _thinker_only(doc, pipeline, catalogue)
     cat, tgt, topo = _front(doc, vllm_version, pipeline, catalogue)
     plan = plan_pd_split(topo, cat, tgt, opts, doc)
@@ -151,7 +152,41 @@ def expand_document(doc: Document, opts: ExpandOptions = ExpandOptions(), *, vll
         text = text.rstrip("\n") + "\n"
     out_cfg, out_topo = _reparse(text, doc, plan.target_pipeline)
     return ExpandResult(text=text, config=out_cfg, topology=out_topo, plan=plan,
-                        diagnostics=narrowed + tuple(plan.diagnostics) + npu_notes)
+                        diagnostics=migrated + narrowed + tuple(plan.diagnostics) + npu_notes)
+
+
+def migrate_first(doc: Document, vllm_version: str | None, pipeline: str | None,
+                  catalogue: Catalogue | None) -> tuple[Document, tuple[Diagnostic, ...]]:
+    """A legacy ``stage_args`` ``doc`` migrated to the target's ``stages:`` form
+    (omni_pd/compile/migrate.py), named ``<name> (migrated)`` so positions in later
+    diagnostics are read as the migrated text's, and the OPD970 info that says so;
+    any other ``doc`` unchanged with no note. Raises :class:`OmniPdError`: OPD006 (bad
+    ``vllm_version``), OPD971 (a key migrate cannot map)."""
+    from omni_pd.compile.migrate import NOTE, is_legacy, migrate_text
+
+    if not is_legacy(doc.tree):
+        return doc, ()
+    try:
+        tgt = make_target(vllm_version)
+    except ValueError as e:
+        raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR, message=str(e))) from None
+    from omni_pd.compile.migrate import MigrateError
+
+    try:
+        text, m = migrate_text(doc, tgt, catalogue or load_catalogue(), pipeline)
+    except MigrateError as e:
+        raise OmniPdError(Diagnostic(
+            code="OPD102", severity=Severity.ERROR, location=doc.loc(("stage_args",)),
+            message="legacy `stage_args` file: vllm-omni 0.30 only reads the `stages:` deploy schema, "
+                    "and omni-pd cannot migrate this one",
+            notes=[f"{d.location}: {d.message}" for d in e.diagnostics],
+            help="fix the keys named (`omni-pd migrate` lists them), then expand again")) from None
+    assert m is not None
+    note = Diagnostic(code=NOTE, severity=Severity.INFO, location=doc.loc(("stage_args",)),
+                      message=f"legacy `stage_args` file migrated to the `stages:` schema first ({m.pipeline.name}, "
+                              f"{len(m.notes)} changes)",
+                      help=f"`omni-pd migrate {os.path.basename(doc.name)}` shows each change and writes the migrated file")
+    return parse_text(text, doc.name + " (migrated)", own_output=True), (note,)
 
 
 def _npu_pass(tree, plan: PDSplitPlan, opts: ExpandOptions, tgt: Target, doc: Document) -> tuple[Diagnostic, ...]:

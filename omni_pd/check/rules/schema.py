@@ -45,7 +45,7 @@ def wrong_type(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     return list(ctx.parse_diagnostics)
 
 
-@rule("OPD102", "legacy-stage-args", Severity.WARNING,
+@rule("OPD102", "legacy-stage-args", Severity.ERROR,
       "legacy `stage_args` file: no schema defaults are applied",
       fail="stage_args:\n  - stage_id: 0\n    engine_input_source: []\n",
       passing="stages:\n  - stage_id: 0\n", labels=("SCH-LEGACY",))
@@ -53,14 +53,14 @@ def legacy_stage_args(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """A file with ``stage_args:`` uses the legacy schema: vllm-omni 0.30's deploy loader
     (``load_deploy_config``) rejects it, ``--stage-configs-path`` still reads it but
     applies no defaults (an omitted ``engine_input_source`` crashes the orchestrator,
-    vllm-omni#5434). ``omni-pd expand`` refuses such a file with the same code as a
-    fatal error; validate warns and checks what it can. Source: vllm-omni
+    vllm-omni#5434). An error: vllm-omni 0.28+ refuses the file. validate checks it in its
+    migrated form (omni_pd/compile/migrate.py, every finding at the legacy key) and
+    ``omni-pd migrate`` rewrites it. Source: vllm-omni
     config/stage_config.py; https://github.com/vllm-project/vllm-omni/issues/5434."""
     if ctx.legacy:
         yield r.diag("legacy `stage_args` file: no schema defaults are applied; vllm-omni 0.30's deploy loader only reads `stages:`",
                      ctx.loc(("stage_args",)),
-                     help="convert it: one `stages:` entry per stage with flat engine keys "
-                          "(engine_args.* -> stage keys, runtime.devices -> devices); topology comes from the pipeline")
+                     help="run `omni-pd migrate FILE -o OUT.yaml` (the `stages:` schema; serve it with --deploy-config)")
 
 
 def stage_entries(ctx: Context) -> list[tuple[tuple, dict]]:
