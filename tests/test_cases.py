@@ -94,7 +94,6 @@ XFAIL = {
                        "the prefill-leg sampling rewrite is the orchestrator's, validate warns instead (OPD701, "
                        "see test_br32_prefill_sampling_is_flagged)",
     # issue 22, in progress: each reason says which rule is missing or wrong
-    ("BR-50", "main"): "SCH-EXTRA-REQUIRED (OPD608) does not read LMCache's per-TP-rank pd_peer_*_port lists yet",
     ("BR-52", "main"): "RT-PROXY-PARAMS (OPD702): the inventory router has no protocol kind yet (a NIXL-only relay "
                        "in front of MooncakeConnector is not flagged)",
     ("BR-54", "main"): "CAP-MULTI-DP-LB: no known-broken-combination row for Mooncake prefill DP + multi-port external LB",

@@ -1124,3 +1124,60 @@ def test_opd615_suggestions_need_a_close_match_and_an_unread_stage_does_not_end_
     text = _ec(dx=", ec_connector_extra_config: {zzzz: 1}").replace("ec_connector: ECExampleConnector", "ec_connector: FooBar", 1)
     assert [h[1] for h in found(text, "OPD615", opts=V30)] == [
         "stage 1: `zzzz` is not an option ECExampleConnector reads in vLLM 0.30"]
+
+
+# --- OPD608 LMCache's per-rank PD peer port lists (issue 22, BR-50) ------------------------------------
+
+def _lmc_rx(init: str = "[7300, 7301]", alloc: str = "[7400, 7401]") -> str:
+    from omni_pd.check.rules.capability import _lmc_rx as rx
+
+    return rx(init, alloc)
+
+
+def test_opd608_lmcache_peer_port_lists_need_one_port_per_decode_rank() -> None:
+    text = _lmc_rx("[7300]", "[7400]")
+    line = text.splitlines()[4]
+    assert found(text, "OPD608") == [
+        ("error", f"stage 1 (TP 2): lmcache.pd_peer_{k}_port lists 1 port; LMCache's PD backend takes one per worker "
+                  "rank (rank 1 fails with IndexError at start)",
+         (5, line.index(f"lmcache.pd_peer_{k}_port: [") + len(f"lmcache.pd_peer_{k}_port: ") + 1),
+         f"list 2, e.g. `lmcache.pd_peer_{k}_port: [{base}, {base + 1}]`", [])
+        for k, base in (("init", 7300), ("alloc", 7400))]
+    # one port per rank, or more (unread), is right; OPD504 reads each element as a port
+    for ok in (_lmc_rx(), _lmc_rx("[7300, 7301, 7302]", "[7400, 7401]")):
+        assert found(ok, "OPD608") == [] and found(ok, "OPD504") == []
+
+
+def test_opd608_a_scalar_lmcache_peer_port_in_extra_config_cannot_be_indexed() -> None:
+    # vLLM's LMCache adapter setattr()s lmcache.* values as written: 7300 is indexed [tp_rank] (TypeError)
+    for raw, shown, want in (("7300", "7300", "[7300, 7301]"), ('"7300,7301"', "'7300,7301'", "[7300, 7301]"),
+                             ("abc", "'abc'", "[<port>, <port>]")):
+        got = found(_lmc_rx(raw), "OPD608")
+        assert [(g[1], g[3]) for g in got] == [(
+            f"stage 1: lmcache.pd_peer_init_port = {shown} is not a list; vLLM's LMCache adapter sets lmcache.* values "
+            "as written and LMCache indexes this one by worker rank (TypeError at start)",
+            f"write `lmcache.pd_peer_init_port: {want}` (one port per rank, TP 2)")], raw
+
+
+def test_opd608_lmcache_env_form_and_old_names_and_pp_ranks() -> None:
+    # LMCACHE_PD_PEER_INIT_PORT goes through LMCache's _to_int_list: "7300,7301" is a list of two, 7300 of one
+    text = _lmc_rx().replace("lmcache.pd_peer_init_port: [7300, 7301], ", "").replace(
+        '"2,3", tensor_parallel_size: 2,', '"2,3", tensor_parallel_size: 2, env: {LMCACHE_PD_PEER_INIT_PORT: "@@"},')
+    assert found(text.replace("@@", "7300,7301"), "OPD608") == []
+    assert found(text.replace("@@", "7300,7301"), "OPD504") == []
+    assert [g[1] for g in found(text.replace("@@", "7300"), "OPD608")] == [
+        "stage 1 (TP 2): LMCACHE_PD_PEER_INIT_PORT lists 1 port; LMCache's PD backend takes one per worker rank "
+        "(rank 1 fails with IndexError at start)"]
+    # the extra-config key wins over the variable (vLLM's adapter applies it last)
+    both = _lmc_rx().replace('"2,3", tensor_parallel_size: 2,', '"2,3", tensor_parallel_size: 2, env: {LMCACHE_PD_PEER_INIT_PORT: "7300"},')
+    assert found(both, "OPD608") == []
+    # LMCache <= 0.3 names (BR-50's report): same rule
+    old = _lmc_rx("[7300]").replace("lmcache.pd_peer_", "lmcache.nixl_peer_")
+    assert [g[1][:60] for g in found(old, "OPD608")] == ["stage 1 (TP 2): lmcache.nixl_peer_init_port lists 1 port; LM"]
+    # PP ranks index it too: TP 2 x PP 2 needs four
+    pp = _lmc_rx().replace('"2,3", tensor_parallel_size: 2,', '"2,3,4,5", tensor_parallel_size: 2, pipeline_parallel_size: 2,')
+    assert [g[1][:62] for g in found(pp, "OPD608")] == [
+        "stage 1 (TP 2 x PP 2): lmcache.pd_peer_init_port lists 2 ports", "stage 1 (TP 2 x PP 2): lmcache.pd_peer_alloc_port lists 2 port"]
+    # another connector's keys of the same name are not LMCache's
+    nixl = _lmc_rx("[7300]").replace("LMCacheConnectorV1", "NixlConnector")
+    assert found(nixl, "OPD608") == []

@@ -629,3 +629,21 @@ def test_opd506_prints_one_port_and_a_range_as_opd501_does() -> None:
     assert [g[1] for g in hits(text, "OPD506", _NPU)] == [
         "stage 1: MooncakeConnectorV1 kv_port range 30000-30001 overlaps AscendDirectTransport's random ports "
         "[20000, 36000) on a 16-NPU node"]
+
+
+def test_opd504_lmcache_per_rank_port_lists_are_checked_element_by_element() -> None:
+    # issue 22 / BR-50: `[7300, 7301]` was "not a port"; a list is LMCache's shape, each element a port
+    from omni_pd.check.rules.capability import _lmc_rx
+
+    assert hits(_lmc_rx("[7300, 7301]", "[7400, 7401]"), "OPD504") == []
+    text = _lmc_rx("[7300, 70000]", "[7400, x]")
+    assert [(h[0], h[1], h[3]) for h in hits(text, "OPD504")] == [
+        (E, "stage 1: lmcache.pd_peer_init_port = [7300, 70000] holds 70000, not a port (1..65535)",
+         "one port per rank, each a free port number between 1024 and 65535"),
+        (E, "stage 1: lmcache.pd_peer_alloc_port = [7400, 'x'] holds 'x', not a port (1..65535)",
+         "one port per rank, each a free port number between 1024 and 65535")]
+    # a scalar there is OPD608's finding (LMCache cannot index it), not a second one here
+    assert hits(_lmc_rx("7300", "[7400, 7401]"), "OPD504") == []
+    # the scalar LMCache ports stay ports: pd_proxy_port 0 is still refused
+    assert [h[1] for h in hits(_lmc_rx("[7300, 7301]", "[7400, 7401]").replace("pd_proxy_port: 7500", "pd_proxy_port: 0"),
+                               "OPD504")] == ["stage 0: lmcache.pd_proxy_port = 0 is not a port (1..65535)"]

@@ -580,20 +580,49 @@ def block_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                          help="pin the same `block_size:` on both stages")
 
 
+def _lmc_rx(init: str, alloc: str) -> str:  # pragma: no mutate block (runs at import only)
+    """An LMCache PD pair at TP 2 whose decode (receiver) lists ``init``/``alloc`` peer ports."""
+    return ("pipeline: llm_pd\nasync_chunk: false\nstages:\n"
+            "  - {stage_id: 0, devices: \"0,1\", tensor_parallel_size: 2, kv_transfer_config: {kv_connector: LMCacheConnectorV1, "
+            "kv_role: kv_producer, engine_id: p, kv_connector_extra_config: {lmcache.enable_pd: true, lmcache.pd_role: sender, "
+            "lmcache.pd_proxy_host: localhost, lmcache.pd_proxy_port: 7500, lmcache.pd_buffer_size: 1073741824, "
+            "lmcache.pd_buffer_device: cuda}}}\n"
+            "  - {stage_id: 1, devices: \"2,3\", tensor_parallel_size: 2, kv_transfer_config: {kv_connector: LMCacheConnectorV1, "
+            "kv_role: kv_consumer, engine_id: d, kv_connector_extra_config: {lmcache.enable_pd: true, lmcache.pd_role: receiver, "
+            f"lmcache.pd_peer_host: localhost, lmcache.pd_peer_init_port: {init}, lmcache.pd_peer_alloc_port: {alloc}, "
+            "lmcache.pd_buffer_size: 1073741824, lmcache.pd_buffer_device: cuda}}}\n")
+
+
 @rule("OPD608", "extra-config-required", Severity.ERROR,
       "kv_connector_extra_config lacks a key the connector requires",
       fail=_pair_yaml("MoRIIOConnector", p_kv=", kv_connector_extra_config: {http_port: 8100}",
                       d_kv=", kv_connector_extra_config: {http_port: 8200, handshake_port: 6301, notify_port: 6401}"),
       passing=_pair_yaml("MoRIIOConnector", p_kv=", kv_connector_extra_config: {http_port: 8100, handshake_port: 6300, notify_port: 6400}",
                          d_kv=", kv_connector_extra_config: {http_port: 8200, handshake_port: 6301, notify_port: 6401}"),
-      example_context={"vllm_version": "0.18"}, labels=("SCH-EXTRA-REQUIRED",))
+      example_context={"vllm_version": "0.18"}, labels=("SCH-EXTRA-REQUIRED",),
+      examples=(
+          Example("LMCache PD receiver at TP 2 with one peer port per list", _lmc_rx("[7300]", "[7400]"), True,
+                  contains="lists 1 port"),
+          Example("LMCache PD receiver at TP 2 with one port per rank", _lmc_rx("[7300, 7301]", "[7400, 7401]"), False),
+          Example("LMCache peer port as a scalar in kv_connector_extra_config", _lmc_rx("7300", "[7400, 7401]"), True,
+                  contains="is not a list"),
+      ))
 def extra_required(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Per connector required ``kv_connector_extra_config`` keys: P2pNcclConnector with a
     proxy (``proxy_ip``/``proxy_port``) needs ``http_port`` (= the instance's API port);
     MoRIIOConnector needs ``http_port``, ``handshake_port`` and ``notify_port`` (KeyError
-    at start otherwise). Sources: vLLM ``v1/moriio/moriio_common.py`` ``MoRIIOConfig``
-    (0.18+), ``v1/p2p/p2p_nccl_engine.py`` (0.11-0.22);
-    https://github.com/vllm-project/vllm/pull/26628."""
+    at start otherwise). LMCacheConnectorV1: LMCache's PD peer ports
+    (``lmcache.pd_peer_init_port``, ``lmcache.pd_peer_alloc_port``, ``pd_peer_query_port``,
+    the older ``nixl_peer_*`` names, or their ``LMCACHE_*`` variables) are lists with one
+    port per worker rank of the stage that reads them (TP x PP): a shorter list is an
+    IndexError at start on the first rank past its end, and in ``kv_connector_extra_config``
+    a scalar is set as written and cannot be indexed. Sources: vLLM ``v1/moriio/moriio_common.py``
+    ``MoRIIOConfig`` (0.18+), ``v1/p2p/p2p_nccl_engine.py`` (0.11-0.22),
+    ``lmcache_integration/vllm_v1_adapter.py`` (``lmcache.`` keys); LMCache
+    ``lmcache/v1/storage_backend/pd_backend.py`` ``PDConfig.from_cache_engine_config``,
+    ``lmcache/v1/config.py`` ``_to_int_list``;
+    https://github.com/vllm-project/vllm/pull/26628, LMCache/LMCache#1381, #1966."""
+    yield from _lmcache_rank_ports(ctx, r)
     for n in _kv_nodes(ctx):
         kv = n.kv or {}
         name = kv.get("kv_connector")
@@ -606,6 +635,41 @@ def extra_required(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                 yield r.diag(f"stage {n.stage_id}: {name} requires kv_connector_extra_config.{key}",
                              ctx.sloc(n, "kv_transfer_config", "kv_connector_extra_config"),
                              help=f"add `{key}: <port>`" + (" (the instance's API --port)" if key == "http_port" else ""))
+
+
+def _lmcache_rank_ports(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """OPD608 for LMCache's per-rank port lists (ports.py :data:`LMCACHE_RANK_PORTS`):
+    each needs one entry per worker of the stage that reads it (TP x PP ranks; LMCache
+    indexes it with the worker's rank), and in ``kv_connector_extra_config`` it must be a
+    YAML list (the adapter sets ``lmcache.*`` values as written; a scalar is indexed and
+    fails at start). A longer list is fine (the extra entries are unread)."""
+    from omni_pd.check.rules.ports import lmcache_rank_ports
+
+    for n in _kv_nodes(ctx):
+        tp, pp = ctx.stage_tp(n), ctx.stage_pp(n)
+        ranks = tp * pp
+        what = f"TP {tp}" + (f" x PP {pp}" if pp > 1 else "")
+        for rp in lmcache_rank_ports(n):
+            loc = ctx.sloc(n, *rp.keys, value=True)
+            path = rp.keys[-1]
+            if rp.ports is None:
+                yield r.diag(f"stage {n.stage_id}: {path} = {rp.raw!r} is not a list; vLLM's LMCache adapter sets "
+                             f"lmcache.* values as written and LMCache indexes this one by worker rank (TypeError at start)",
+                             loc, help=f"write `{path}: {_port_list(rp.raw, ranks)}` (one port per rank, {what})")
+            elif len(rp.ports) < ranks:
+                yield r.diag(f"stage {n.stage_id} ({what}): {path} lists {len(rp.ports)} port"
+                             f"{'' if len(rp.ports) == 1 else 's'}; LMCache's PD backend takes one per worker rank "
+                             f"(rank {len(rp.ports)} fails with IndexError at start)",
+                             loc, help=f"list {ranks}, e.g. `{path}: {_port_list(rp.ports[0] if rp.ports else None, ranks)}`")
+
+
+def _port_list(first: Any, n: int) -> str:
+    """``[first, first+1, ...]`` with ``n`` entries (``[<port>, ...]`` when ``first`` is no port)."""
+    try:
+        base = int(str(first).split(",")[0].strip())
+    except ValueError:
+        return "[" + ", ".join(["<port>"] * n) + "]"
+    return "[" + ", ".join(str(base + i) for i in range(n)) + "]"
 
 
 @rule("OPD609", "kv-field-unsupported", Severity.ERROR,

@@ -60,6 +60,55 @@ def _as_port(v: Any) -> int | None:
         return None
 
 
+#: LMCache settings that hold one port per worker of the engine that reads them: LMCache's
+#: PD backend takes ``config.pd_peer_init_port[tp_rank]`` (``tp_rank`` = the worker's rank
+#: in its engine, ``metadata.worker_id``) for each (LMCache lmcache/v1/storage_backend/
+#: pd_backend.py ``PDConfig.from_cache_engine_config``; ``pd_peer_query_port`` in newer
+#: releases; ``nixl_peer_*`` are the LMCache <= 0.3 names, aliases in lmcache/v1/config.py
+#: ``_CONFIG_ALIASES``). LMCache/LMCache#1381, #1966: too few entries -> IndexError at start.
+LMCACHE_RANK_PORTS = ("pd_peer_init_port", "pd_peer_alloc_port", "pd_peer_query_port",
+                      "nixl_peer_init_port", "nixl_peer_alloc_port")
+
+
+@dataclass(frozen=True)
+class RankPorts:
+    """One LMCache per-rank port setting of a stage. ``keys``: its path under the stage
+    (``("kv_transfer_config", "kv_connector_extra_config", "lmcache.pd_peer_init_port")`` or
+    ``("env", "LMCACHE_PD_PEER_INIT_PORT")``); ``raw``: the value as written; ``ports``:
+    the list LMCache ends up with, None when the shape is one LMCache cannot index
+    (a scalar or a string in ``kv_connector_extra_config``: vLLM's LMCache adapter sets
+    ``lmcache.*`` values as written, ``_validate_and_set_config_value``)."""
+
+    name: str
+    keys: tuple
+    raw: Any
+    ports: list | None
+
+
+def lmcache_rank_ports(n: "StageNode") -> list[RankPorts]:
+    """The LMCache per-rank port lists stage ``n`` sets (:data:`LMCACHE_RANK_PORTS`), for
+    ``LMCacheConnectorV1`` stages only. Both forms vLLM's LMCache adapter reads: the
+    ``lmcache.``-prefixed ``kv_connector_extra_config`` key (a YAML list; it wins) and the
+    ``LMCACHE_<KEY>`` environment variable (LMCache's ``_to_int_list``: ``7300`` or
+    ``"7300,7301"``). Elements are kept as written (OPD504 checks each is a port)."""
+    kv = n.kv or {}
+    if kv.get("kv_connector") != "LMCacheConnectorV1":
+        return []
+    extra = kv.get("kv_connector_extra_config")
+    extra = extra if isinstance(extra, dict) else {}
+    out: list[RankPorts] = []
+    for key in LMCACHE_RANK_PORTS:
+        if f"lmcache.{key}" in extra:
+            v = extra[f"lmcache.{key}"]
+            out.append(RankPorts(key, ("kv_transfer_config", "kv_connector_extra_config", f"lmcache.{key}"), v,
+                                 list(v) if isinstance(v, list) else None))
+        elif f"LMCACHE_{key.upper()}" in n.env:
+            v = n.env[f"LMCACHE_{key.upper()}"]
+            parts = v if isinstance(v, list) else [p.strip() for p in str(v).strip().strip("'\"").split(",") if p.strip()]
+            out.append(RankPorts(key, ("env", f"LMCACHE_{key.upper()}"), v, list(parts)))
+    return out
+
+
 def _side(n: "StageNode") -> str:
     if n.pd_role:
         return n.pd_role
@@ -394,7 +443,9 @@ def _reads_kv_ip(ctx: Context, name: str) -> bool:
                "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}}\n"))
 def port_invalid(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Ports (``kv_port``, ``*_port`` extra-config keys, ``*_PORT`` env vars) must be
-    integers in 1..65535 (P2pNccl rejects ``kv_port`` 0); a range ``[base, base + span)``
+    integers in 1..65535 (P2pNccl rejects ``kv_port`` 0); LMCache's per-rank port lists
+    (:data:`LMCACHE_RANK_PORTS`, a list such as ``[7300, 7301]`` or ``"7300,7301"`` in the
+    environment) are checked element by element, their length and shape by OPD608; a range ``[base, base + span)``
     must also end at or below 65535 (the operating system's port range; vLLM does not
     range-check ``kv_port``). Sources: vLLM ``vllm/config/kv_transfer.py``
     ``KVTransferConfig`` (``kv_port: int``), ``v1/p2p/p2p_nccl_engine.py`` (0.11-0.22)."""
@@ -403,6 +454,7 @@ def port_invalid(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     for n in ctx.topology.stages:
         kv = n.kv or {}
         items: list[tuple[tuple, Any]] = []
+        lists = {rp.keys: rp for rp in lmcache_rank_ports(n)}  # one port per rank: each element is a port
         if "kv_port" in kv:
             items.append((("kv_transfer_config", "kv_port"), kv["kv_port"]))
         for k, v in (kv.get("kv_connector_extra_config") or {}).items():
@@ -412,6 +464,14 @@ def port_invalid(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             if isinstance(k, str) and k.endswith("_PORT"):
                 items.append((("env", k), v))
         for keys, v in items:
+            if keys in lists:
+                rp = lists[keys]
+                bad = [x for x in rp.ports or () if _as_port(x) is None or not 1 <= _as_port(x) <= 65535]
+                if bad:  # a scalar where LMCache wants a list is OPD608's finding
+                    yield r.diag(f"stage {n.stage_id}: {keys[-1]} = {v!r} holds {', '.join(repr(x) for x in bad)}, "
+                                 "not a port (1..65535)", ctx.sloc(n, *keys, value=True),
+                                 help="one port per rank, each a free port number between 1024 and 65535")
+                continue
             p = _as_port(v)
             if p is None or not 1 <= p <= 65535:
                 yield r.diag(f"stage {n.stage_id}: {keys[-1]} = {v!r} is not a port (1..65535)",
