@@ -11,14 +11,25 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-#: env names whose values are secrets: masked in printed plans and in streamed logs.
-SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|_KEY$|CREDENTIAL)", re.IGNORECASE)
+#: names (env names, or flags as ``API_KEY`` for ``--api-key``) whose values are secrets:
+#: the whole name or its last ``_``-separated words are one of these. ``HF_TOKEN`` and
+#: ``--hf-token`` (huggingface_hub; vLLM vllm/engine/arg_utils.py ``hf_token``),
+#: ``VLLM_API_KEY`` and ``--api-key`` (vllm/envs.py, vllm/entrypoints/openai/cli_args.py),
+#: ``OPENAI_API_KEY``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``*_PASSWORD``. Whole
+#: words only: an engine argument that merely contains one (``--max-num-batched-tokens``,
+#: ``--tokenizer``, ``--ssl-keyfile``) is a setting the user must see.
+SECRET_ENV = re.compile(
+    r"(?:.*_)?(?:TOKEN|API_KEY|APIKEY|SECRET|SECRET_KEY|SECRET_ACCESS_KEY|PRIVATE_KEY|ACCESS_TOKEN|AUTH_TOKEN"
+    r"|PASSWORD|PASSWD|CREDENTIALS?)", re.IGNORECASE)
 MASK = "***"
 
 
 def is_secret(name: str) -> bool:
-    """True for env names that carry secrets (``HF_TOKEN``, ``OPENAI_API_KEY``, ...)."""
-    return bool(SECRET_ENV.search(name))
+    """True when ``name`` (an env name such as ``HF_TOKEN``, or a flag's words such as
+    ``api_key`` for ``--api-key``; ``-`` reads as ``_``) names a secret by
+    :data:`SECRET_ENV`: ``HF_TOKEN``, ``OPENAI_API_KEY``, ``DB_PASSWORD`` are; the engine
+    arguments ``max_num_batched_tokens``, ``tokenizer`` and ``kv_cache_dtype`` are not."""
+    return bool(SECRET_ENV.fullmatch(name.replace("-", "_")))
 
 
 @dataclass(frozen=True)
