@@ -1,19 +1,27 @@
-"""Talker conditioning under PD on vllm-omni 0.30 (issue 10; reference §4), from vllm-omni's own code.
+"""Talker conditioning under PD on vllm-omni 0.30 (issues 10 and 21), from vllm-omni's own code.
 
 ``tests/oracle/talker_pd_probe.py`` runs in the oracle venv: the Thinker engine's real
 payload path and full-payload accumulator, the real ``thinker2talker_full_payload`` of
 Qwen3-Omni and Qwen2.5-Omni, and Qwen3-Omni's real Talker prefill builder, fed what a
 Thinker engine produces without PD (first step computes the whole prompt) and what the
 PD decode engine produces (it loads the prompt's KV and recomputes only the last prompt
-token). Verdict, asserted here: under PD the Talker misses the prompt rows -- Qwen3-Omni
-raises or silently conditions on generated-token rows, Qwen2.5-Omni ships nothing (its
-Talker waits) or shifted rows -- while the orchestrator's prefill copy merged in front
-would restore the exact non-PD input. That copy has no reader, and the payload is built
-in the decode engine process, so omni-pd warns (OPD704) instead of patching.
+token). Verdict of upstream alone: under PD the Talker misses the prompt rows --
+Qwen3-Omni raises or silently conditions on generated-token rows, Qwen2.5-Omni ships
+nothing (its Talker waits) or shifted rows -- while prefill's rows merged in front would
+restore the exact non-PD input; and the orchestrator never keeps prefill's rows
+(``_route_output`` reads ``RequestOutput.multimodal_output``, always None).
 
-These assertions describe vllm-omni 0.30.0. When one of them fails after an upgrade,
-upstream changed the hand-off: re-check the verdict and OPD704
-(omni_pd/check/rules/runtime.py), then update both.
+Then the same request through every seam omni-pd's layer patches (``seams_off`` before
+``vllm_omni_compat.install()``, ``seams_on`` after, one process): the real
+``OrchestratorBase._route_output`` and ``_forward_to_next_stage_unguarded``, the real
+``thinker2talker_token_only`` resolved as the stage client resolves it, the request
+through vLLM's msgpack channel, the Talker runner's buffer merge, the real
+``talker_preprocess`` -> ``talker_preprocess_prefill``. With the layer the Talker's input
+under PD equals the non-PD input exactly; without it, it does not.
+
+These assertions describe vllm-omni 0.30.0. When one fails after an upgrade, upstream
+changed the hand-off: the canary below says whether the Talker patches can go; re-check
+OPD704 (omni_pd/check/rules/runtime.py) and presets/targets/vllm_omni_compat.yaml.
 """
 
 from __future__ import annotations
@@ -95,6 +103,78 @@ def test_orchestrators_prefill_copy_merged_in_front_restores_the_plain_input(pro
         "accumulated_rows"]}
 
 
-def test_nothing_reads_the_orchestrators_prefill_copy(probe):
+def test_nothing_upstream_reads_the_orchestrators_prefill_copy(probe):
     """Only the orchestrator mentions ``pd_prefill_multimodal_output_by_req`` (it writes it)."""
     assert probe["readers_of_pd_prefill_by_req"] == ["engine/orchestrator.py"]
+
+
+# --------------------------------------------------------------------------- the seams (issue 21)
+
+CASES = ("short", "long", "one")
+
+
+def test_the_probe_installed_every_patch_of_the_layer(probe):
+    assert probe["install"] == {"status": "patched", "patched": [
+        "pd_detect", "pd_validate", "pd_connector_info", "engine_bootstrap_addr", "decode_kv_params",
+        "pd_prefill_rows", "talker_prefill_rows", "talker_prefill_merge"]}
+
+
+def test_orchestrator_drops_prefills_rows_without_the_layer_and_keeps_them_with_it(probe):
+    """engine/orchestrator.py ``_route_output`` reads ``getattr(output, "multimodal_output")``
+    on a vLLM RequestOutput (None); the rows are on ``outputs[0]``."""
+    for case in CASES:
+        assert probe["seams_off"][f"{case}_pd"]["orchestrator_kept"] is False
+        assert probe["seams_on"][f"{case}_pd"]["orchestrator_kept"] is True
+    # so without the layer the Talker request carries nothing of prefill's
+    assert probe["seams_off"]["short_pd"]["request_keys"] == []
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_with_the_layer_the_talkers_input_under_pd_equals_the_non_pd_input(probe, case):
+    on, off = probe["seams_on"], probe["seams_off"]
+    assert on[f"{case}_pd"]["talker"] == on[f"{case}_plain"]["talker"]
+    assert on[f"{case}_plain"] == off[f"{case}_plain"]  # a non-PD request is left exactly as upstream has it
+
+
+def test_the_talkers_input_is_the_full_prompt_conditioning(probe):
+    short, long = probe["seams_on"]["short_plain"]["talker"], probe["seams_on"]["long_plain"]["talker"]
+    assert short["rows"] == long["rows"] == 20 and short["ids"] == long["ids"]
+    assert len(long["trailing"]) == 29 and len(short["trailing"]) == 5
+    # one generated token: vllm-omni's Talker fails the same way with and without PD
+    # (an upstream edge case of its own, not PD's); the layer keeps it the non-PD failure
+    assert probe["seams_on"]["one_plain"]["talker"] == {
+        "error": "RuntimeError: The size of tensor a (8) must match the size of tensor b (9) at non-singleton dimension 0"}
+
+
+def test_without_the_layer_the_talker_raises_or_gets_the_wrong_rows(probe):
+    off = probe["seams_off"]
+    assert off["short_pd"]["talker"] == {"error": "RuntimeError: The size of tensor a (6) must match the size of "
+                                                  "tensor b (9) at non-singleton dimension 0"}
+    assert "error" not in off["long_pd"]["talker"]
+    assert off["long_pd"]["talker"]["ids"] == off["long_plain"]["talker"]["ids"]
+    assert off["long_pd"]["talker"]["embeds"] != off["long_plain"]["talker"]["embeds"]
+
+
+def test_prefills_rows_travel_as_two_top_level_keys_and_are_released_after_use(probe):
+    on = probe["seams_on"]["short_pd"]
+    assert on["request_keys"] == ["omni_pd_prefill_layer_0", "omni_pd_prefill_layer_3"]
+    assert on["released"] == on["request_keys"]  # set to None in the Talker's request buffer
+    assert on["bridge_left"] == []  # the orchestrator's bridge entry is dropped once attached
+    # bytes added to the engine request: 2 layers x P rows x H x 4 B (float32 here; bf16 on a
+    # real model: 2 x P x H x 2 B), plus msgpack framing
+    extra = on["request_bytes"] - probe["seams_on"]["short_plain"]["request_bytes"]
+    assert 2 * PROMPT * 8 * 4 <= extra < 2 * PROMPT * 8 * 4 + 256
+
+
+def test_canary_upstream_does_not_merge_prefills_rows_by_itself(probe):
+    """Fails when vllm-omni starts handing the Talker prefill's rows on its own: then the
+    three Talker patches (pd_prefill_rows, talker_prefill_rows, talker_prefill_merge in
+    presets/targets/vllm_omni_compat.yaml) can be dropped for that release, and OPD704
+    re-checked. Each line is one way upstream could fix it."""
+    off = probe["seams_off"]
+    assert off["short_pd"]["orchestrator_kept"] is False, "upstream keeps prefill's rows now"
+    assert "error" in off["short_pd"]["talker"], "upstream's Talker gets a full payload under PD now"
+    assert off["long_pd"]["talker"] != off["long_plain"]["talker"], "upstream merges prefill's rows now"
+    assert probe["qwen3_short_pd_decode"]["prefill_rows"] == 6, "decode's payload has prompt rows now"
+    assert probe["merge_definitions"] == [], "upstream defines _merge_pd_embeddings now"
+    assert probe["readers_of_pd_prefill_by_req"] == ["engine/orchestrator.py"], "something reads the bridge now"
