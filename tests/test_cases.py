@@ -63,7 +63,7 @@ CASE_RULES: dict[str, str | tuple[str, ...] | None] = {
     "CAP-MLA": "OPD604",
     "CAP-DTYPE": "OPD606",
     "RT-PREFILL-SAMPLING": "OPD701",
-    "RT-PROXY-PARAMS": "OPD702",
+    "RT-PROXY-PARAMS": ("OPD702", "OPD705"),
     "RT-VERIFY-TRANSFER": "OPD703",
     "ID-ENGINE-UNIQUE": "OPD309",
     "CAP-PP": "OPD612",
@@ -94,8 +94,6 @@ XFAIL = {
                        "the prefill-leg sampling rewrite is the orchestrator's, validate warns instead (OPD701, "
                        "see test_br32_prefill_sampling_is_flagged)",
     # issue 22, in progress: each reason says which rule is missing or wrong
-    ("BR-52", "main"): "RT-PROXY-PARAMS (OPD702): the inventory router has no protocol kind yet (a NIXL-only relay "
-                       "in front of MooncakeConnector is not flagged)",
     ("BR-54", "main"): "CAP-MULTI-DP-LB: no known-broken-combination row for Mooncake prefill DP + multi-port external LB",
     ("BR-54", "fix"): "CAP-MULTI-DP-LB has no omni-pd code yet",
 }

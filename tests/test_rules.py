@@ -13,7 +13,7 @@ from pd_fixture import PD  # tests/pd_fixture.py
 RULES = registry()
 
 #: one-rule modules of omni_pd/check/rules (module -> family of its code)
-ONE_RULE_MODULES = {"model_identity": "pd_pair", "hybrid_state": "capability"}
+ONE_RULE_MODULES = {"model_identity": "pd_pair", "hybrid_state": "capability", "router_protocol": "runtime"}
 
 
 def test_registry_has_every_family_and_stable_codes() -> None:

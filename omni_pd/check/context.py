@@ -9,6 +9,8 @@ Inventory file (``--inventory FILE``, YAML)::
       all: host-a
       1: host-b
     router:             # optional: the PD router/proxy in front of the pair
+      kind: vllm-router # omni-pd | vllm-router | llm-d | dynamo | relay | none (OPD705)
+      protocols: [pull, bootstrap]   # optional: what it is run to speak (default: its kind's)
       relays_kv_transfer_params: false
     allow_shared_devices: false   # true: prefill and decode may share a device
 
@@ -28,6 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ACCELERATORS = ("cuda", "rocm", "npu", "xpu", "musa")
+
+#: ``router.kind`` values (presets/targets/routers.yaml ``kinds``; rule OPD705): omni-pd's
+#: router, vllm-project/router, the llm-d routing sidecar, Dynamo, a proxy that only relays
+#: prefill's kv_transfer_params, or no router
+ROUTER_KINDS = ("omni-pd", "vllm-router", "llm-d", "dynamo", "relay", "none")
 
 
 @dataclass(frozen=True)
@@ -77,7 +84,10 @@ class Inventory:
             raise ValueError(f"unknown inventory key(s): {', '.join(sorted(map(str, unknown)))}")
         raw_hosts = _mapping(d, "hosts", "a mapping of host name -> {accelerator, count, memory_gib, address}")
         raw_placement = _mapping(d, "placement", "a mapping of stage id (or `all`) -> host name")
-        _mapping(d, "router", "a mapping (e.g. {relays_kv_transfer_params: true})")
+        router = _mapping(d, "router", "a mapping (e.g. {relays_kv_transfer_params: true})")
+        kind = router.get("kind")
+        if kind is not None and str(kind) not in ROUTER_KINDS:
+            raise ValueError(f"router.kind must be one of {', '.join(ROUTER_KINDS)}, found {kind!r}")
         shared = d.get("allow_shared_devices", False)
         if not isinstance(shared, bool) and shared is not None:
             raise ValueError(f"allow_shared_devices must be true or false, found {shared!r}")
