@@ -74,7 +74,7 @@ CASE_RULES: dict[str, str | tuple[str, ...] | None] = {
     # issue 22 (BR-45..BR-54): labels with no omni-pd rule yet; XFAIL says what each waits for
     "XS-MODEL-IDENTITY": "OPD313",
     "CAP-HYBRID-SSM": "OPD621",
-    "CAP-MULTI-DP-LB": None,
+    "CAP-MULTI-DP-LB": "OPD622",
 }
 
 def codes_of(label: str) -> tuple[str, ...]:
@@ -94,8 +94,6 @@ XFAIL = {
                        "the prefill-leg sampling rewrite is the orchestrator's, validate warns instead (OPD701, "
                        "see test_br32_prefill_sampling_is_flagged)",
     # issue 22, in progress: each reason says which rule is missing or wrong
-    ("BR-54", "main"): "CAP-MULTI-DP-LB: no known-broken-combination row for Mooncake prefill DP + multi-port external LB",
-    ("BR-54", "fix"): "CAP-MULTI-DP-LB has no omni-pd code yet",
 }
 
 #: model ids in the cases -> the model_type their config.json declares
