@@ -37,6 +37,8 @@ E2E_DIR = Path(__file__).resolve().parent
 BUILDERS = {
     "qwen2": ("make_tiny_model.py", ("make_tiny_model.py",)),
     "qwen3_omni": ("make_tiny_qwen3_omni.py", ("make_tiny_qwen3_omni.py", "make_tiny_model.py")),
+    "qwen3_omni_full": ("make_tiny_qwen3_omni_full.py",
+                        ("make_tiny_qwen3_omni_full.py", "make_tiny_qwen3_omni.py", "make_tiny_model.py")),
 }
 #: libraries whose versions decide the bytes a builder writes
 _BUILD_LIBS = ("torch", "transformers", "tokenizers", "safetensors")
