@@ -7,6 +7,8 @@ Each test names the branch it pins. The rule-example golden is in tests/test_rul
 
 from __future__ import annotations
 
+import pytest
+
 from omni_pd.check.validate import ValidateOptions, validate_text
 from omni_pd.diagnostics import Severity
 
@@ -330,6 +332,17 @@ def test_opd102_a_legacy_file_is_located_at_stage_args() -> None:
         E, "legacy `stage_args` file: no schema defaults are applied; vllm-omni 0.30's deploy loader only reads "
         "`stages:`", (2, 1), "run `omni-pd migrate FILE -o OUT.yaml` (the `stages:` schema; serve it with "
         "--deploy-config)", [])]
+
+
+@pytest.mark.parametrize(("release", "severity"), [("0.24", W), ("0.26", W), ("0.28", E), ("0.30", E)])
+def test_opd102_is_a_warning_only_where_stage_configs_path_still_loads_the_file(release: str, severity) -> None:
+    # vllm-omni 0.28's load_deploy_config refuses `stage_args:` (the 0.26.0 wheel has no such check)
+    got = hits("stage_args:\n  - stage_id: 0\n    engine_input_source: []\n", "OPD102",
+               ValidateOptions(vllm_version=release))
+    assert [(g[0], g[2]) for g in got] == [(severity, (1, 1))]
+    if severity is W:
+        assert got[0][1] == ("legacy `stage_args` file: no schema defaults are applied (an omitted key is missing, not "
+                             f"defaulted, on vllm-omni {release}); vllm-omni 0.28 and later refuse the schema")
 
 
 def test_opd103_suggests_what_difflib_suggests_over_every_known_stage_key() -> None:

@@ -45,6 +45,10 @@ def wrong_type(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     return list(ctx.parse_diagnostics)
 
 
+#: the first vllm-omni release whose deploy loader refuses ``stage_args:`` (config/stage_config.py)
+LEGACY_REMOVED_IN = (0, 28)
+
+
 @rule("OPD102", "legacy-stage-args", Severity.ERROR,
       "legacy `stage_args` file: no schema defaults are applied",
       fail="stage_args:\n  - stage_id: 0\n    engine_input_source: []\n",
@@ -55,9 +59,17 @@ def legacy_stage_args(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     applies no defaults (an omitted ``engine_input_source`` crashes the orchestrator,
     vllm-omni#5434). An error: vllm-omni 0.28+ refuses the file. validate checks it in its
     migrated form (omni_pd/compile/migrate.py, every finding at the legacy key) and
-    ``omni-pd migrate`` rewrites it. Source: vllm-omni
-    config/stage_config.py; https://github.com/vllm-project/vllm-omni/issues/5434."""
-    if ctx.legacy:
+    ``omni-pd migrate`` rewrites it. For a target before 0.28 (``--vllm-version 0.26``), whose
+    ``--stage-configs-path`` still loads the file, it is a warning (checked in the 0.26.0 and
+    0.28.0 wheels: 0.28's ``load_deploy_config`` raises "uses the removed `stage_args`
+    schema"). Source: vllm-omni config/stage_config.py;
+    https://github.com/vllm-project/vllm-omni/issues/5434."""
+    if ctx.legacy and ctx.target.version < LEGACY_REMOVED_IN:
+        yield r.diag("legacy `stage_args` file: no schema defaults are applied (an omitted key is missing, "
+                     f"not defaulted, on vllm-omni {ctx.target.label}); vllm-omni 0.28 and later refuse the schema",
+                     ctx.loc(("stage_args",)), severity=Severity.WARNING,
+                     help="run `omni-pd migrate FILE -o OUT.yaml` (the `stages:` schema; serve it with --deploy-config)")
+    elif ctx.legacy:
         yield r.diag("legacy `stage_args` file: no schema defaults are applied; vllm-omni 0.30's deploy loader only reads `stages:`",
                      ctx.loc(("stage_args",)),
                      help="run `omni-pd migrate FILE -o OUT.yaml` (the `stages:` schema; serve it with --deploy-config)")
