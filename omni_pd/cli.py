@@ -231,8 +231,12 @@ def expand(
         res = expand_document(doc, opts, vllm_version=vllm_version, pipeline=pipeline,
                               schema_ref=_schema_ref(schema_ref))
     if kv_buffer_device is not None and encoder_split is None:
-        cli_options.kv_buffer_device(kv_buffer_device, res.plan.connector, tgt)
-    _self_check(res.text, doc, vllm_version, output, platform=opts.platform, pipeline=pipeline)
+        cli_options.kv_buffer_device(kv_buffer_device, res.plan.connector, tgt,
+                                     overlays=tuple(res.config.platforms or ()))
+    placed = tuple(f"{flag} {v}" for flag, v in (("--prefill-devices", prefill_devices), ("--decode-devices", decode_devices),
+                                                  ("--downstream-devices", downstream_devices),
+                                                  ("--encoder-devices", encoder_devices)) if v is not None)
+    _self_check(res.text, doc, vllm_version, output, platform=opts.platform, pipeline=pipeline, placed=placed)
     diags = [d for d in res.diagnostics if not (quiet and d.severity is Severity.INFO)]
     _emit_diags(diags, {doc.name: doc})
     if output is None:
@@ -272,7 +276,8 @@ def _require_deploy_config(doc, pipeline: Optional[str], vllm_version: Optional[
 
 
 def _self_check(text: str, doc, vllm_version: Optional[str], output: Optional[Path],
-                platform: Optional[str] = None, pipeline: Optional[str] = None) -> None:
+                platform: Optional[str] = None, pipeline: Optional[str] = None,
+                placed: tuple[str, ...] = ()) -> None:
     """Validate what expand is about to write. Errors the input already has (the same
     code in the input's own validation) are the input's: shown where the input sets
     them, exit 2 (bad input). Any other error is a bug in expand: OPD000, exit 3.
@@ -282,7 +287,10 @@ def _self_check(text: str, doc, vllm_version: Optional[str], output: Optional[Pa
     ``platform``: the ``--platform`` expand was given (kept for callers; the check is the same).
     ``pipeline``: expand's ``--pipeline``; the input is judged under the pipeline expand split
     it with (judged under its own, a file whose stages the pipeline lacks made expand's
-    OPD202 look new, an OPD000 for a user's choice)."""
+    OPD202 look new, an OPD000 for a user's choice). ``placed``: the device options given
+    (``"--downstream-devices 0"``); new errors that are all device findings (OPD4xx: world
+    size, memory budget) then come from where the user put the stages: OPD805, exit 2,
+    naming the options."""
     from dataclasses import replace
 
     from omni_pd.check.validate import ValidateOptions, validate_document
@@ -303,6 +311,13 @@ def _self_check(text: str, doc, vllm_version: Optional[str], output: Optional[Pa
                          "fix them first, nothing was written\n")
         raise SystemExit(2)
     _emit_diags(out.errors, out.docs)
+    if placed and all(d.code.startswith("OPD4") for d in new):
+        raise OmniPdError(Diagnostic(
+            code="OPD805", severity=Severity.ERROR,
+            message=f"cannot place the stages where {', '.join(placed)} put them: the file would fail validate "
+                    f"({', '.join(sorted({d.code for d in new}))})",
+            help="give other devices (the findings above say which stages clash), or leave the option out "
+                 "for expand's own layout; nothing was written"))
     raise OmniPdError(Diagnostic(
         code="OPD000", severity=Severity.ERROR,
         message=f"internal error: expand produced a config its own validate rejects ({', '.join(sorted({d.code for d in new}))})",

@@ -41,7 +41,8 @@ def vllm_version(value: str | None, option: str = "--vllm-version") -> Target:
         raise _bad(option, value, str(e), f"give a vLLM major.minor from {known[0]} to {known[-1]}") from None
 
 
-def kv_buffer_device(value: str, connector: str, target: Target, option: str = "--kv-buffer-device") -> str:
+def kv_buffer_device(value: str, connector: str, target: Target, option: str = "--kv-buffer-device",
+                     overlays: tuple[str, ...] = ()) -> str:
     """``value`` when ``connector`` at ``target`` accepts it as ``kv_buffer_device`` on
     the base platform (CUDA); raises OPD006 otherwise.
 
@@ -49,7 +50,9 @@ def kv_buffer_device(value: str, connector: str, target: Target, option: str = "
     (vLLM ``kv_connector/v1/nixl/utils.py _NIXL_SUPPORTED_DEVICE``: ``cuda`` only in 0.11,
     ``cuda`` or ``cpu`` from 0.13). Other connectors (MooncakeConnector in vLLM 0.30 does
     not read the field: ``v1/mooncake/mooncake_connector.py`` registers the device KV
-    cache itself): the choices KVTransferConfig documents, :data:`KV_BUFFER_DEVICES`."""
+    cache itself): the choices KVTransferConfig documents, :data:`KV_BUFFER_DEVICES`.
+    ``overlays``: the platforms whose ``platforms.<P>`` overlay the written file carries; the
+    value must be accepted on each of them too (the same table), else OPD006 names the overlay."""
     from omni_pd.check.rules.capability import BUFFER_DEVICES
 
     table = BUFFER_DEVICES.get(connector)
@@ -64,6 +67,15 @@ def kv_buffer_device(value: str, connector: str, target: Target, option: str = "
         staging = table is not None and "cpu" in allowed[1:]
         raise _bad(option, value, f"{where} accepts {_either(allowed)}",
                    f"pass {option} {allowed[0]}" + (" (or cpu for host staging)" if staging else ""))
+    for plat in overlays:  # the written kv_transfer_config applies under each platforms.<P> overlay too
+        rows = [vals for p, since, vals in (table or ()) if p == plat and target.version >= since]
+        if plat == BASE_PLATFORM or not rows or value in rows[-1]:
+            continue
+        both = tuple(v for v in allowed if v in rows[-1])
+        raise _bad(option, value, f"the file's platforms.{plat} overlay runs {connector} on {plat}, where vLLM "
+                   f"{target.label} accepts {_either(rows[-1])}",
+                   (f"pass {option} {both[0]} (accepted on {BASE_PLATFORM} and {plat}), " if both else "")
+                   + f"or drop {option}, or the platforms.{plat} overlay")
     return value
 
 

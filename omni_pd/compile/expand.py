@@ -92,6 +92,41 @@ def _thinker_only(doc: Document, pipeline: str | None, catalogue: Catalogue | No
     return Document(name=doc.name, text=doc.text, tree=narrowed, source_map=build_source_map(narrowed)), (note,)
 
 
+def check_device_options(topo: Topology, opts: ExpandOptions) -> None:
+    """Refuse ``--prefill-devices``/``--decode-devices`` lists whose length is not the
+    side's devices per engine (TP x PP x DP; TP from ``--tp``/``--prefill-tp``/``--decode-tp``
+    or the Thinker's), before the split: the written stage would fail validate's OPD401
+    (vllm-omni engine/stage_init_utils.py gives each engine TP x PP x local DP devices).
+    A list of ``num_replicas`` times that (the Thinker's pool mode) passes, as OPD401
+    accepts it. xPyD (``--prefill-replicas``/``--decode-replicas``) lists are checked by
+    :func:`~omni_pd.compile.passes.pd_split.plan_pd_split` per instance. Raises
+    :class:`OmniPdError` OPD805 (exit 2) naming the options. Pure."""
+    from omni_pd.compile.passes.pd_split import side_tps
+
+    split = topo.pipeline.split_stage
+    thinker = topo.node(split.stage_id) if split is not None else None
+    if thinker is None or opts.prefill_replicas is not None or opts.decode_replicas is not None:
+        return
+    given = side_tps(opts)
+    tps = (given[0] or thinker.tp, given[1] or thinker.tp)
+    flags = ("--prefill-tp" if opts.prefill_tp else "--tp",
+             "--npu-decode-tp" if opts.platform == "npu" and opts.npu_decode_tp else
+             "--decode-tp" if opts.decode_tp else "--tp")
+    for k, (side, devs) in enumerate((("prefill", opts.prefill_devices), ("decode", opts.decode_devices))):
+        if devs is None:
+            continue
+        engine = tps[k] * thinker.pp * thinker.dp
+        if len(devs) in (engine, engine * thinker.num_replicas):
+            continue
+        origin = f"from {flags[k]}" if given[k] else "from the Thinker"
+        raise OmniPdError(Diagnostic(
+            code="OPD805", severity=Severity.ERROR,
+            message=f"--{side}-devices lists {len(devs)} device(s); {side} needs {engine} "
+                    f"(TP {tps[k]} {origin} x PP {thinker.pp} x DP {thinker.dp})",
+            help=f"give --{side}-devices {engine} device(s), e.g. \"{','.join(map(str, range(engine)))}\", "
+                 f"or a tensor parallel size that fits the list"))
+
+
 def _reparse(text: str, doc: Document, pipeline: Pipeline) -> tuple[DeployConfig, Topology]:
     """The emitted ``text`` read back as a user's file would be (config and topology
     under the split's target ``pipeline``), so callers check what was written."""
@@ -139,6 +174,7 @@ def expand_document(doc: Document, opts: ExpandOptions = ExpandOptions(), *, vll
     doc, migrated = migrate_first(doc, vllm_version, pipeline, catalogue)
     doc, narrowed = _thinker_only(doc, pipeline, catalogue)
     cat, tgt, topo = _front(doc, vllm_version, pipeline, catalogue)
+    check_device_options(topo, opts)
     plan = plan_pd_split(topo, cat, tgt, opts, doc)
     tree = apply_pd_split(doc.tree, plan)
     npu_notes = _npu_pass(tree, plan, opts, tgt, doc)
