@@ -606,10 +606,13 @@ def validate(
                 raise  # not about this file (e.g. vllm-omni missing): stop the run
             diags, file_docs, worst = [e.diagnostic], {}, max(worst, e.exit_code)
             unreadable += 1
+            verdict = "unreadable"
         else:
+            verdict = "ok"
             if any(d.severity is Severity.ERROR for d in diags):
                 failed += 1
                 worst = max(worst, 1)
+                verdict = "FAILED"
         shown = [d for d in diags if not (quiet and d.severity is Severity.INFO)]
         every += shown
         docs.update(file_docs)
@@ -618,6 +621,10 @@ def validate(
             out = sys.stderr if unreadable and shown and shown[0].code.startswith("OPD00") and not file_docs else sys.stdout
             if text:
                 out.write(text + ("" if text.endswith("\n\n") else "\n"))
+            out.flush()
+            # one verdict per file, as the single-file run prints (ruff, check-jsonschema)
+            sys.stdout.write(f"{_display_name(name)}: {verdict} ({summary(shown)})\n")
+            sys.stdout.flush()
     if fmt == "json":
         sys.stdout.write(render_json(every) + "\n")
     elif fmt == "sarif":

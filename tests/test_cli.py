@@ -83,7 +83,9 @@ def test_validate_walks_directories_and_prints_one_summary(tree, capsys):
     rc, out, err = run_cli(["validate", "--pipeline", "llm", "configs"], capsys, cwd=tree)
     assert rc == 1
     assert err == ""
-    assert out == BAD_DIAG.format(name="configs/sub/b.yml") + "\n" + \
+    assert out == "configs/a.yaml: ok (0 errors, 0 warnings, 0 info)\n" + \
+        BAD_DIAG.format(name="configs/sub/b.yml") + "\n" + \
+        "configs/sub/b.yml: FAILED (1 error, 0 warnings, 0 info)\n" + \
         "validate: 2 files, 1 ok, 1 failed (1 error, 0 warnings, 0 info)\n"
 
 
@@ -91,7 +93,9 @@ def test_validate_worst_exit_status_wins_and_stdin_is_dash(tree, capsys):
     rc, out, err = run_cli(["validate", "--pipeline", "llm", "configs/a.yaml", "-", "missing.yaml"],
                            capsys, cwd=tree, stdin=BAD.encode())
     assert rc == 2  # unreadable (2) beats errors found (1)
-    assert out == BAD_DIAG.format(name="<stdin>") + "\n" + \
+    assert out == "configs/a.yaml: ok (0 errors, 0 warnings, 0 info)\n" + \
+        BAD_DIAG.format(name="<stdin>") + "\n" + "<stdin>: FAILED (1 error, 0 warnings, 0 info)\n" + \
+        "missing.yaml: unreadable (1 error, 0 warnings, 0 info)\n" + \
         "validate: 3 files, 1 ok, 1 failed, 1 unreadable (2 errors, 0 warnings, 0 info)\n"
     assert err == ("error[OPD001]: file not found\n"
                    " --> missing.yaml\n"
@@ -117,7 +121,8 @@ def test_validate_empty_directory_is_bad_input(tree, capsys):
     (tree / "empty").mkdir()
     rc, out, err = run_cli(["validate", "--pipeline", "llm", "empty", "configs/a.yaml"], capsys, cwd=tree)
     assert rc == 2
-    assert out == "validate: 1 file, 1 ok, 0 failed (1 error, 0 warnings, 0 info)\n"
+    assert out == ("configs/a.yaml: ok (0 errors, 0 warnings, 0 info)\n"
+                   "validate: 1 file, 1 ok, 0 failed (1 error, 0 warnings, 0 info)\n")
     assert err == ("error[OPD001]: directory holds no *.yaml or *.yml file\n"
                    " --> empty\n"
                    "  = help: give deploy files or a directory that contains them\n\n")
