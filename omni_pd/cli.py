@@ -798,6 +798,13 @@ def diff_cmd(
         try:
             d = config_diff(a_topo, b_topo, a_plain, b_plain)
         except ValueError as e:
+            if _is_split(a_topo) and not _is_split(b_topo):  # `diff OUT IN`: the split given first
+                again = f"omni-pd diff {b_doc.name} {a_doc.name}" if after != "-" else "omni-pd diff IN OUT"
+                raise OmniPdError(Diagnostic(
+                    code="OPD008", severity=Severity.ERROR, location=a_doc.loc(()),
+                    message=f"the arguments are swapped: {a_doc.name} is a prefill/decode split "
+                            f"({a_topo.pipeline.name}) and {b_doc.name} is not",
+                    help=f"give the file expand read first and what it wrote second: `{again}`")) from None
             raise OmniPdError(Diagnostic(
                 code="OPD008", severity=Severity.ERROR, location=b_doc.loc(()),
                 message=f"{b_doc.name} is not a prefill/decode split: {e}",
@@ -807,6 +814,12 @@ def diff_cmd(
         raise SystemExit(e.exit_code) from None
     _say_linear_chain(a_topo, a_doc.name, pipeline, verb="compared")
     sys.stdout.write(json.dumps(diff_json(d), indent=2) + "\n" if fmt == "json" else diff_text(d, a_doc.name, b_doc.name))
+
+
+def _is_split(topo) -> bool:
+    """True when ``topo``'s pipeline has a prefill/decode pair (a catalogued ``*_pd``
+    pipeline, or validate's inferred PD chain): what ``omni-pd expand`` writes."""
+    return any(s.pd_role for s in topo.pipeline.stages)
 
 
 @app.command("rules")
