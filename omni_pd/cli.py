@@ -178,6 +178,9 @@ def expand(
                                            "MooncakeLayerwiseConnector (layerwise push)"),
     npu_decode_tp: Optional[int] = typer.Option(None, "--npu-decode-tp", min=1,
                                                 help="npu: decode TP below prefill's (prefill TP must be a multiple)"),
+    inventory: Optional[Path] = typer.Option(
+        None, "--inventory", help="hosts (address, count) and stage placement (YAML): devices, ports and advertised "
+        "addresses per host (README: Two hosts)"),
 ) -> None:
     """Split the Thinker of a deploy config into a prefill/decode pair (three stages -> four).
 
@@ -228,15 +231,17 @@ def expand(
             cli_options.kv_buffer_device(kv_buffer_device, eres.plan.pd.connector, tgt)
         res = eres  # same text/topology/diagnostics fields as a PD expand
     else:
+        inv = _inventory_opt(inventory)
         res = expand_document(doc, opts, vllm_version=vllm_version, pipeline=pipeline,
-                              schema_ref=_schema_ref(schema_ref))
+                              schema_ref=_schema_ref(schema_ref), inventory=inv)
     if kv_buffer_device is not None and encoder_split is None:
         cli_options.kv_buffer_device(kv_buffer_device, res.plan.connector, tgt,
                                      overlays=tuple(res.config.platforms or ()))
     placed = tuple(f"{flag} {v}" for flag, v in (("--prefill-devices", prefill_devices), ("--decode-devices", decode_devices),
                                                   ("--downstream-devices", downstream_devices),
                                                   ("--encoder-devices", encoder_devices)) if v is not None)
-    _self_check(res.text, doc, vllm_version, output, platform=opts.platform, pipeline=pipeline, placed=placed)
+    _self_check(res.text, doc, vllm_version, output, platform=opts.platform, pipeline=pipeline, placed=placed,
+                inventory=_placed_inventory(_inventory_opt(inventory), res.topology))
     diags = [d for d in res.diagnostics if not (quiet and d.severity is Severity.INFO)]
     _emit_diags(diags, {doc.name: doc})
     if output is None:
@@ -277,8 +282,9 @@ def _require_deploy_config(doc, pipeline: Optional[str], vllm_version: Optional[
 
 def _self_check(text: str, doc, vllm_version: Optional[str], output: Optional[Path],
                 platform: Optional[str] = None, pipeline: Optional[str] = None,
-                placed: tuple[str, ...] = ()) -> None:
-    """Validate what expand is about to write. Errors the input already has (the same
+                placed: tuple[str, ...] = (), inventory=None) -> None:
+    """Validate what expand is about to write (``inventory``: ``--inventory``, its placement
+    completed as expand placed the stages, so per-host devices and ports are judged per host). Errors the input already has (the same
     code in the input's own validation) are the input's: shown where the input sets
     them, exit 2 (bad input). Any other error is a bug in expand: OPD000, exit 3.
     Nothing is written in either case. Checked as ``validate --all-platforms`` does: the
@@ -297,7 +303,7 @@ def _self_check(text: str, doc, vllm_version: Optional[str], output: Optional[Pa
     from omni_pd.io import parse_text
 
     name = f"{output if output is not None else '<stdout>'} (not written)"
-    vopts = ValidateOptions(vllm_version=vllm_version, all_platforms=True)
+    vopts = ValidateOptions(vllm_version=vllm_version, all_platforms=True, inventory=inventory)
     out = validate_document(parse_text(text, name, own_output=True), vopts)
     if not out.errors:
         return
@@ -513,6 +519,33 @@ def _load_yaml_option(path: Path, option: str):
         raise OmniPdError(replace(d, message=f"{option} {path}: {d.message}",
                                   help=_OPTION_FILE_HELP.get(option, d.help)), e.exit_code) from None
     return to_plain(doc.tree)
+
+
+def _inventory_opt(path: Optional[Path]):
+    """The :class:`~omni_pd.check.context.Inventory` of ``--inventory PATH`` (None without
+    one); a malformed file is OPD006 (exit 2) naming the bad key."""
+    if path is None:
+        return None
+    from omni_pd.check.context import Inventory
+
+    try:
+        return Inventory.from_dict(_load_yaml_option(path, "--inventory"))
+    except ValueError as e:
+        raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR, message=f"--inventory {path}: {e}",
+                                     help="see `omni-pd explain OPD402` for the inventory format")) from None
+
+
+def _placed_inventory(inv, topo):
+    """``inv`` with every stage of ``topo`` placed (:func:`omni_pd.compile.placement.
+    resolve_placement`: the inventory's placement, else omni-pd's proposal), so validate and
+    launch read the placement expand compiled for; None stays None."""
+    if inv is None or topo is None or not inv.hosts:
+        return inv
+    from dataclasses import replace
+
+    from omni_pd.compile.placement import resolve_placement
+
+    return replace(inv, placement=dict(resolve_placement(topo.pipeline.stages, inv).stage_host))
 
 
 def _pairs(items: Optional[list[str]], name: str) -> dict[str, str]:

@@ -165,6 +165,13 @@ CODES: tuple[CodeDoc, ...] = (
             entry (stage 0 in both pipelines, as vllm-omni registers them) is split and the other
             stages, their overlay entries and the connectors only they used are left out.""",
             "omni_pd/compile/passes/narrow.py thinker_only_narrowing()"),
+    CodeDoc("OPD906", "placement-proposed", _I, "expand", "expand placed stages the inventory does not place",
+            """``expand --inventory`` with hosts but no ``placement:`` entry (and no ``all:``) for
+            some stages: with one host they go on it; with two or more, prefill goes on the
+            first host listed and decode and every other stage on the second (downstream stages
+            follow decode, whose output feeds them, so those edges stay on one host). Write the
+            placement into the inventory, so validate and launch read the same one.""",
+            "omni_pd/compile/placement.py resolve_placement()"),
     CodeDoc("OPD903", "encoder-shares-devices", _I, "expand", "the encoder instance shares devices with the LLM",
             """``--encoder-devices`` names a device the prefill/decode engines already use; fine for
             a small encoder, but both processes then compete for its memory.""",

@@ -7,7 +7,7 @@ this file only wires them, so a library user gets the same result as the CLI.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
@@ -20,6 +20,7 @@ from omni_pd.compile.targets import Target, target as make_target
 from omni_pd.compile.topology import Topology, resolve, select_pipeline
 
 if TYPE_CHECKING:
+    from omni_pd.compile.placement import InventoryLike, Placement
     from omni_pd.compile.passes.encoder_split import EncoderOptions, EncoderSplitPlan
 
 
@@ -162,12 +163,16 @@ def header_lines(doc: Document, plan: PDSplitPlan, target: Target, *, npu_connec
 
 def expand_document(doc: Document, opts: ExpandOptions = ExpandOptions(), *, vllm_version: str | None = None,
                     pipeline: str | None = None, schema_ref: str | None = None,
-                    catalogue: Catalogue | None = None) -> ExpandResult:
+                    catalogue: Catalogue | None = None, inventory: "InventoryLike | None" = None) -> ExpandResult:
     """Split the Thinker of ``doc`` into a prefill/decode pair.
+
+    ``inventory``: hosts and placement (``--inventory``): devices, ports and advertised
+    addresses per host (:mod:`omni_pd.compile.placement`).
 
     Raises :class:`OmniPdError` (exit 2) for bad input: types (OPD101), legacy schema
     (OPD102), no Thinker (OPD801), unknown pipeline (OPD802), already PD (OPD803),
-    unknown connector (OPD804), impossible allocation (OPD805).
+    unknown connector (OPD804), impossible allocation or a placement the inventory
+    cannot hold (OPD805).
     """
     from omni_pd.compile.emit import apply_pd_split, render
 
@@ -175,12 +180,20 @@ def expand_document(doc: Document, opts: ExpandOptions = ExpandOptions(), *, vll
     doc, narrowed = _thinker_only(doc, pipeline, catalogue)
     cat, tgt, topo = _front(doc, vllm_version, pipeline, catalogue)
     check_device_options(topo, opts)
+    placed: tuple[Diagnostic, ...] = ()
+    if inventory is not None:
+        opts, where, placed = _placement_options(topo, cat, opts, inventory)
     plan = plan_pd_split(topo, cat, tgt, opts, doc)
+    if inventory is not None:
+        plan = _place(plan, where, inventory)
+        plan = replace(plan, diagnostics=tuple(plan.diagnostics) + placed)
     tree = apply_pd_split(doc.tree, plan)
     npu_notes = _npu_pass(tree, plan, opts, tgt, doc)
     dropped = drop_foreign_overlays(tree) if opts.platform == "npu" else ()
     header = header_lines(doc, plan, tgt, npu_connector=opts.npu_connector if opts.platform == "npu" else None,
                           dropped=dropped)
+    if inventory is not None:
+        header.append(f"Placement (--inventory): {where.describe()}; device ids and ports are per host.")
     if narrowed:  # the input's own comments still describe its three stages
         header.append(f"Thinker only (--pipeline {plan.source.name}): the input's other stages are left out.")
     text = render(tree, schema_ref=schema_ref, header=header)
@@ -189,6 +202,45 @@ def expand_document(doc: Document, opts: ExpandOptions = ExpandOptions(), *, vll
     out_cfg, out_topo = _reparse(text, doc, plan.target_pipeline)
     return ExpandResult(text=text, config=out_cfg, topology=out_topo, plan=plan,
                         diagnostics=migrated + narrowed + tuple(plan.diagnostics) + npu_notes)
+
+
+def _placement_options(topo: Topology, cat: Catalogue, opts: ExpandOptions, inventory: "InventoryLike"
+                       ) -> tuple[ExpandOptions, "Placement", tuple[Diagnostic, ...]]:
+    """Resolve the placement of the split's output stages and put each side's host address
+    into ``opts.side_hosts``; the OPD906 info naming the stages omni-pd placed itself.
+    Raises :class:`OmniPdError` OPD805 for a placement the inventory cannot hold."""
+    from omni_pd.compile.pipelines import derive_pd
+    from omni_pd.compile.placement import PlacementError, resolve_placement, side_addresses
+
+    target_pipe = cat.get(topo.pipeline.name + "_pd") or derive_pd(topo.pipeline)
+    roles = {s.pd_role: s.stage_id for s in target_pipe.stages if s.pd_role}
+    try:
+        where = resolve_placement(target_pipe.stages, inventory)
+        hosts = side_addresses(where, roles["prefill"], roles["decode"], opts.kv_host)
+    except PlacementError as e:
+        raise OmniPdError(Diagnostic(code="OPD805", severity=Severity.ERROR, message=f"cannot place the stages: {e}",
+                                     help=e.help)) from None
+    notes: tuple[Diagnostic, ...] = ()
+    if where.proposed:
+        notes = (Diagnostic(
+            code="OPD906", severity=Severity.INFO,
+            message=f"the inventory places no stage {', '.join(map(str, where.proposed))}: placed as {where.describe()}",
+            help="write it under placement: in the inventory, so validate and launch read the same placement"),)
+    return replace(opts, side_hosts=hosts), where, notes
+
+
+def _place(plan: PDSplitPlan, where: "Placement", inventory: "InventoryLike") -> PDSplitPlan:
+    """``plan`` with device ids restarting per host (:func:`~omni_pd.compile.placement.
+    place_devices`), after checking each host holds its stages (OPD805)."""
+    from omni_pd.compile.placement import PlacementError, check_capacity, place_devices
+
+    base, overlays = place_devices(plan.base_devices, plan.overlay_devices, where)
+    try:
+        check_capacity(base, where, inventory)
+    except PlacementError as e:
+        raise OmniPdError(Diagnostic(code="OPD805", severity=Severity.ERROR, message=f"cannot place the stages: {e}",
+                                     help=e.help)) from None
+    return replace(plan, base_devices=base, overlay_devices=overlays)
 
 
 def migrate_first(doc: Document, vllm_version: str | None, pipeline: str | None,

@@ -52,6 +52,10 @@ class ExpandOptions:
     platform: str | None = None           # "npu": the base stages run on npu (vllm-ascend connector there)
     npu_connector: str = "MooncakeConnectorV1"  # vllm-ascend connector of the npu pair (or MooncakeLayerwiseConnector)
     npu_decode_tp: int | None = None      # npu: decode TP below prefill's (P_tp % D_tp == 0); None: equal
+    #: (prefill, decode) advertised addresses from a placement across hosts
+    #: (omni_pd/compile/placement.py); None: kv_host for both. Two different addresses
+    #: mean two hosts: each side's connector range is then allocated on its own host.
+    side_hosts: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -365,18 +369,22 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
              for side, side_tp, reps in zip(("prefill", "decode"), span_tps, side_reps)]
     bases: list[int | None] = [None, None]
     wanted = [i for i, sp in enumerate(spans) if sp > 0]
+    hosts = opts.side_hosts or (opts.kv_host, opts.kv_host)
+    # on two hosts each side's range is its own host's: both may start at the base
+    groups = [[i] for i in wanted] if hosts[0] != hosts[1] else [wanted]
     if start is not None and wanted:
-        try:
-            got = allocate_ports([spans[i] for i in wanted], used, start)
-        except AllocationError as e:
-            raise _err("OPD805", f"cannot allocate {contract.name} ports: {e}", None,
-                       help="pass --port-base with a lower free port") from None
-        for i, port in zip(wanted, got):
-            bases[i] = port
+        for group in groups:
+            try:
+                got = allocate_ports([spans[i] for i in group], used, start)
+            except AllocationError as e:
+                raise _err("OPD805", f"cannot allocate {contract.name} ports: {e}", None,
+                           help="pass --port-base with a lower free port") from None
+            for i, port in zip(group, got):
+                bases[i] = port
     p_port, d_port = bases
     kvbd = opts.kv_buffer_device or (thinker.kv or {}).get("kv_buffer_device")
-    p_ep = Endpoint("prefill", p_id, opts.kv_host, p_tp, thinker.dp, p_port, kvbd, runtime)
-    d_ep = Endpoint("decode", d_id, opts.kv_host, d_tp, thinker.dp, d_port, kvbd, runtime)
+    p_ep = Endpoint("prefill", p_id, hosts[0], p_tp, thinker.dp, p_port, kvbd, runtime)
+    d_ep = Endpoint("decode", d_id, hosts[1], d_tp, thinker.dp, d_port, kvbd, runtime)
     # each side drops what its role does not read (decode: a Mooncake prefill's bootstrap port)
     p_cfg = _merge_user_kv(contract.configure(p_ep, target), thinker.kv, target,
                            contract.unread_keys(target, runtime, side="prefill"))
