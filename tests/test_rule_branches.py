@@ -651,3 +651,22 @@ def test_a_list_extra_config_under_a_platform_overlays_engine_args_is_one_opd101
         assert [(d.message, d.location.line, d.location.column, d.help) for d in res.diagnostics
                 if d.code == "OPD101"] == [("`kv_connector_extra_config` must be a mapping, found a list", 17, 110,
                                             "write a mapping for `kv_connector_extra_config`")]
+
+
+def test_opd304_a_multiconnector_prefill_whose_handoff_child_is_decodes_connector_pairs_on_vllm_serve() -> None:
+    # issue 22 precision (TC-11's fix): MultiConnector[Nixl, LMCacheMP] on prefill, Nixl on decode is a correct
+    # pair of plain `vllm serve` engines (vLLM pairs by the handoff child's kv_transfer_params)
+    def text(pipeline: str, kids: str) -> str:
+        return (f"pipeline: {pipeline}\nasync_chunk: false\nstages:\n"
+                "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MultiConnector, kv_role: kv_producer, "
+                f"engine_id: p, kv_connector_extra_config: {{connectors: [{kids}]}}}}}}\n"
+                "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, "
+                "engine_id: d}}\n")
+    nixl_lmc = "{kv_connector: NixlConnector, kv_role: kv_producer}, {kv_connector: LMCacheMPConnector, kv_role: kv_producer}"
+    assert hits(text("llm_pd", nixl_lmc), "OPD304") == []
+    # vllm-omni compares the names itself (_validate_pd_separation_config): still the finding there
+    assert [h[1] for h in hits(text("qwen3_omni_moe_pd", nixl_lmc), "OPD304")] == [
+        "prefill and decode use different KV connectors"]
+    # a MultiConnector without decode's connector as a child moves nothing to it
+    mc_lmc = "{kv_connector: MooncakeConnector, kv_role: kv_producer}, {kv_connector: LMCacheMPConnector, kv_role: kv_producer}"
+    assert [h[1] for h in hits(text("llm_pd", mc_lmc), "OPD304")] == ["prefill and decode use different KV connectors"]

@@ -130,7 +130,9 @@ def kv_both(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
       passing=_pd_yaml(OK_P, OK_D))
 def connector_mismatch(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``kv_connector`` must be set and equal on both sides: a NIXL producer and a
-    Mooncake consumer never exchange a block. Source: vllm-omni
+    Mooncake consumer never exchange a block. On plain ``vllm serve`` engines a
+    MultiConnector side whose handoff child is the other side's connector pairs
+    (:func:`_same_handoff`). Source: vllm-omni
     ``vllm_omni/entrypoints/pd_utils.py`` ``_validate_pd_separation_config`` ("PD
     connector mismatch"); vLLM ``vllm/distributed/kv_transfer/kv_connector/factory.py``
     (each side loads only its own connector class)."""
@@ -144,12 +146,41 @@ def connector_mismatch(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             other = d if n is p else p
             yield r.diag(f"stage {n.stage_id}: kv_transfer_config has no kv_connector", ctx.sloc(n, "kv_transfer_config"),
                          help=f"add `kv_connector: {(other.kv or {}).get('kv_connector') or 'MooncakeConnector'}`")
-    if pc and dc and pc != dc:
+    if pc and dc and pc != dc and not _same_handoff(ctx, p.kv, d.kv):  # type: ignore[arg-type]
         yield r.diag("prefill and decode use different KV connectors",
                      ctx.sloc(d, "kv_transfer_config", "kv_connector", value=True), label=f"decode uses {dc}",
                      related=[ctx.sloc(p, "kv_transfer_config", "kv_connector", value=True,
                                        label=f"prefill (stage {p.stage_id}) uses {pc}")],
                      help="use the same kv_connector on both stages of the PD pair")
+
+
+def _handoff_names(kv: dict) -> set[str]:
+    """The connectors that move KV from P to D on one side: MultiConnector's children that
+    presets/targets/multi_connector.yaml lists as handoff connectors, else the connector."""
+    from omni_pd.check.rules.capability import _multi_facts
+
+    name = kv.get("kv_connector")
+    if name != "MultiConnector":
+        return {str(name)}
+    kids = (kv.get("kv_connector_extra_config") or {}).get("connectors") if isinstance(
+        kv.get("kv_connector_extra_config"), dict) else None
+    handoff = set(_multi_facts()["handoff"])
+    return {str(c["kv_connector"]) for c in kids
+            if isinstance(c, dict) and isinstance(c.get("kv_connector"), str) and c["kv_connector"] in handoff} \
+        if isinstance(kids, list) else set()
+
+
+def _same_handoff(ctx: Context, pk: dict, dk: dict) -> bool:
+    """True when two plain ``vllm serve`` engines exchange KV through one connector although
+    their ``kv_connector`` names differ: one side (or both) is a MultiConnector whose
+    handoff child is the other side's connector (a NIXL prefill that also offloads to
+    LMCache, a NIXL decode). vLLM pairs engines per request by the handoff connector's
+    ``kv_transfer_params``, never by the wrapper's name. vllm-omni compares the names
+    (``_validate_pd_separation_config``), so its runtime keeps the finding."""
+    if ctx.topology is None or ctx.topology.pipeline.runtime == "vllm-omni":
+        return False
+    a, b = _handoff_names(pk), _handoff_names(dk)
+    return bool(a & b)
 
 
 @rule("OPD305", "pd-buffer-mismatch", Severity.ERROR,
