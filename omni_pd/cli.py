@@ -898,7 +898,12 @@ def launch(
     fmt: Literal["text", "json"] = typer.Option("text", "--format", help="plan output with --dry-run: text or JSON"),
     vllm: str = typer.Option("vllm", "--vllm", help="the `vllm` executable (path or name on PATH)"),
     python: Optional[str] = typer.Option(None, "--python", help="python of the vLLM environment (default: next to --vllm)"),
-    host: str = typer.Option("127.0.0.1", "--host", help="address every server binds and advertises"),
+    host: Optional[str] = typer.Option(
+        None, "--host", help="address every server binds and advertises (default 127.0.0.1); with --inventory: the "
+        "inventory host (name or address) whose processes this launch starts"),
+    inventory: Optional[Path] = typer.Option(
+        None, "--inventory", help="hosts and stage placement (YAML, as given to expand): each host runs its own "
+        "`launch --host NAME`; --dry-run prints every host's commands"),
     port: int = typer.Option(8000, "--port", help="client port: the PD router, or the vllm-omni server"),
     engine_port_base: int = typer.Option(8100, "--engine-port-base", help="prefill HTTP port (decode: +100)"),
     platform: _LAUNCH_PLATFORM = typer.Option("cuda", "--platform", help="the accelerator the engines run on"),
@@ -928,7 +933,13 @@ def launch(
 
     from omni_pd import cli_options
 
-    cli_options.host(host, "--host")
+    inv = _inventory_opt(inventory)
+    on_host = _launch_host(inv, host, dry_run) if inv is not None and inv.hosts else None
+    if on_host is None:
+        host = host or "127.0.0.1"
+        cli_options.host(host, "--host")
+    else:
+        host = (inv.hosts[on_host].address if on_host != "*" else None) or "127.0.0.1"
     cli_options.port(port, "--port")
     cli_options.port(engine_port_base, "--engine-port-base")
     if router_workers is not None and not 1 <= router_workers <= 64:
@@ -938,7 +949,7 @@ def launch(
                          platform=platform, served_model_name=served_model_name, ready_timeout_s=ready_timeout,
                          extra_args=tuple(extra_arg or ()), env=_pairs(env, "--env"), python=python,
                          router_workers=router_workers)
-    planned = plan_document(doc, str(config.resolve()), opts)
+    planned = plan_document(doc, str(config.resolve()), opts, inventory=inv)
     res, topo, plan = planned.validation, planned.topology, planned.plan
     if plan is None or topo is None:
         errors = [d for d in res.diagnostics if d.severity is Severity.ERROR]
@@ -953,15 +964,16 @@ def launch(
             sys.stdout.write(render_text(clashes, _line_source(res.docs)) + "\n")
             sys.stdout.write(f"{doc.name}: not launched ({summary(clashes)})\n")
             raise SystemExit(1)
-        if fmt == "json":
-            sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n")
-        else:
-            _print_plan(plan)
+        _print_dry_run(plan, on_host, fmt)
         return
+    if on_host is not None:
+        plan = _host_plan(plan, on_host, smoke)
     if not no_preflight:
         from omni_pd.launch.preflight import preflight
 
-        found = preflight(plan, platform)
+        from omni_pd.launch.plan import without_peers
+
+        found = preflight(without_peers(plan), platform)  # this host's processes; peers are probed
         bad = [d for d in found if d.severity is Severity.ERROR]
         if found:
             sys.stdout.write(render_text(found, _line_source(res.docs)) + "\n")
@@ -987,13 +999,175 @@ def launch(
     raise SystemExit(run(plan, rd, on_ready=on_ready, stay=not once, grace_s=grace, fail_fast=fail_fast))
 
 
-def _print_plan(plan) -> None:
+@app.command()
+def render(
+    config: Path = typer.Argument(..., help="compiled PD deploy YAML (the output of `omni-pd expand`)"),
+    to: Path = typer.Option(..., "--to", help="directory to write (new or empty; never an input's)"),
+    model: str = typer.Option(..., "--model", help="model id or path every engine serves"),
+    inventory: Optional[Path] = typer.Option(None, "--inventory", help="hosts and stage placement (YAML): one "
+                                             "script per host"),
+    target: Literal["scripts"] = typer.Option("scripts", "--target", help="what to render: scripts (one bash "
+                                              "script per host)"),
+    vllm: str = typer.Option("vllm", "--vllm", help="the `vllm` executable on the hosts"),
+    port: int = typer.Option(8000, "--port", help="client port: the PD router, or the vllm-omni server"),
+    engine_port_base: int = typer.Option(8100, "--engine-port-base", help="prefill HTTP port (decode: +100)"),
+    platform: _LAUNCH_PLATFORM = typer.Option("cuda", "--platform", help="the accelerator the engines run on"),
+    served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="name clients use (default: --model)"),
+    ready_timeout: float = typer.Option(1200.0, "--ready-timeout", help="seconds each engine may take to become healthy"),
+    extra_arg: Optional[list[str]] = typer.Option(None, "--engine-arg", help="extra `vllm serve` argument for every engine (repeatable)"),
+    env: Optional[list[str]] = typer.Option(None, "--env", help="KEY=VALUE for every process (repeatable; a secret's "
+                                            "value is read from the host's environment, never written)"),
+    router_workers: Optional[int] = typer.Option(None, "--router-workers", help="PD router processes (1..64)"),
+) -> None:
+    """Write what runs the deployment: one script per host, the config and the placement."""
+    from omni_pd import cli_options
+    from omni_pd.diagnostics import render_text, summary
+    from omni_pd.io import atomic_write, load_file
+    from omni_pd.launch.plan import LaunchOptions, plan_document
+    from omni_pd.launch.preflight import plan_checks
+    from omni_pd.render.scripts import DEPLOY, executable, render_scripts
+
+    cli_options.port(port, "--port")
+    cli_options.port(engine_port_base, "--engine-port-base")
+    if router_workers is not None and not 1 <= router_workers <= 64:
+        raise typer.BadParameter(f"{router_workers} is outside 1..64", param_hint="--router-workers")
+    inputs = [str(config)] + ([str(inventory)] if inventory is not None else [])
+    if to.exists() and (not to.is_dir() or any(to.iterdir())):
+        raise OmniPdError(Diagnostic(code="OPD005", severity=Severity.ERROR,
+                                     message=f"--to {to}: exists and is not an empty directory",
+                                     help="pass a new directory (render never writes over files)"))
+    inv = _inventory_opt(inventory)
+    doc = load_file(config)
+    opts = LaunchOptions(model=model, vllm=vllm, port=port, engine_port_base=engine_port_base, platform=platform,
+                         served_model_name=served_model_name, ready_timeout_s=ready_timeout,
+                         extra_args=tuple(extra_arg or ()), env=_pairs(env, "--env"), router_workers=router_workers)
+    planned = plan_document(doc, DEPLOY, opts, inventory=inv)
+    res, plan = planned.validation, planned.plan
+    problems = [d for d in res.diagnostics if d.severity is Severity.ERROR] if plan is None else plan_checks(plan)
+    if problems:
+        sys.stdout.write(render_text(problems, _line_source(res.docs)) + "\n")
+        sys.stdout.write(f"{doc.name}: not rendered ({summary(problems)})\n")
+        raise SystemExit(1)
+    from omni_pd.launch.plan import hosts_of
+
+    placement = _plan_placement(plan, inv, doc)
+    files = render_scripts(plan, doc.text, placement, source=config.name)
+    _check_scripts(files)
+    to.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        atomic_write(to / name, text, protect=inputs)
+    for name in executable(files):
+        (to / name).chmod(0o755)
+    hosts = hosts_of(plan)
+    sys.stderr.write(f"wrote {to}: {', '.join(files)}" + (f" (hosts {', '.join(hosts)})" if hosts else "") + "\n")
+
+
+def _plan_placement(plan, inv, doc):
+    """The :class:`~omni_pd.compile.placement.Placement` ``plan`` was built with (the
+    inventory's, completed for the config's pipeline), None without an inventory."""
+    if inv is None or not inv.hosts:
+        return None
+    from omni_pd.compile.pipelines import load_catalogue
+    from omni_pd.compile.placement import resolve_placement
+
+    pipe = load_catalogue().get(str(doc.tree.get("pipeline")))
+    return resolve_placement(pipe.stages, inv) if pipe is not None else None
+
+
+def _check_scripts(files: dict) -> None:
+    """``bash -n`` on every rendered script before anything is written: a script bash
+    cannot parse is a bug in omni-pd (OPD000, exit 3)."""
+    import shutil
+    import subprocess
+
+    bash = shutil.which("bash")
+    if bash is None:
+        return
+    for name, text in files.items():
+        if not name.endswith(".sh"):
+            continue
+        r = subprocess.run([bash, "-n"], input=text, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise OmniPdError(Diagnostic(code="OPD000", severity=Severity.ERROR,
+                                         message=f"internal error: rendered {name} does not parse: {r.stderr.strip()}",
+                                         help="this is a bug in omni-pd (nothing was written); please report it"),
+                              exit_code=3)
+
+
+def _launch_host(inv, host: Optional[str], dry_run: bool) -> str:
+    """The inventory host ``launch --host`` names (a host name, or a host's address), or
+    ``"*"`` for every host (``--dry-run`` without ``--host``). A real launch without
+    ``--host``, or a name the inventory lacks, is OPD006 (exit 2) listing the hosts."""
+    names = list(inv.hosts)
+    if host is None:
+        if dry_run:
+            return "*"
+        raise OmniPdError(Diagnostic(
+            code="OPD006", severity=Severity.ERROR,
+            message="launch --inventory starts one host's processes: --host names which",
+            help=f"run `omni-pd launch ... --inventory FILE --host NAME` on each host ({', '.join(names)}); "
+                 "--dry-run prints them all"))
+    if host in inv.hosts:
+        return host
+    by_addr = [n for n, h in inv.hosts.items() if h.address == host]
+    if by_addr:
+        return by_addr[0]
+    raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                 message=f"--host {host}: the inventory has no such host (name or address)",
+                                 help=f"one of {', '.join(names)}"))
+
+
+def _host_plan(plan, on_host: str, smoke: bool):
+    """The part of ``plan`` host ``on_host`` starts (:func:`omni_pd.launch.plan.for_host`).
+    OPD006 (exit 2) when no process is placed there, or ``--smoke`` on a host without the
+    entrypoint (the router runs on decode's host)."""
+    from omni_pd.launch.plan import for_host, hosts_of
+
+    try:
+        mine = for_host(plan, on_host)
+    except KeyError:
+        raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                     message=f"--host {on_host}: no process of this config is placed there",
+                                     help=f"hosts with processes: {', '.join(hosts_of(plan))}")) from None
+    if smoke and not any(p.role in ("router", "omni") and p.host == on_host for p in mine.processes):
+        front = next((p.host for p in plan.processes if p.role in ("router", "omni")), None)
+        raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                     message=f"--smoke on {on_host}: the entrypoint runs on {front}",
+                                     help=f"pass --smoke to the launch on {front}"))
+    return mine
+
+
+def _print_dry_run(plan, on_host: Optional[str], fmt: str) -> None:
+    """``launch --dry-run``: the plan (one host's with ``--host``; every host's, one after
+    the other, with ``--inventory`` alone), as tables or JSON (``{"hosts": {NAME: plan}}``
+    for every host)."""
+    import json
+
+    from omni_pd.launch.plan import for_host, hosts_of
+
+    hosts = hosts_of(plan) if on_host == "*" else ((on_host,) if on_host else ())
+    if not hosts:
+        sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n") if fmt == "json" else _print_plan(plan)
+        return
+    if on_host != "*":
+        mine = _host_plan(plan, on_host, False)
+        sys.stdout.write(json.dumps(mine.to_json(), indent=2) + "\n") if fmt == "json" else _print_plan(mine, on_host)
+        return
+    if fmt == "json":
+        sys.stdout.write(json.dumps({"hosts": {h: for_host(plan, h).to_json() for h in hosts}}, indent=2) + "\n")
+        return
+    for h in hosts:
+        _print_plan(for_host(plan, h), h)
+
+
+def _print_plan(plan, on_host: Optional[str] = None) -> None:
     import shlex
 
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"launch plan: {plan.runtime} runtime, {plan.connector}, entrypoint {plan.entrypoint}",
+    where = f"host {on_host}: " if on_host else ""
+    t = Table(title=f"{where}launch plan: {plan.runtime} runtime, {plan.connector}, entrypoint {plan.entrypoint}",
               show_lines=True)
     for col in ("process", "command", "env", "devices", "ports", "health", "after"):
         t.add_column(col, overflow="fold")
@@ -1001,6 +1175,9 @@ def _print_plan(plan) -> None:
         env = "\n".join(f"{k}={v}" for k, v in p.masked_env().items())
         ports = "\n".join(f"{u.port} {u.purpose}" for u in p.ports)
         health = f"{p.health.url}\n(≤ {p.health.timeout_s:g} s)" if p.health else "-"
+        if p.role == "peer":
+            t.add_row(f"{p.name}\n(peer)", f"runs on {p.host}: waited for, not started here", "-", "-", "-", health, "-")
+            continue
         devs = f"{p.device_env}={p.devices}" if p.device_env else "-"
         t.add_row(f"{p.name}\n({p.role})", shlex.join(p.masked_argv()), env or "-", devs, ports or "-", health,
                   ", ".join(p.depends_on) or "-")

@@ -80,6 +80,10 @@ class LaunchOptions:
     #: PD router processes (``--workers``); None: the router's default for this host's CPUs
     #: (:func:`omni_pd.launch.router.sizing.default_workers`)
     router_workers: int | None = None
+    #: placement across hosts (``--inventory``; :class:`omni_pd.compile.placement.Placement`):
+    #: every process runs on its stage's host and binds and advertises that host's
+    #: address; the router runs on decode's host (:func:`build_plan`). None: one host, ``host``.
+    placement: Any = None
 
 
 def _router_workers_args(conn: str, opts: LaunchOptions) -> list[str]:
@@ -339,12 +343,15 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
     if pair is None:
         raise ValueError("the config has no prefill/decode pair: run `omni-pd expand` first")
     p, d = pair
+    where = _Where(opts)
     conn = str((p.kv or {}).get("kv_connector", ""))
     served = opts.served_model_name or opts.model
     env_all = dict(opts.env)
     engine_py = opts.python or _python_of(opts.vllm)
     mods = ("vllm",) + connector_modules(conn)
     if topo.pipeline.launcher == "vllm-omni":
+        omni_host = where.one_host(topo)
+        opts = replace(opts, host=where.address(omni_host)) if omni_host is not None else opts
         ports = [PortUse(opts.port, "http", opts.host)]
         for s in topo.stages:
             if s.pd_role:
@@ -356,7 +363,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
                   *opts.extra_args),
             env=env_all, ports=tuple(ports),
             health=HealthCheck(f"http://{opts.host}:{opts.port}/health", timeout_s=opts.ready_timeout_s),
-            modules=mods + ("vllm_omni", "omni_pd"), python=engine_py)
+            modules=mods + ("vllm_omni", "omni_pd"), python=engine_py, host=omni_host)
         return LaunchPlan(runtime="vllm-omni", model=opts.model, connector=conn,
                           entrypoint=f"http://{opts.host}:{opts.port}", config=config_path, processes=(proc,),
                           notes=("vllm-omni starts every stage engine and routes prefill -> decode itself",))
@@ -364,6 +371,8 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
     urls: dict[str, list[str]] = {"prefill": [], "decode": []}
     wide = pipeline_wide_settings(topo.config)  # top-level keys; a stage's own value wins
     for role, node in (("prefill", p), ("decode", d)):
+        on = where.host(node.stage_id)
+        bind = where.address(on)
         for inst in instances(node, target):
             port = opts.engine_port_base + (0 if role == "prefill" else 100) + inst.replica
             env = {**env_all, **_env_str(node.env), **inst.env}
@@ -378,7 +387,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
             settings = {**wide, **node.settings}
             rpc = dp_rpc_port(settings, node.dp, port, inst.replica)
             settings, dp_flags = _dp_flags(settings, rpc)
-            argv = [opts.vllm, "serve", opts.model, "--host", opts.host, "--port", str(port),
+            argv = [opts.vllm, "serve", opts.model, "--host", bind, "--port", str(port),
                     "--served-model-name", served,
                     "--kv-transfer-config", json.dumps(inst.kv, separators=(",", ":")),
                     *engine_flags(settings)]
@@ -386,27 +395,33 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
             procs.append(ProcessSpec(
                 name=f"{role}-{inst.replica}", role=role, argv=tuple(argv), env=env, devices=devs,
                 device_env=dev_var if devs is not None else None,
-                ports=(PortUse(port, "http", opts.host),) + tuple(
-                    PortUse(x.port, x.purpose, opts.host) for x in inst.ports) + (
-                    (PortUse(hccl, "HCCL listener (HCCL_IF_BASE_PORT)", opts.host),) if hccl is not None else ()) + (
-                    (PortUse(rpc, DP_RPC, opts.host),) if rpc is not None else ()),
-                health=HealthCheck(f"http://{opts.host}:{port}/health", timeout_s=opts.ready_timeout_s),
+                ports=(PortUse(port, "http", bind),) + tuple(
+                    PortUse(x.port, x.purpose, bind) for x in inst.ports) + (
+                    (PortUse(hccl, "HCCL listener (HCCL_IF_BASE_PORT)", bind),) if hccl is not None else ()) + (
+                    (PortUse(rpc, DP_RPC, bind),) if rpc is not None else ()),
+                health=HealthCheck(f"http://{bind}:{port}/health", timeout_s=opts.ready_timeout_s),
                 modules=mods, python=engine_py,
-                memory_fraction=float(node.settings.get("gpu_memory_utilization") or 0.9)))
-            url = f"http://{opts.host}:{port}"
+                memory_fraction=float(node.settings.get("gpu_memory_utilization") or 0.9), host=on))
+            url = f"http://{bind}:{port}"
             if role == "prefill" and inst.bootstrap_port is not None:
                 url += f",{inst.bootstrap_port}"
             urls[role].append(url)
     ec_storage, ec_name = None, None
     enc = topo.node(topo.pipeline.encoder.stage_id) if topo.pipeline.encoder is not None else None
     if enc is not None:
-        e_proc, ec_name, ec_storage = _encoder_process(enc, opts, served, env_all, engine_py, wide)
+        e_on = where.host(enc.stage_id)
+        e_proc, ec_name, ec_storage = _encoder_process(enc, replace(opts, host=where.address(e_on)), served, env_all,
+                                                       engine_py, wide)
+        e_proc = replace(e_proc, host=e_on)
         procs = [replace(x, writable_dirs=(ec_storage,)) if (x.role == "prefill" and ec_storage) else x
                  for x in procs]
         procs.append(e_proc)
         urls["encoder"] = [e_proc.health.url.rsplit("/", 1)[0]]  # type: ignore[union-attr]
+    # the router runs on decode's host, as llm-d runs its routing sidecar in the decode pod
+    r_on = where.host(d.stage_id)
+    r_bind = where.address(r_on)
     router_argv = [sys.executable, "-m", "omni_pd.launch.router", "--connector", conn,
-                   "--host", opts.host, "--port", str(opts.port)] + _router_workers_args(conn, opts)
+                   "--host", r_bind, "--port", str(opts.port)] + _router_workers_args(conn, opts)
     for u in urls["prefill"]:
         router_argv += ["--prefill", u]
     for u in urls["decode"]:
@@ -415,18 +430,85 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
         router_argv += ["--encoder", u]
     procs.append(ProcessSpec(
         name="router", role="router", argv=tuple(router_argv), env=env_all,
-        ports=(PortUse(opts.port, "http", opts.host),),
-        health=HealthCheck(f"http://{opts.host}:{opts.port}/health", timeout_s=60.0),
+        ports=(PortUse(opts.port, "http", r_bind),),
+        health=HealthCheck(f"http://{r_bind}:{opts.port}/health", timeout_s=60.0),
         depends_on=tuple(x.name for x in procs),
         # the router runs under omni-pd's own interpreter: preflight checks its HTTP stack there
-        modules=("aiohttp", "omni_pd"), python=sys.executable))
-    return LaunchPlan(runtime="vllm", model=opts.model, connector=conn, entrypoint=f"http://{opts.host}:{opts.port}",
+        modules=("aiohttp", "omni_pd"), python=sys.executable, host=r_on))
+    return LaunchPlan(runtime="vllm", model=opts.model, connector=conn, entrypoint=f"http://{r_bind}:{opts.port}",
                       config=config_path, processes=tuple(procs),
                       notes=("router: omni_pd.launch.router (prefill leg max_tokens=1, min_tokens/stop cleared; "
                              f"{conn} routing fields relayed to decode)",)
                       + ((f"encoder leg: one request per media item to encoder-0 first; its {ec_name} output "
                           "reaches prefill (ec_consumer)",) if enc is not None else ()),
                       ec_connector=ec_name, ec_storage=ec_storage)
+
+
+class _Where:
+    """Host and bind address of a stage under ``opts.placement`` (None host and
+    ``opts.host`` without one)."""
+
+    def __init__(self, opts: LaunchOptions) -> None:
+        self.placement, self.fallback = opts.placement, opts.host
+
+    def host(self, stage_id: int) -> str | None:
+        return self.placement.host_of(stage_id) if self.placement is not None else None
+
+    def address(self, host: str | None) -> str:
+        if host is None or self.placement is None:
+            return self.fallback
+        return self.placement.addresses.get(host, self.fallback)
+
+    def one_host(self, topo: Topology) -> str | None:
+        """The one host every stage of ``topo`` is on (vllm-omni runtime), None without a
+        placement. Raises OmniPdError OPD966: omni-pd does not start vllm-omni's headless
+        stages on other hosts (``--stage-id N --headless --omni-master-address``) yet."""
+        if self.placement is None:
+            return None
+        hosts = sorted({self.placement.host_of(s.stage_id) for s in topo.stages})
+        if len(hosts) == 1:
+            return hosts[0]
+        from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
+
+        raise OmniPdError(Diagnostic(
+            code="OPD966", severity=Severity.ERROR,
+            message=f"the stages of this vllm-omni pipeline are placed on {', '.join(hosts)}: omni-pd launches a "
+                    "vllm-omni pipeline on one host only",
+            help="place every stage on one host, or start the remote stages by hand with vllm-omni's "
+                 "`vllm serve MODEL --omni --stage-id N --headless --omni-master-address HEAD` "
+                 "(vllm_omni/entrypoints/cli/serve.py)"))
+
+
+def hosts_of(plan: LaunchPlan) -> tuple[str, ...]:
+    """The hosts ``plan``'s processes run on, in first-process order (() for a one-host plan)."""
+    out: list[str] = []
+    for p in plan.processes:
+        if p.host is not None and p.host not in out:
+            out.append(p.host)
+    return tuple(out)
+
+
+def for_host(plan: LaunchPlan, host: str) -> LaunchPlan:
+    """The part of ``plan`` that ``launch --host HOST`` starts: the processes placed on
+    ``host``, plus a ``peer`` entry (no argv, never started, same name and health check)
+    for each process on another host that one of them depends on, so the supervisor
+    health-gates on it over that host's address (the router on decode's host waits for
+    prefill's ``/health`` on prefill's host). Pure. Raises KeyError for a host no process
+    runs on."""
+    mine = [p for p in plan.processes if p.host == host]
+    if not mine:
+        raise KeyError(host)
+    names = {p.name for p in mine}
+    needed = {d for p in mine for d in p.depends_on if d not in names}
+    peers = [replace(p, argv=(), role="peer", env={}, ports=(), depends_on=(), modules=(), python=None,
+                     devices=None, device_env=None, writable_dirs=())
+             for p in plan.processes if p.name in needed]
+    return replace(plan, processes=tuple(peers + mine))
+
+
+def without_peers(plan: LaunchPlan) -> LaunchPlan:
+    """``plan`` without its ``peer`` entries: what preflight checks on this host."""
+    return replace(plan, processes=tuple(p for p in plan.processes if p.role != "peer"))
 
 
 #: HTTP port of the encoder instance E: ``engine_port_base`` + this (prefill +0, decode +100)
@@ -478,8 +560,13 @@ class Planned:
     topology: Topology | None
 
 
-def plan_document(doc: Any, config_path: str, opts: LaunchOptions) -> Planned:
+def plan_document(doc: Any, config_path: str, opts: LaunchOptions, inventory: Any = None) -> Planned:
     """Validate ``doc`` (a loaded compiled config) for ``opts.platform`` and build its plan.
+
+    ``inventory``: the :class:`~omni_pd.check.context.Inventory` of ``--inventory``; its
+    placement, completed by :func:`omni_pd.compile.placement.resolve_placement` as expand
+    completed it, is what validate judges (OPD503 and the per-host device and port rules)
+    and what the plan places each process by (:attr:`LaunchOptions.placement`).
 
     Validation errors leave ``plan`` None (the caller prints them). Raises
     :class:`~omni_pd.diagnostics.OmniPdError` OPD966 when the config is not a PD config,
@@ -498,7 +585,16 @@ def plan_document(doc: Any, config_path: str, opts: LaunchOptions) -> Planned:
 
     # --engine-arg flags go to every engine: the rules see them as global flags (OPD107
     # refuses one vllm serve would not accept, before anything starts)
-    res = validate_document(doc, ValidateOptions(platform=overlay, cli=parse_argv(opts.extra_args)))
+    if inventory is not None and inventory.hosts:
+        from omni_pd.compile.placement import resolve_placement
+
+        named = load_catalogue().get(str(doc.tree.get("pipeline"))) if isinstance(doc.tree, dict) else None
+        if named is not None:
+            where = resolve_placement(named.stages, inventory)
+            inventory = replace(inventory, placement=dict(where.stage_host))
+            opts = replace(opts, placement=where)
+    res = validate_document(doc, ValidateOptions(platform=overlay, cli=parse_argv(opts.extra_args),
+                                                 inventory=inventory))
     if any(d.severity is Severity.ERROR for d in res.diagnostics):
         return Planned(None, res, None)
     pipe = load_catalogue().get(res.pipeline_name or "")

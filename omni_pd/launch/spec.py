@@ -87,6 +87,10 @@ class ProcessSpec:
     memory_fraction: float = 0.9
     #: directories the process writes and a peer reads (EC shared storage): preflight OPD967
     writable_dirs: tuple[str, ...] = ()
+    #: the inventory host it runs on (``launch --inventory``); None: the machine launch runs on.
+    #: A ``role == "peer"`` process runs on another host: it has no ``argv``, is never started
+    #: and only health-gated (:func:`omni_pd.launch.plan.for_host`)
+    host: str | None = None
 
     def masked_env(self) -> dict[str, str]:
         """``env`` with secret values replaced by ``***``."""

@@ -637,6 +637,8 @@ class Supervisor:
 
     def _spawn(self, p: _Proc) -> bool:
         spec = p.spec
+        if spec.role == "peer":  # on another host (launch --host): only its health check gates here
+            return self._await_peer(p)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env, LAUNCH_ENV: self._launch_id}
         try:
             log = open(p.log_path, "a" if p.restarts else "w", encoding="utf-8", errors="replace", buffering=1)
@@ -675,6 +677,19 @@ class Supervisor:
             p.prober = threading.Thread(target=self._probe, args=(p,), name=f"health-{p.name}", daemon=True)
             p.prober.start()
         self._wake.set()
+        return True
+
+    def _await_peer(self, p: _Proc) -> bool:
+        """Start probing a ``peer`` (a process of another host, :func:`omni_pd.launch.plan.
+        for_host`): nothing is started; it counts as healthy once its URL answers 200, and a
+        peer that does not answer within its ``timeout_s`` fails the launch like a process."""
+        assert self._t0 is not None and p.spec.health is not None
+        p.started_at = time.monotonic()
+        p.state = "waiting for peer"
+        self.timings.started_s[p.name] = p.started_at - self._t0
+        self._say(f"waiting for {p.name} on {p.spec.host or 'another host'} (GET {p.spec.health.url})")
+        p.prober = threading.Thread(target=self._probe, args=(p,), name=f"health-{p.name}", daemon=True)
+        p.prober.start()
         return True
 
     def _reap(self, *, report: bool) -> bool:
@@ -1053,8 +1068,10 @@ def _check_plan(plan: LaunchPlan) -> None:
         if p.name in names:
             raise ValueError(f"two processes are called {p.name!r}")
         names.add(p.name)
-        if not p.argv:
+        if not p.argv and p.role != "peer":
             raise ValueError(f"{p.name}: empty argv")
+        if p.role == "peer" and p.health is None:
+            raise ValueError(f"{p.name}: a peer (a process on another host) needs a health check")
         if p.health is not None and not p.health.url.startswith(("http://", "https://")):
             raise ValueError(f"{p.name}: health URL {p.health.url!r} is not http(s)")
     deps = {p.name: p.depends_on for p in plan.processes}
