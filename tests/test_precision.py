@@ -50,13 +50,6 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "every stage; the fix is illustrative for DEV-MEM-SUM only",
     ("case", "BR-05", "OPD401"):
         "the same broadcast TP 4 against the Talker/Code2Wav single devices (the x-fix does not drop x-cli)",
-    **{("golden", name, "OPD704"):
-       "vllm-omni 0.30.0 conditions the Talker on the PD decode's rows only (omni-pd issue 21; "
-       "omni_pd/upstream/talker_pd.py gates the compat patch): a true warning on every Qwen3-Omni PD config"
-       for name in ("qwen3_omni_moe_pd.yaml", "qwen3_omni_moe_pd_nixl.yaml", "ascend/qwen3_omni_moe_pd_layerwise.yaml",
-                    "ascend/qwen3_omni_moe_pd_platform_npu.yaml")},
-    ("readme", "*", "OPD704"): "the Qwen3-Omni PD outputs: the vllm-omni 0.30.0 Talker warning above",
-    ("property", "*", "OPD704"): "the Qwen3-Omni PD outputs: the vllm-omni 0.30.0 Talker warning above",
     ("property", "*", "OPD404"):
         "the generator draws devices and gpu_memory_utilization without fitting them (its properties are about "
         "expand): stages sharing a GPU above 1.0 are refused by vLLM's start-up memory check",

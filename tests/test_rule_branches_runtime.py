@@ -164,13 +164,16 @@ def test_opd703_is_said_once_per_file_under_all_platforms() -> None:
 
 # --- OPD704 Talker conditioning under PD ------------------------------------------------------------
 
-_TALKER_MSG = ("the Talker (stage 2) is conditioned by the PD decode stage 1, which computes no prompt rows: on "
-               "vllm-omni 0.30.0 audio answers fail or are conditioned on the wrong rows")
+_TALKER_MSG = ("the Talker (stage 2) is conditioned by the PD decode stage 1, which computes no prompt rows, and "
+               "omni-pd's compatibility layer is switched off in the launcher environment (OMNI_PD_VLLM_OMNI_COMPAT=0): "
+               "audio answers fail or are conditioned on the wrong rows")
+#: OPD704 fires only where omni-pd's vllm-omni compatibility layer cannot act: here it is off
+_OFF = {"OMNI_PD_VLLM_OMNI_COMPAT": "0"}
 
 
 def test_opd704_pipeline_from_the_option_points_at_decodes_kv_transfer_config() -> None:
     text = _AUDIO_PD.replace("pipeline: qwen3_omni_moe_pd\n", "")
-    got = found(text, "OPD704", opts=ValidateOptions(pipeline="qwen3_omni_moe_pd"))
+    got = found(text, "OPD704", opts=ValidateOptions(pipeline="qwen3_omni_moe_pd", env=_OFF))
     decode_kv = _col(text, "kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_consumer")
     assert decode_kv == (4, 33)
     assert [(h[1], h[2], h[4]) for h in got] == [(_TALKER_MSG, decode_kv, [(5, 5, "Talker")])]
@@ -178,18 +181,20 @@ def test_opd704_pipeline_from_the_option_points_at_decodes_kv_transfer_config() 
 
 def test_opd704_a_talker_the_deploy_file_does_not_list_has_no_related_entry() -> None:
     text = _AUDIO_PD.split("  - {stage_id: 2")[0]  # the pipeline still has the Talker
-    assert [(h[1], h[2], h[4]) for h in found(text, "OPD704")] == [(_TALKER_MSG, (1, 11), [])]
+    assert [(h[1], h[2], h[4]) for h in found(text, "OPD704", opts=ValidateOptions(env=_OFF))] == [
+        (_TALKER_MSG, (1, 11), [])]
+    assert found(text, "OPD704") == []  # the layer covers vllm-omni 0.30 and is on
 
 
 def test_opd704_is_said_once_per_file_under_all_platforms() -> None:
     text = _AUDIO_PD + "platforms:\n  rocm:\n    stages:\n      - {stage_id: 0, devices: \"0\"}\n"
-    assert [h[1] for h in found(text, "OPD704", opts=ValidateOptions(all_platforms=True))] == [_TALKER_MSG]
+    assert [h[1] for h in found(text, "OPD704", opts=ValidateOptions(all_platforms=True, env=_OFF))] == [_TALKER_MSG]
 
 
 def test_opd704_needs_a_pd_pair() -> None:
     three = ("pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 0, devices: \"0\"}\n  - {stage_id: 1, devices: \"1\"}\n"
              "  - {stage_id: 2, devices: \"2\"}\n")
-    assert found(three, "OPD704") == []
+    assert found(three, "OPD704", opts=ValidateOptions(env=_OFF)) == []
 
 
 def test_opd702_a_prefill_without_kv_connector_is_not_named_by_an_empty_string() -> None:

@@ -1,4 +1,4 @@
-"""vllm-omni 0.30: the Talker gets no prompt rows from a PD Thinker (issue 10; reference §4).
+"""OPD704: does the Talker of a vllm-omni PD pipeline get its prompt rows? (issues 10, 21)
 
 The fact, from vllm-omni 0.30.0's own code (evidence: tests/test_oracle_talker_pd.py, which
 runs the real payload path in the oracle venv):
@@ -7,52 +7,144 @@ runs the real payload path in the oracle venv):
   is built in the *Thinker engine process* at request end by the pipeline's
   ``custom_process_next_stage_input_func`` (``model_executor/stage_input_processors/
   qwen3_omni.py`` / ``qwen2_5_omni.py`` ``thinker2talker_full_payload``) from the rows that
-  engine computed (``distributed/omni_connectors/model_runner/
-  omni_connector_payload_transport.py`` ``accumulate_full_payload_output``), and sent to the
-  Talker engine through the stage connector.
-* Under PD that engine is decode. It loads the prompt's KV from prefill and recomputes only
-  the last prompt token (vllm ``v1/core/sched/scheduler.py`` ``_update_waiting_for_remote_kv``),
-  so it holds 1 + (generated - 1) rows instead of prompt + generated - 1, while ``ids`` still
-  count the whole prompt. The Talker indexes rows by prompt position
-  (``models/qwen3_omni/qwen3_omni.py`` ``_thinker_to_talker_prefill``): Qwen3-Omni raises a
-  size mismatch when the answer is shorter than the prompt and silently conditions on
-  generated-token rows when it is longer; Qwen2.5-Omni's builder ships nothing when the
-  answer is shorter than the prompt (the Talker waits for it) and shifted rows otherwise.
-* The orchestrator keeps prefill's rows (``engine/orchestrator.py``
-  ``OrchestratorRequestState.pd_prefill_multimodal_output``, copied to
-  ``bridge_states["pd_prefill_multimodal_output_by_req"]``), and prefill's rows followed by
-  decode's rows without the first restore the non-PD input exactly -- but nothing reads that
-  copy, and it lives in the orchestrator process, not in the decode engine where the payload
-  is built. Supplying it would mean shipping prompt x hidden tensors to the decode engine on
-  every request and wrapping the builder there: not a compatibility shim, so omni-pd does not
-  patch it and says so instead (OPD704, from ``expand`` and ``validate``). Text output is
-  not affected.
+  engine computed. Under PD that engine is decode, which loads the prompt's KV from prefill
+  and recomputes only the last prompt token (vllm ``v1/core/sched/scheduler.py``
+  ``_update_waiting_for_remote_kv``), so the Talker gets no prompt rows while ``ids`` still
+  count the whole prompt: Qwen3-Omni's Talker raises a size mismatch when the answer is
+  shorter than the prompt and is conditioned on generated-token rows otherwise;
+  Qwen2.5-Omni's builder ships nothing when the answer is shorter than the prompt (the
+  Talker waits) and shifted rows otherwise.
+* The orchestrator means to keep prefill's rows (``engine/orchestrator.py``
+  ``pd_prefill_multimodal_output``) but reads them from an attribute a vLLM
+  ``RequestOutput`` does not have, so it keeps None.
 
-Pure facts and message text, shared by the rule (omni_pd/check/rules/runtime.py) and
-``expand`` (omni_pd/compile/passes/pd_split.py). No vllm-omni import.
+omni-pd's vllm-omni compatibility layer fixes it for Qwen3-Omni on the releases its table
+lists (``presets/targets/vllm_omni_compat.yaml``: the patches ``pd_prefill_rows``,
+``talker_prefill_rows``, ``talker_prefill_merge`` and ``talker_pipelines``; the seam is in
+omni_pd/upstream/talker_pd.py). So OPD704 is silent where the layer covers the target
+release and is on, and an *error* where it cannot, since the audio is then wrong
+(:func:`gap`): the layer or its Talker patches switched off (``OMNI_PD_VLLM_OMNI_COMPAT`` /
+``OMNI_PD_VLLM_OMNI_TALKER_PD`` = 0) in the launcher environment (the orchestrator patches
+run in the API process) or in the Talker stage's ``env`` (the merge runs in the Talker's
+worker); a vllm-omni release the table does not list; a pipeline it does not cover
+(Qwen2.5-Omni: its decode engine withholds the payload, so nothing reaches the Talker to
+merge into).
+
+Pure facts, the decision and message text, shared by the rule (omni_pd/check/rules/runtime.py)
+and ``expand`` (omni_pd/compile/passes/pd_split.py). No vllm-omni import: the table is read
+as data (omni_pd/upstream/vllm_omni_compat.py reads the same file to install the patches).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from omni_pd.compile.pipelines import Pipeline, PipelineStage
+    from omni_pd.compile.targets import Target
 
-#: rule code (runtime family) of the warning
+#: rule code (runtime family) of the error
 CODE = "OPD704"
-#: the vllm-omni releases this was checked on (the newest on the package index)
-CHECKED_ON = "vllm-omni 0.30.0"
-SUMMARY = "under PD, vllm-omni's Talker gets no prompt rows from the Thinker (audio output is wrong or fails)"
-HELP = ("for spoken answers serve the three-stage pipeline without PD; for text only serve the "
-        "`*_thinker_only_pd` pipeline (no Talker); text answers of this config are not affected")
+SUMMARY = ("under PD, vllm-omni's Talker gets no prompt rows from the Thinker unless omni-pd's compatibility "
+           "layer covers the release and is on (else audio output is wrong or fails)")
+#: the environment switches of omni_pd/upstream/vllm_omni_compat.py (the layer, its Talker patches)
+SWITCHES = ("OMNI_PD_VLLM_OMNI_COMPAT", "OMNI_PD_VLLM_OMNI_TALKER_PD")
+#: the compat table's rows that together hand the Talker prefill's rows
+TALKER_PATCHES = ("pd_prefill_rows", "talker_prefill_rows", "talker_prefill_merge")
 NOTES = (
-    f"{CHECKED_ON}: the decode engine builds the Talker's conditioning (thinker2talker_full_payload) from "
-    "the rows it computed, i.e. the last prompt token and the generated tokens; prefill's prompt rows stay in "
-    "the orchestrator (pd_prefill_multimodal_output), which nothing reads",
+    "the decode engine builds the Talker's conditioning (thinker2talker_full_payload) from the rows it computed, "
+    "i.e. the last prompt token and the generated tokens; prefill's prompt rows never reach the Talker (the "
+    "orchestrator reads them from RequestOutput.multimodal_output, which is always None)",
     "Qwen3-Omni: the Talker raises on answers shorter than the prompt and is conditioned on generated-token "
     "rows otherwise; Qwen2.5-Omni: no Talker payload (the request waits) or shifted rows",
+    "omni-pd's vllm-omni compatibility layer hands the Talker prefill's rows (docs/upstream/"
+    "vllm-omni-0.30-talker-pd.md): Qwen3-Omni on the releases presets/targets/vllm_omni_compat.yaml lists",
 )
+TEXT_ONLY = "for text only serve the `*_thinker_only_pd` pipeline (no Talker)"
+
+
+@lru_cache(maxsize=1)
+def _table() -> dict[str, Any]:
+    from omni_pd.resources import data_dir, load_data
+
+    return load_data(data_dir("presets") / "targets" / "vllm_omni_compat.yaml")
+
+
+def covered(series: str, pipeline_name: str) -> bool:
+    """True when ``pipeline_name``'s Talker gets prefill's rows on vllm-omni ``series``
+    (``"0.30"``): :func:`covered_pipelines` lists it."""
+    return pipeline_name in covered_pipelines(series)
+
+
+def covered_pipelines(series: str) -> tuple[str, ...]:
+    """The PD pipelines whose Talker handoff is right on ``series``: the table's
+    ``talker_pipelines`` when the series lists every Talker patch, plus
+    ``talker_fixed_upstream`` (a release that merges by itself needs no patch)."""
+    v = (_table().get("versions") or {}).get(series) or {}
+    patched = tuple(v.get("talker_pipelines") or ()) if set(TALKER_PATCHES) <= set(v.get("patches") or ()) else ()
+    return patched + tuple(p for p in v.get("talker_fixed_upstream") or () if p not in patched)
+
+
+def omni_release(target: "Target") -> str | None:
+    """The vllm-omni release series that runs at ``--vllm-version`` ``target``: the same
+    ``major.minor`` when vllm-omni released it, else the newest release before it
+    (presets/targets/vllm.yaml ``vllm_omni_releases``; its facts apply); None before the first."""
+    from omni_pd.compile.targets import parse_version
+    from omni_pd.compile.versions import vllm_omni_releases
+
+    older = [r for r in vllm_omni_releases() if parse_version(r) <= target.version]
+    return older[-1] if older else None
+
+
+def _off(env: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    for var in SWITCHES:
+        v = (env or {}).get(var)
+        if v is not None and str(v).strip().lower() in ("0", "false", "off", "no"):
+            return var, str(v)
+    return None
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Why the layer cannot fix the Talker handoff. ``where``: ``launcher`` (launcher
+    environment), ``talker-env`` (the Talker stage's ``env``), ``release``, ``pipeline``;
+    ``var``: the switch for the env cases."""
+
+    where: str
+    why: str
+    help: str
+    var: str | None = None
+
+
+def gap(pipeline: "Pipeline", target: "Target", launcher_env: Mapping[str, Any] | None,
+        talker_env: Mapping[str, Any] | None) -> Gap | None:
+    """None when omni-pd's layer gives ``pipeline``'s Talker the non-PD conditioning at
+    ``target`` with these environments, else the :class:`Gap` (release and pipeline are
+    checked before the switches: a switch matters only where the layer would act)."""
+    from omni_pd.compile.versions import runtime_release
+
+    release = omni_release(target)
+    if release is None or not covered_pipelines(release):
+        return Gap("release", f"omni-pd's compatibility layer does not cover the Talker handoff on "
+                              f"{runtime_release('vllm-omni', target)}",
+                   f"target a release it covers (`--vllm-version 0.30`), or serve the three-stage pipeline "
+                   f"without PD; {TEXT_ONLY}")
+    if not covered(release, pipeline.name):
+        ok = ", ".join(covered_pipelines(release))
+        return Gap("pipeline", f"omni-pd's compatibility layer fixes the Talker handoff for {ok} only "
+                               f"({pipeline.name}: the decode engine withholds or shifts the Talker's payload)",
+                   f"serve the three-stage pipeline without PD; {TEXT_ONLY}")
+    for where, env in (("launcher", launcher_env), ("talker-env", talker_env)):
+        off = _off(env)
+        if off:
+            place = "the launcher environment" if where == "launcher" else "the Talker stage's env"
+            return Gap(where, f"omni-pd's compatibility layer is switched off in {place} ({off[0]}={off[1]})",
+                       f"remove {off[0]} from {place}, or serve the three-stage pipeline without PD; {TEXT_ONLY}",
+                       var=off[0])
+    return None
 
 
 def talker_after_decode(pipeline: "Pipeline") -> "tuple[PipelineStage, PipelineStage] | None":
@@ -68,7 +160,7 @@ def talker_after_decode(pipeline: "Pipeline") -> "tuple[PipelineStage, PipelineS
     return (decode, talker) if decode is not None and talker is not None else None
 
 
-def message(decode_stage_id: int, talker_stage_id: int) -> str:
-    """One-line diagnostic message naming both stages."""
+def message(decode_stage_id: int, talker_stage_id: int, why: str) -> str:
+    """One-line diagnostic message naming both stages and the :class:`Gap`'s ``why``."""
     return (f"the Talker (stage {talker_stage_id}) is conditioned by the PD decode stage {decode_stage_id}, which "
-            f"computes no prompt rows: on {CHECKED_ON} audio answers fail or are conditioned on the wrong rows")
+            f"computes no prompt rows, and {why}: audio answers fail or are conditioned on the wrong rows")

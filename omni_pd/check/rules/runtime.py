@@ -127,7 +127,10 @@ def routing_params(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                      help=(f"router for {name}" if name else "the router") + " must send do_remote_decode to P and "
                           "forward P's kv_transfer_params (with do_remote_prefill: true) to D; use vllm-omni's "
                           "orchestrator or a PD-aware proxy")
-    if "mooncake" in name.lower() and not p.kv.get("engine_id"):  # type: ignore[union-attr]
+    # an engine_id of the wrong type (an int: KVTransferConfig's `engine_id: str | None`) is
+    # OPD101's finding, not a missing one
+    if "mooncake" in name.lower() and not p.kv.get("engine_id") and \
+            ctx.stage_path(p, "kv_transfer_config", "engine_id")[-1:] != ("engine_id",):  # type: ignore[union-attr]
         yield r.diag(f"prefill stage {p.stage_id} has no engine_id: vllm-omni cannot send remote_engine_id to decode",
                      ctx.sloc(p, "kv_transfer_config"), severity=Severity.WARNING,
                      help="add `engine_id: omni-thinker-prefill` to the prefill kv_transfer_config")
@@ -198,10 +201,12 @@ _AUDIO_PD = ("pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
              + _D + "  - {stage_id: 2, devices: \"2\"}\n  - {stage_id: 3, devices: \"3\"}\n")
 
 
-@rule("OPD704", "talker-pd-conditioning", Severity.WARNING,
-      "under PD, vllm-omni's Talker gets no prompt rows from the Thinker (audio output is wrong or fails)",
-      fail=_AUDIO_PD,
-      passing=_AUDIO_PD.replace("qwen3_omni_moe_pd", "qwen3_omni_moe_thinker_only_pd").split("  - {stage_id: 2")[0],
+@rule("OPD704", "talker-pd-conditioning", Severity.ERROR,
+      "under PD, vllm-omni's Talker gets no prompt rows unless omni-pd's compatibility layer covers the release "
+      "and is on (audio output is wrong or fails)",
+      fail=_AUDIO_PD.replace("  - {stage_id: 2, devices: \"2\"}",
+                             "  - {stage_id: 2, devices: \"2\", env: {OMNI_PD_VLLM_OMNI_TALKER_PD: \"0\"}}"),
+      passing=_AUDIO_PD,
       labels=("RT-TALKER-PD",))
 def talker_pd_conditioning(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """vllm-omni 0.30 builds the Talker's conditioning (Thinker embeddings and hidden states
@@ -210,14 +215,21 @@ def talker_pd_conditioning(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     the last prompt token, so the Talker gets no prompt rows while its token ids still
     count the whole prompt: Qwen3-Omni's Talker raises when the answer is shorter than the
     prompt and is conditioned on the wrong rows otherwise; Qwen2.5-Omni's Talker gets no
-    payload or shifted rows. The orchestrator keeps prefill's rows but nothing reads them.
-    Text answers are not affected. Fires on every vllm-omni PD pipeline whose Talker reads
-    the decode stage (the passing example has no Talker). Checked on vllm-omni 0.30.0;
-    drop the rule when tests/test_oracle_talker_pd.py (vllm-omni's own payload builders and
-    Talker prefill, run in the oracle venv) shows upstream merges prefill's rows. Sources:
-    vllm-omni ``model_executor/stage_input_processors/qwen3_omni.py`` and ``qwen2_5_omni.py``
+    payload or shifted rows; and the orchestrator never keeps prefill's rows (it reads
+    ``RequestOutput.multimodal_output``, always None). omni-pd's vllm-omni compatibility
+    layer hands the Talker prefill's rows (omni_pd/upstream/talker_pd.py) for the pipelines
+    and releases presets/targets/vllm_omni_compat.yaml lists. So the rule is silent where
+    the layer covers the target release and is on, and an error where it cannot: the
+    release (``--vllm-version``) or pipeline is not covered, or ``OMNI_PD_VLLM_OMNI_COMPAT``
+    / ``OMNI_PD_VLLM_OMNI_TALKER_PD`` is 0 in the launcher environment (the orchestrator
+    patches run in the API process) or in the Talker stage's ``env`` (the merge runs in the
+    Talker's worker); a switch in another stage's env changes nothing the Talker reads.
+    Checked on vllm-omni 0.30.0 by tests/test_oracle_talker_pd.py (vllm-omni's own
+    orchestrator, input processor, payload builders and Talker prefill in the oracle venv),
+    whose canary fails when upstream merges prefill's rows itself. Sources: vllm-omni
+    ``model_executor/stage_input_processors/qwen3_omni.py`` and ``qwen2_5_omni.py``
     ``thinker2talker_full_payload``, ``models/qwen3_omni/qwen3_omni.py``
-    ``_thinker_to_talker_prefill``, ``engine/orchestrator.py`` ``pd_prefill_multimodal_output``;
+    ``talker_preprocess_prefill``, ``engine/orchestrator.py`` ``_route_output``;
     vLLM ``v1/core/sched/scheduler.py`` ``_update_waiting_for_remote_kv``; details in
     omni_pd/compile/talker_pd.py."""
     from omni_pd.compile import talker_pd
@@ -230,7 +242,15 @@ def talker_pd_conditioning(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         return
     decode, talker = found
     t_node = ctx.topology.node(talker.stage_id)
-    yield r.diag(talker_pd.message(decode.stage_id, talker.stage_id),
-                 ctx.loc(("pipeline",), value=True) if ctx.exists(("pipeline",)) else ctx.sloc(pair[1], "kv_transfer_config"),
+    g = talker_pd.gap(ctx.topology.pipeline, ctx.target, ctx.env, t_node.env if t_node is not None else None)
+    if g is None:
+        return
+    if g.where == "talker-env" and t_node is not None:
+        where = ctx.sloc(t_node, "env", g.var, value=True)
+    elif ctx.exists(("pipeline",)):
+        where = ctx.loc(("pipeline",), value=True)
+    else:
+        where = ctx.sloc(pair[1], "kv_transfer_config")
+    yield r.diag(talker_pd.message(decode.stage_id, talker.stage_id, g.why), where,
                  related=[ctx.sloc(t_node, label="Talker")] if t_node is not None and t_node.index is not None else [],
-                 notes=list(talker_pd.NOTES), help=talker_pd.HELP)
+                 notes=list(talker_pd.NOTES), help=g.help)

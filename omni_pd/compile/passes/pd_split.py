@@ -414,7 +414,7 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
             notes=["vllm-omni routes prefill -> decode only when async_chunk is false "
                    "(engine/orchestrator.py); with it on, decode would get a placeholder prompt"],
         ))
-    notes.extend(_talker_note(target_pipe, topo, doc))
+    _talker_refusal(target_pipe, topo, doc, target)
     return PDSplitPlan(source=src, target_pipeline=target_pipe, ids=ids, connector=contract.name,
                        base_devices=base_devices, overlay_devices=overlay_devices, tp=tp,
                        prefill=p_cfg, decode=d_cfg, prefill_engine_id=p_id, decode_engine_id=d_id,
@@ -422,25 +422,36 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
                        decode_replicas=opts.decode_replicas, prefill_tp=given[0], decode_tp=given[1])
 
 
-def _talker_note(target_pipe: Pipeline, topo: Topology, doc: Document | None) -> list[Diagnostic]:
-    """OPD704 (warning) when the PD pipeline's Talker reads the decode stage: on vllm-omni
-    0.30 it gets no prompt rows (facts and sources: omni_pd/compile/talker_pd.py).
-    Located at the input's ``pipeline:`` key, else the Talker's entry of the input."""
+def _talker_refusal(target_pipe: Pipeline, topo: Topology, doc: Document | None, target: Target) -> None:
+    """OPD704 (error, exit 2, nothing written) when the PD pipeline's Talker reads the
+    decode stage and omni-pd's vllm-omni compatibility layer cannot hand it prefill's rows
+    at ``target`` (release or pipeline not covered, or switched off in the input's Talker
+    stage ``env``): its audio would be wrong (facts and sources: omni_pd/compile/talker_pd.py).
+    Located at the input's ``pipeline:`` key (the Talker's ``env`` entry for a switch),
+    else the Talker's entry of the input. Silent where the layer covers it."""
     from omni_pd.compile import talker_pd
 
     found = talker_pd.talker_after_decode(target_pipe)
     if found is None:
-        return []
+        return
     decode, talker = found
+    node = topo.node(next((s.stage_id for s in topo.pipeline.stages if s.role == "talker"), -1))
+    g = talker_pd.gap(target_pipe, target, None, node.env if node is not None else None)
+    if g is None:
+        return
     where = None
-    if doc is not None and doc.exists(("pipeline",)):
+    if g.var and doc is not None and node is not None and node.index is not None:
+        for path in (("stages", node.index, "runtime", "env", g.var), ("stages", node.index, "env", g.var)):
+            if doc.exists(path):
+                where = doc.loc(path, value=True)
+                break
+    if where is None and doc is not None and doc.exists(("pipeline",)):
         where = doc.loc(("pipeline",), value=True)
-    else:
-        node = topo.node(next((s.stage_id for s in topo.pipeline.stages if s.role == "talker"), -1))
+    elif where is None:
         where = _stage_loc(doc, node.index) if node is not None else None
-    return [Diagnostic(code=talker_pd.CODE, severity=Severity.WARNING,
-                       message=talker_pd.message(decode.stage_id, talker.stage_id), location=where,
-                       notes=list(talker_pd.NOTES), help=talker_pd.HELP)]
+    raise OmniPdError(Diagnostic(code=talker_pd.CODE, severity=Severity.ERROR,
+                                 message=talker_pd.message(decode.stage_id, talker.stage_id, g.why), location=where,
+                                 notes=list(talker_pd.NOTES), help=g.help))
 
 
 def _fmt(d: Devices) -> str:
