@@ -229,3 +229,56 @@ def test_vllm_omni_030_loads_the_migrated_seed_with_pd_detected(tmp_path) -> Non
     assert res["pipeline"] == "qwen3_omni_moe_pd" and res["detect_on_typed"] == [0, 1]
     assert [s[:6] for s in res["stages"]] == [[0, True, False, [], 1, "kv_producer"], [1, False, True, [0], 1, "kv_consumer"],
                                               [2, False, False, [1], 1, None], [3, False, False, [2], 1, None]]
+
+
+# --- fixes found by the vllm-omni 0.24.0 wheel files (tests/test_migrate_legacy_wheels.py) ---
+
+UNCAT = """stage_args:
+  - stage_id: 0
+    stage_type: llm
+    runtime:
+      devices: "0"
+      max_batch_size: 1
+    engine_args:
+      model_stage: audio_generation
+      max_num_seqs: 32
+      custom_process_next_stage_input_func: pkg.mod.fn
+    tts_args:
+      max_instructions_length: 500
+    final_output: false
+  - stage_id: 1
+    runtime:
+      max_batch_size: 4
+    engine_args:
+      model_stage: audio_tokenizer
+    engine_input_source: [0]
+runtime:
+  enabled: true
+  defaults:
+    window_size: -1
+"""
+
+
+def test_a_pipeline_omni_pd_does_not_catalogue_migrates_unchecked() -> None:
+    from omni_pd.compile.migrate import UNCATALOGUED
+
+    m = migrate(UNCAT)
+    assert m.pipeline.name == UNCATALOGUED and m.pipeline.linear_chain
+    tree = to_plain(m.tree)
+    assert "pipeline" not in tree  # vllm-omni 0.30 takes the model's registered pipeline
+    assert tree["stages"] == [{"stage_id": 0, "devices": "0", "max_num_seqs": 32},
+                              {"stage_id": 1, "max_num_seqs": 4}]
+    got = [x[2] for x in notes(m)]
+    assert "stage 0: `runtime.max_batch_size` dropped: the stage sets `max_num_seqs` (32), which wins" in got
+    assert "stage 1: `runtime.max_batch_size` -> `max_num_seqs`" in got
+    assert "`runtime.defaults` (window_size) dropped: there are no edges to apply it to" in got
+    assert ("stage 0: `tts_args` dropped, not checked: vllm-omni takes it from the pipeline registered for the "
+            "model's model_type, which omni-pd does not catalogue") in got
+    assert any(n.startswith("stage 0: `engine_args.custom_process_next_stage_input_func` dropped") for n in got)
+
+
+def test_a_pd_file_still_needs_a_catalogued_pipeline() -> None:
+    text = UNCAT.replace("    final_output: false\n", "    final_output: false\n    is_prefill_only: true\n")
+    with pytest.raises(MigrateError) as e:
+        migrate(text)
+    assert e.value.diagnostics[0].message.startswith("no catalogued pipeline has these 2 stages")

@@ -182,11 +182,37 @@ def _fits(pipe: Pipeline, stages: list[Any]) -> bool:
     return True
 
 
+#: :attr:`Pipeline.name` of :func:`uncatalogued`'s stand-in
+UNCATALOGUED = "(a pipeline omni-pd does not catalogue)"
+
+
+def uncatalogued(stages: list[Any]) -> Pipeline:
+    """The stand-in pipeline for legacy stages no catalogue pipeline fits (most files
+    vllm-omni 0.18-0.24 shipped: Step-Audio 2, MammothModa2, Voxtral TTS, the diffusion
+    DiTs): a ``linear_chain`` pipeline (as validate's stand-in) whose stages are the
+    legacy file's own ids and ``engine_input_source``. Migrate then checks no topology
+    key (each is dropped with a note saying it was not checked) and writes no
+    ``pipeline:``: vllm-omni 0.30 takes the pipeline registered for the model's
+    ``model_type`` (config/resolver.py ``resolve_omni_config``), as the legacy loader
+    took the stage graph from the file."""
+    out = []
+    for st in stages:
+        f = _stage_facts(st)
+        src = st.get("engine_input_source")
+        out.append(PipelineStage(stage_id=int(st["stage_id"]), role=str(f["model_stage"] or "stage"),
+                                 model_stage=str(f["model_stage"] or ""),
+                                 input_sources=tuple(int(i) for i in src if isinstance(i, int))
+                                 if isinstance(src, list) else ()))
+    return Pipeline(name=UNCATALOGUED, stages=tuple(out), linear_chain=True)
+
+
 def choose_pipeline(stages: list[Any], catalogue: Catalogue, name: str | None, w: _Work) -> Pipeline | None:
     """The catalogue pipeline whose stages the legacy ``stages`` describe: same stage ids,
     ``engine_args.model_stage``/``model_arch`` where given, and the PD flags
     (``is_prefill_only``/``is_decode_only``) on the PD variant's prefill/decode stages.
-    ``name``: ``--pipeline``. None (with an OPD971) when none or several fit."""
+    ``name``: ``--pipeline``. When none fits and no stage carries a PD flag (a PD file
+    needs omni-pd's registered ``_pd`` pipeline), :func:`uncatalogued`'s stand-in.
+    None (with an OPD971) when several fit, or none fits a PD file."""
     if name is not None:
         pipe = catalogue.get(name)
         if pipe is None:
@@ -195,6 +221,9 @@ def choose_pipeline(stages: list[Any], catalogue: Catalogue, name: str | None, w
     fits = [p for p in catalogue.pipelines.values() if _fits(p, stages)]
     if len(fits) == 1:
         return fits[0]
+    if not fits and not any(_stage_facts(s)["prefill"] or _stage_facts(s)["decode"] for s in stages) \
+            and all(isinstance(s.get("stage_id"), int) for s in stages):
+        return uncatalogued(stages)
     if not fits:
         w.error(("stage_args",), f"no catalogued pipeline has these {len(stages)} stages "
                 "(stage ids, engine_args.model_stage / model_arch, is_prefill_only / is_decode_only)",
@@ -279,7 +308,7 @@ def migrate_document(doc: Document, target: Target, catalogue: Catalogue,
         out.insert(0, "async_chunk", ac["legacy_default"])
         w.note(("stage_args",), f"async_chunk: {_show(ac['legacy_default'])} written: the legacy loader's default; "
                f"the `stages:` schema defaults to {_show(ac['default'])}")
-    if "pipeline" not in out:
+    if "pipeline" not in out and not pipe.linear_chain:
         out.insert(0, "pipeline", pipe.name)
         w.note(("stage_args",), f"pipeline: {pipe.name} written: " + (
             "vllm-omni turns prefill/decode on only for a pipeline whose stages carry is_prefill_only / "
@@ -321,7 +350,8 @@ def _migrate_runtime(rt: Any, out: Any, top: dict[str, dict[str, Any]], w: _Work
                         e.setdefault(dk, dv)
             w.note(path, "`runtime.defaults` (" + ", ".join(map(str, v)) + ") copied onto every edge")
         elif isinstance(v, dict) and v:
-            w.error(path, "`runtime.defaults` has no edges to apply to", help="list the edges under runtime.edges")
+            w.note(path, "`runtime.defaults` (" + ", ".join(map(str, v)) + ") dropped: there are no edges to "
+                   "apply it to")
         else:
             w.note(path, "`runtime.defaults` dropped: empty")
 
@@ -349,6 +379,7 @@ def _migrate_stage(st: Any, i: int, pipe: Pipeline, target: Target, w: _Work) ->
     base = ("stage_args", i)
     sets: list[tuple[int, str, Any]] = []  # (position, key, value) the scheduler row sets
     kv_src: tuple[Any, Path_] | None = None
+    fallbacks: list[tuple[str, Any, Path_, Any, Any]] = []  # (to, value, from, holder, key): used when unset
 
     def put(key: str, value: Any, frm: Path_, holder: Any, hkey: Any) -> None:
         if key in new:
@@ -372,6 +403,9 @@ def _migrate_stage(st: Any, i: int, pipe: Pipeline, target: Target, w: _Work) ->
             put(to, value, frm, holder, hkey)
             if where != to:
                 w.note(base + frm, f"stage {ps.stage_id}: `{where}` -> `{to}`")
+        elif act in ("check", "pipeline") and pipe.linear_chain:
+            w.note(base + frm, f"stage {ps.stage_id}: `{where}` dropped, not checked: vllm-omni takes it from the "
+                   "pipeline registered for the model's model_type, which omni-pd does not catalogue")
         elif act == "check":
             want = _expected(ps, pipe, row["against"])
             if want is None and row["against"] == "model_arch":  # the pipeline names no class (llm)
@@ -408,6 +442,8 @@ def _migrate_stage(st: Any, i: int, pipe: Pipeline, target: Target, w: _Work) ->
         elif act == "kv":
             kv_src = (value, frm)
             put(row["to"], value, frm, holder, hkey)
+        elif act == "fallback":
+            fallbacks.append((row["to"], value, frm, holder, hkey))
 
     for k, v in st.items():
         if k == "engine_args" and isinstance(v, dict):
@@ -419,6 +455,14 @@ def _migrate_stage(st: Any, i: int, pipe: Pipeline, target: Target, w: _Work) ->
                 one(str(rk), rows.get(f"runtime.{rk}"), rv, ("runtime", rk), v, rk)
         else:
             one(str(k), rows.get(str(k)), v, (k,), st, k)
+    for to, fv, frm, holder, hkey in fallbacks:
+        where = _dotted(frm)
+        if to in new:
+            w.note(base + frm, f"stage {ps.stage_id}: `{where}` dropped: the stage sets `{to}` "
+                   f"({_show(new[to])}), which wins")
+        else:
+            put(to, fv, frm, holder, hkey)
+            w.note(base + frm, f"stage {ps.stage_id}: `{where}` -> `{to}`")
     for pos, sk, sv in reversed(sets):
         if sk not in new:  # an explicit engine_args value wins
             new.insert(pos, sk, sv)
@@ -511,12 +555,16 @@ def doc_table() -> str:
     km = key_map()
     words = {"move": "moves to", "check": "checked against the pipeline, then dropped",
              "pipeline": "dropped: the pipeline owns it", "drop": "dropped", "scheduler": "sets",
-             "spread": "copied onto each", "kv": "moves to", "bootstrap": "the target's bootstrap setting",
+             "spread": "copied onto each", "kv": "moves to", "fallback": "moves to", "bootstrap": "the target's bootstrap setting",
              "unread": "dropped"}
 
     def home(r: dict[str, Any]) -> str:
         a = r["action"]
-        if a in ("move", "kv", "spread"):
+        if a == "fallback":
+            return f"moves to `{r['to']}` unless the stage sets `{r['to']}` (then dropped: that wins)"
+        if a == "spread":
+            return f"copied onto each `{r['to']}` entry (dropped when there are none)"
+        if a in ("move", "kv"):
             to = r.get("to", "*")
             return f"{words[a]} `{to}`" if to != "*" else "moves to the same key"
         if a == "check":
