@@ -430,6 +430,128 @@ def pipelines() -> None:
     print_table(("pipeline", "runtime", "stages"), rows)
 
 
+def _size_error(msg: str, help: str | None = None) -> OmniPdError:
+    return OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR, message=f"size: {msg}", help=help))
+
+
+@app.command()
+def size(
+    input: Optional[Path] = typer.Argument(None, help="three-stage deploy YAML (default: the bundled Qwen3-Omni preset)",
+                                           show_default=False),
+    model_info: Path = typer.Option(..., "--model-info", help="the model's config.json (Qwen3-Omni: the Thinker's "
+                                    "text_config is what PD splits; talker/code2wav sub-configs size the rest)"),
+    system: str = typer.Option(..., "--system", help="AIConfigurator GPU system, e.g. h200_sxm, h100_sxm, b200_sxm"),
+    total_devices: int = typer.Option(..., "--total-devices", min=1, help="devices for the whole pipeline"),
+    backend: str = typer.Option("vllm", "--backend", help="AIConfigurator backend database (vllm, sglang, trtllm)"),
+    text_tokens: int = typer.Option(..., "--text-tokens", min=0, help="prompt text tokens per request"),
+    audio_seconds: Optional[list[float]] = typer.Option(None, "--audio-seconds", help="one audio clip (seconds), repeatable"),
+    image: Optional[list[str]] = typer.Option(None, "--image", help="one image WIDTHxHEIGHT (pixels), repeatable"),
+    output_tokens: int = typer.Option(..., "--output-tokens", min=1, help="Thinker output tokens per request"),
+    ttft: float = typer.Option(..., "--ttft", help="TTFT target (ms)"),
+    tpot: float = typer.Option(..., "--tpot", help="TPOT target (ms)"),
+    fmt: Literal["text", "json"] = typer.Option("text", "--format"),
+    write: Optional[Path] = typer.Option(None, "--write", help="write the sized deploy config (through expand) here"),
+    pick: int = typer.Option(0, "--pick", min=0, help="use AIConfigurator's disagg row N (0 = its top) instead"),
+    from_result: Optional[Path] = typer.Option(None, "--from-result", help="a result recorded with --record: no AIConfigurator run"),
+    record: Optional[Path] = typer.Option(None, "--record", help="also save AIConfigurator's result (JSON) here"),
+) -> None:
+    """Size the Thinker's prefill/decode split with NVIDIA AIConfigurator for a traffic shape and
+    TTFT/TPOT targets, place the Talker and Code2Wav on the devices left, print why (extra: omni-pd[sizing])."""
+    import json
+
+    from omni_pd.compile.parse import parse_config
+    from omni_pd.io import atomic_write, load_file
+    from omni_pd.resources import preset_path
+    from omni_pd.sizing import aic, model_map, plan, report, traffic
+
+    try:
+        cfg = json.loads(model_info.read_text(encoding="utf-8"))
+        imgs = tuple(tuple(int(x) for x in s.lower().split("x", 1)) for s in (image or ()))
+        shape = traffic.Traffic(text_tokens, output_tokens, tuple(audio_seconds or ()), imgs)  # type: ignore[arg-type]
+        isl = shape.isl()
+    except (OSError, json.JSONDecodeError) as e:
+        raise _size_error(f"--model-info {model_info}: {e}") from None
+    except ValueError as e:
+        raise _size_error(str(e), help="--image takes WIDTHxHEIGHT, e.g. 1280x720") from None
+    src = input if input is not None else preset_path("qwen3_omni_moe")
+    doc = load_file(src)
+    stages = parse_config(doc).stages
+    names = ("thinker", "talker", "code2wav")
+    utils = {names[i]: float(s.gpu_memory_utilization or 0.9) for i, s in enumerate(stages[1:3], start=1)}
+    text_cfg, where = model_map.thinker_text_config(cfg)
+    if from_result is not None:
+        recorded = json.loads(from_result.read_text(encoding="utf-8"))
+        device_bytes = int(recorded["gpu_memory_bytes"])
+        got = {k: recorded["request"][k] for k in ("system", "backend", "isl", "osl", "ttft_ms", "tpot_ms")}
+        want = {"system": system, "backend": backend, "isl": isl, "osl": output_tokens, "ttft_ms": ttft, "tpot_ms": tpot}
+        if got != want:
+            raise _size_error(f"--from-result {from_result} was recorded for {got}, not {want}")
+        match = model_map.Match(recorded["request"]["model"], True, {})
+    else:
+        try:
+            match = model_map.nearest(text_cfg, aic.shipped_configs())
+            device_bytes = aic.gpu_memory_bytes(system)
+        except aic.AicMissing:
+            raise _size_error("AIConfigurator is not installed", help="pip install 'omni-pd[sizing]'") from None
+        except aic.AicUnsupported as e:
+            raise _size_error(str(e)) from None
+        if not match.exact:
+            raise _size_error(f"AIConfigurator does not model the Thinker LLM ({where} of {model_info}); the nearest "
+                              f"it ships is {match.model}, which differs in "
+                              + ", ".join(f"{k} {a} vs {b}" for k, (a, b) in match.differs.items()))
+    down = plan.downstream_stages(cfg, utils)
+    need = len(plan.place_downstream(down, len(down), device_bytes)) if down else 0
+    if total_devices - need < 2:
+        raise _size_error(f"{total_devices} device(s) leave {total_devices - need} for the Thinker; PD needs 2")
+    if from_result is None:
+        req = aic.AicRequest(match.model, system, backend, total_devices - need, isl, output_tokens, ttft, tpot)
+        try:
+            recorded = aic.run(req)
+        except aic.AicMissing:
+            raise _size_error("AIConfigurator is not installed", help="pip install 'omni-pd[sizing]'") from None
+        except aic.AicUnsupported as e:
+            raise _size_error(str(e)) from None
+        if record is not None:
+            atomic_write(record, json.dumps(recorded, indent=1, sort_keys=True) + "\n", protect=[str(src)])
+    rows = plan.choices(recorded) if recorded["best_configs"].get("disagg") else []
+    if not rows:
+        raise _size_error(f"no disaggregated configuration meets TTFT {ttft:g} ms / TPOT {tpot:g} ms")
+    if pick >= len(rows):
+        raise _size_error(f"--pick {pick}: AIConfigurator returned {len(rows)} disagg rows")
+    rows = [rows[pick]] + [r for i, r in enumerate(rows) if i != pick]
+    top = rows[0]
+    try:
+        placed = plan.place_downstream(down, total_devices - top.devices, device_bytes) if down else []
+    except plan.NoFit as e:
+        raise _size_error(str(e)) from None
+    devs = plan.device_lists(top, len(placed))
+    note = (f"same shape as {where}" if match.exact else "recorded") + (
+        f" of {model_info.name}" if from_result is None else f" in {from_result.name}")
+    s = report.summary(recorded, rows, {"model": match.model, "note": note},
+                       {"isl": isl, "breakdown": shape.breakdown()}, placed, devs)
+    if fmt == "json":
+        sys.stdout.write(json.dumps(s, indent=1) + "\n")
+    else:
+        from rich.console import Console
+
+        report.render(s, Console(highlight=False, width=max(120, Console().width)))
+    if write is not None:
+        if top.prefill.dp > 1 or top.decode.dp > 1 or top.prefill.pp > 1 or top.decode.pp > 1:
+            raise _size_error(f"row {pick} uses DP/PP >1 (prefill dp{top.prefill.dp} pp{top.prefill.pp}, decode "
+                              f"dp{top.decode.dp} pp{top.decode.pp}); expand has no data-parallel option, nothing written",
+                              help="choose a DP1/PP1 runner-up with --pick N")
+        import inspect
+
+        kw = {n: getattr(p.default, "default", p.default) for n, p in inspect.signature(expand).parameters.items()}
+        kw.update(input=input, output=write, prefill_replicas=top.prefill.replicas, decode_replicas=top.decode.replicas,
+                  prefill_tp=top.prefill.tp, decode_tp=top.decode.tp, quiet=True,
+                  prefill_devices=",".join(map(str, devs["prefill"])), decode_devices=",".join(map(str, devs["decode"])))
+        if devs["downstream"]:
+            kw["downstream_devices"] = ",".join(map(str, devs["downstream"]))
+        expand(**kw)
+        sys.stderr.write(f"wrote {write} (through expand, validated)\n")
+
+
 def print_table(columns: tuple[str, ...], rows: list[tuple[str, ...]], *, header: bool = True) -> None:
     """Print ``rows`` under ``columns`` with rich's Table (as ``launch`` prints its plan and
     status), each column as wide as its widest cell. On a terminal: bold header, the last

@@ -68,3 +68,88 @@ def test_downstream_that_does_not_fit_is_refused():
         plan.place_downstream(down, 1, 80 * 2**30)
     with pytest.raises(plan.NoFit, match="exceed its reservation"):
         plan.place_downstream([plan.Downstream("talker", 0.1, 10 * 2**30)], 1, 80 * 2**30)
+
+
+# --- the command, from a recorded AIConfigurator result (no AIConfigurator needed) ---------------
+RESULT = FIX / "aic_qwen3_30b_a3b_h200_vllm.json"  # recorded by omni_pd.sizing.aic.run; see its "recorded" key
+#: 3306 text + 30 s audio (390) + one 640x480 image (300) + 4 markers = the recorded ISL 4000
+ARGS = ["size", "--model-info", str(FIX / "qwen3_omni_config.json"), "--system", "h200_sxm", "--total-devices", "9",
+        "--text-tokens", "3306", "--audio-seconds", "30", "--image", "640x480", "--output-tokens", "500",
+        "--ttft", "1000", "--tpot", "30"]
+
+
+def _size(capsys, *extra):
+    from omni_pd.cli import _run
+
+    rc = _run(ARGS + list(extra))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_json_reports_aiconfigurators_top_disagg_row_and_why(capsys):
+    rc, out, _ = _size(capsys, "--from-result", str(RESULT), "--format", "json")
+    assert rc == 0
+    s = json.loads(out)
+    top = json.loads(RESULT.read_text())["best_configs"]["disagg"][0]
+    th = s["thinker"]
+    assert (th["prefill"]["replicas"], th["prefill"]["tp"], th["decode"]["replicas"], th["decode"]["dp"]) == \
+        (top["(p)workers"], top["(p)tp"], top["(d)workers"], top["(d)dp"]) == (4, 1, 1, 4)
+    assert s["perf_database"] == "vllm 0.24.0 on h200_sxm" and s["aiconfigurator"] == "0.12.0"
+    assert th["slo"]["decode"]["binding"] is True and th["slo"]["prefill"]["binding"] is False
+    assert th["slo"]["decode"]["headroom_ms"] == round(30 - 29.378, 3)
+    assert round(s["agg_vs_disagg"]["disagg"] / s["agg_vs_disagg"]["agg"], 2) == 1.05
+    assert s["devices"] == {"prefill": [0, 1, 2, 3], "decode": [4, 5, 6, 7], "downstream": [8]}
+    assert s["downstream"] == [["talker", "code2wav"]] and len(s["runners_up"]) == 4
+    assert s["traffic"] == {"isl": 4000, "breakdown": {"text": 3306, "audio": 390, "image": 300, "markers": 4}}
+
+
+def test_table_names_the_database_and_the_bound_side(capsys):
+    rc, out, _ = _size(capsys, "--from-result", str(RESULT))
+    assert rc == 0
+    assert "perf database vllm 0.24.0 on h200_sxm" in out and "1.05x the best aggregated" in out
+    assert "device 8: talker + code2wav" in out
+
+
+def test_write_is_validated_like_expand_unequal_tp_is_opd306(capsys, tmp_path):
+    out = tmp_path / "sized.yaml"  # row 3: 4x prefill TP1 + 1x decode TP4; an omni pipeline needs equal TP
+    rc, _, err = _size(capsys, "--from-result", str(RESULT), "--pick", "3", "--write", str(out))
+    assert rc == 2 and "OPD306" in err and not out.exists()
+
+
+def test_write_sets_replicas_tp_and_devices_through_expand(capsys, tmp_path):
+    """Row 3 edited to 4x prefill TP1 + 4x decode TP1 (a shape expand serves): tests the mapping only."""
+    from omni_pd.io import load_file
+
+    rec = json.loads(RESULT.read_text())
+    rec["best_configs"]["disagg"][3].update({"(d)workers": 4, "(d)tp": 1, "(d)dp": 1})
+    res = tmp_path / "edited.json"
+    res.write_text(json.dumps(rec))
+    out = tmp_path / "sized.yaml"
+    rc, _, err = _size(capsys, "--from-result", str(res), "--pick", "3", "--write", str(out))
+    assert rc == 0, err
+    stages = load_file(out).tree["stages"]
+    got = sorted((s.get("num_replicas", 1), s.get("tensor_parallel_size", 1), str(s["devices"])) for s in stages)
+    assert got == [(1, 1, "8"), (1, 1, "8"), (4, 1, "0,1,2,3"), (4, 1, "4,5,6,7")], got
+
+
+def test_write_refuses_attention_dp_and_writes_nothing(capsys, tmp_path):
+    out = tmp_path / "sized.yaml"
+    rc, _, err = _size(capsys, "--from-result", str(RESULT), "--write", str(out))
+    assert rc == 2 and "expand has no data-parallel option" in err and not out.exists()
+
+
+def test_a_result_recorded_for_other_traffic_is_refused(capsys):
+    from omni_pd.cli import _run
+
+    rc = _run([a if a != "3306" else "3000" for a in ARGS] + ["--from-result", str(RESULT)])
+    assert rc == 2 and "was recorded for" in capsys.readouterr().err
+
+
+def test_missing_aiconfigurator_is_exit_2(capsys):
+    try:
+        import aiconfigurator  # noqa: F401
+        pytest.skip("aiconfigurator is installed here")
+    except ImportError:
+        pass
+    rc, _, err = _size(capsys)
+    assert rc == 2 and "AIConfigurator is not installed" in err and "omni-pd[sizing]" in err

@@ -74,7 +74,10 @@ def shipped_models() -> list[str]:
 
 def shipped_configs() -> dict[str, dict]:
     """``{model id: config.json mapping}`` of every model AIConfigurator ships. Raises :class:`AicMissing`."""
-    import aiconfigurator_core
+    try:
+        import aiconfigurator_core
+    except ImportError as e:
+        raise AicMissing(str(e)) from e
     from pathlib import Path
 
     d = Path(aiconfigurator_core.__file__).parent / "model_configs"
