@@ -11,6 +11,7 @@ import pytest
 
 from omni_pd.check.validate import ValidateOptions, validate_text
 from omni_pd.diagnostics import Severity
+from rule_found import col  # tests/rule_found.py
 
 E, W = Severity.ERROR, Severity.WARNING
 PD = "pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
@@ -38,20 +39,32 @@ def pair(p_x: str = "", d_x: str = "", tail: str = "") -> str:
 # --- OPD104 port fields mixing int and str --------------------------------------------------------
 
 def test_opd104_the_string_minority_is_named_with_up_to_two_integer_peers() -> None:
-    text = pair(", kv_port: 21001, kv_connector_extra_config: {http_port: 8100, b_port: 8200, other: \"x\"}",
-                ", kv_port: \"22001\"")
+    text = pair(", kv_connector_extra_config: {http_port: 8100, b_port: 8200, c_port: 8300, other: \"x\"}",
+                ", kv_port: \"22001\", kv_connector_extra_config: {http_port: \"8400\"}")
     assert hits(text, "OPD104") == [(
-        W, "port fields mix int and str: `kv_port` is a string ('22001') while other port fields are integers",
-        (5, 128), "write every port as an unquoted integer, e.g. kv_port: 22001",
-        [(4, 128, "`kv_port` written as 21001"), (4, 174, "`kv_connector_extra_config.http_port` written as 8100")])]
+        W, "port fields mix int and str: `kv_connector_extra_config.http_port` is a string ('8400') while other port "
+        "fields are integers",
+        col(text, "\"8400\""), "write every port as an unquoted integer, e.g. http_port: 8400",
+        [(*col(text, "8100"), "`kv_connector_extra_config.http_port` written as 8100"),
+         (*col(text, "8200"), "`kv_connector_extra_config.b_port` written as 8200")])]
 
 
 def test_opd104_an_integer_minority_among_strings_is_named_as_the_integer() -> None:
-    text = pair(", kv_port: \"21001\", kv_connector_extra_config: {http_port: \"8100\"}", ", kv_port: 22001")
+    text = pair(", kv_connector_extra_config: {http_port: \"8100\", b_port: \"8200\"}",
+                ", kv_port: \"22001\", kv_connector_extra_config: {http_port: 8300}")
     assert hits(text, "OPD104") == [(
-        W, "port fields mix int and str: `kv_port` is an integer (22001) while other port fields are strings",
-        (5, 128), "write every port as an unquoted integer, e.g. kv_port: 22001",
-        [(4, 128, "`kv_port` written as '21001'"), (4, 176, "`kv_connector_extra_config.http_port` written as '8100'")])]
+        W, "port fields mix int and str: `kv_connector_extra_config.http_port` is an integer (8300) while other port "
+        "fields are strings",
+        col(text, "8300"), "write every port as an unquoted integer, e.g. http_port: 8300",
+        [(*col(text, '"8100"'), "`kv_connector_extra_config.http_port` written as '8100'"),
+         (*col(text, '"8200"'), "`kv_connector_extra_config.b_port` written as '8200'")])]
+
+
+def test_opd104_kv_port_is_coerced_by_kv_transfer_config_so_its_spelling_is_no_mix() -> None:
+    # vLLM 0.30 vllm/config/kv_transfer.py:90 ``kv_port: int`` (pydantic, lax): "22001" is 22001
+    assert hits(pair(", kv_port: 21001", ", kv_port: \"22001\""), "OPD104") == []
+    assert hits(pair(", kv_port: \"21001\", kv_connector_extra_config: {http_port: 8100}",
+                     ", kv_port: 22001, kv_connector_extra_config: {http_port: 8200}"), "OPD104") == []
 
 
 def test_opd104_a_tie_names_the_strings_and_a_non_numeric_string_is_shown_as_written() -> None:
@@ -69,12 +82,15 @@ def test_opd104_booleans_and_one_kind_are_not_a_mix() -> None:
 
 
 def test_opd104_reads_the_platform_overlays_value_as_written() -> None:
-    overlay = "platforms:\n  npu:\n    stages:\n      - {stage_id: 1, kv_transfer_config: {kv_port: \"22002\"}}\n"
-    got = hits(pair(", kv_port: 21001", ", kv_port: 22001", overlay), "OPD104", ValidateOptions(platform="npu"))
+    overlay = ("platforms:\n  npu:\n    stages:\n      - {stage_id: 1, kv_transfer_config: "
+               "{kv_connector_extra_config: {http_port: \"8202\"}}}\n")
+    text = pair(", kv_connector_extra_config: {http_port: 8100}", ", kv_connector_extra_config: {http_port: 8200}", overlay)
+    got = hits(text, "OPD104", ValidateOptions(platform="npu"))
     assert [(g[1], g[2], g[4]) for g in got] == [(
-        "port fields mix int and str: `kv_port` is a string ('22002') while other port fields are integers", (9, 53),
-        [(4, 128, "`kv_port` written as 21001")])]
-    assert hits(pair(", kv_port: 21001", ", kv_port: 22001", overlay), "OPD104") == []
+        "port fields mix int and str: `kv_connector_extra_config.http_port` is a string ('8202') while other port "
+        "fields are integers", col(text, '"8202"'),
+        [(*col(text, "8100"), "`kv_connector_extra_config.http_port` written as 8100")])]
+    assert hits(text, "OPD104") == []
 
 
 # --- OPD105 environment variable names ------------------------------------------------------------
@@ -393,7 +409,8 @@ def test_opd103_a_vllm_serve_omni_flag_is_no_flag_of_plain_vllm_engines() -> Non
 
 
 def test_opd104_related_spans_keep_their_file() -> None:
-    res = validate_text(pair(", kv_port: 21001", ", kv_port: \"22001\""), "t.yaml")
+    res = validate_text(pair(", kv_connector_extra_config: {http_port: 8100}",
+                             ", kv_connector_extra_config: {http_port: \"8200\"}"), "t.yaml")
     assert [[r.file for r in d.related] for d in res.diagnostics if d.code == "OPD104"] == [["t.yaml"]]
 
 

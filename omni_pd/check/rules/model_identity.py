@@ -110,7 +110,8 @@ def _effective(ctx: Context, n: "StageNode") -> dict[str, tuple[Any, bool]]:
     else:
         out["quantization"] = ("the checkpoint's quantization_config", False)
     dt_set, dt = raw["dtype"]
-    dts = _DTYPES.get(str(dt).lower(), str(dt)) if dt_set else "auto"
+    # vLLM lowercases a dtype string (vllm/config/model.py _get_and_verify_dtype): AUTO is auto
+    dts = _DTYPES.get(str(dt).lower(), str(dt).lower()) if dt_set else "auto"
     if dts == "auto":
         tdt = _DTYPES.get(str(info.torch_dtype).lower()) if info is not None and info.torch_dtype else None
         # auto keeps a float16/bfloat16 checkpoint's dtype; float32 is resolved per platform
@@ -172,8 +173,10 @@ def model_identity(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     for key, words in KEYS:
         (pv, pk), (dv, dk) = pe[key], de[key]
         p_set, d_set = _explicit(ctx, p, key)[0], _explicit(ctx, d, key)[0]
-        if not (p_set or d_set) or (pk and dk and _same(key, pv, dv)):
-            continue  # not written on either side (follows the same default), or equal
+        if not (p_set or d_set) or (pk == dk and _same(key, pv, dv)):
+            # not written on either side (the same default), equal, or both follow the same
+            # unresolved default (`dtype: auto` on one side or both: ModelConfig's default)
+            continue
         if key in ("tokenizer", "tokenizer_revision") and not (pk and dk):
             continue  # follows an unknown model: the model comparison says it
         # located where the stage itself writes it (decode first), else where it is set

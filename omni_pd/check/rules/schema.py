@@ -264,24 +264,33 @@ def _typo_effect(ctx: Context, k: str, stage: dict) -> str:
 @rule("OPD104", "port-type", Severity.WARNING,
       "port fields of the PD pair mix integers and strings",
       fail=("pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
-            "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, kv_port: 21001}}\n"
-            "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, kv_port: \"22001\"}}\n"),
+            "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: P2pNcclConnector, kv_role: kv_producer, kv_connector_extra_config: {http_port: 8100}}}\n"
+            "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: P2pNcclConnector, kv_role: kv_consumer, kv_connector_extra_config: {http_port: \"8200\"}}}\n"),
       passing=("pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
-               "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, kv_port: 21001}}\n"
-               "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, kv_port: 22001}}\n"),
-      labels=("SCH-TYPES",))
+               "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: P2pNcclConnector, kv_role: kv_producer, kv_connector_extra_config: {http_port: 8100}}}\n"
+               "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: P2pNcclConnector, kv_role: kv_consumer, kv_connector_extra_config: {http_port: 8200}}}\n"),
+      labels=("SCH-TYPES",),
+      examples=(
+          Example("kv_port 21001 and \"22001\": KVTransferConfig coerces both to int",
+                  "pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
+                  "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, kv_port: 21001}}\n"
+                  "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, kv_port: \"22001\"}}\n",
+                  False),
+      ))
 def port_type(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
-    """Port fields (``kv_port``, ``*_port`` in ``kv_connector_extra_config``) should be
-    written one way. vLLM coerces ``kv_port`` to int, but the extra config is passed
-    through verbatim and connectors compare or concatenate it as strings (P2pNccl
-    builds ``ip:port`` from them), so an int on one side and a string on the other is
-    a latent mismatch. Source: https://github.com/vllm-project/vllm/pull/26628."""
+    """Port fields in ``kv_connector_extra_config`` (``*_port``) should be written one
+    way: the extra config is passed through verbatim and connectors compare or
+    concatenate it as strings (P2pNccl builds ``ip:port`` from them), so an int on one
+    side and a string on the other is a latent mismatch. ``kv_port`` is not one of
+    them: ``KVTransferConfig.kv_port: int`` is validated by pydantic in lax mode, so
+    ``21001`` and ``"21001"`` are the same int (vLLM 0.30 vllm/config/kv_transfer.py:90;
+    checked in the oracle venv). Source: https://github.com/vllm-project/vllm/pull/26628."""
     if ctx.topology is None or not ctx.platform_first:
         return
     seen: list[tuple[str, type, Any, Location]] = []
     for node in ctx.topology.stages:
         kv = node.kv or {}
-        items = [(("kv_port",), kv.get("kv_port"))]
+        items = []
         for k, v in (kv.get("kv_connector_extra_config") or {}).items():
             if isinstance(k, str) and k.endswith("_port"):
                 items.append((("kv_connector_extra_config", k), v))
