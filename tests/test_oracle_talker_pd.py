@@ -178,3 +178,38 @@ def test_canary_upstream_does_not_merge_prefills_rows_by_itself(probe):
     assert probe["qwen3_short_pd_decode"]["prefill_rows"] == 6, "decode's payload has prompt rows now"
     assert probe["merge_definitions"] == [], "upstream defines _merge_pd_embeddings now"
     assert probe["readers_of_pd_prefill_by_req"] == ["engine/orchestrator.py"], "something reads the bridge now"
+
+
+def test_a_worker_process_installs_the_talker_merge_through_vllm_omnis_plugin_loader():
+    """vllm-omni 0.30's workers call ``load_omni_general_plugins()`` in
+    ``OmniWorkerMixin.__init__`` (worker/mixins.py; omni-pd's CPU workers inherit it):
+    in a fresh process that call alone puts the Talker merge in place, so the Talker's
+    worker runs it. The orchestrator patches are installed the same way in the API
+    process (tests/test_vllm_omni_compat.py shows the serve path's order)."""
+    code = ("from vllm_omni.plugins import load_omni_general_plugins; load_omni_general_plugins(); "
+            "import json; from omni_pd.upstream.vllm_omni_compat import installed; print(json.dumps(installed()))")
+    proc = subprocess.run([ORACLE, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env={k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {k: got[k] for k in ("pd_prefill_rows", "talker_prefill_rows", "talker_prefill_merge")} == dict.fromkeys(
+        ("pd_prefill_rows", "talker_prefill_rows", "talker_prefill_merge"), True)
+    off = subprocess.run([ORACLE, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                         env={**{k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"},
+                              "OMNI_PD_VLLM_OMNI_TALKER_PD": "0"})
+    got = json.loads(off.stdout.strip().splitlines()[-1])
+    assert (got["talker_prefill_merge"], got["pd_detect"]) == (False, True)  # the finer switch: just the Talker
+
+
+DRAFT = ROOT / "docs" / "upstream" / "vllm-omni-0.30-orchestrator-prefill-mm.md"
+
+
+def test_the_orchestrator_reproducer_prints_what_its_draft_shows():
+    """docs/upstream/repro_orchestrator_prefill_mm.py, upstream only (no plugin): a canary too,
+    it fails when vllm-omni keeps prefill's rows."""
+    proc = subprocess.run([ORACLE, str(ROOT / "docs" / "upstream" / "repro_orchestrator_prefill_mm.py")],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, env={**os.environ, "VLLM_PLUGINS": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = DRAFT.read_text()
+    pasted = text.split("Output:\n\n```text\n", 1)[1].split("```", 1)[0]
+    assert proc.stdout.strip().splitlines()[-4:] == pasted.strip().splitlines()

@@ -130,7 +130,16 @@ def install_runtime_compat() -> None:
     :func:`register` calls it before registering the ``*_pd`` pipelines, which a process
     must have done before it can resolve a ``*_pd`` deploy file, so detection (which
     follows resolution) finds the layer in place in any process. A failure
-    here is logged, never raised: plugin loading must not break vllm-omni."""
+    here is logged, never raised: plugin loading must not break vllm-omni.
+
+    Where each patch acts (vllm-omni 0.30): the PD detection patches and the Talker
+    handoff's ``pd_prefill_rows`` / ``talker_prefill_rows`` run in the API process (the
+    orchestrator is a thread of it, engine/omni_engine_base.py), where both groups are
+    loaded as above; ``talker_prefill_merge`` runs in the Talker stage's worker, where
+    ``OmniWorkerMixin.__init__`` (worker/mixins.py; omni-pd's CPU workers inherit it) calls
+    ``load_omni_general_plugins`` -> this group -> :func:`register` -> here
+    (tests/test_oracle_talker_pd.py checks it in a fresh process). Engine-core processes
+    load the groups too; nothing there is patched that they call."""
     try:
         from omni_pd.upstream.vllm_omni_compat import install
 
