@@ -492,7 +492,7 @@ def size(
             match = model_map.nearest(text_cfg, aic.shipped_configs())
             device_bytes = aic.gpu_memory_bytes(system)
         except aic.AicMissing:
-            raise _size_error("AIConfigurator is not installed", help="pip install 'omni-pd[sizing]'") from None
+            raise _size_error("AIConfigurator is not installed", help="pip install aiconfigurator==0.12.0 (the sizing extra of omni-pd)") from None
         except aic.AicUnsupported as e:
             raise _size_error(str(e)) from None
         if not match.exact:
@@ -508,7 +508,7 @@ def size(
         try:
             recorded = aic.run(req)
         except aic.AicMissing:
-            raise _size_error("AIConfigurator is not installed", help="pip install 'omni-pd[sizing]'") from None
+            raise _size_error("AIConfigurator is not installed", help="pip install aiconfigurator==0.12.0 (the sizing extra of omni-pd)") from None
         except aic.AicUnsupported as e:
             raise _size_error(str(e)) from None
         if record is not None:
@@ -1128,8 +1128,15 @@ def render(
     model: str = typer.Option(..., "--model", help="model id or path every engine serves"),
     inventory: Optional[Path] = typer.Option(None, "--inventory", help="hosts and stage placement (YAML): one "
                                              "script per host"),
-    target: Literal["scripts"] = typer.Option("scripts", "--target", help="what to render: scripts (one bash "
-                                              "script per host)"),
+    target: Literal["scripts", "kubernetes"] = typer.Option(
+        "scripts", "--target", help="what to render: scripts (one bash script per host) or kubernetes (llm-d-shaped "
+        "manifests and a kustomization.yaml, plain-vLLM NIXL pairs)"),
+    image: str = typer.Option("vllm/vllm-openai:v0.30.0", "--image", help="kubernetes: the engines' container image"),
+    router_image: str = typer.Option("omni-pd:latest", "--router-image",
+                                     help="kubernetes: an image with omni-pd installed (the PD router)"),
+    name: str = typer.Option("omni-pd", "--name", help="kubernetes: name prefix of every object"),
+    secret: str = typer.Option("omni-pd-secrets", "--secret",
+                               help="kubernetes: the Secret that holds secret env values (HF_TOKEN, API keys)"),
     vllm: str = typer.Option("vllm", "--vllm", help="the `vllm` executable on the hosts"),
     port: int = typer.Option(8000, "--port", help="client port: the PD router, or the vllm-omni server"),
     engine_port_base: int = typer.Option(8100, "--engine-port-base", help="prefill HTTP port (decode: +100)"),
@@ -1172,9 +1179,11 @@ def render(
         raise SystemExit(1)
     from omni_pd.launch.plan import hosts_of
 
-    placement = _plan_placement(plan, inv, doc)
-    files = render_scripts(plan, doc.text, placement, source=config.name)
-    _check_scripts(files)
+    if target == "kubernetes":
+        files = _kubernetes_files(plan, planned.topology, doc, image, router_image, name, platform, secret)
+    else:
+        files = render_scripts(plan, doc.text, _plan_placement(plan, inv, doc), source=config.name)
+        _check_scripts(files)
     to.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         atomic_write(to / name, text, protect=inputs)
@@ -1182,6 +1191,50 @@ def render(
         (to / name).chmod(0o755)
     hosts = hosts_of(plan)
     sys.stderr.write(f"wrote {to}: {', '.join(files)}" + (f" (hosts {', '.join(hosts)})" if hosts else "") + "\n")
+
+
+def _kubernetes_files(plan, topo, doc, image: str, router_image: str, name: str, platform: str, secret: str) -> dict:
+    """``render --target kubernetes``: the manifests (:mod:`omni_pd.render.kubernetes`),
+    validated before anything is written: every object with the kubernetes-validate
+    package's schemas (strict), and ``kubectl kustomize`` where kubectl is installed. A
+    plan without a Kubernetes rendering is OPD006 (exit 2); an object that does not
+    validate is a bug (OPD000, exit 3)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from omni_pd.render.kubernetes import RenderError, render_kubernetes, validate_manifests
+
+    stages = {}
+    if topo is not None and topo.pd_pair is not None:
+        stages = {"prefill": topo.pd_pair[0].stage_id, "decode": topo.pd_pair[1].stage_id}
+    try:
+        files = render_kubernetes(plan, doc.text, name=name, image=image, router_image=router_image,
+                                  platform=platform, secret=secret, stages=stages)
+    except RenderError as e:
+        raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR, message=f"render --target kubernetes: {e}",
+                                     help=e.help)) from None
+    try:
+        problems = validate_manifests(files)
+    except ImportError:
+        raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                     message="render --target kubernetes validates every manifest offline with the "
+                                             "kubernetes-validate package, which is not installed",
+                                     help="pip install kubernetes-validate (nothing was written)")) from None
+    kubectl = shutil.which("kubectl")
+    if not problems and kubectl is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            for fname, text in files.items():
+                Path(tmp, fname).write_text(text)
+            r = subprocess.run([kubectl, "kustomize", tmp], capture_output=True, text=True, timeout=60)
+            if r.returncode != 0:
+                problems.append(f"kubectl kustomize: {r.stderr.strip()}")
+    if problems:
+        raise OmniPdError(Diagnostic(code="OPD000", severity=Severity.ERROR,
+                                     message="internal error: rendered manifests do not validate: " + "; ".join(problems),
+                                     help="this is a bug in omni-pd (nothing was written); please report it"),
+                          exit_code=3)
+    return files
 
 
 def _plan_placement(plan, inv, doc):
