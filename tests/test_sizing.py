@@ -152,4 +152,4 @@ def test_missing_aiconfigurator_is_exit_2(capsys):
     except ImportError:
         pass
     rc, _, err = _size(capsys)
-    assert rc == 2 and "AIConfigurator is not installed" in err and "omni-pd[sizing]" in err
+    assert rc == 2 and "AIConfigurator is not installed" in err and "aiconfigurator==0.12.0" in err
