@@ -1,4 +1,4 @@
-"""Make vllm-omni 0.30.x switch prefill/decode disaggregation on for typed stage configs.
+"""Make vllm-omni 0.30.x switch prefill/decode disaggregation on for typed stage configs, and speak under PD.
 
 vllm-omni 0.30.0's serve path (``vllm serve M --omni --deploy-config F`` and the
 offline ``Omni`` class) resolves a deploy file into typed stage configs
@@ -6,10 +6,10 @@ offline ``Omni`` class) resolves a deploy file into typed stage configs
 reads legacy attributes those objects do not have. Left alone, a four-stage PD deploy
 starts cleanly and runs the Thinker twice per request (docs/upstream/vllm-omni-0.30-pd-detection.md).
 
-This module wraps five upstream functions (the table in
+This module wraps eight upstream functions (the table in
 ``presets/targets/vllm_omni_compat.yaml``). Each wrapper calls the original first and
 steps in only on the failure shape that release is known for, so an upstream fix takes
-over by itself:
+over by itself (the Talker merge checks the shape on its input instead, see below):
 
 * ``PDDisaggregationMixin.detect_pd_separation_from_stage_configs`` (staticmethod,
   ``vllm_omni/entrypoints/pd_utils.py``): when it returns None, it is run again over
@@ -27,6 +27,22 @@ over by itself:
   is supplied and the original runs again; when its Mooncake address and engine id are
   the orchestrator's single (replica 0) ones but the request was prefilled on replica
   *r* > 0, they are replaced by replica *r*'s.
+
+The Talker handoff under PD (issue 21; the seam and why, with its bytes per request, in
+:mod:`omni_pd.upstream.talker_pd`), three wrappers that act only together and have their
+own switch ``OMNI_PD_VLLM_OMNI_TALKER_PD=0``:
+
+* ``OrchestratorBase._route_output`` (async; orchestrator thread of the API process):
+  after the original, a finished prefill output that left
+  ``pd_prefill_multimodal_output`` None has it set from ``outputs[0].multimodal_output``
+  (0.30.0 reads the attribute from the vLLM ``RequestOutput``, where it never is).
+* ``stage_input_processors/qwen3_omni.py`` ``thinker2talker_token_only`` (module
+  function; orchestrator): after the original, prefill's layer rows from the bridge state
+  go onto the Talker prompt's ``additional_information`` (:func:`talker_pd.attach`).
+* ``Qwen3OmniMoeForConditionalGeneration.talker_preprocess_prefill`` (Talker worker):
+  when those rows are present and decode's payload has the PD shape, the original gets
+  prefill's rows followed by decode's rows without its first
+  (:func:`talker_pd.merge_payload`), else the payload unchanged; the rows are released.
 
 No attribute is ever added to an upstream class or stage config: about twenty
 ``getattr(stage, "engine_args", None)`` fallbacks elsewhere in vllm-omni would change
