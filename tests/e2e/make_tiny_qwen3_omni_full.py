@@ -20,6 +20,16 @@ encoder), plus what vllm-omni's Talker and Code2Wav hard-code
   trained on the running Python's stdlib (as the sibling); every other id is a filler
   token no merge produces (``"ĠĠ<id>"``, decoded as two spaces and the id), so a random
   Thinker's output decodes.
+* **a chat template that writes the media placeholders**: vllm-omni's unified
+  ``Qwen3OmniMoeForConditionalGeneration`` has no ``get_placeholder_str``, so with a template
+  that takes string content vLLM inserts no placeholder and every audio or image request fails
+  ("Failed to apply prompt replacement"); :data:`CHAT_TEMPLATE` loops over the content parts,
+  as Qwen3-Omni's own template does.
+* **a chat template that writes the media placeholders**: vllm-omni's unified
+  ``Qwen3OmniMoeForConditionalGeneration`` has no ``get_placeholder_str``, so with a template
+  that takes string content vLLM inserts no placeholder and every audio or image request fails
+  ("Failed to apply prompt replacement"); :data:`CHAT_TEMPLATE` loops over the content parts,
+  as Qwen3-Omni's own template does.
 * **Talker** (``talker_config``): codec ids as the real checkpoint (pad 2148, bos 2149,
   eos 2150 = the stop token of ``models/qwen3_omni/pipeline.py``, nothink 2155, think
   bos/eos 2156/2157, speakers 2301-2303), 16 code groups, ``accept_hidden_layer`` 1 (the
@@ -53,7 +63,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_tiny_model import _corpus  # noqa: E402  (same tokenizer corpus)
-from make_tiny_qwen3_omni import CHAT_TEMPLATE, EXTRA_SPECIAL, HIDDEN, IMAGE_SIZE, MERGE, PATCH  # noqa: E402
+from make_tiny_qwen3_omni import EXTRA_SPECIAL, HIDDEN, IMAGE_SIZE, MERGE, PATCH  # noqa: E402
 from make_tiny_qwen3_omni import build_processor  # noqa: E402
 
 VOCAB_SIZE = 151680          # Qwen3-Omni's Thinker vocabulary (ids 151643.. are special tokens)
@@ -76,6 +86,29 @@ EXTRA = {"image_token": "<|image_pad|>", "audio_token": "<|audio_pad|>", "video_
 #: Talker codec ids of the real checkpoint; 2150 is the Talker's stop token (pipeline.py:62)
 CODEC = dict(codec_pad_id=2148, codec_bos_id=2149, codec_eos_token_id=2150, codec_nothink_id=2155,
              codec_think_bos_id=2156, codec_think_eos_id=2157)
+#: ChatML that renders content parts itself, as Qwen3-Omni's own template does: vllm-omni's
+#: unified Qwen3OmniMoeForConditionalGeneration defines no get_placeholder_str, so vLLM's
+#: "string" content format would insert no media placeholder (the request then fails with
+#: "Failed to apply prompt replacement for mm_items['audio'][0]"); a template that loops over
+#: message['content'] makes vLLM pass the parts ("openai" format) and the template writes each
+#: placeholder where its part is
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'text' -%}{{- part['text'] -}}"
+    "{%- elif part['type'] in ('audio', 'input_audio', 'audio_url') -%}"
+    "{{- '<|audio_start|><|audio_pad|><|audio_end|>' -}}"
+    "{%- elif part['type'] in ('image', 'image_url', 'image_pil') -%}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] in ('video', 'video_url') -%}"
+    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
 SPEAKERS = {"chelsie": 2301, "ethan": 2302, "aiden": 2303}
 NUM_CODE_GROUPS = 16         # quantizers: Talker code groups = Code2Wav num_quantizers
 THINKER_INIT = 0.6           # as the sibling: greedy output that varies with the prompt
@@ -140,6 +173,10 @@ def build_tokenizer():
             raise SystemExit(f"{s} has id {fast.convert_tokens_to_ids(s)}, wanted {i}")
     prompt = fast.apply_chat_template([{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}],
                                       add_generation_prompt=True, tokenize=False)
+    parts = fast.apply_chat_template([{"role": "user", "content": [{"type": "audio"}, {"type": "text", "text": "hi"}]}],
+                                     add_generation_prompt=True, tokenize=False)
+    if parts != "<|im_start|>user\n<|audio_start|><|audio_pad|><|audio_end|>hi<|im_end|>\n<|im_start|>assistant\n":
+        raise SystemExit(f"chat template renders content parts as {parts!r}")
     got = fast(prompt)["input_ids"]
     for word, i in ROLE_IDS.items():
         if i not in got:
@@ -273,7 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(out, exist_ok=True)
     tok = build_tokenizer()
     cfg = build_config()
-    build_processor(tok).save_pretrained(out)
+    proc = build_processor(tok)
+    proc.chat_template = CHAT_TEMPLATE
+    proc.save_pretrained(out)
     cfg.save_pretrained(out)
     s = SPECIAL_IDS
     GenerationConfig(bos_token_id=s["<|endoftext|>"], eos_token_id=s["<|im_end|>"],
