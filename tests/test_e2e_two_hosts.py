@@ -1,0 +1,226 @@
+"""A prefill/decode pair on two (simulated) hosts through ``omni-pd launch --host`` (issue 25).
+
+Two Linux network namespaces stand for hosts A and B, joined by a veth pair whose two
+addresses form a private /30 that exists only between them (no route to anything else, no
+loopback shared: traffic only between these namespaces). The tiny random-weight Qwen2 model
+(tests/e2e/make_tiny_model.py) is compiled once, ``expand --inventory``, into a NIXL 1P1D
+pair (``kv_buffer_device: cpu``) with prefill on A and decode on B; ``omni-pd launch
+--inventory hosts.yaml --host A`` and ``--host B`` run inside each namespace (``ip netns
+exec``), UCX restricted to TCP over the veth (no shared-memory shortcut between the
+"hosts"). Greedy completions through the router on B equal a plain vLLM instance's, and
+decode's ``vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}`` grows: the
+prompt's KV came from prefill on the other host. The same config with a localhost side
+channel is refused by ``validate`` (OPD503) and by ``launch`` before anything starts.
+
+The engine run needs the e2e venv (``OMNI_PD_E2E_PYTHON``) and network namespaces (root,
+``ip netns``); the namespaces are removed in a fixture finalizer, also after a failure. The
+refusal test runs everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from e2e.harness import PlainInstance, engine_env
+
+ROOT = Path(__file__).resolve().parents[1]
+E2E = os.environ.get("OMNI_PD_E2E_PYTHON")
+
+
+def _netns_works() -> bool:
+    if shutil.which("ip") is None or os.geteuid() != 0:
+        return False
+    return subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
+
+
+#: the engine run's conditions (the refusal test needs neither)
+needs_hosts = [
+    pytest.mark.skipif(not E2E, reason="OMNI_PD_E2E_PYTHON not set (build it with .ci/e2e_venv.sh)"),
+    pytest.mark.skipif(not _netns_works(), reason="needs root and `ip netns` (iproute2)"),
+]
+
+#: the /30 between the namespaces (RFC 1918; it exists only on the veth pair)
+NET = "10.201.0"
+ADDR = {"A": f"{NET}.1", "B": f"{NET}.2"}
+ROUTER, ENGINES, SIDE, BASELINE = 18600, 18700, 18900, 18650
+LONG = " ".join(f"def f{i}(x):\n    return x * {i} + {i % 7}" for i in range(40))  # > 128 tokens: whole blocks
+SHORT = "def hello_world(x):"
+HOSTS_YAML = (f"hosts:\n  A: {{address: {ADDR['A']}, count: 1}}\n  B: {{address: {ADDR['B']}, count: 1}}\n"
+              "placement: {0: A, 1: B}\n")
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+@pytest.fixture
+def hosts():
+    """``{"A": netns name, "B": netns name}``: two namespaces joined by a veth pair, each
+    with loopback up and its address of :data:`NET`/30; removed afterwards whatever happened."""
+    tag = f"opd{os.getpid() % 100000}"
+    ns = {"A": f"{tag}a", "B": f"{tag}b"}
+    probe = _ip("netns", "add", ns["A"], check=False)
+    if probe.returncode != 0:  # e.g. a container without CAP_SYS_ADMIN
+        pytest.skip(f"cannot create a network namespace here: {probe.stderr.strip()}")
+    try:
+        _ip("netns", "add", ns["B"])
+        _ip("link", "add", f"{tag}va", "type", "veth", "peer", "name", f"{tag}vb")
+        for h, dev in (("A", f"{tag}va"), ("B", f"{tag}vb")):
+            _ip("link", "set", dev, "netns", ns[h])
+            _ip("-n", ns[h], "addr", "add", f"{ADDR[h]}/30", "dev", dev)
+            _ip("-n", ns[h], "link", "set", "lo", "up")
+            _ip("-n", ns[h], "link", "set", dev, "up")
+        yield ns
+    finally:
+        for n in ns.values():
+            _ip("netns", "del", n, check=False)  # takes its end of the veth pair with it
+
+
+def _in(ns: str, code: str, *args: str, timeout: float = 600) -> str:
+    """Run Python ``code`` inside namespace ``ns`` (stdlib only); its stdout."""
+    r = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code, *args], capture_output=True,
+                       text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout
+
+
+_CLIENT = r'''
+import json, sys, urllib.request as u
+op = u.build_opener(u.ProxyHandler({}))
+base, metrics, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+def get(url):
+    with op.open(url, timeout=30) as r: return r.read().decode()
+before = get(metrics)
+texts = []
+for p in prompts:
+    body = {"model": "tiny", "prompt": p, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    req = u.Request(base + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with op.open(req, timeout=300) as r: texts.append(json.loads(r.read())["choices"][0]["text"])
+print(json.dumps({"texts": texts, "before": before, "after": get(metrics)}))
+'''
+
+
+class _HostLauncher:
+    """``omni-pd launch --inventory --host H`` inside namespace ``ns``; its output collected."""
+
+    def __init__(self, ns: str, host: str, pd: Path, inv: Path, model: Path, vllm: str, run_dir: Path,
+                 env: dict[str, str]):
+        argv = ["ip", "netns", "exec", ns, sys.executable, "-m", "omni_pd.cli", "launch", str(pd),
+                "--inventory", str(inv), "--host", host, "--model", str(model), "--served-model-name", "tiny",
+                "--platform", "cpu", "--vllm", vllm, "--port", str(ROUTER), "--engine-port-base", str(ENGINES),
+                "--run-dir", str(run_dir), "--ready-timeout", "600", "--grace", "15"]
+        for k, v in env.items():
+            argv += ["--env", f"{k}={v}"]
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, needle: str, timeout: float) -> str:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            for line in list(self.lines):
+                if needle in line:
+                    return line
+            if self.proc.poll() is not None:
+                time.sleep(0.5)
+                raise AssertionError(f"launcher exited {self.proc.returncode}:\n" + "\n".join(self.lines[-60:]))
+            time.sleep(0.5)
+        raise AssertionError(f"no {needle!r} within {timeout} s:\n" + "\n".join(self.lines[-60:]))
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def _expand(tmp: Path, inv: Path) -> Path:
+    pd = tmp / "pd.yaml"
+    subprocess.run([sys.executable, "-m", "omni_pd.cli", "expand", "-q", str(ROOT / "tests" / "fixtures" / "llm.yaml"),
+                    "--pipeline", "llm", "--connector", "NixlConnector", "--kv-buffer-device", "cpu",
+                    "--port-base", str(SIDE), "--inventory", str(inv), "-o", str(pd)], check=True)
+    return pd
+
+
+def test_localhost_side_channel_across_hosts_is_refused_before_anything_starts(tmp_path):
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(HOSTS_YAML)
+    pd = _expand(tmp_path, inv)
+    bad = tmp_path / "pd-localhost.yaml"
+    bad.write_text(pd.read_text().replace(f'VLLM_NIXL_SIDE_CHANNEL_HOST: "{ADDR["A"]}"',
+                                          'VLLM_NIXL_SIDE_CHANNEL_HOST: "127.0.0.1"'))
+    v = subprocess.run([sys.executable, "-m", "omni_pd.cli", "validate", str(bad), "--inventory", str(inv)],
+                       capture_output=True, text=True)
+    assert v.returncode == 1
+    assert ("error[OPD503]: stage 0 (prefill) on A advertises '127.0.0.1' as its NIXL side channel; decode on B "
+            "cannot reach it") in v.stdout
+    run = tmp_path / "run"
+    lr = subprocess.run([sys.executable, "-m", "omni_pd.cli", "launch", str(bad), "--inventory", str(inv), "--host",
+                         "A", "--model", "/m", "--platform", "cpu", "--run-dir", str(run)],
+                        capture_output=True, text=True)
+    assert lr.returncode == 1 and "error[OPD503]" in lr.stdout
+    assert not run.exists()  # nothing started
+
+
+@needs_hosts[0]
+@needs_hosts[1]
+def test_prefill_on_a_and_decode_on_b_equal_a_plain_instance_and_kv_crosses(tmp_path, hosts, tiny_model):
+    from omni_pd.launch.smoke import kv_received
+
+    model = tiny_model("qwen2")
+    vllm = str(Path(E2E).parent / "vllm")
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(HOSTS_YAML)
+    pd = _expand(tmp_path, inv)
+    base_env = engine_env(tmp_path)
+    # per host: its own address for vLLM's get_ip(), UCX over TCP on the veth only
+    env = {h: {**base_env, "VLLM_HOST_IP": ADDR[h], "UCX_TLS": "tcp", "UCX_NET_DEVICES": dev}
+           for h, dev in (("A", f"{hosts['A'][:-1]}va"), ("B", f"{hosts['B'][:-1]}vb"))}
+    baseline = PlainInstance(vllm, model, BASELINE, base_env, tmp_path / "baseline.log").start()
+    t0 = time.monotonic()
+    a = _HostLauncher(hosts["A"], "A", pd, inv, model, vllm, tmp_path / "runA", env["A"])
+    b = _HostLauncher(hosts["B"], "B", pd, inv, model, vllm, tmp_path / "runB", env["B"])
+    try:
+        a.wait_for("process healthy after", 900)
+        b.wait_for("processes healthy after", 900)
+        ready_s = time.monotonic() - t0
+        # B started decode and the router and waited for prefill on A; A started prefill alone
+        assert any(f"waiting for prefill-0 on A (GET http://{ADDR['A']}:{ENGINES}/health)" in ln for ln in b.lines)
+        assert not any("started decode-0" in ln or "started router" in ln for ln in a.lines)
+        assert [ln.split()[1] for ln in (tmp_path / "runB" / "pids").read_text().splitlines()] == ["decode-0", "router"]
+        baseline.wait_ready()
+        # the router on B: through B's namespace only (A's address is not reachable from the test's host)
+        got = json.loads(_in(hosts["B"], _CLIENT, f"http://{ADDR['B']}:{ROUTER}",
+                             f"http://{ADDR['B']}:{ENGINES + 100}/metrics", json.dumps([LONG, SHORT])))
+        want = [_complete(baseline.url, p) for p in (LONG, SHORT)]
+        assert got["texts"] == want
+        assert kv_received(got["after"]) > kv_received(got["before"]), "decode did not receive KV from prefill"
+        print(f"two hosts: all healthy after {ready_s:.1f} s; outputs equal; KV tokens received "
+              f"{kv_received(got['after']) - kv_received(got['before']):g}")
+    finally:
+        baseline.stop()
+        rc_b, rc_a = b.stop(), a.stop()
+    assert (rc_a, rc_b) == (130, 130), "\n".join(a.lines[-20:] + b.lines[-20:])
+
+
+def _complete(base: str, prompt: str) -> str:
+    from e2e.harness import post_json
+
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    return post_json(base + "/v1/completions", body)["choices"][0]["text"]
