@@ -33,8 +33,8 @@ read (Talker worker, ``Qwen3OmniMoeForConditionalGeneration.talker_preprocess_pr
    under a non-payload key would not survive ``serialize_payload``), and drop the bridge
    entry. Bytes: ``layers x P x H x itemsize`` per request over the engine request
    channel (2 x P x H x 2 B in bf16), while decode's connector payload is P - 1 rows
-   per layer smaller than a non-PD Thinker's: the Talker receives two rows per layer
-   more than without PD, nothing else.
+   per layer smaller than a non-PD Thinker's: the Talker receives one row per layer
+   more than without PD (decode's recomputed last prompt token, which the merge drops).
 3. ``Qwen3OmniMoeForConditionalGeneration.talker_preprocess_prefill`` (Talker worker):
    when those keys are present and decode's payload has the PD shape
    (:func:`is_pd_shape`), the original is called with prefill's rows followed by
