@@ -171,3 +171,45 @@ def test_a_peer_that_never_answers_fails_the_launch_and_nothing_starts(tmp_path)
         assert sup.pids() == {}
     assert sup.failure is not None and sup.failure.process == "prefill-0"
     assert f"prefill-0 did not become healthy within 0.5 s: GET http://127.0.0.1:{pp}/health" in out.getvalue()
+
+
+# --- property: every placement expand accepts plans listeners on their own host only -----
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from conftest import example_budget  # noqa: E402
+
+
+@settings(max_examples=example_budget(8))
+@given(n_hosts=st.integers(1, 3), where=st.lists(st.integers(0, 2), min_size=2, max_size=2),
+       connector=st.sampled_from(["NixlConnector", "MooncakeConnector"]))
+def test_every_accepted_placement_advertises_only_each_hosts_own_address(n_hosts, where, connector):
+    from omni_pd.compile.expand import expand_document
+    from omni_pd.compile.passes.pd_split import ExpandOptions
+    from omni_pd.io import parse_text
+
+    names = [f"h{i}" for i in range(n_hosts)]
+    raw = {"hosts": {n: {"address": f"10.9.0.{i + 1}", "count": 1} for i, n in enumerate(names)},
+           "placement": {0: names[where[0] % n_hosts], 1: names[where[1] % n_hosts]}}
+    inv = Inventory.from_dict(raw)
+    src = ROOT / "tests" / "fixtures" / "llm.yaml"
+    try:
+        res = expand_document(parse_text(src.read_text(), src.name), ExpandOptions(connector=connector),
+                              pipeline="llm", inventory=inv)
+    except Exception as e:  # a placement the inventory cannot hold: two stages on a 1-device host
+        assert raw["placement"][0] == raw["placement"][1] and "OPD805" in str(getattr(e, "diagnostic", e).code)
+        return
+    planned = plan_document(parse_text(res.text, "pd.yaml", own_output=True), "pd.yaml",
+                            LaunchOptions(model="/m", platform="cpu"), inventory=inv)
+    assert planned.plan is not None, [d.message for d in planned.validation.diagnostics]
+    addr = {n: h["address"] for n, h in raw["hosts"].items()}
+    for p in planned.plan.processes:
+        own = addr[p.host]
+        assert {u.host for u in p.ports} == {own}
+        assert p.health.url.startswith(f"http://{own}:")
+        for key in ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_HOST_IP"):
+            assert p.env.get(key, own) == own
+        if "--kv-transfer-config" in p.argv:
+            kv = json.loads(p.argv[p.argv.index("--kv-transfer-config") + 1])
+            assert kv.get("kv_ip", own) == own
