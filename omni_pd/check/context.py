@@ -14,7 +14,9 @@ Inventory file (``--inventory FILE``, YAML)::
       relays_kv_transfer_params: false
     allow_shared_devices: false   # true: prefill and decode may share a device
 
-``accelerator``: cuda | rocm | npu | xpu | musa; ``count``: accelerators visible on
+``accelerator``: cuda | rocm | npu | xpu | musa; ``generation``: e.g. A2/A3 (npu),
+H100/H200/B200 (cuda), one of presets/targets/accelerator_generations.yaml (OPD314;
+an unknown one is a usage error); ``count``: accelerators visible on
 the host; ``memory_gib``: memory per accelerator in GiB. Without an inventory every
 stage is on one host whose device count is unknown.
 
@@ -46,6 +48,9 @@ class Host:
     count: int | None = None
     memory_gib: float | None = None
     address: str | None = None
+    #: accelerator generation (``A2``/``A3``, ``H100``/``H200``/``B200``, ...): one of
+    #: presets/targets/accelerator_generations.yaml ``generations`` for ``accelerator``
+    generation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,15 @@ class Inventory:
                 raise ValueError(f"hosts.{name}: count must be a non-negative integer, found {count}")
             if mem is not None and not mem > 0:
                 raise ValueError(f"hosts.{name}: memory_gib must be a positive number, found {mem}")
-            hosts[str(name)] = Host(str(name), acc, count, mem, h.get("address"))
+            gen = h.get("generation")
+            if gen is not None:
+                known = generations()
+                allowed = known.get(acc, []) if acc else sorted({g for v in known.values() for g in v})
+                if str(gen) not in allowed:
+                    raise ValueError(f"hosts.{name}.generation {gen!r} is not a known "
+                                     f"{acc + ' ' if acc else ''}generation (known: {', '.join(allowed)})")
+                gen = str(gen)
+            hosts[str(name)] = Host(str(name), acc, count, mem, h.get("address"), gen)
         placement: dict[int, str] = {}
         default = None
         for k, v in raw_placement.items():
@@ -124,6 +137,14 @@ class Inventory:
                 raise ValueError(f"placement names host {h!r}, which is not under hosts:")
         return cls(hosts=hosts, placement=placement, default_host=default,
                    router=d.get("router"), allow_shared_devices=bool(shared))
+
+
+def generations() -> dict[str, list[str]]:
+    """Accelerator kind -> known generation names (presets/targets/accelerator_generations.yaml)."""
+    from omni_pd.resources import data_dir, load_data
+
+    return {str(k): [str(g) for g in v] for k, v in
+            load_data(data_dir("presets") / "targets" / "accelerator_generations.yaml")["generations"].items()}
 
 
 def _mapping(d: dict[str, Any], key: str, what: str) -> dict[Any, Any]:
