@@ -136,19 +136,21 @@ def test_vllm_omnis_own_loader_resolves_the_cpu_platform_and_its_workers():
         import logging
         from vllm_omni.platforms import current_omni_platform as p, resolve_current_omni_platform_cls_qualname
         from vllm.utils.import_utils import resolve_obj_by_qualname
-        print(resolve_current_omni_platform_cls_qualname())
-        print(type(p).__name__, p.is_cpu(), p.is_out_of_tree(), p.is_cuda(), p.device_type, p.device_control_env_var)
-        print(p.get_torch_device(3), p.get_device_count(), p.synchronize(), p.empty_cache())
+        print("OUT", resolve_current_omni_platform_cls_qualname())
+        print("OUT", type(p).__name__, p.is_cpu(), p.is_out_of_tree(), p.is_cuda(), p.device_type,
+              p.device_control_env_var)
+        print("OUT", p.get_torch_device(3), p.get_device_count(), p.synchronize(), p.empty_cache())
         for name in (p.get_omni_ar_worker_cls(), p.get_omni_generation_worker_cls()):
             cls = resolve_obj_by_qualname(name)
             mro = [c.__name__ for c in cls.model_runner_cls.__mro__]
-            print(cls.__name__, cls.model_runner_cls.__name__, mro[1:4],
+            print("OUT", cls.__name__, cls.model_runner_cls.__name__, mro[1:4],
                   mro.index("CPUModelRunner") < mro.index("GPUModelRunner"))
     """)
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", gate.ENV_SWITCH)}
     out = subprocess.run([E2E, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.splitlines() == [
+    # vLLM logs to stdout too: only the lines the snippet printed count
+    assert [ln[4:] for ln in out.stdout.splitlines() if ln.startswith("OUT ")] == [
         "omni_pd.upstream.cpu_omni.platform.CpuOmniPlatform",
         "CpuOmniPlatform True True False cpu OMNI_PD_CPU_OMNI_DEVICES",
         "cpu 1 None None",
@@ -156,10 +158,11 @@ def test_vllm_omnis_own_loader_resolves_the_cpu_platform_and_its_workers():
         "CPUOmniGenerationWorker CPUOmniGenerationModelRunner ['CpuOmniRunnerMixin', 'GPUGenerationModelRunner', "
         "'OmniGPUModelRunner'] True",
     ]
-    assert "omni-pd CPU OmniPlatform: active (vLLM 0.30.0" in out.stderr
+    assert "omni-pd CPU OmniPlatform: active (vLLM 0.30.0" in out.stdout + out.stderr
     # switched off: vllm-omni's own detection runs, and finds no platform on this machine
     off = subprocess.run([E2E, "-c", "from vllm_omni.platforms import resolve_current_omni_platform_cls_qualname as r;"
-                          " print(r())"], capture_output=True, text=True, env={**env, gate.ENV_SWITCH: "0"},
+                          " print('OUT', r())"], capture_output=True, text=True, env={**env, gate.ENV_SWITCH: "0"},
                          timeout=300)
     assert off.returncode == 0, off.stderr[-3000:]
-    assert off.stdout.strip() == "vllm_omni.platforms.interface.UnspecifiedOmniPlatform"
+    assert [ln for ln in off.stdout.splitlines() if ln.startswith("OUT ")] == [
+        "OUT vllm_omni.platforms.interface.UnspecifiedOmniPlatform"]
