@@ -166,6 +166,18 @@ def test_prefills_rows_travel_as_two_top_level_keys_and_are_released_after_use(p
     assert 2 * PROMPT * 8 * 4 <= extra < 2 * PROMPT * 8 * 4 + 256
 
 
+@pytest.mark.parametrize("case,more", [("short", 1), ("long", 1), ("one", 2)])
+def test_the_talker_receives_one_row_per_layer_more_than_without_pd(probe, case, more):
+    """Rows per layer reaching the Talker: the connector payload plus the request's prefill rows
+    (a one-token answer: the builder keeps decode's single row, so two)."""
+    on = probe["seams_on"]
+    plain, pd = on[f"{case}_plain"], on[f"{case}_pd"]
+    assert plain["request_rows"] == {}
+    assert pd["request_rows"] == {"omni_pd_prefill_layer_0": PROMPT, "omni_pd_prefill_layer_3": PROMPT}
+    for layer, key in (("omni_pd_prefill_layer_0", "embed.prefill"), ("omni_pd_prefill_layer_3", "hidden_states.output")):
+        assert pd["connector_rows"][key] + pd["request_rows"][layer] == plain["connector_rows"][key] + more
+
+
 def test_canary_upstream_does_not_merge_prefills_rows_by_itself(probe):
     """Fails when vllm-omni starts handing the Talker prefill's rows on its own: then the
     three Talker patches (pd_prefill_rows, talker_prefill_rows, talker_prefill_merge in

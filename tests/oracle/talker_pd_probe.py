@@ -314,6 +314,9 @@ def seam_flow(tokens: list[int], prompt_len: int, pd: bool) -> dict:
     # the Thinker engine (decode under PD) ships its payload through the connector
     payload, _ = run_engine(qwen3_omni.thinker2talker_full_payload, tokens, prompt_len,
                             prompt_len - 1 if pd else 0)
+    rec["connector_rows"] = {"embed.prefill": int(payload["embed"]["prefill"].shape[0]),
+                             "hidden_states.output": int(payload["hidden_states"]["output"].shape[0])}
+    rec["request_rows"] = {k: int(v.shape[0]) for k, v in sorted(info.items()) if isinstance(v, torch.Tensor)}
     runner = types.SimpleNamespace(requests={"r": types.SimpleNamespace()}, model=types.SimpleNamespace(),
                                    model_intermediate_buffer={"r": info} if info else {})
     runner._store_value = types.MethodType(R._store_value, runner)
