@@ -79,7 +79,8 @@ def test_plugin_registers_the_pd_pipelines_through_vllms_plugin_loader(run):
     assert header["vllm_omni"] == "0.30.0"
     assert header["pd_pipelines"] == PD_PIPELINES
     assert header["compat"] == sorted(["pd_detect", "pd_validate", "pd_connector_info", "engine_bootstrap_addr",
-                                       "decode_kv_params"])
+                                       "decode_kv_params", "pd_prefill_rows", "talker_prefill_rows",
+                                       "talker_prefill_merge"])
 
 
 @pytest.mark.parametrize("name,connector,tp", [("expanded_mooncake", "MooncakeConnector", 1),

@@ -207,8 +207,6 @@ class _Pool:
 
 def _orchestrator(pd: bool, talker_client, max_model_len: int):
     """A minimal orchestrator ``self`` with the real methods the two paths call."""
-    import asyncio  # noqa: F401 - used by callers
-
     from vllm_omni.engine.orchestrator import OrchestratorBase as O
 
     n = 4 if pd else 3
