@@ -510,6 +510,7 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
     from omni_pd.compile.parse import to_plain
     from omni_pd.check.inputs import not_a_deploy_config
     from omni_pd.check.rules import Context, registry, run_rules
+    from omni_pd.check.rules.schema import LEGACY_REMOVED_IN
     from omni_pd.compile.targets import target as make_target
     from omni_pd.compile.topology import resolve
 
@@ -540,8 +541,11 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
         migrated = _migrate_legacy(doc, tgt, opts)
         if isinstance(migrated, list):  # cannot migrate: the legacy checks, and why no more ran
             return ValidateResult(_finish(_legacy_why(run_rules(ctx, rules), migrated)), {doc.name: doc})
-        # every rule over the migrated form, located at the legacy keys; plus OPD102 itself
-        diags += run_rules(ctx, [r for r in rules if r.code == "OPD102"])
+        # every rule over the migrated form, located at the legacy keys; plus OPD102 itself and,
+        # where --stage-configs-path still loads the file as written (no defaults applied),
+        # OPD201's check of the legacy engine_input_source lists
+        on_legacy = {"OPD102"} | ({"OPD201"} if tgt.version < LEGACY_REMOVED_IN else set())
+        diags += run_rules(ctx, [r for r in rules if r.code in on_legacy])
         rules = [r for r in rules if r.code != "OPD102"]
         merged, locator, base_diags = to_plain(migrated.doc.tree), migrated, []
     else:

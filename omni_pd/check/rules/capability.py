@@ -817,8 +817,11 @@ def pp_fact(name: str, version: tuple[int, int]) -> dict[str, Any] | None:
     return out
 
 
-def _pp_children(kv: dict[str, Any]) -> list[str]:
-    """Connector names whose PP facts apply: the connector, or MultiConnector's children."""
+def loaded_connectors(kv: dict[str, Any]) -> list[str]:
+    """The connector names a stage's ``kv_transfer_config`` loads: the connector, or every
+    MultiConnector child (vLLM ``MultiConnector`` builds each child; per-connector facts
+    such as PP support and HMA, ``MultiConnector.all_children_support_hma``, apply to all
+    of them). ``[]`` when no name is given."""
     name = kv.get("kv_connector")
     if name == "MultiConnector":
         kids = (kv.get("kv_connector_extra_config") or {}).get("connectors")
@@ -921,7 +924,7 @@ def pp_unsupported(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         pp = ctx.parallel(n)["pipeline_parallel_size"]
         if pp <= 1:
             continue
-        for name in _pp_children(n.kv or {}):
+        for name in loaded_connectors(n.kv or {}):
             row = pp_fact(name, ctx.target.version)
             ok = row.get(side) if row is not None else None
             loc = _pp_loc(ctx, n)
@@ -1009,7 +1012,7 @@ def _lmcache_sides(ctx: Context) -> "tuple[StageNode, StageNode] | None":
     pair = ctx.pd_pair
     if pair is None or not (pair[0].kv and pair[1].kv):
         return None
-    names = set(_pp_children(pair[0].kv)) | set(_pp_children(pair[1].kv))
+    names = set(loaded_connectors(pair[0].kv)) | set(loaded_connectors(pair[1].kv))
     movers = {n for n in names if n not in ("OffloadingConnector", "SimpleCPUOffloadConnector", "LMCacheMPConnector")}
     return pair if movers and movers <= lmcache.NAMES else None
 

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Severity
 from omni_pd.check.rules import Context, Example, Rule, rule
+from omni_pd.check.rules.capability import loaded_connectors
 
 if TYPE_CHECKING:
     from omni_pd.check.context import ModelInfo
@@ -104,17 +105,6 @@ def hma_mode(version: tuple[int, int]) -> tuple[str | None, list[str]]:
         if version >= _v(row["since"]):
             out = (row.get("mode"), list(row.get("sources") or []))
     return out
-
-
-def _connectors(kv: dict[str, Any]) -> list[str]:
-    """The connector names a stage loads: the connector, or every MultiConnector child
-    (HMA needs all of them, vLLM ``MultiConnector.all_children_support_hma``)."""
-    name = kv.get("kv_connector")
-    if name == "MultiConnector":
-        kids = (kv.get("kv_connector_extra_config") or {}).get("connectors")
-        return [str(c["kv_connector"]) for c in kids if isinstance(c, dict) and c.get("kv_connector")] \
-            if isinstance(kids, list) else []
-    return [str(name)] if name else []
 
 
 _GDN = {"layer_kinds": ["linear_attention", "full_attention"], "model_types": ["qwen3_5_moe", "qwen3_5_moe_text"]}
@@ -195,7 +185,7 @@ def hybrid_state(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
               "the Mamba and attention specs cannot be unified (EngineCore ValueError at start on "
               + ("both stages" if len(unset) == 2 else f"stage {unset[0].stage_id}") + ")") \
         if mode == "forced_off" and unset else ""
-    names = _connectors(p.kv)  # type: ignore[arg-type]
+    names = loaded_connectors(p.kv)  # type: ignore[arg-type]
     loc = ctx.sloc(p, "kv_transfer_config", "kv_connector", value=True)
     verdicts = []
     for name in names:
