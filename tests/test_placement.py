@@ -27,6 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden"
 LLM = ROOT / "tests" / "fixtures" / "llm.yaml"
 TWO_HOSTS = "hosts:\n  A: {address: 10.201.0.1, count: 1}\n  B: {address: 10.201.0.2, count: 1}\nplacement: {0: A, 1: B}\n"
+#: the inventory of placement_qwen3_omni_mooncake_two_hosts.yaml: no placement (expand proposes one)
+OMNI_TWO_HOSTS = ("hosts:\n  A: {address: 10.0.0.1, count: 8, accelerator: cuda}\n"
+                  "  B: {address: 10.0.0.2, count: 8, accelerator: cuda}\n")
+#: the placement expand proposes for it (the OPD906 info asserted below)
+OMNI_PROPOSED_PLACEMENT = "placement: {0: A, 1: B, 2: B, 3: B}\n"
 UPDATE = os.environ.get("OMNI_PD_UPDATE_GOLDEN") == "1"
 
 
@@ -67,8 +72,7 @@ def test_llm_nixl_pair_on_two_hosts_matches_golden(tmp_path, capsys):
 
 
 def test_omni_preset_on_two_hosts_with_the_proposed_placement_matches_golden(tmp_path, capsys):
-    inv = _inv(tmp_path, "hosts:\n  A: {address: 10.0.0.1, count: 8, accelerator: cuda}\n"
-                         "  B: {address: 10.0.0.2, count: 8, accelerator: cuda}\n")
+    inv = _inv(tmp_path, OMNI_TWO_HOSTS)
     out = tmp_path / "pd.yaml"
     rc, _, err = _run(capsys, "expand", "--inventory", inv, "-o", out)
     assert rc == 0, err

@@ -10,7 +10,8 @@ reason the config's own runtime justifies it. The corpora:
   validated with ``--all-platforms`` next to their ``base_config`` files;
 * every ``x-fix`` of every case (``../shared/cases/BR-*.yaml`` when present,
   ``tests/cases/TC-*.yaml``) in its case context (tests/test_cases.py's harness);
-* every expand golden (``tests/golden/**/*.yaml``, :data:`NOT_CONFIGS` excepted);
+* every expand golden (``tests/golden/**/*.yaml``, :data:`NOT_CONFIGS` and Kubernetes
+  manifests excepted), a two-host one with each inventory of :data:`INVENTORIES`;
 * the outputs of the README's ``omni-pd expand`` examples, validated as the README
   validates ``pd.yaml`` (``--all-platforms``), with the example's ``--vllm-version``;
 * the expand outputs of the property generator's configs (tests/test_properties.py
@@ -63,12 +64,46 @@ ALLOWED: dict[tuple[str, str, str], str] = {
 
 #: golden files that are no deploy config meant to be right, with why
 NOT_CONFIGS = {
-    "placement_llm_nixl_two_hosts.yaml": "an expand output for two hosts: correct only with the inventory it was "
-                                         "expanded for (validated by its own test)",
+    "render_scripts_two_hosts/placement.yaml": "the placement `omni-pd render` resolved (hosts and placement: an "
+                                               "inventory): validates placement_llm_nixl_two_hosts.yaml below",
     "migrate_seed_vs_expand.yaml": "a comparison fixture of `omni-pd migrate` (stage-key paths), not a deploy config",
     "migrate_seed_pd_recipe.yaml": "`omni-pd migrate` keeps the legacy seed recipe as written (Talker and Code2Wav "
                                    "on GPU 2 at vLLM's default 0.9 each): its findings are the recipe's",
 }
+
+
+def _inventories() -> dict[str, list[str]]:
+    """Two-host goldens -> the inventories (YAML text) they are correct with: the one
+    expand read (tests/test_placement.py), with the placement expand proposed where the
+    inventory places nothing, and the placement render resolved from it."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_placement import OMNI_PROPOSED_PLACEMENT, OMNI_TWO_HOSTS, TWO_HOSTS
+
+    return {
+        "placement_llm_nixl_two_hosts.yaml": [
+            TWO_HOSTS, (GOLDEN / "render_scripts_two_hosts" / "placement.yaml").read_text(encoding="utf-8")],
+        "placement_qwen3_omni_mooncake_two_hosts.yaml": [OMNI_TWO_HOSTS + OMNI_PROPOSED_PLACEMENT],
+    }
+
+
+#: golden -> inventories: correct only on the hosts they were expanded for (on one host
+#: prefill and decode share devices)
+INVENTORIES = _inventories()
+
+
+def _inventory(text: str):
+    from omni_pd.check.context import Inventory
+    from omni_pd.compile.parse import to_plain
+
+    return Inventory.from_dict(to_plain(parse_text(text, "hosts.yaml").tree))
+
+
+def _kubernetes_manifest(path: Path) -> bool:
+    """A file of Kubernetes objects (``render --target kubernetes``: top-level
+    ``apiVersion`` and ``kind``, often several documents), not a deploy config; its own
+    test is tests/test_render_kubernetes.py."""
+    text = path.read_text(encoding="utf-8")
+    return re.search(r"^apiVersion:", text, re.M) is not None and re.search(r"^kind:", text, re.M) is not None
 
 
 def _bad(corpus: str, name: str, res) -> list[tuple[str, str, str]]:
@@ -117,13 +152,22 @@ def test_every_case_fix_validates_clean(path: Path) -> None:
 
 def _goldens() -> list:
     return [pytest.param(p, id=str(p.relative_to(GOLDEN))) for p in sorted(GOLDEN.rglob("*.yaml"))
-            if str(p.relative_to(GOLDEN)) not in NOT_CONFIGS]
+            if str(p.relative_to(GOLDEN)) not in NOT_CONFIGS and not _kubernetes_manifest(p)]
+
+
+def test_the_golden_selection_keeps_the_deploy_configs() -> None:
+    names = {str(p.values[0].relative_to(GOLDEN)) for p in _goldens()}
+    assert set(INVENTORIES) <= names and "qwen3_omni_moe_pd.yaml" in names
+    assert not any(n.startswith("render_k8s_") for n in names)
+    assert len(list(GOLDEN.glob("render_k8s_*/*.yaml"))) >= 10
 
 
 @pytest.mark.parametrize("path", _goldens())
 def test_every_expand_golden_validates_clean(path: Path) -> None:
-    res = validate_document(load_file(path), ValidateOptions(all_platforms=True))
-    assert _bad("golden", str(path.relative_to(GOLDEN)), res) == []
+    name = str(path.relative_to(GOLDEN))
+    for inv in INVENTORIES.get(name, [None]):
+        opts = ValidateOptions(all_platforms=True, inventory=_inventory(inv) if inv else None)
+        assert _bad("golden", name, validate_document(load_file(path), opts)) == []
 
 
 # --- the README's expand examples --------------------------------------------------------------------
@@ -163,6 +207,13 @@ def readme_expand_args() -> list[list[str]]:
     return out
 
 
+def readme_files() -> dict[str, str]:
+    """The README's example files: each ```yaml block whose first line is ``# NAME.yaml``."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    return {m.group(1): m.group(0).split("\n", 1)[1]
+            for m in re.finditer(r"(?<=```yaml\n)# (\S+\.ya?ml)\n.*?(?=```)", text, re.S)}
+
+
 def test_the_readme_expand_examples_are_read() -> None:
     args = readme_expand_args()
     assert [] in args and ["--tp", "2"] in args and len(args) >= 12, args
@@ -173,6 +224,13 @@ def test_every_readme_expand_output_validates_clean(args: list[str], tmp_path: P
     from omni_pd.cli import main
 
     monkeypatch.chdir(ROOT)
+    inv = None
+    if "--inventory" in args:  # the README's hosts.yaml, as the README validates with it
+        i = args.index("--inventory") + 1
+        path = tmp_path / args[i]
+        path.write_text(readme_files()[args[i]], encoding="utf-8")
+        args = [*args[:i], str(path), *args[i + 1:]]
+        inv = _inventory(path.read_text(encoding="utf-8"))
     out = tmp_path / "pd.yaml"
     code = main(["expand", *args, "-q", "-o", str(out)])
     if " ".join(args) in REFUSED:  # the README shows the refusal (its next line is the error)
@@ -180,7 +238,7 @@ def test_every_readme_expand_output_validates_clean(args: list[str], tmp_path: P
         return
     assert code in (0, None)
     version = args[args.index("--vllm-version") + 1] if "--vllm-version" in args else None
-    res = validate_document(load_file(out), ValidateOptions(all_platforms=True, vllm_version=version))
+    res = validate_document(load_file(out), ValidateOptions(all_platforms=True, vllm_version=version, inventory=inv))
     assert _bad("readme", " ".join(args), res) == []
 
 
