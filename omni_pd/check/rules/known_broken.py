@@ -87,7 +87,7 @@ _Y = ("pipeline: llm_pd\nasync_chunk: false\nstages:\n"
 
 
 @rule("OPD622", "known-broken-combination", Severity.ERROR,
-      "a stage combines settings the target release is known to break (one row per report in known_broken.yaml)",
+      "a stage combines settings the target release is known to break (one row per report in presets/targets/known_broken.yaml)",
       fail=_Y.format(x=", data_parallel_multi_port_external_lb: true"), passing=_Y.format(x=""),
       example_context={"vllm_version": "0.30"}, labels=("CAP-MULTI-DP-LB",),
       examples=(
