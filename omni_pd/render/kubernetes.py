@@ -1,10 +1,11 @@
 """Kubernetes manifests for a plain-vLLM PD pair (``omni-pd render --target kubernetes``).
 
-The llm-d shape (guides/pd-disaggregation; shared/reference/anchors.md A4): per role a
-Deployment (one pod per prefill or decode instance, ``replicas`` = the stage's
-``num_replicas``) and a Service, the PD router as its own Deployment and Service in front
-(the entrypoint), the compiled deploy config as a ConfigMap, and a ``kustomization.yaml``
-so ``kubectl apply -k DIR`` applies it all. Per pod:
+The llm-d shape (llm-d's Kustomize guide ``guides/pd-disaggregation``,
+https://github.com/llm-d/llm-d): per role a Deployment (one pod per prefill or decode
+instance, ``replicas`` = the stage's ``num_replicas``) and a Service, the PD router as its
+own Deployment and Service in front (the entrypoint), the compiled deploy config as a
+ConfigMap, and a ``kustomization.yaml`` so ``kubectl apply -k DIR`` applies it all. Per
+pod:
 
 * ``--host $(POD_IP)`` and ``VLLM_NIXL_SIDE_CHANNEL_HOST`` from the pod IP (downward API
   ``status.podIP``): every listener binds and advertises the pod's own address;
