@@ -696,8 +696,15 @@ def test_a_catalogue_without_the_pd_variant_derives_it() -> None:
 
 def test_decode_devices_must_match_decodes_own_tp_when_the_sides_differ() -> None:
     opts = ExpandOptions(connector="NixlConnector", prefill_tp=1, decode_tp=2)
+    # expand's option check (issue 24 item 2) names the flag the TP came from, before the split runs
     assert refusal(LLM, replace(opts, decode_devices=(1,)), pipeline="llm") == (
-        "OPD805", "--decode-devices lists 1 device(s); decode at TP 2 needs 2", None, None)
+        "OPD805", "--decode-devices lists 1 device(s); decode needs 2 (TP 2 from --decode-tp x PP 1 x DP 1)", None,
+        'give --decode-devices 2 device(s), e.g. "0,1", or a tensor parallel size that fits the list')
+    # plan_pd_split called directly keeps its own check of decode's own TP
+    with pytest.raises(OmniPdError) as e:
+        _plan(LLM, "llm", replace(opts, decode_devices=(1,)))
+    assert (e.value.diagnostic.code, e.value.diagnostic.message) == (
+        "OPD805", "--decode-devices lists 1 device(s); decode at TP 2 needs 2")
     st, _ = stages(LLM, replace(opts, decode_devices=(3, 4)), pipeline="llm")
     assert [(s["tensor_parallel_size"], s["devices"]) for s in st] == [(1, "0"), (2, "3,4")]
 
@@ -999,8 +1006,14 @@ def test_a_pair_written_under_engine_extras_is_already_split() -> None:
 def test_already_split_by_the_pipeline_option_or_by_the_files_pipeline_name() -> None:
     # --pipeline names a PD pipeline (the file names none): located at the document
     assert refusal(LLM, pipeline="llm_pd") == (*_803, (1, 1), _803_HELP)
-    # the file says llm_pd and --pipeline picks llm: the file's own name still refuses, at its value
-    assert refusal("pipeline: llm_pd\n" + LLM, pipeline="llm") == (*_803, (1, 11), _803_HELP)
+    # the file says llm_pd (no --pipeline, or --pipeline llm_pd): the file's own name refuses, at its value
+    assert refusal("pipeline: llm_pd\n" + LLM) == (*_803, (1, 11), _803_HELP)
+    assert refusal("pipeline: llm_pd\n" + LLM, pipeline="llm_pd") == (*_803, (1, 11), _803_HELP)
+    # --pipeline llm against the file's llm_pd is a usage error before any split (issue 24 item 1)
+    assert refusal("pipeline: llm_pd\n" + LLM, pipeline="llm") == (
+        "OPD006", "--pipeline llm: the file names pipeline `llm_pd`", (1, 11),
+        "--pipeline only names the pipeline of a file without a `pipeline:` key; drop --pipeline to use `llm_pd`, "
+        "or change the file's `pipeline:` to `llm`")
 
 
 def _plan(text: str, pipeline: str, opts: ExpandOptions = ExpandOptions(connector="NixlConnector"),
