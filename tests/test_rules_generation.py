@@ -16,7 +16,7 @@ def test_a2_prefill_a3_decode_is_refused_with_its_source() -> None:
         "prefill (stage 0) on host-p, decode (stage 1) on host-d", (5, 5),
         "run prefill and decode on the same Atlas generation (both A2 or both A3)", [(4, 5, "prefill on A2")],
         ["source: vllm-ascend docs/source/developer_guide/feature_guide/disaggregated_prefill.md, Limitations: "
-         "heterogeneous P and D nodes, e.g. P on A2 and D on A3, are not supported (shared/seeds/004)"])]
+         "heterogeneous P and D nodes, e.g. P on A2 and D on A3, are not supported"])]
 
 
 @pytest.mark.parametrize("pg,dg", [("A2", "A2"), ("A3", "A3")])
