@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from unittest import mock
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,15 @@ from omni_pd.compile.targets import target as make_target
 from omni_pd.compile.topology import resolve
 
 VERSIONS = ("0.11", "0.13", "0.18", "0.24", "0.30", "0.32", "0.33")
+#: --vllm-version values whose vllm-omni release (0.30, also the newest before 0.32/0.33) has
+#: omni-pd's Talker handoff fix for qwen3_omni_moe_pd (presets/targets/vllm_omni_compat.yaml
+#: talker_pipelines): the only targets where a Qwen3-Omni PD split with its Talker is written
+TALKER_COVERED = ("0.30", "0.32", "0.33")
+#: vLLM minors before 0.30 (a generated --vllm-version): no vllm-omni release, or one the layer
+#: does not cover, so expand refuses the split with OPD704 (issue 21)
+UNCOVERED = st.integers(11, 29).map(lambda m: f"0.{m}")
+#: vllm-omni releases (presets/targets/vllm.yaml vllm_omni_releases), written out here as the oracle
+OMNI_RELEASES = ("0.14", "0.16", "0.18", "0.20", "0.22", "0.24", "0.26", "0.28", "0.30")
 PLATFORMS = ("npu", "xpu", "rocm", "cuda")
 LEGACY_KV = ("kv_ip", "kv_rank", "kv_parallel_size", "kv_buffer_size")
 CONN_KEYS = ("input_connectors", "output_connectors")
@@ -129,11 +139,12 @@ def _fmt(d: tuple[int, ...]) -> str:
 
 
 @st.composite
-def cases(draw) -> Case:
-    """A three-stage ``qwen3_omni_moe`` deploy config and how to expand it."""
-    version = draw(st.sampled_from(VERSIONS))
+def cases(draw, versions=st.sampled_from(TALKER_COVERED), pipeline: str = "qwen3_omni_moe") -> Case:
+    """A three-stage ``pipeline`` (Thinker -> Talker -> Code2Wav) deploy config and how to
+    expand it, for a version drawn from ``versions`` (default: where the split is valid)."""
+    version = draw(versions)
     opt_conn = draw(st.sampled_from([None, "MooncakeConnector", "NixlConnector"]))
-    if version == "0.11" and opt_conn != "NixlConnector":
+    if make_target(version).version < (0, 13) and opt_conn != "NixlConnector":
         opt_conn = "NixlConnector"  # MooncakeConnector exists from vLLM 0.13
     tp = draw(st.sampled_from([1, 2, 4]))
     dp = draw(st.sampled_from([1, 1, 2]))
@@ -176,7 +187,7 @@ def cases(draw) -> Case:
     c2w.update(draw(_extras))
     c2w["input_connectors"] = {"from_stage_1": "shm"}
 
-    data: dict[str, Any] = {"pipeline": "qwen3_omni_moe", "async_chunk": draw(st.booleans())}
+    data: dict[str, Any] = {"pipeline": pipeline, "async_chunk": draw(st.booleans())}
     shm_extra: dict[str, Any] = {"codec_chunk_frames": 25}
     if draw(st.booleans()):
         zp = draw(st.sampled_from([25201, 25202, 25203, 5600, 5601]))
@@ -380,12 +391,18 @@ def test_kv_transfer_config_roles_and_version_fields(case: Case) -> None:
 
 
 @PROPS
-@given(cases())
+@given(cases(versions=st.sampled_from(VERSIONS)))
 def test_connector_ports_unique_per_host(case: Case) -> None:
     """What the runtime will bind (recomputed by :func:`bound_ports`) never overlaps between
     prefill and decode or with any port the input already uses; a Mooncake prefill on vllm-omni
-    >= 0.30 gets one distinct port per replica and the env says replica 0's port."""
-    res = expand(case)
+    >= 0.30 gets one distinct port per replica and the env says replica 0's port. Every version:
+    on releases before 0.30 the Thinker's port facts are pinned with the Talker check stubbed
+    (expand refuses those splits, :func:`test_uncovered_talker_handoff_is_refused_with_opd704`)."""
+    if case.version in TALKER_COVERED:
+        res = expand(case)
+    else:
+        with mock.patch("omni_pd.compile.talker_pd.gap", return_value=None):
+            res = expand(case)
     cfg = reparse(res)
     version = make_target(case.version).version
     for plat in platforms_of(case):
@@ -468,6 +485,45 @@ def test_deterministic_reparses_and_refuses_second_split(case: Case) -> None:
     assert e.value.diagnostic.code == "OPD803"
 
 
+def _omni_release(version: str) -> str:
+    """``runtime_release('vllm-omni', ...)``'s wording, from :data:`OMNI_RELEASES`."""
+    v = make_target(version).version
+    older = [r for r in OMNI_RELEASES if make_target(r).version <= v]
+    if not older:
+        return f"vllm-omni (no release for vLLM {version}; the first is {OMNI_RELEASES[0]})"
+    return f"vllm-omni {older[-1]}" + ("" if older[-1] == version else
+                                       f" (the newest release before vLLM {version})")
+
+
+@PROPS
+@given(st.one_of(cases(versions=UNCOVERED),
+                 cases(versions=st.one_of(UNCOVERED, st.sampled_from(TALKER_COVERED)), pipeline="qwen2_5_omni")))
+def test_uncovered_talker_handoff_is_refused_with_opd704(case: Case) -> None:
+    """Every Talker pipeline the compatibility layer cannot hand prefill's rows is refused
+    (issue 21: the PD output's audio would be wrong): Qwen3-Omni on a target before 0.30
+    (no vllm-omni release, or one without the Talker patches), Qwen2.5-Omni on any target
+    (its decode engine withholds the Talker's payload). Error OPD704, exit 2, at the
+    file's ``pipeline:`` value, nothing returned."""
+    with pytest.raises(OmniPdError) as e:
+        expand(case)
+    d = e.value.diagnostic
+    # the release is judged before the pipeline: Qwen2.5-Omni before 0.30 reads as Qwen3-Omni there
+    if make_target(case.version).version < (0, 30):
+        why = f"omni-pd's compatibility layer does not cover the Talker handoff on {_omni_release(case.version)}"
+        help_ = "target a release it covers (`--vllm-version 0.30`), or serve the three-stage pipeline without PD"
+    else:
+        why = ("omni-pd's compatibility layer fixes the Talker handoff for qwen3_omni_moe_pd only "
+               "(qwen2_5_omni_pd: the decode engine withholds or shifts the Talker's payload)")
+        help_ = "serve the three-stage pipeline without PD"
+    line = case.text.splitlines().index(next(x for x in case.text.splitlines() if x.startswith("pipeline:"))) + 1
+    assert (e.value.exit_code, d.code, d.severity.value, d.message, d.help) == (
+        2, "OPD704", "error",
+        f"the Talker (stage 2) is conditioned by the PD decode stage 1, which computes no prompt rows, and {why}: "
+        "audio answers fail or are conditioned on the wrong rows",
+        f"{help_}; for text only serve the `*_thinker_only_pd` pipeline (no Talker)")
+    assert (d.location.file, d.location.line, d.location.column) == (FILE_NAME, line, len("pipeline: ") + 1)
+
+
 #: a stage that can send KV and one that can receive it (vLLM config/kv_transfer.py role sets)
 KV_PAIRS = [(p, c) for p in ("kv_producer", "kv_both") for c in ("kv_consumer", "kv_both")]
 
@@ -505,7 +561,10 @@ def test_overlapping_or_uneven_device_overrides_are_refused(case: Case, data) ->
     with pytest.raises(OmniPdError) as e:
         expand_document(parse_text(case.text, FILE_NAME), opts, vllm_version=case.version)
     assert e.value.diagnostic.code == "OPD805"
-    assert ("overlap" if bad == "overlap" else "same count") in str(e.value)
+    if bad == "overlap":
+        assert "overlap" in str(e.value)
+    else:  # expand's option check (f0bbc25) names the option and the count decode's TP x PP x DP needs
+        assert str(e.value).startswith(f"--decode-devices lists {len(dec)} device(s); decode needs {len(p)} ")
 
 
 # --- xPyD with per-side TP (issue 15) ----------------------------------------------------
