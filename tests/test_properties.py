@@ -563,8 +563,12 @@ def test_overlapping_or_uneven_device_overrides_are_refused(case: Case, data) ->
     assert e.value.diagnostic.code == "OPD805"
     if bad == "overlap":
         assert "overlap" in str(e.value)
-    else:  # expand's option check (f0bbc25) names the option and the count decode's TP x PP x DP needs
-        assert str(e.value).startswith(f"--decode-devices lists {len(dec)} device(s); decode needs {len(p)} ")
+    else:
+        # expand's option check (f0bbc25) names the option and the count decode's TP x PP x DP needs;
+        # a list of num_replicas x that passes it (pool mode), and the split's pairing check refuses it
+        msg = str(e.value)
+        assert (msg.startswith(f"--decode-devices lists {len(dec)} device(s); decode needs ")
+                or msg.endswith(f'but decode has {len(dec)} ("{_fmt(dec)}"); both halves need the same count')), msg
 
 
 # --- xPyD with per-side TP (issue 15) ----------------------------------------------------
