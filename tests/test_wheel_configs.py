@@ -93,7 +93,23 @@ def test_catalogued_wheel_config_expands(omni_wheel_deploy_dir: Path, filename: 
     if want_pipe in TALKER_UNCOVERED:  # issue 21: a PD file whose Talker would get the wrong rows is refused
         with pytest.raises(OmniPdError) as e:
             expand_document(load_file(path))
-        assert e.value.diagnostic.code == "OPD704" and e.value.diagnostic.severity is Severity.ERROR
+        d = e.value.diagnostic
+        assert (e.value.exit_code, d.code, d.severity, d.message, d.help) == (
+            2, "OPD704", Severity.ERROR,
+            "the Talker (stage 2) is conditioned by the PD decode stage 1, which computes no prompt rows, and "
+            "omni-pd's compatibility layer fixes the Talker handoff for qwen3_omni_moe_pd only (qwen2_5_omni_pd: "
+            "the decode engine withholds or shifts the Talker's payload): audio answers fail or are conditioned on "
+            "the wrong rows",
+            "serve the three-stage pipeline without PD; for text only serve the `*_thinker_only_pd` pipeline "
+            "(no Talker)")
+        # the file has no `pipeline:` key: located at the Talker's stage entry (its stage_id 1)
+        talker_line = path.read_text(encoding="utf-8").splitlines().index("  - stage_id: 1") + 1
+        assert (d.location.line, d.location.column) == (talker_line, 5)
+        # the text-only route the help names: the Thinker alone is split
+        res = expand_document(load_file(path), pipeline=f"{want_pipe}_thinker_only")
+        assert_chain(res, f"{want_pipe}_thinker_only", 2)
+        assert [s.role for s in res.plan.target_pipeline.stages] == ["thinker", "thinker"]
+        assert [d.code for d in res.diagnostics if d.code == "OPD905"] == ["OPD905"]
         return
     res = expand_document(load_file(path))
     assert len(res.config.stages) == n_src + 1
