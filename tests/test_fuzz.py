@@ -67,9 +67,13 @@ def first_error(o: Outcome):
 
 def test_seeds_include_preset_goldens_and_shared_cases() -> None:
     names = [p.name for p in seed_paths()]
-    assert names[:3] == ["qwen3_omni_moe.yaml", "qwen3_omni_moe_pd.yaml", "qwen3_omni_moe_pd_nixl.yaml"]
+    goldens = sorted(p.name for p in (Path(__file__).parent / "golden").glob("*.yaml"))
+    # the PD outputs, the migrate and the two-host placement goldens are all mutated
+    assert {"qwen3_omni_moe_pd.yaml", "qwen3_omni_moe_pd_nixl.yaml", "migrate_seed_pd_recipe.yaml",
+            "placement_llm_nixl_two_hosts.yaml"} <= set(goldens)
+    assert names[:1 + len(goldens)] == ["qwen3_omni_moe.yaml", *goldens]
     if SHARED_CASES.is_dir():
-        assert len(names) == 3 + len(list(SHARED_CASES.glob("*.yaml")))
+        assert len(names) == 1 + len(goldens) + len(list(SHARED_CASES.glob("*.yaml")))
     assert len(SEEDS) == len(names)
 
 
