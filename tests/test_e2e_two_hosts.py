@@ -22,15 +22,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from e2e.harness import PlainInstance, engine_env
+from e2e.harness import Launcher, PlainInstance, engine_env
 
 ROOT = Path(__file__).resolve().parents[1]
 E2E = os.environ.get("OMNI_PD_E2E_PYTHON")
@@ -109,45 +107,11 @@ print(json.dumps({"texts": texts, "before": before, "after": get(metrics)}))
 '''
 
 
-class _HostLauncher:
-    """``omni-pd launch --inventory --host H`` inside namespace ``ns``; its output collected."""
-
-    def __init__(self, ns: str, host: str, pd: Path, inv: Path, model: Path, vllm: str, run_dir: Path,
-                 env: dict[str, str]):
-        argv = ["ip", "netns", "exec", ns, sys.executable, "-m", "omni_pd.cli", "launch", str(pd),
-                "--inventory", str(inv), "--host", host, "--model", str(model), "--served-model-name", "tiny",
-                "--platform", "cpu", "--vllm", vllm, "--port", str(ROUTER), "--engine-port-base", str(ENGINES),
-                "--run-dir", str(run_dir), "--ready-timeout", "600", "--grace", "15"]
-        for k, v in env.items():
-            argv += ["--env", f"{k}={v}"]
-        self.lines: list[str] = []
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:  # type: ignore[union-attr]
-            self.lines.append(line.rstrip("\n"))
-
-    def wait_for(self, needle: str, timeout: float) -> str:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            for line in list(self.lines):
-                if needle in line:
-                    return line
-            if self.proc.poll() is not None:
-                time.sleep(0.5)
-                raise AssertionError(f"launcher exited {self.proc.returncode}:\n" + "\n".join(self.lines[-60:]))
-            time.sleep(0.5)
-        raise AssertionError(f"no {needle!r} within {timeout} s:\n" + "\n".join(self.lines[-60:]))
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-        try:
-            return self.proc.wait(120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+def _host_launcher(ns: str, host: str, pd: Path, inv: Path, model: Path, vllm: str, run_dir: Path,
+                   env: dict[str, str]) -> Launcher:
+    """``omni-pd launch --inventory INV --host HOST`` inside network namespace ``ns``."""
+    return Launcher(pd, model, vllm, run_dir, router_port=ROUTER, engine_port_base=ENGINES, env=env,
+                    extra=("--inventory", str(inv), "--host", host), prefix=("ip", "netns", "exec", ns))
 
 
 def _expand(tmp: Path, inv: Path) -> Path:
@@ -194,8 +158,8 @@ def test_prefill_on_a_and_decode_on_b_equal_a_plain_instance_and_kv_crosses(tmp_
            for h, dev in (("A", f"{hosts['A'][:-1]}va"), ("B", f"{hosts['B'][:-1]}vb"))}
     baseline = PlainInstance(vllm, model, BASELINE, base_env, tmp_path / "baseline.log").start()
     t0 = time.monotonic()
-    a = _HostLauncher(hosts["A"], "A", pd, inv, model, vllm, tmp_path / "runA", env["A"])
-    b = _HostLauncher(hosts["B"], "B", pd, inv, model, vllm, tmp_path / "runB", env["B"])
+    a = _host_launcher(hosts["A"], "A", pd, inv, model, vllm, tmp_path / "runA", env["A"])
+    b = _host_launcher(hosts["B"], "B", pd, inv, model, vllm, tmp_path / "runB", env["B"])
     try:
         a.wait_for("process healthy after", 900)
         b.wait_for("processes healthy after", 900)

@@ -249,13 +249,14 @@ class Launcher:
 
     ``router_port``: the client port; ``engine_port_base``: prefill's HTTP port (decode:
     +100); ``env``: passed to every engine with ``--env``; ``extra``: more launch flags
-    (e.g. ``--smoke``).
+    (e.g. ``--smoke``, ``--inventory F --host A``); ``prefix``: what the command runs under
+    (e.g. ``ip netns exec NS`` for one simulated host).
     """
 
     def __init__(self, pd: Path, model: Path, vllm: str, run_dir: Path, *, router_port: int,
                  engine_port_base: int, env: dict[str, str], served_model_name: str = "tiny",
-                 extra: tuple[str, ...] = ()):
-        argv = [sys.executable, "-m", "omni_pd.cli", "launch", str(pd), "--model", str(model),
+                 extra: tuple[str, ...] = (), prefix: tuple[str, ...] = ()):
+        argv = [*prefix, sys.executable, "-m", "omni_pd.cli", "launch", str(pd), "--model", str(model),
                 "--served-model-name", served_model_name, "--platform", "cpu", "--vllm", vllm,
                 "--port", str(router_port), "--engine-port-base", str(engine_port_base),
                 "--run-dir", str(run_dir), "--ready-timeout", "600", "--grace", "15", *extra]
@@ -283,6 +284,17 @@ class Launcher:
                 raise AssertionError(f"launcher exited {self.proc.returncode}:\n{self.report()}")
             time.sleep(0.5)
         raise AssertionError(f"no {needle!r} within {timeout} s:\n{self.report()}")
+
+    def stop(self, timeout: float = 120) -> int:
+        """SIGINT the launcher (if still running) and wait for it: its exit status (130
+        after a clean teardown). Killed after ``timeout`` seconds."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
 
     def report(self, tail: int = 30) -> str:
         """What explains a failed run, for an assertion message: the launcher's own lines
