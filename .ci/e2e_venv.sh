@@ -63,6 +63,21 @@ WCWIDTH_VERSION=0.9.4      # prettytable's dependency (oracle_venv.sh installs p
 RECIPE="nixl==$NIXL_VERSION nixl-cu12==$NIXL_VERSION vllm-shim==$VLLM_VERSION+cpu pthrDelay-patch torchvision==$TORCHVISION_VERSION+ops-guard torchaudio==$TORCHAUDIO_VERSION+ext-guard av==$AV_VERSION wcwidth==$WCWIDTH_VERSION r5"
 STAMP="$V/.e2e-recipe"
 
+# patch_once FILE WHAT OLD NEW: replace the text OLD in FILE by NEW once; nothing when NEW is there
+# already (a rerun); exit 1 naming WHAT when FILE has neither (the upstream file changed)
+patch_once() {
+  "$V/bin/python" - "$@" >&2 <<'EOF'
+import sys
+from pathlib import Path
+path, what, old, new = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+text = path.read_text()
+if new not in text:
+    if old not in text:
+        sys.exit(f"e2e venv: {path} no longer has {what}")
+    path.write_text(text.replace(old, new, 1))
+EOF
+}
+
 ready() {
   [ -x "$V/bin/python" ] && [ -x "$V/bin/vllm" ] && [ -f "$STAMP" ] &&
     [ "$(cat "$STAMP")" = "$RECIPE" ] &&
@@ -110,26 +125,15 @@ if ! ready; then
     fi
     "$V/bin/pip" install -q --no-deps "$W"/torchvision-"$TORCHVISION_VERSION"-*.whl \
       2> >(grep -v '^WARNING: Location' >&2) >&2
-    "$V/bin/python" - "$SP/torchvision/__init__.py" >&2 <<'EOF'
-import sys
-from pathlib import Path
-path = Path(sys.argv[1])
-old = """from torchvision import (
+    patch_once "$SP/torchvision/__init__.py" "the import block to guard" 'from torchvision import (
     _autograd_registrations,
     _meta_registrations,
     datasets,
-"""
-new = """if extension._has_ops():  # omni-pd e2e_venv.sh: a CUDA wheel's _C does not load on CPU
+' 'if extension._has_ops():  # omni-pd e2e_venv.sh: a CUDA wheel'"'"'s _C does not load on CPU
     from torchvision import _autograd_registrations, _meta_registrations  # noqa: F401
 from torchvision import (
     datasets,
-"""
-text = path.read_text()
-if new not in text:
-    if old not in text:
-        sys.exit(f"e2e venv: {path} no longer has the import block to guard")
-    path.write_text(text.replace(old, new, 1))
-EOF
+'
     rm -rf "$SP/torchvision/__pycache__"/__init__.*.pyc
     if ! compgen -G "$W/torchaudio-$TORCHAUDIO_VERSION-*.whl" >/dev/null || ! compgen -G "$W/av-$AV_VERSION-*.whl" >/dev/null ||
        ! compgen -G "$W/wcwidth-$WCWIDTH_VERSION-*.whl" >/dev/null; then
@@ -139,22 +143,12 @@ EOF
     "$V/bin/pip" install -q --no-deps "$W"/torchaudio-"$TORCHAUDIO_VERSION"-*.whl "$W"/av-"$AV_VERSION"-*.whl \
       "$W"/wcwidth-"$WCWIDTH_VERSION"-*.whl \
       2> >(grep -v '^WARNING: Location' >&2) >&2
-    "$V/bin/python" - "$SP/torchaudio/_extension/__init__.py" >&2 <<'EOF'
-import sys
-from pathlib import Path
-path = Path(sys.argv[1])
-old = '_IS_TORCHAUDIO_EXT_AVAILABLE = _load_lib("_torchaudio")\n'
-new = '''try:  # omni-pd e2e_venv.sh: a CUDA wheel's _torchaudio.so does not load on CPU
+    patch_once "$SP/torchaudio/_extension/__init__.py" "the extension load to guard" '_IS_TORCHAUDIO_EXT_AVAILABLE = _load_lib("_torchaudio")
+' 'try:  # omni-pd e2e_venv.sh: a CUDA wheel'"'"'s _torchaudio.so does not load on CPU
     _IS_TORCHAUDIO_EXT_AVAILABLE = _load_lib("_torchaudio")
 except OSError:
     _IS_TORCHAUDIO_EXT_AVAILABLE = False
-'''
-text = path.read_text()
-if new not in text:
-    if old not in text:
-        sys.exit(f"e2e venv: {path} no longer has the extension load to guard")
-    path.write_text(text.replace(old, new, 1))
-EOF
+'
     rm -rf "$SP/torchaudio/_extension/__pycache__"/__init__.*.pyc
     # verify: the CLI resolves, NIXL loads through vLLM's own loader, the oracle still imports
     out="$(VLLM_PLUGINS= "$V/bin/vllm" --version 2>/dev/null | tail -n 1)"
