@@ -264,3 +264,22 @@ def test_install_wraps_module_level_functions_and_the_talker_switch_skips_only_t
         assert mods["fake_proc"].thinker2talker_token_only is token_only
         assert rep.message.endswith("; off by OMNI_PD_VLLM_OMNI_TALKER_PD=0: orch, proc")
         assert caplog.messages == [rep.message]  # one line
+
+
+def test_a_talker_patch_that_cannot_resolve_leaves_out_its_group_but_not_pd_detection(caplog):
+    # e.g. the Qwen3-Omni model module fails to import: the Talker rows go, PD detection stays
+    wrappers = {"orch": c._wrap_prefill_rows, "proc": c._wrap_talker_input, "base": c._wrap_decode_params}
+    mods = fake_modules()
+    del mods["fake_proc"]
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in wrappers.items():
+            mp.setitem(c.WRAPPERS, k, v)
+        with caplog.at_level(logging.INFO, logger=c.logger.name):
+            caplog.clear()
+            rep = c.install(version="0.30.0", table=talker_table(), environ={}, importer=mods.__getitem__)
+        assert rep.status == "patched" and rep.patched == ("base",)
+        assert c.installed(mods.__getitem__, talker_table())["base"] is True
+        assert getattr(mods["fake_orch"].Orch._route_output, c.MARK, None) is None  # its group-mate too
+        assert rep.problems == ("fake_proc: cannot import (KeyError: 'fake_proc')",)
+        assert rep.message.endswith("; orch, proc NOT installed (fake_proc: cannot import (KeyError: 'fake_proc'))")
+        assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("WARNING", rep.message)]

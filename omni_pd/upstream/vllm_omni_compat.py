@@ -489,7 +489,7 @@ class InstallReport:
     """What :func:`install` did. ``status``: ``patched``, ``already`` (an earlier call
     patched), ``off`` (env switch), ``not-needed`` (release not in the table, or no
     vllm-omni), ``refused`` (a wrapped function missing or changed; nothing patched).
-    ``patched``: names patched by this call; ``problems``: why it refused."""
+    ``patched``: names patched by this call; ``problems``: why it refused, or why a switch's group was left out."""
 
     status: str
     version: str | None = None
@@ -582,9 +582,11 @@ def install(*, version: str | None = None, table: CompatTable | None = None,
 
     ``version`` defaults to the installed ``vllm-omni`` distribution's, ``table`` to
     :func:`load_table`, ``environ`` to ``os.environ``; ``importer`` imports a module by
-    name (tests pass fakes). All or nothing: when any needed function is missing or has
-    another signature, nothing is patched and one warning lists why. Logs one line
-    (INFO when it patched, WARNING when it refused). Never raises for an upstream shape
+    name (tests pass fakes). All or nothing per group: when a function the PD detection
+    patches (no ``switch``) wrap is missing or has another signature, nothing is patched and
+    one warning lists why; when one of a switch's group (the Talker handoff) is, that group
+    is left out and the rest is installed, with a warning. Logs one line (INFO when it
+    patched everything it needs, WARNING when it refused or left a group out). Never raises for an upstream shape
     it does not know; raises ``ValueError`` only for a broken bundled table."""
     log = log or logger
     environ = os.environ if environ is None else environ
@@ -603,13 +605,27 @@ def install(*, version: str | None = None, table: CompatTable | None = None,
         msg = f"omni-pd: vllm-omni {version} needs no PD compatibility patch (not in vllm_omni_compat.yaml)"
         _once(log, logging.DEBUG, msg)
         return InstallReport("not-needed", version, message=msg)
-    todo, problems = plan(needed, importer)
+    # all or nothing per group: the patches without a switch (PD detection) are one group, each
+    # switch's patches another; a group with a problem is left out whole. Without the first group
+    # the others have nothing to act on, so its problem refuses everything.
+    core = tuple(p for p in needed if not p.switch)
+    todo, problems = plan(core, importer)
     if problems:
         msg = (f"omni-pd: vllm-omni {version} PD compatibility layer NOT installed, nothing patched: "
                + "; ".join(problems) + ". PD may not switch on for *_pd pipelines: check with "
                "`omni-pd validate --against-vllm-omni` (docs/upstream/README.md)")
         _once(log, logging.WARNING, msg)
         return InstallReport("refused", version, problems=tuple(problems), message=msg)
+    left_out: list[str] = []
+    for switch in dict.fromkeys(p.switch for p in needed if p.switch):
+        group = tuple(p for p in needed if p.switch == switch)
+        group_todo, group_problems = plan(group, importer)
+        if group_problems:
+            problems += group_problems
+            left_out.append(f"{', '.join(p.name for p in group)} NOT installed ({'; '.join(group_problems)})")
+            needed = tuple(p for p in needed if p not in group)
+        else:
+            todo += group_todo
     off = sorted({p.switch for p in skipped})
     off_note = (f"; off by {', '.join(f'{k}={environ.get(k)}' for k in off)}: "
                 + ", ".join(p.name for p in skipped)) if skipped else ""
@@ -627,9 +643,11 @@ def install(*, version: str | None = None, table: CompatTable | None = None,
         wrapper.__doc__ = fn.__doc__
         setattr(owner, p.owner_and_attr[1], staticmethod(wrapper) if p.kind == "staticmethod" else wrapper)
     msg = (f"omni-pd: vllm-omni {version} PD compatibility layer on ({ENV_SWITCH}=0 turns it off): "
-           + "; ".join(f"{p.target.split(':')[1]} ({p.why})" for p, _, _ in todo) + off_note)
-    log.info(msg)
-    return InstallReport("patched", version, patched=tuple(p.name for p, _, _ in todo), message=msg)
+           + "; ".join(f"{p.target.split(':')[1]} ({p.why})" for p, _, _ in todo) + off_note
+           + "".join(f"; {x}" for x in left_out))
+    log.log(logging.WARNING if left_out else logging.INFO, msg)
+    return InstallReport("patched", version, patched=tuple(p.name for p, _, _ in todo),
+                         problems=tuple(problems), message=msg)
 
 
 def installed(importer: Callable[[str], Any] = importlib.import_module,
