@@ -52,7 +52,8 @@ behaviour if the typed configs grew legacy attributes.
 (``omni_pd/upstream/vllm_plugin.py``) in every vllm-omni process. It is gated: only the
 vllm-omni release series listed in the table are patched; a missing wrapped function or
 one whose parameters differ from the recorded signature makes it refuse with one warning
-and patch nothing; ``OMNI_PD_VLLM_OMNI_COMPAT=0`` turns it off; a second call patches
+and patch nothing (a Talker patch: its switch's group is left out, the rest installed);
+``OMNI_PD_VLLM_OMNI_COMPAT=0`` turns it off; a second call patches
 nothing more. It logs one line saying what it patched and why.
 
 The decision helpers (:func:`legacy_views`, :func:`repair_prefill_kv_params`,
