@@ -93,6 +93,27 @@ def build_tokenizer(out: str):
     return fast
 
 
+def vision_config() -> dict:
+    """The tiny vision tower: depth 2, hidden HIDDEN, patch PATCH, merge MERGE, deepstack [1];
+    ``image_size`` and ``apply_vit_abs_pos_embed`` are read by vLLM's vision tower
+    (``Qwen3Omni_VisionTransformer.__init__``), not by transformers 5.14's config class."""
+    return dict(
+        depth=2, hidden_size=HIDDEN, intermediate_size=128, num_heads=2, patch_size=PATCH,
+        spatial_merge_size=MERGE, temporal_patch_size=2, out_hidden_size=HIDDEN,
+        num_position_embeddings=(IMAGE_SIZE // PATCH) ** 2, deepstack_visual_indexes=[1],
+        image_size=IMAGE_SIZE, apply_vit_abs_pos_embed=True,
+    )
+
+
+def audio_config() -> dict:
+    """The tiny audio encoder: 2 layers, d_model HIDDEN, 128 mel bins (Whisper features)."""
+    return dict(
+        num_mel_bins=128, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=128, d_model=HIDDEN,
+        output_dim=HIDDEN, downsample_hidden_size=32, max_source_positions=1500, n_window=50,
+        n_window_infer=800, conv_chunksize=500,
+    )
+
+
 def build_config(tok):
     from transformers import Qwen3OmniMoeConfig
 
@@ -107,17 +128,7 @@ def build_config(tok):
                          "interleaved": True, "mrope_interleaved": True},
         pad_token_id=ids["pad"], eos_token_id=ids["im_end"], bos_token_id=ids["pad"],
     )
-    vision = dict(
-        depth=2, hidden_size=HIDDEN, intermediate_size=128, num_heads=2, patch_size=PATCH,
-        spatial_merge_size=MERGE, temporal_patch_size=2, out_hidden_size=HIDDEN,
-        num_position_embeddings=(IMAGE_SIZE // PATCH) ** 2, deepstack_visual_indexes=[1],
-        image_size=IMAGE_SIZE, apply_vit_abs_pos_embed=True,  # read by vLLM, not by transformers 5.14
-    )
-    audio = dict(
-        num_mel_bins=128, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=128, d_model=HIDDEN,
-        output_dim=HIDDEN, downsample_hidden_size=32, max_source_positions=1500, n_window=50,
-        n_window_infer=800, conv_chunksize=500,
-    )
+    vision, audio = vision_config(), audio_config()
     thinker = dict(
         text_config=text, vision_config=vision, audio_config=audio,
         audio_token_id=ids["audio_token"], image_token_id=ids["image_token"], video_token_id=ids["video_token"],

@@ -63,8 +63,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_tiny_model import _corpus  # noqa: E402  (same tokenizer corpus)
-from make_tiny_qwen3_omni import EXTRA_SPECIAL, HIDDEN, IMAGE_SIZE, MERGE, PATCH  # noqa: E402
-from make_tiny_qwen3_omni import build_processor  # noqa: E402
+from make_tiny_qwen3_omni import EXTRA_SPECIAL, HIDDEN, MERGE  # noqa: E402
+from make_tiny_qwen3_omni import audio_config, build_processor, vision_config  # noqa: E402
 
 VOCAB_SIZE = 151680          # Qwen3-Omni's Thinker vocabulary (ids 151643.. are special tokens)
 BPE_SIZE = 2048              # trained BPE tokens (the rest of the ids are fillers)
@@ -197,17 +197,7 @@ def build_config():
                          "interleaved": True, "mrope_interleaved": True},
         pad_token_id=s["<|endoftext|>"], eos_token_id=s["<|im_end|>"], bos_token_id=s["<|endoftext|>"],
     )
-    vision = dict(
-        depth=2, hidden_size=HIDDEN, intermediate_size=128, num_heads=2, patch_size=PATCH,
-        spatial_merge_size=MERGE, temporal_patch_size=2, out_hidden_size=HIDDEN,
-        num_position_embeddings=(IMAGE_SIZE // PATCH) ** 2, deepstack_visual_indexes=[1],
-        image_size=IMAGE_SIZE, apply_vit_abs_pos_embed=True,  # read by vLLM, not by transformers 5.14
-    )
-    audio = dict(
-        num_mel_bins=128, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=128, d_model=HIDDEN,
-        output_dim=HIDDEN, downsample_hidden_size=32, max_source_positions=1500, n_window=50,
-        n_window_infer=800, conv_chunksize=500,
-    )
+    vision, audio = vision_config(), audio_config()  # the Thinker-only builder's
     media = dict(audio_token_id=s["<|audio_pad|>"], image_token_id=s["<|image_pad|>"],
                  video_token_id=s["<|video_pad|>"], audio_start_token_id=s["<|audio_start|>"],
                  vision_start_token_id=s["<|vision_start|>"], position_id_per_seconds=25)
@@ -264,6 +254,15 @@ def build_weights(out: str, cfg) -> dict[str, int]:
     torch.manual_seed(0)
     with torch.no_grad():
         model = Qwen3OmniMoeForConditionalGeneration(cfg).to(torch.float32).eval()
+        # transformers 5.14's _init_weights initialises the Thinker's fused experts but not the
+        # Talker's (Qwen3OmniMoeTalkerTextExperts is created with torch.empty), which left
+        # whatever memory held in them: seed them like the Thinker's so the file is the same
+        # bytes on every build
+        std = cfg.talker_config.text_config.initializer_range
+        for m in model.modules():
+            if type(m).__name__ == "Qwen3OmniMoeTalkerTextExperts":
+                m.gate_up_proj.normal_(0.0, std)
+                m.down_proj.normal_(0.0, std)
     sd = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
     counts: dict[str, int] = {}
     for k, v in sd.items():
