@@ -65,6 +65,11 @@ class Diagnostic:
     related: list[Location] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     label: str | None = None  # text under the caret
+    #: key paths (``("stages", 1, "tensor_parallel_size")``, stage index as the rules see it)
+    #: whose values this finding judged, set or defaulted; and the paths this finding leaves at
+    #: their default (a misspelt key: the key meant). check/causes.py orders by them.
+    reads: tuple[tuple[Any, ...], ...] = field(default=(), compare=False)
+    shadows: tuple[tuple[Any, ...], ...] = field(default=(), compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         def loc(l: Location | None) -> dict[str, Any] | None:

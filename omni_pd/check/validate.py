@@ -656,7 +656,11 @@ def _tag(d: Diagnostic, platform: str) -> Diagnostic:
 
 
 def _finish(diags: list[Diagnostic]) -> list[Diagnostic]:
-    """Dedupe (same code, message and location; platform notes merged) and sort."""
+    """Dedupe (same code, message and location; platform notes merged), sort by location,
+    then list each finding that follows from another right after it
+    (:func:`omni_pd.check.causes.order_by_cause`: a misspelt key before what its default causes)."""
+    from omni_pd.check.causes import order_by_cause
+
     out: dict[tuple, Diagnostic] = {}
     for d in diags:
         loc = d.location
@@ -669,7 +673,7 @@ def _finish(diags: list[Diagnostic]) -> list[Diagnostic]:
                     out[k] = d
             continue
         out[k] = d
-    return sorted(out.values(), key=sort_key)
+    return order_by_cause(sorted(out.values(), key=sort_key))
 
 
 def validate_text(text: str, name: str = "<string>", opts: ValidateOptions | None = None) -> ValidateResult:

@@ -116,11 +116,16 @@ class Rule:
 
     def diag(self, message: str, location: Location | None, *, help: str | None = None,
              related: list[Location] | None = None, notes: list[str] | None = None,
-             label: str | None = None, severity: Severity | None = None) -> Diagnostic:
-        """A diagnostic with this rule's code (and severity unless overridden)."""
+             label: str | None = None, severity: Severity | None = None,
+             reads: Iterable[tuple] = (), shadows: Iterable[tuple] = ()) -> Diagnostic:
+        """A diagnostic with this rule's code (and severity unless overridden).
+
+        ``reads``: the key paths the finding judged (:meth:`Context.reads`), ``shadows``:
+        the paths it leaves at their default (OPD103's key meant); both order findings
+        root cause first (omni_pd/check/causes.py)."""
         return Diagnostic(code=self.code, severity=severity or self.severity, message=message,
                           location=location, help=help, related=list(related or []),
-                          notes=list(notes or []), label=label)
+                          notes=list(notes or []), label=label, reads=tuple(reads), shadows=tuple(shadows))
 
 
 def _indent(s: str) -> str:
@@ -219,6 +224,12 @@ class Context:
             if self.exists(c):
                 return c
         return ("stages",) if self.exists(("stages",)) else ()
+
+    def reads(self, node: "StageNode", *keys: str) -> tuple[tuple, ...]:
+        """The stage paths ``("stages", i, key)`` of ``keys`` in ``node``'s entry, for a
+        finding's ``reads`` (whether the key is set or left at its default); () for a
+        stage without an entry of its own."""
+        return tuple(("stages", node.index, k) for k in keys) if node.index is not None else ()
 
     def sloc(self, node: "StageNode", *keys: Any, value: bool = False, label: str | None = None) -> Location:
         """Location of ``keys`` in ``node``'s stage entry (see :meth:`stage_path`)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Location, Severity
-from omni_pd.check.rules import Context, Example, Rule, rule
+from omni_pd.check.rules import PARALLEL_SIZE_KEYS, Context, Example, Rule, rule
 from omni_pd.check.rules.schema import VISIBILITY_VARS
 
 if TYPE_CHECKING:
@@ -126,7 +126,8 @@ def world_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         else:
             msg = (f"stage {n.stage_id}: tensor_parallel_size {tp} x pipeline_parallel_size {pp} x data_parallel_size {dp} "
                    f"= {_devices(world)}{src}, but {entries}")
-        yield r.diag(msg, ctx.sloc(n, "devices", value=True), help=_world_help(world) if world != have else None)
+        yield r.diag(msg, ctx.sloc(n, "devices", value=True), help=_world_help(world) if world != have else None,
+                     reads=ctx.reads(n, "devices", "num_replicas", "parallel_config", *PARALLEL_SIZE_KEYS))
 
 
 def _devices(count: int) -> str:

@@ -49,7 +49,8 @@ def kv_missing(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         yield r.diag(f"stages {p.stage_id} (prefill) and {d.stage_id} (decode) form a PD pair but neither has a kv_transfer_config",
                      ctx.sloc(p), related=[ctx.sloc(d, label=f"decode (stage {d.stage_id}) has none either")],
                      help="add `kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer}` to prefill "
-                          "and the same with `kv_role: kv_consumer` to decode (or run `omni-pd expand` on the three-stage config)")
+                          "and the same with `kv_role: kv_consumer` to decode (or run `omni-pd expand` on the three-stage config)",
+                     reads=ctx.reads(p, "kv_transfer_config") + ctx.reads(d, "kv_transfer_config"))
     elif missing:
         n = missing[0]
         other = d if n is p else p
@@ -58,7 +59,8 @@ def kv_missing(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         conn = (other.kv or {}).get("kv_connector") or "MooncakeConnector"
         yield r.diag(f"{side} stage {n.stage_id} has no kv_transfer_config", ctx.sloc(n),
                      related=[ctx.sloc(other, "kv_transfer_config", label=f"the other side (stage {other.stage_id}) has one")],
-                     help=f"add `kv_transfer_config: {{kv_connector: {conn}, kv_role: {role}}}`")
+                     help=f"add `kv_transfer_config: {{kv_connector: {conn}, kv_role: {role}}}`",
+                     reads=ctx.reads(n, "kv_transfer_config"))
 
 
 @rule("OPD302", "pd-kv-role", Severity.ERROR,
@@ -246,7 +248,8 @@ def tp_unequal(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     yield r.diag(f"tensor_parallel_size differs: prefill {ptp}, decode {dtp}; vllm-omni's PD validator requires them equal",
                  ctx.sloc(d, "tensor_parallel_size", value=True),
                  related=[ctx.sloc(p, "tensor_parallel_size", value=True, label=f"prefill TP {ptp}")],
-                 help=f"set `tensor_parallel_size: {ptp}` on decode (and give it {ptp} devices)")
+                 help=f"set `tensor_parallel_size: {ptp}` on decode (and give it {ptp} devices)",
+                 reads=ctx.reads(p, "tensor_parallel_size") + ctx.reads(d, "tensor_parallel_size"))
 
 
 @rule("OPD307", "decode-input", Severity.ERROR,

@@ -155,7 +155,8 @@ def unknown_key(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                              help=f"set `{k}` in each stage entry that needs it")
             elif close:
                 yield r.diag(f"unknown top-level key `{k}`: vllm-omni reads only its own fields and drops it, "
-                             f"so `{close[0]}` is not set", ctx.loc((k,)), help=f"did you mean `{close[0]}`?")
+                             f"so `{close[0]}` is not set", ctx.loc((k,)), help=f"did you mean `{close[0]}`?",
+                             shadows=((close[0],),))
             else:
                 yield r.diag(f"unknown top-level key `{k}` (vllm-omni drops it)", ctx.loc((k,)),
                              severity=Severity.WARNING,
@@ -175,7 +176,7 @@ def unknown_key(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             meant = stage_key_typo(ctx, k)
             if meant:
                 yield r.diag(f"unknown stage key `{k}`{where}: {_typo_effect(ctx, k, st)}", ctx.loc(path),
-                             help=f"did you mean `{meant}`?")
+                             help=f"did you mean `{meant}`?", shadows=(path[:-1] + (meant,),))
         for pc_path, pc in ((base + ("parallel_config",), st.get("parallel_config")),
                             (base + ("engine_args", "parallel_config"), inner.get("parallel_config"))):
             for k in (pc if isinstance(pc, dict) else {}):
