@@ -90,6 +90,19 @@ CODES: tuple[CodeDoc, ...] = (
             through the split's id map, so OUT must have a prefill/decode pair with consecutive
             stage ids (what ``omni-pd expand IN`` writes).""",
             "omni_pd/cli.py diff", exit=2),
+    CodeDoc("OPD009", "unused-suppression", _W, "suppress", "a suppression comment suppresses nothing",
+            """``# omni-pd: ignore[CODE, ...]`` (a YAML comment at the end of the line a finding is
+            located at or of its key's line, or alone on the line before it) hides those findings
+            of that line, as ruff's ``# noqa`` does; codes or the rule names ``omni-pd rules``
+            prints, comma-separated. A code in it that hid nothing is reported here, like ruff's
+            RUF100: no such finding on that line (the problem was fixed: remove the code), the
+            code is not enabled for the file (``--select``/``--ignore``, ``[tool.omni-pd]`` in
+            ``pyproject.toml`` or the same keys in a stand-alone ``.omni-pd`` file with the ``.toml``
+            suffix, found from the file's directory upwards), an unknown code, a code that means the file
+            cannot be read (OPD000..OPD005 are never suppressed), or a comment without codes in
+            brackets. A suppressed error no longer fails ``validate``; OPD009 itself is a warning
+            and is silenced with ``--ignore OPD009``.""",
+            "omni_pd/check/suppress.py apply()"),
     CodeDoc("OPD208", "pd-pair-without-pipeline", _E, "topology",
             "a KV producer/consumer pair in a file that names no `pipeline:`",
             """Without ``pipeline:`` vllm-omni 0.30 takes the pipeline from the model's
