@@ -702,8 +702,15 @@ def validate(
     vllm_omni_python: Optional[str] = typer.Option(None, "--vllm-omni-python",
                                                    help="python of an environment with vllm-omni and omni-pd installed"),
     model: Optional[str] = typer.Option(None, "--model", help="with --against-vllm-omni: the model vllm serve gets"),
+    select: Optional[list[str]] = typer.Option(None, "--select", help="report only these codes, code prefixes or rule "
+                                               "names (comma-separated, repeatable; replaces the config file's select)"),
+    ignore: Optional[list[str]] = typer.Option(None, "--ignore", help="do not report these codes, code prefixes or rule "
+                                               "names (comma-separated, repeatable; on top of [tool.omni-pd])"),
 ) -> None:
     """Check deploy configs for every PD invariant; exit 0 clean, 1 errors, 2 unreadable input.
+
+    Findings are suppressed by ``# omni-pd: ignore[CODE]`` comments, --select/--ignore and
+    the [tool.omni-pd] table of pyproject.toml or .omni-pd.toml (omni-pd explain OPD009).
 
     Many files and directories are checked in one process; the exit status is the worst
     of all files (0 < 1 < 2 < 3).
@@ -718,6 +725,14 @@ def validate(
     from omni_pd import cli_options
 
     cli_options.vllm_version(vllm_version)
+    from omni_pd.check.settings import known_codes
+    from omni_pd.check.suppress import Layer
+
+    known = known_codes()
+    cli_layer = Layer(source="--select/--ignore", select=cli_options.selectors(select, "--select", known),
+                      ignore=cli_options.selectors(ignore, "--ignore", known) or ())
+    configs: dict = {}
+    hidden_total = 0
     if platform is not None and all_platforms:
         raise typer.BadParameter("give either --platform or --all-platforms", param_hint="--platform")
     inv = None
@@ -752,14 +767,17 @@ def validate(
     worst = 2 if found.problems else 0
     failed = unreadable = 0
     for name in found.paths:
+        layers = _selection_layers(name, cli_layer, known, configs)  # a bad settings file stops the run (exit 2)
         try:
             diags, file_docs = _validate_one(name, opts, against_vllm_omni, vllm_omni_python, model)
+            diags, hidden = _suppress(diags, file_docs, layers, known)
+            hidden_total += hidden
         except OmniPdError as e:
             if single and fmt == "text":
                 raise
             if e.diagnostic.code != "OPD001" and e.diagnostic.code[:5] != "OPD00":
                 raise  # not about this file (e.g. vllm-omni missing): stop the run
-            diags, file_docs, worst = [e.diagnostic], {}, max(worst, e.exit_code)
+            diags, file_docs, worst, hidden = [e.diagnostic], {}, max(worst, e.exit_code), 0
             unreadable += 1
             verdict = "unreadable"
         else:
@@ -778,7 +796,7 @@ def validate(
                 out.write(text + ("" if text.endswith("\n\n") else "\n"))
             out.flush()
             # one verdict per file, as the single-file run prints (ruff, check-jsonschema)
-            sys.stdout.write(f"{_display_name(name)}: {verdict} ({summary(shown)})\n")
+            sys.stdout.write(f"{_display_name(name)}: {verdict} ({summary(shown)}{_hidden(hidden)})\n")
             sys.stdout.flush()
     if fmt == "json":
         sys.stdout.write(render_json(every) + "\n")
@@ -791,7 +809,7 @@ def validate(
         if text:
             sys.stdout.write(text + ("" if text.endswith("\n") else "\n"))
         verdict = "FAILED" if failed else "ok"
-        sys.stdout.write(f"{_display_name(found.paths[0])}: {verdict} ({summary(every)})\n")
+        sys.stdout.write(f"{_display_name(found.paths[0])}: {verdict} ({summary(every)}{_hidden(hidden_total)})\n")
     else:
         if found.problems:
             sys.stderr.write(render_text(list(found.problems)) + "\n")
@@ -799,10 +817,45 @@ def validate(
         ok = n - failed - unreadable
         parts = [f"{failed} failed", f"{unreadable} unreadable"] if unreadable else [f"{failed} failed"]
         sys.stdout.write(f"validate: {n} file{'s' if n != 1 else ''}, {ok} ok, {', '.join(parts)} "
-                         f"({summary(every)})\n")
+                         f"({summary(every)}{_hidden(hidden_total)})\n")
     if worst:
         sys.stdout.flush()
         raise SystemExit(worst)  # main() maps SystemExit to its code (typer.Exit is swallowed by click here)
+
+
+def _hidden(n: int) -> str:
+    """``"; 2 suppressed"`` for a verdict line, "" for none."""
+    return f"; {n} suppressed" if n else ""
+
+
+def _selection_layers(name: str, cli_layer, known: dict, configs: dict) -> tuple:
+    """The selection layers for input ``name``: its settings file's (omni_pd/check/settings.py
+    ``find_config``, from the file's directory; stdin: the working directory), then the
+    command line's. ``configs``: settings file -> Layer, read once per run."""
+    from omni_pd.check.settings import find_config, load_layer
+
+    cfg = find_config(Path.cwd() if name == "-" else Path(name).parent)
+    if cfg is None:
+        return (cli_layer,)
+    if cfg not in configs:
+        configs[cfg] = load_layer(cfg, known)
+    return (configs[cfg], cli_layer)
+
+
+def _suppress(diags: list, docs: dict, layers: tuple, known: dict) -> tuple:
+    """``diags`` of one input without the suppressed ones (omni_pd/check/suppress.py
+    ``apply``, directives read from every document the run read), and how many were hidden."""
+    from omni_pd.check.suppress import apply, find_directives
+    from omni_pd.diagnostics import sort_key
+
+    directives = {n: find_directives(d.text, n) for n, d in docs.items()}
+    directives = {n: ds for n, ds in directives.items() if ds}
+    key_lines = {n: {x.location.path: docs[n].loc(x.location.path).line for x in diags
+                     if x.location and x.location.file == n and x.location.path}
+                 for n in directives}
+    abs_path = {n: n if n.startswith("<") else Path(n).resolve().as_posix() for n in docs}
+    out = apply(diags, directives, layers, known, key_lines=key_lines, abs_path=abs_path)
+    return sorted(out.kept, key=sort_key), len(out.suppressed)
 
 
 def _display_name(name: str) -> str:

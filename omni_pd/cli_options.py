@@ -125,3 +125,20 @@ def encoder_split(layout: str | None, *, ec_connector: str | None, storage: str 
             if val is not None:
                 raise _bad(opt, val, "applies only with --encoder-split",
                            "add --encoder-split 1e1pd or 1e1p1d, or drop the option")
+
+
+def selectors(values: list[str] | None, option: str, known: dict[str, str]) -> tuple[str, ...] | None:
+    """``--select`` / ``--ignore`` values (repeatable, each comma-separated) as selectors
+    (omni_pd/check/suppress.py ``resolve``: codes, rule names, code prefixes, ``ALL``);
+    None when the option was not given. ``known``: code -> rule name. Raises OPD006
+    (exit 2) naming the first selector that names no code, before any file is read."""
+    from omni_pd.check.suppress import bad_selectors
+
+    if values is None:
+        return None
+    out = tuple(s.strip() for v in values for s in v.split(",") if s.strip())
+    bad = bad_selectors(out, known)
+    if bad:
+        raise _bad(option, bad[0], "names no code omni-pd knows",
+                   "give codes (OPD704), code prefixes (OPD7), rule names (`omni-pd rules`) or ALL, comma-separated")
+    return out

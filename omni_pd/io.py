@@ -511,13 +511,10 @@ def parse_text(text: str, name: str = "<string>", *, own_output: bool = False,
         raise _load_error("OPD002", name, "invalid YAML: character "
                           + (f"U+{ch:04X} " if ch is not None else "") + "is not allowed in YAML",
                           line, col, help="remove the character, or write it as an escape in a double-quoted string") from None
-    except MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        msg = (e.problem or e.context or "invalid YAML").strip()
-        raise _load_error("OPD002", name, f"invalid YAML: {msg}",
-                          mark.line + 1 if mark else None,
-                          mark.column + 1 if mark else None,
-                          help="fix the YAML syntax at this position") from None
+    except MarkedYAMLError as e:  # in the user's terms, at the `{` left open (omni_pd/io_errors.py)
+        from omni_pd.io_errors import syntax_diagnostic
+
+        raise OmniPdError(syntax_diagnostic(e, text, name), exit_code=2) from None
     except YAMLError as e:
         raise _load_error("OPD002", name, f"invalid YAML: {e}") from None
     except RecursionError:  # not reached below MAX_DEPTH; kept as a last guard

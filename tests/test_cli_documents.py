@@ -27,12 +27,14 @@ def test_two_commands_in_one_process_do_not_see_each_others_documents(tmp_path, 
     capsys.readouterr()
     assert main(["validate", str(f)]) == 2
     err = capsys.readouterr().err
-    assert err == (f"error[OPD002]: invalid YAML: expected ',' or ']', but got ':'\n"
-                   f" --> {f}:5:10\n"
+    assert err == ("error[OPD002]: invalid YAML: unclosed `[`: the flow list opened here is not closed "
+                   "before the key `dtype` at line 5\n"
+                   f" --> {f}:4:20\n"
                    "  |\n"
-                   "5 |     dtype: float32\n"
-                   "  |          ^\n"
-                   "  = help: fix the YAML syntax at this position\n")
+                   "4 |     max_model_len: [1024\n"
+                   "  |                    ^ this `[` is never closed\n"
+                   f"  = note: expected `,` or `]` before this: {f}:5:10\n"
+                   "  = help: close it with `]` at the end of line 4, or write the list in block style\n")
 
 
 def test_the_cli_module_holds_no_document_cache():

@@ -71,13 +71,18 @@ def _has_table(py: Path) -> bool:
 
 
 def _bad(path: Path, text: str, message: str, help: str, needle: str | None = None,
-         line: int | None = None, col: int | None = None) -> OmniPdError:
-    if needle is not None and line is None:
+         line: int | None = None, col: int | None = None, quoted: bool = False) -> OmniPdError:
+    """OPD006 located at the first line of ``text`` (not a comment) with ``needle`` (as a
+    TOML string, ``"needle"`` or ``'needle'``, when ``quoted``), or at ``line``/``col``."""
+    forms = [f'"{needle}"', f"'{needle}'", needle] if quoted else [needle]
+    for form in forms if needle is not None and line is None else ():
         for i, ln in enumerate(text.splitlines(), 1):
-            j = ln.find(needle)
+            j = ln.find(form)
             if j != -1 and not ln.lstrip().startswith("#"):
                 line, col = i, j + 1
                 break
+        if line is not None:
+            break
     return OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR, message=message,
                                   location=Location(file=_shown(path), line=line, column=col), help=help))
 
@@ -125,7 +130,7 @@ def load_layer(path: Path, known: Mapping[str, str]) -> Layer:
         if bad:
             raise _bad(path, text, f"{where}: `{key}` names no known code: {', '.join(bad)}",
                        "use codes (OPD704), code prefixes (OPD7), rule names or ALL; `omni-pd rules` lists them",
-                       needle=bad[0])
+                       needle=bad[0], quoted=True)
         return tuple(value)
 
     pfi = table.get("per-file-ignores", {})
