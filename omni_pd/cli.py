@@ -846,7 +846,6 @@ def _suppress(diags: list, docs: dict, layers: tuple, known: dict) -> tuple:
     """``diags`` of one input without the suppressed ones (omni_pd/check/suppress.py
     ``apply``, directives read from every document the run read), and how many were hidden."""
     from omni_pd.check.suppress import apply, find_directives
-    from omni_pd.diagnostics import sort_key
 
     directives = {n: find_directives(d.text, n) for n, d in docs.items()}
     directives = {n: ds for n, ds in directives.items() if ds}
@@ -855,7 +854,7 @@ def _suppress(diags: list, docs: dict, layers: tuple, known: dict) -> tuple:
                  for n in directives}
     abs_path = {n: n if n.startswith("<") else Path(n).resolve().as_posix() for n in docs}
     out = apply(diags, directives, layers, known, key_lines=key_lines, abs_path=abs_path)
-    return sorted(out.kept, key=sort_key), len(out.suppressed)
+    return out.kept, len(out.suppressed)
 
 
 def _display_name(name: str) -> str:

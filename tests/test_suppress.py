@@ -92,9 +92,9 @@ def test_apply_hides_suppressed_findings_and_reports_each_unused_code():
     out = apply([wrong, other], {"f.yaml": find_directives(text, "f.yaml")}, (), KNOWN)
     assert out.suppressed == [wrong]
     assert [(d.code, d.severity, d.message, str(d.location), d.help) for d in out.kept] == [
-        ("OPD403", Severity.WARNING, "OPD403 here", "f.yaml:4:5", None),
         ("OPD009", Severity.WARNING, "unused suppression `OPD103`: no OPD103 finding on line 3", "f.yaml:3:62",
          "remove `OPD103` from the comment"),
+        ("OPD403", Severity.WARNING, "OPD403 here", "f.yaml:4:5", None),
         ("OPD009", Severity.WARNING, "unused suppression `OPD999`: not a code or rule name omni-pd knows",
          "f.yaml:4:37", "`omni-pd rules` lists the codes and names"),
         ("OPD009", Severity.WARNING,
@@ -118,7 +118,7 @@ def test_directive_on_the_key_line_covers_a_value_on_a_later_line():
     at_value = _d("OPD403", 4, Severity.WARNING, path=("stages", 0, "devices"))
     ds = {"f.yaml": find_directives(text, "f.yaml")}
     # no key lines given: line 4 only, the directive is unused
-    assert [d.code for d in apply([at_value], ds, (), KNOWN).kept] == ["OPD403", "OPD009"]
+    assert [d.code for d in apply([at_value], ds, (), KNOWN).kept] == ["OPD009", "OPD403"]
     out = apply([at_value], ds, (), KNOWN, key_lines={"f.yaml": {("stages", 0, "devices"): 3}})
     assert out.kept == [] and out.suppressed == [at_value]
 
@@ -140,3 +140,14 @@ def test_a_finding_in_another_file_needs_a_directive_in_that_file():
     in_base = _d("OPD101", 3, file="base.yaml")
     out = apply([in_base], ds, (), KNOWN)
     assert out.kept[0] is in_base and out.kept[1].code == "OPD009"
+
+
+def test_opd009_is_placed_by_location_without_reordering_the_findings():
+    """validate lists a finding caused by another right after its cause (omni_pd/check/causes.py),
+    out of line order; the OPD009s go in by location and the findings keep their order."""
+    cause, caused, later = _d("OPD103", 5), _d("OPD101", 2), _d("OPD403", 9, Severity.WARNING)
+    ds = {"f.yaml": [Directive("f.yaml", 7, 10, 7, (Selector("OPD701", 7, 28),)),
+                     Directive("f.yaml", 1, 10, 1, (Selector("OPD701", 1, 28),))]}
+    kept = apply([cause, caused, later], ds, (), KNOWN).kept
+    assert [(d.code, d.location.line) for d in kept] == [
+        ("OPD009", 1), ("OPD103", 5), ("OPD101", 2), ("OPD009", 7), ("OPD403", 9)]

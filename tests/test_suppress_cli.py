@@ -234,3 +234,21 @@ def test_directives_survive_expand_and_act_on_its_output(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("warning[OPD701]") and f"  --> plain.yaml:{lines[0]}:" in out
     assert out.endswith("plain.yaml: ok (0 errors, 1 warning, 0 info)\n")
+
+
+def test_root_cause_order_survives_suppression(tmp_path, capsys):
+    """validate lists OPD306/OPD401 right after the OPD103 typo that causes them (out of line
+    order, omni_pd/check/causes.py); an OPD009 goes in by its line and that order stays."""
+    from test_root_cause import TYPO_ON_DECODE
+
+    text = TYPO_ON_DECODE.replace('    devices: "0,1"\n', '    devices: "0,1"  # omni-pd: ignore[OPD403]\n')
+    (tmp_path / "pd.yaml").write_text(text)
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        rc = main(["validate", "--format", "json", "pd.yaml"])
+    finally:
+        os.chdir(old)
+    found = [(d["code"], d["location"]["line"]) for d in json.loads(capsys.readouterr().out)]
+    assert rc == 1
+    assert found[:4] == [("OPD009", 5), ("OPD103", 11), ("OPD306", 9), ("OPD401", 10)]

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Iterable, Mapping
 
-from omni_pd.diagnostics import Diagnostic, Location, Severity
+from omni_pd.diagnostics import Diagnostic, Location, Severity, sort_key
 
 #: the code of an unused, unknown or malformed suppression (omni_pd/check/codes.py)
 UNUSED = "OPD009"
@@ -90,8 +90,8 @@ class Layer:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What :func:`apply` decided: ``kept`` (the findings to show, OPD009 included, in the
-    input order then the OPD009s by location), ``suppressed`` (hidden findings)."""
+    """What :func:`apply` decided: ``kept`` (the findings to show in their input order, each
+    OPD009 placed among them by its location), ``suppressed`` (hidden findings)."""
 
     kept: list[Diagnostic]
     suppressed: list[Diagnostic] = field(default_factory=list)
@@ -317,8 +317,18 @@ def apply(findings: list[Diagnostic], directives: Mapping[str, list[Directive]],
                     extra.append(_unused(s, file, f"no {code} finding on line {d.target}",
                                          f"remove `{s.text}` from the comment"))
     extra = [x for x in extra if enabled(UNUSED, path_of(x, abs_path), layers, known)]
-    extra.sort(key=lambda x: (x.location.file, x.location.line, x.location.column))  # type: ignore[union-attr]
-    return Outcome(kept + extra, suppressed)
+    return Outcome(_merge(kept, extra), suppressed)
+
+
+def _merge(kept: list[Diagnostic], extra: list[Diagnostic]) -> list[Diagnostic]:
+    """``kept`` in its own order (validate's: by location, a finding caused by another right
+    after its cause, omni_pd/check/causes.py) with each of ``extra`` inserted before the first
+    kept finding located after it (:func:`omni_pd.diagnostics.sort_key`)."""
+    out = list(kept)
+    for x in sorted(extra, key=sort_key):
+        at = next((i for i, k in enumerate(out) if k.code != UNUSED and sort_key(k) > sort_key(x)), len(out))
+        out.insert(at, x)  # the OPD009s before ``at`` sort before x: inserted earlier, in order
+    return out
 
 
 def path_of(d: Diagnostic, abs_path: Mapping[str, str]) -> str:
