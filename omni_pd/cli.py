@@ -1123,12 +1123,15 @@ def launch(
                          platform=platform, served_model_name=served_model_name, ready_timeout_s=ready_timeout,
                          extra_args=tuple(extra_arg or ()), env=_pairs(env, "--env"), python=python,
                          router_workers=router_workers)
-    planned = plan_document(doc, str(config.resolve()), opts, inventory=inv)
+    # validate's findings first, rendered and counted as `omni-pd validate` does, before
+    # anything is planned (issue 24 item 3); stderr under --format json (stdout is the plan)
+    found_out = sys.stderr if (dry_run and fmt == "json") else sys.stdout
+    planned = plan_document(doc, str(config.resolve()), opts, inventory=inv,
+                            on_validated=lambda r: _say_launch_findings(r, doc.name, found_out))
     res, topo, plan = planned.validation, planned.topology, planned.plan
+    shown = list(res.diagnostics)  # every finding this run printed: the "not launched" counts
     if plan is None or topo is None:
-        errors = [d for d in res.diagnostics if d.severity is Severity.ERROR]
-        sys.stdout.write(render_text(errors, _line_source(res.docs)) + "\n")
-        sys.stdout.write(f"{doc.name}: not launched ({summary(errors)})\n")
+        sys.stdout.write(f"{doc.name}: not launched ({summary(shown)})\n")
         raise SystemExit(1)
     if dry_run:
         from omni_pd.launch.preflight import plan_checks  # the preflight checks needing no system state
@@ -1136,7 +1139,7 @@ def launch(
         clashes = plan_checks(plan)
         if clashes:
             sys.stdout.write(render_text(clashes, _line_source(res.docs)) + "\n")
-            sys.stdout.write(f"{doc.name}: not launched ({summary(clashes)})\n")
+            sys.stdout.write(f"{doc.name}: not launched ({summary(shown + clashes)})\n")
             raise SystemExit(1)
         _print_dry_run(plan, on_host, fmt)
         return
@@ -1152,7 +1155,7 @@ def launch(
         if found:
             sys.stdout.write(render_text(found, _line_source(res.docs)) + "\n")
         if bad:
-            sys.stdout.write(f"preflight: not launched ({summary(found)})\n")
+            sys.stdout.write(f"preflight: not launched ({summary(shown + found)})\n")
             raise SystemExit(1)
     from omni_pd.launch.supervisor import run
 
@@ -1362,6 +1365,24 @@ def _host_plan(plan, on_host: str, smoke: bool):
                                      message=f"--smoke on {on_host}: the entrypoint runs on {front}",
                                      help=f"pass --smoke to the launch on {front}"))
     return mine
+
+
+def _say_launch_findings(res, name: str, out) -> None:
+    """``launch``: the validation findings of its config (``res``, a
+    :class:`~omni_pd.check.validate.ValidationResult`) rendered as ``omni-pd validate``
+    renders them, then, when there are errors, nothing more (the caller says "not
+    launched"), else validate's verdict line ``NAME: ok (0 errors, 1 warning, 0 info)``.
+    Silent for a config without findings."""
+    from omni_pd.diagnostics import render_text, summary
+
+    diags = list(res.diagnostics)
+    if not diags:
+        return
+    text = render_text(diags, _line_source(res.docs))
+    out.write(text + ("" if text.endswith("\n") else "\n"))
+    if not any(d.severity is Severity.ERROR for d in diags):
+        out.write(f"{name}: ok ({summary(diags)})\n")
+    out.flush()
 
 
 def _print_dry_run(plan, on_host: Optional[str], fmt: str) -> None:

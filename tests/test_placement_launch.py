@@ -103,7 +103,7 @@ def test_launch_with_inventory_needs_a_host_of_it(tmp_path, capsys, args, messag
     inv.write_text(HOSTS_YAML)
     rc, out, err = _cli(capsys, "launch", PD, "--model", "/m", "--platform", "cpu", "--inventory", inv, *args)
     assert rc == 2
-    assert (out + err).splitlines()[0] == message
+    assert err.splitlines()[0] == message  # stdout: validate's findings (OPD703 for --smoke on A)
 
 
 def test_launch_refuses_a_localhost_side_channel_across_hosts_before_starting(tmp_path, capsys):
@@ -116,7 +116,7 @@ def test_launch_refuses_a_localhost_side_channel_across_hosts_before_starting(tm
                       "--host", "A", "--run-dir", tmp_path / "run")
     assert rc == 1
     assert "error[OPD503]: stage 0 (prefill) on A advertises 'localhost' as its NIXL side channel" in out
-    assert out.rstrip().endswith(f"{bad}: not launched (1 error, 0 warnings, 0 info)")
+    assert out.rstrip().endswith(f"{bad}: not launched (1 error, 0 warnings, 1 info)")  # as validate counts
     assert not (tmp_path / "run").exists()
 
 

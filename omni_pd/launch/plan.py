@@ -27,7 +27,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 from omni_pd.check.serve_flags import DEPLOY_ONLY_KEYS
 from omni_pd.compile.topology import StageNode, Topology, format_devices, pipeline_wide_settings
@@ -560,8 +560,14 @@ class Planned:
     topology: Topology | None
 
 
-def plan_document(doc: Any, config_path: str, opts: LaunchOptions, inventory: Any = None) -> Planned:
+def plan_document(doc: Any, config_path: str, opts: LaunchOptions, inventory: Any = None,
+                  on_validated: Callable[[Any], None] | None = None) -> Planned:
     """Validate ``doc`` (a loaded compiled config) for ``opts.platform`` and build its plan.
+
+    ``on_validated(result)``: called with the validation result (every finding, errors,
+    warnings and infos, as ``omni-pd validate`` gives them for the same options) right
+    after validation and before anything is planned, so the caller can show them even
+    when planning then refuses the config (``launch`` prints them as validate does).
 
     ``inventory``: the :class:`~omni_pd.check.context.Inventory` of ``--inventory``; its
     placement, completed by :func:`omni_pd.compile.placement.resolve_placement` as expand
@@ -595,6 +601,8 @@ def plan_document(doc: Any, config_path: str, opts: LaunchOptions, inventory: An
             opts = replace(opts, placement=where)
     res = validate_document(doc, ValidateOptions(platform=overlay, cli=parse_argv(opts.extra_args),
                                                  inventory=inventory))
+    if on_validated is not None:
+        on_validated(res)
     if any(d.severity is Severity.ERROR for d in res.diagnostics):
         return Planned(None, res, None)
     pipe = load_catalogue().get(res.pipeline_name or "")
