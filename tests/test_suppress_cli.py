@@ -252,3 +252,40 @@ def test_root_cause_order_survives_suppression(tmp_path, capsys):
     found = [(d["code"], d["location"]["line"]) for d in json.loads(capsys.readouterr().out)]
     assert rc == 1
     assert found[:4] == [("OPD009", 5), ("OPD103", 11), ("OPD306", 9), ("OPD401", 10)]
+
+
+def test_the_readme_examples_do_what_the_readme_says(tmp_path, capsys):
+    """README, "Suppressing findings": its comment is a directive for OPD403 (by rule name),
+    its settings table loads, and the verdict line it quotes is the one validate prints."""
+    import re
+
+    from omni_pd.check.settings import known_codes, load_layer
+    from omni_pd.check.suppress import find_directives
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Suppressing findings", 1)[1].split("\n#", 1)[0]
+    yaml_block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+    [d] = find_directives(yaml_block, "x.yaml")
+    assert [s.text for s in d.selectors] == ["pd-shared-device"]
+    toml_block = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "pyproject.toml").write_text(toml_block)
+    layer = load_layer(tmp_path / "cfg" / "pyproject.toml", known_codes())
+    assert (layer.ignore, layer.per_file_ignores) == (("OPD403",), (("legacy/*.yaml", ("legacy-stage-args",)),))
+    # the quoted verdict: a PD config whose prefill and decode share device 0, the comment on decode's devices
+    from test_root_cause import TYPO_ON_DECODE
+
+    pd = (TYPO_ON_DECODE.replace("tensor_paralel_size", "tensor_parallel_size")
+          .replace("tensor_parallel_size: 2\n", "tensor_parallel_size: 2\n    gpu_memory_utilization: 0.45\n")
+          .replace('devices: "2,3"', 'devices: "0,1"' + yaml_block.strip().split('"0"', 1)[1]))
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "pd.yaml").write_text(pd)
+    old = os.getcwd()
+    os.chdir(tmp_path / "sub")
+    try:
+        rc = main(["validate", "pd.yaml"])
+    finally:
+        os.chdir(old)
+    out = capsys.readouterr().out
+    quoted = re.search(r"\(`(pd\.yaml: ok \(.*?\))`\)", section).group(1)
+    assert (rc, out) == (0, quoted + "\n")
