@@ -412,7 +412,9 @@ def schema(output: Optional[Path] = typer.Option(
     if output is None:
         sys.stdout.write(text)
     else:
-        atomic_write(output / SCHEMA_FILENAME if output.is_dir() else output, text)
+        target = output / SCHEMA_FILENAME if output.is_dir() else output
+        atomic_write(target, text)  # OPD005 names the path it could not write
+        sys.stderr.write(f"wrote {target}\n")
 
 
 @app.command()
@@ -928,6 +930,7 @@ def graph(
         sys.stdout.write(text)
     else:
         atomic_write(output, text, protect=[str(src)])
+        sys.stderr.write(f"wrote {output}\n")
 
 
 def _say_linear_chain(topo, name: str, pipeline: Optional[str], verb: str = "drawn") -> None:
@@ -1041,17 +1044,17 @@ def rules_cmd() -> None:
 
 
 @app.command()
-def explain(code: str = typer.Argument(..., help="a diagnostic code, e.g. OPD304 (see `omni-pd rules`)")) -> None:
+def explain(code: str = typer.Argument(..., help="a diagnostic code or rule name, e.g. OPD302 or pd-kv-role "
+                                                "(see `omni-pd rules`)")) -> None:
     """Print one code's documentation (a rule: with its failing and passing examples)."""
-    from omni_pd.check.codes import explainable, lookup
+    from omni_pd.check.codes import explainable
+    from omni_pd.check.explain import resolve
 
-    entry = lookup(code)
+    entry, near = resolve(code, explainable())  # a code or a rule name `omni-pd rules` prints
     if entry is None:
-        from difflib import get_close_matches
-
-        close = get_close_matches(code.strip().upper(), list(explainable()), n=1)
-        raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR, message=f"unknown code `{code}`",
-                                     help=(f"did you mean {close[0]}? " if close else "") + "`omni-pd rules` lists them"))
+        raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                     message=f"unknown code or rule name `{code}`",
+                                     help=(f"did you mean {near}? " if near else "") + "`omni-pd rules` lists them"))
     if sys.stdout.isatty():
         from rich.console import Console
 

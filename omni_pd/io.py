@@ -660,6 +660,24 @@ def dump(tree: Any) -> str:
     return buf.getvalue()
 
 
+def _write_error(path: str | os.PathLike[str], parent: Path, e: OSError) -> OmniPdError:
+    """OPD005 for a write of ``path`` that failed with ``e``: the message names the path,
+    the help says what to change (the folder is missing, not writable, or the path is a
+    directory)."""
+    import errno
+
+    why = e.strerror or str(e)
+    if e.errno == errno.ENOENT and not parent.is_dir():
+        help_ = f"the folder {parent} does not exist: create it first, or write somewhere else with -o"
+    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        help_ = f"{parent} is not writable for this user: choose another -o path"
+    elif e.errno == errno.EISDIR or Path(path).is_dir():
+        help_ = f"{path} is a directory: give a file name inside it"
+    else:
+        help_ = "choose another -o path"
+    return _load_error("OPD005", str(path), f"cannot write output: {path}: {why}", help=help_)
+
+
 def atomic_write(path: str | os.PathLike[str], text: str, *, protect: list[str] | None = None) -> None:
     """Write ``text`` to ``path`` atomically (temp file in the same folder + rename).
 
@@ -682,7 +700,7 @@ def atomic_write(path: str | os.PathLike[str], text: str, *, protect: list[str] 
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
     except OSError as e:
-        raise _load_error("OPD005", str(path), f"cannot write output: {e.strerror or e}") from None
+        raise _write_error(path, parent, e) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
             f.write(text)
@@ -698,7 +716,7 @@ def atomic_write(path: str | os.PathLike[str], text: str, *, protect: list[str] 
             os.unlink(tmp)
         except OSError:
             pass
-        raise _load_error("OPD005", str(path), f"cannot write output: {e.strerror or e}") from None
+        raise _write_error(path, parent, e) from None
     except BaseException:
         try:
             os.unlink(tmp)

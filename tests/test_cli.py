@@ -226,8 +226,8 @@ def test_explain_on_a_terminal_uses_rich_markup():
 
 def test_explain_unknown_code_suggests(capsys):
     assert main(["explain", "OPD9666"]) == 2
-    assert capsys.readouterr().err == ("error[OPD006]: unknown code `OPD9666`\n"
-                                       "  = help: did you mean OPD966? `omni-pd rules` lists them\n")
+    assert capsys.readouterr().err == ("error[OPD006]: unknown code or rule name `OPD9666`\n"
+                                       "  = help: did you mean OPD966 (not-pd)? `omni-pd rules` lists them\n")
 
 
 # --- 4. option values checked where they are parsed; expand checks its own output ------

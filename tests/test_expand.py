@@ -534,7 +534,7 @@ def test_schema_written_next_to_the_output_is_what_the_header_names_and_validate
     where = out.parent / "omni-pd-deploy.schema.json"
     assert err.splitlines()[-1] == (f"note: the $schema header names {where}, which does not exist; "
                                     f"write it with: omni-pd schema -o {where}")
-    assert run_cli(["schema", "-o", str(out.parent)], capsys) == (0, "", "")
+    assert run_cli(["schema", "-o", str(out.parent)], capsys) == (0, "", f"wrote {where}\n")
     assert where.read_text() == (ROOT / "schemas" / "omni-pd-deploy.schema.json").read_text()
     rc, _, err = run_cli(["expand", str(PRESET), "-o", str(out)], capsys)
     assert rc == 0 and "note: the $schema header" not in err

@@ -34,6 +34,66 @@ def rich_literals(text: str) -> str:
     return "".join(out)
 
 
+def _norm_name(word: str) -> str:
+    return word.strip().lower().replace("_", "-")
+
+
+def resolve(word: str, entries: dict[str, Any]) -> tuple[Any | None, str | None]:
+    """The entry ``word`` names in ``entries`` (code -> Rule/CodeDoc, as
+    :func:`omni_pd.check.codes.explainable` returns), and otherwise a suggestion.
+
+    ``word`` is a code (``OPD302``, any case) or a rule name as ``omni-pd rules`` prints it
+    (``pd-kv-role``; ``pd_kv_role`` too). Returns ``(entry, None)`` when it names one, else
+    ``(None, near)``: ``near`` is ``"OPD302 (pd-kv-role)"`` only for a near miss: a code with
+    a letter for a digit (``OPD3O2``), two adjacent characters swapped (``OPD320``), or the
+    one code a single edit away; a name at least 80 % alike (difflib); None when nothing
+    is near (no guess for ``OPD999``, ``OPD30`` (nine codes are one digit away) or ``hello``)."""
+    from difflib import SequenceMatcher, get_close_matches
+
+    code = word.strip().upper()
+    if code in entries:
+        return entries[code], None
+    by_name = {_norm_name(e.name): c for c, e in entries.items()}
+    name = _norm_name(word)
+    if name in by_name:
+        return entries[by_name[name]], None
+
+    def show(c: str) -> str:
+        return f"{c} ({entries[c].name})"
+
+    if re.fullmatch(r"OPD\w{1,4}", code):
+        alike = "OPD" + code[3:].translate(_LOOKALIKE)
+        if alike in entries:
+            return None, show(alike)
+        for near in ([c for c in entries if _swapped(code, c)], [c for c in entries if _one_edit(code, c)]):
+            if len(near) == 1:
+                return None, show(near[0])
+        return None, None
+    close = get_close_matches(name, list(by_name), n=1, cutoff=0.8)
+    if close and SequenceMatcher(None, name, close[0]).ratio() >= 0.8:
+        return None, show(by_name[close[0]])
+    return None, None
+
+
+#: letters typed for the digits they look like (OPD3O2, OPD1l0)
+_LOOKALIKE = str.maketrans({"O": "0", "I": "1", "L": "1", "S": "5", "B": "8"})
+
+
+def _swapped(a: str, b: str) -> bool:
+    """True when ``b`` is ``a`` with two adjacent characters swapped (OPD320 -> OPD302)."""
+    return len(a) == len(b) and any(a[:i] + a[i + 1] + a[i] + a[i + 2:] == b for i in range(len(a) - 1))
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """True when ``a`` becomes ``b`` by one substitution, insertion or deletion."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        return sum(x != y for x, y in zip(a, b)) == 1
+    short, long_ = (a, b) if len(a) < len(b) else (b, a)
+    return any(long_[:i] + long_[i + 1:] == short for i in range(len(long_)))
+
+
 def _indent(s: str) -> str:
     return "\n".join("    " + line if line else "" for line in s.splitlines())
 
