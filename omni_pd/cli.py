@@ -727,10 +727,13 @@ def validate(
     from omni_pd import cli_options
 
     cli_options.vllm_version(vllm_version)
-    from omni_pd.check.settings import known_codes
     from omni_pd.check.suppress import Layer
 
-    known = known_codes()
+    known: dict = {}  # code -> rule name, read when a selector or a file needs it (_suppress)
+    if select or ignore:
+        from omni_pd.check.settings import known_codes
+
+        known.update(known_codes())
     cli_layer = Layer(source="--select/--ignore", select=cli_options.selectors(select, "--select", known),
                       ignore=cli_options.selectors(ignore, "--ignore", known) or ())
     configs: dict = {}
@@ -834,23 +837,32 @@ def _selection_layers(name: str, cli_layer, known: dict, configs: dict) -> tuple
     """The selection layers for input ``name``: its settings file's (omni_pd/check/settings.py
     ``find_config``, from the file's directory; stdin: the working directory), then the
     command line's. ``configs``: settings file -> Layer, read once per run."""
-    from omni_pd.check.settings import find_config, load_layer
+    from omni_pd.check.settings import find_config, known_codes, load_layer
 
     cfg = find_config(Path.cwd() if name == "-" else Path(name).parent)
     if cfg is None:
         return (cli_layer,)
     if cfg not in configs:
+        if not known:
+            known.update(known_codes())
         configs[cfg] = load_layer(cfg, known)
     return (configs[cfg], cli_layer)
 
 
 def _suppress(diags: list, docs: dict, layers: tuple, known: dict) -> tuple:
     """``diags`` of one input without the suppressed ones (omni_pd/check/suppress.py
-    ``apply``, directives read from every document the run read), and how many were hidden."""
+    ``apply``, directives read from every document the run read), and how many were hidden.
+    ``known`` (code -> rule name) is filled on first need, and shared across the run."""
     from omni_pd.check.suppress import apply, find_directives
 
     directives = {n: find_directives(d.text, n) for n, d in docs.items()}
     directives = {n: ds for n, ds in directives.items() if ds}
+    if not directives and all(ly.select is None and not ly.ignore and not ly.per_file_ignores for ly in layers):
+        return diags, 0  # nothing to suppress with
+    if not known:
+        from omni_pd.check.settings import known_codes
+
+        known.update(known_codes())
     key_lines = {n: {x.location.path: docs[n].loc(x.location.path).line for x in diags
                      if x.location and x.location.file == n and x.location.path}
                  for n in directives}

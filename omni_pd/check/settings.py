@@ -137,7 +137,7 @@ def load_layer(path: Path, known: Mapping[str, str]) -> Layer:
     if not isinstance(pfi, dict):
         raise _bad(path, text, f"{where}: `per-file-ignores` must be a table of glob = [codes]",
                    'write per-file-ignores = { "presets/*.yaml" = ["OPD403"] }', needle="per-file-ignores")
-    return Layer(source=str(path),
+    return Layer(source=_shown(path),
                  select=selectors(table["select"], "select") if "select" in table else None,
                  ignore=selectors(table.get("ignore", []), "ignore"),
                  per_file_ignores=tuple((g, selectors(v, f"per-file-ignores.{g}")) for g, v in pfi.items()),

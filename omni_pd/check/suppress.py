@@ -310,7 +310,8 @@ def apply(findings: list[Diagnostic], directives: Mapping[str, list[Directive]],
                 elif (file, s.line, s.column, code) in used:
                     continue
                 elif not enabled(code, path, layers, known):
-                    where = ", ".join(ly.source for ly in layers) or "the selection"
+                    where = ", ".join(ly.source for ly in layers
+                                      if ly.select is not None or ly.ignore or ly.per_file_ignores) or "the selection"
                     extra.append(_unused(s, file, f"{code} is not enabled for this file ({where})",
                                          f"remove `{s.text}` from the comment"))
                 else:
