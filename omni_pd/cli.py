@@ -6,6 +6,7 @@ bad usage, 3 internal error (a bug in omni-pd; set OMNI_PD_DEBUG=1 for the trace
 
 # no `from __future__ import annotations` here: typer reads every command's annotations
 # at start-up, and string annotations cost a compile() each (344 per run, bench figure 5)
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -889,16 +890,37 @@ def _validate_one(name: str, opts, against: bool, python: Optional[str], model: 
         from omni_pd.upstream.against import against_vllm_omni as run_against
 
         base = (res.pipeline_name or "qwen3_omni_moe").removesuffix("_pd")
-        if name != "-" and Path(name).is_file():  # vllm-omni reads the file itself (base_config resolves beside it)
-            found += run_against(Path(name), python=python, model=model, model_type=base, pipeline=res.pipeline_name)
-        else:  # a pipe (/dev/stdin, -) is already consumed: hand vllm-omni the text omni-pd read
-            import tempfile
+        with _status(f"{_display_name(name)}: asking vllm-omni") as say:
+            if name != "-" and Path(name).is_file():  # vllm-omni reads the file itself (base_config resolves beside it)
+                found += run_against(Path(name), python=python, model=model, model_type=base,
+                                     pipeline=res.pipeline_name, progress=say)
+            else:  # a pipe (/dev/stdin, -) is already consumed: hand vllm-omni the text omni-pd read
+                import tempfile
 
-            with tempfile.TemporaryDirectory(prefix="omni-pd-against-") as tmp:
-                copy = Path(tmp) / "stdin.yaml"
-                copy.write_text(doc.text, encoding="utf-8")
-                found += run_against(copy, python=python, model=model, model_type=base, pipeline=res.pipeline_name)
+                with tempfile.TemporaryDirectory(prefix="omni-pd-against-") as tmp:
+                    copy = Path(tmp) / "stdin.yaml"
+                    copy.write_text(doc.text, encoding="utf-8")
+                    found += run_against(copy, python=python, model=model, model_type=base,
+                                         pipeline=res.pipeline_name, progress=say)
     return found, res.docs
+
+
+@contextlib.contextmanager
+def _status(title: str, console=None):
+    """A rich status line (spinner) on stderr while a slow step runs, when stderr is a
+    terminal (or ``console`` is given): yields ``say(text)``, which shows
+    ``title: text``. Elsewhere (pipes, CI logs) yields None and prints nothing."""
+    if console is None:
+        if not sys.stderr.isatty():
+            yield None
+            return
+        from rich.console import Console
+
+        console = Console(stderr=True)
+    from rich.markup import escape
+
+    with console.status(escape(title)) as st:
+        yield lambda text: st.update(escape(f"{title}: {text}"))
 
 
 @app.command()

@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 from omni_pd.diagnostics import Diagnostic, Location, OmniPdError, Severity
 
@@ -63,9 +64,56 @@ def plain_vllm_pipeline(path: Path, pipeline: str | None) -> Diagnostic | None:
         help=f"check the launch instead: `omni-pd launch {path} --model M --dry-run`")
 
 
+#: what ``progress`` hears before the oracle speaks (its import takes most of the 20-30 s)
+STARTING = "starting {py}: vLLM and vllm-omni are imported there (20-30 s on a laptop CPU)"
+_ORACLE_PREFIX = "omni-pd-oracle: "
+
+
+def _run(argv: list[str], timeout_s: float, progress: Callable[[str], None] | None) -> tuple[int, str, str]:
+    """Run the oracle: (exit status, stdout, stderr). With ``progress``, the oracle is
+    asked for ``--progress`` and each ``omni-pd-oracle: STEP`` line of its stderr is
+    passed to ``progress`` (without the prefix) as it arrives (one stream, so in order);
+    stdout is read whole (the oracle's JSON lines). Raises
+    ``subprocess.TimeoutExpired`` after ``timeout_s`` seconds (the process is killed) and
+    ``OSError`` when it cannot start."""
+    if progress is None:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        return proc.returncode, proc.stdout, proc.stderr
+    import threading
+
+    proc = subprocess.Popen([*argv, "--progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out: list[str] = []
+    err: list[str] = []
+
+    def read_out() -> None:
+        out.append(proc.stdout.read())  # type: ignore[union-attr]
+
+    def read_err() -> None:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            if line.startswith(_ORACLE_PREFIX):
+                progress(line[len(_ORACLE_PREFIX):].rstrip("\n"))
+            else:
+                err.append(line)
+
+    readers = [threading.Thread(target=read_out, daemon=True), threading.Thread(target=read_err, daemon=True)]
+    for t in readers:
+        t.start()
+    try:
+        rc = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        for t in readers:
+            t.join(timeout=5)
+    return rc, "".join(out), "".join(err)
+
+
 def against_vllm_omni(path: Path, *, python: str | None = None, model: str | None = None,
                       model_type: str = "qwen3_omni_moe", timeout_s: float = 600.0,
-                      pipeline: str | None = None) -> list[Diagnostic]:
+                      pipeline: str | None = None,
+                      progress: Callable[[str], None] | None = None) -> list[Diagnostic]:
     """Run vllm-omni's resolver and PD checks on ``path``; returns OPD950 or OPD951, or
     OPD953 without running anything when ``pipeline`` (omni-pd's catalogue name for the
     file) runs on plain vLLM (:func:`plain_vllm_pipeline`).
@@ -73,7 +121,9 @@ def against_vllm_omni(path: Path, *, python: str | None = None, model: str | Non
     ``model``: what ``vllm serve`` would get (default: a config-only directory of
     ``model_type``). Raises :class:`OmniPdError` OPD952 (exit 2) when no interpreter
     with vllm-omni (and omni-pd, whose plugin registers the ``*_pd`` pipelines) is
-    found or it cannot import them; ``timeout_s`` bounds the run (seconds).
+    found or it cannot import them; ``timeout_s`` bounds the run (seconds). ``progress``
+    (e.g. a rich status's update) is told what is being done, in words, as it starts:
+    the interpreter started, then each step the oracle announces (:func:`_run`).
     """
     skip = plain_vllm_pipeline(path, pipeline)
     if skip is not None:
@@ -84,13 +134,15 @@ def against_vllm_omni(path: Path, *, python: str | None = None, model: str | Non
     argv = [py, "-m", "omni_pd.upstream.vllm_oracle", "--model-type", model_type, str(path)]
     if model:
         argv[4:4] = ["--model", model]
+    if progress is not None:
+        progress(STARTING.format(py=py))
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        rc, stdout, stderr = _run(argv, timeout_s, progress)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise _unavailable(f"could not run vllm-omni with {py}: {e}") from None
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    if not lines or "error" in lines[0] or proc.returncode != 0:
-        why = lines[0].get("error") if lines and "error" in lines[0] else (proc.stderr.strip().splitlines() or ["?"])[-1]
+    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    if not lines or "error" in lines[0] or rc != 0:
+        why = lines[0].get("error") if lines and "error" in lines[0] else (stderr.strip().splitlines() or ["?"])[-1]
         raise _unavailable(f"vllm-omni could not be loaded by {py}: {why}")
     header, result = lines[0], lines[1]
     where = Location(file=str(path), line=1, column=1)

@@ -97,6 +97,24 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
+#: set by ``--progress``: each step is announced on stderr as ``omni-pd-oracle: STEP``
+#: (omni_pd/upstream/against.py shows them while it waits)
+_PROGRESS = False
+
+#: what each ``step`` of :func:`check_file` runs, for ``--progress``
+STEP_WORDS = {
+    "load": "loading the deploy file (vllm_omni.config.stage_config.load_deploy_config)",
+    "resolve": "resolving the pipeline (vllm_omni.config.resolver.resolve_omni_config)",
+    "pd-detect": "detecting the PD pair (PDDisaggregationMixin.detect_pd_separation_from_stage_configs)",
+    "pd-validate": "running vllm-omni's PD validation (PDDisaggregationMixin._init_pd_state)",
+}
+
+
+def _say(step: str) -> None:
+    if _PROGRESS:
+        print(f"omni-pd-oracle: {STEP_WORDS.get(step, step)}", file=sys.stderr, flush=True)
+
+
 def check_file(path: str, model: str) -> dict[str, Any]:
     """One deploy file through vllm-omni: see the module doc. Returns a JSON-able dict:
     ``pipeline`` (resolved name), ``deploy_stage_ids``, ``stages`` (``[id,
@@ -109,10 +127,12 @@ def check_file(path: str, model: str) -> dict[str, Any]:
     from vllm_omni.entrypoints.pd_utils import PDDisaggregationMixin
 
     out: dict[str, Any] = {"file": path, "step": "load"}
+    _say("load")
     try:
         deploy = load_deploy_config(path)
         out["deploy_stage_ids"] = sorted(int(s.stage_id) for s in deploy.stages)
         out["step"] = "resolve"
+        _say("resolve")
         res = resolve_omni_config(model, trust_remote_code=False, cli_overrides={}, deploy_config_path=path,
                                   stage_overrides=None, strategy_config_path=None)
         out["pipeline"] = getattr(res.pipeline_config, "model_type", None)
@@ -126,12 +146,14 @@ def check_file(path: str, model: str) -> dict[str, Any]:
         out["stages"] = [[v.stage_id, v.is_prefill_only, v.is_decode_only, v.engine_input_source, v.tp,
                           (v.kv or {}).get("kv_role"), (v.kv or {}).get("kv_connector")] for v in views]
         out["step"] = "pd-detect"
+        _say("pd-detect")
         pair = PDDisaggregationMixin.detect_pd_separation_from_stage_configs(views)
         out["pair"] = list(pair) if pair else None
         if pair is None:
             out["verdict"] = "valid (no PD pair)"
             return out
         out["step"] = "pd-validate"
+        _say("pd-validate")
 
         class _PD(PDDisaggregationMixin):
             _name = "omni-pd-oracle"
@@ -155,7 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("files", nargs="+")
     ap.add_argument("--model", help="model dir or id given to vllm serve (default: a config-only dir)")
     ap.add_argument("--model-type", default="qwen3_omni_moe", help="HF model_type of the config-only dir")
+    ap.add_argument("--progress", action="store_true", help="announce each step on stderr")
     a = ap.parse_args(argv)
+    global _PROGRESS
+    _PROGRESS = a.progress
+    _say("importing vLLM and vllm-omni, loading their plugins (omni-pd's registers the *_pd pipelines)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.disable(logging.WARNING)
     standins = _install_standins()
@@ -180,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(tmp, "config.json").write_text(json.dumps({"model_type": a.model_type}))
             model = tmp
         for f in a.files:
+            _say(f"vllm-omni {header['vllm_omni']} imported; checking {f}")
             print(json.dumps(check_file(f, model)), flush=True)
     return 0
 
