@@ -152,3 +152,14 @@ def test_key_of_flattens_stage_blocks_only():
     assert key_of(("stages", 2, "engine_args", "max_num_seqs")) == ("stages", 2, "max_num_seqs")
     assert key_of(("stages", 2, "runtime", "devices")) == ("stages", 2, "devices")
     assert key_of(("platforms", "npu", "engine_args", "x")) == ("platforms", "npu", "engine_args", "x")
+
+
+def test_a_misspelt_top_level_key_comes_before_what_its_default_causes():
+    """``async_chnk: false`` leaves async_chunk on (vllm-omni's default): OPD310, located at
+    the top of the file, came before the typo on line 2."""
+    text = TYPO_ON_DECODE.replace("async_chunk: false", "async_chnk: false").replace(
+        "tensor_paralel_size", "tensor_parallel_size")
+    res = validate_text(text, "pd.yaml")
+    assert [(d.code, d.location.line) for d in res.diagnostics] == [("OPD103", 2), ("OPD310", 1)]
+    assert res.diagnostics[0].notes == ["this leaves `async_chunk` unset (its default); the findings listed "
+                                        "next follow from that: OPD310 at pd.yaml:1:1"]

@@ -483,7 +483,8 @@ def choose_pipeline(cfg: DeployConfig, loc: Locator, cat: Catalogue, opts: Valid
             notes=["vllm-omni 0.30 then takes the pipeline from the model's `model_type`, which is never a PD "
                    "pipeline: it merges these stages into the three-stage pipeline, silently drops the last "
                    "stage and applies the decode entry to the next stage (StageConfigFactory.get_pipeline_config)"],
-            help="add " + " or ".join(f"`pipeline: {f}`" for f in fits) + " (the one for your model)" if fits else "add `pipeline: <name>_pd` (see `omni-pd pipelines`)"))
+            help="add " + " or ".join(f"`pipeline: {f}`" for f in fits) + " (the one for your model)" if fits else "add `pipeline: <name>_pd` (see `omni-pd pipelines`)",
+            reads=(("pipeline",),)))
         return _chain("<inferred PD chain>", ids, pair), diags
     if len(ids) <= 1 and not name:
         return cat.get("llm"), diags  # type: ignore[return-value]
@@ -492,7 +493,8 @@ def choose_pipeline(cfg: DeployConfig, loc: Locator, cat: Catalogue, opts: Valid
             code="OPD207", severity=Severity.INFO,
             message=f"no `pipeline:` key and none can be inferred; checked as a linear chain of stages {', '.join(map(str, ids))}",
             location=loc.loc(()),
-            help="add `pipeline: <name>` (see `omni-pd pipelines`) for the checks that need the stage roles"))
+            help="add `pipeline: <name>` (see `omni-pd pipelines`) for the checks that need the stage roles",
+            reads=(("pipeline",),)))
     return _chain(f"<{name}: linear chain>" if name else "<linear chain>", ids, None), diags
 
 

@@ -365,7 +365,7 @@ def async_chunk_kv(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     where = ctx.loc(("async_chunk",), value=True) if ctx.exists(("async_chunk",)) else ctx.loc(())
     yield r.diag("async_chunk is on (vllm-omni's default) with a prefill/decode pair: decode would get a placeholder prompt",
                  where, related=[ctx.sloc(kv_nodes[0], "kv_transfer_config", label="KV connector here")],
-                 help="set `async_chunk: false` at the top level")
+                 help="set `async_chunk: false` at the top level", reads=(("async_chunk",),))
 
 
 @rule("OPD311", "peer-topology", Severity.ERROR,
