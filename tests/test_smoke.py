@@ -235,6 +235,9 @@ def clock(monkeypatch):
 PROMPT_EXCERPT = ("def f0(x): return x * 0 def f1(x): return x * 1 def f2(x): return x * 2 def f3(x): return x * 3 "
                   "def f4(x): return x * 4 def f5(x): return x * 5 def f6(x): return x * 6 def f7(x): return x * 7 "
                   "def f8(x...")
+#: smoke.json's not_checked entry of a target without engine logs (no run directory)
+NO_RUN_DIR = ("the engines' logs are not known (no run directory), so expired or invalid KV of the request is not "
+              "looked for")
 COUNTERS = ['vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}', "vllm:nixl_xfer_time_seconds_count"]
 
 
@@ -252,7 +255,8 @@ def test_smoke_json_of_a_pd_pass_on_plain_vllm(tmp_path, clock):
         "seconds": 2.5,
         "measured": {"metrics_url": url + "/metrics", "decode_stage": None, "counters": COUNTERS,
                      "counters_seen": True, "before": 0.0, "after": 126.0},
-        "not_checked": {},
+        "kv_log": None,
+        "not_checked": {"kv_log": NO_RUN_DIR},
         "error": None,
         "error_kind": None,
         "message": f"smoke: ok in 2.50 s: ' x * 3'; decode received KV from prefill (counters 0 -> 126, {url}/metrics)",
@@ -275,7 +279,8 @@ def test_smoke_json_of_a_recompute_on_vllm_omni(tmp_path, clock):
         "seconds": 2.5,
         "measured": {"metrics_url": url + "/metrics", "decode_stage": "1", "counters": COUNTERS,
                      "counters_seen": True, "before": 126.0, "after": 126.0},
-        "not_checked": {},
+        "kv_log": None,
+        "not_checked": {"kv_log": NO_RUN_DIR},
         "error": "decode's KV-received counters did not grow: it recomputed the prompt",
         "error_kind": "check",
         "message": out.rstrip("\n"),
@@ -301,7 +306,7 @@ def test_smoke_json_when_kv_is_not_measurable(tmp_path, clock):
     rep = json.loads((tmp_path / "smoke.json").read_text())
     assert rc == 0
     assert (rep["ok"], rep["runtime"], rep["measured"], rep["error"], rep["answer_excerpt"], rep["not_checked"]) == (
-        True, "vllm-ascend", None, None, " x * 3", {"kv_transfer": "no decode metrics URL"})
+        True, "vllm-ascend", None, None, " x * 3", {"kv_transfer": "no decode metrics URL", "kv_log": NO_RUN_DIR})
 
 
 def test_an_unwritable_smoke_json_is_said_and_keeps_the_verdict(tmp_path):
@@ -335,5 +340,6 @@ def test_cli_launch_smoke_on_the_vllm_omni_runtime_checks_decodes_stage(tmp_path
     rc = main(["launch", str(cfg), "--model", OMNI_MODEL, "--smoke", "--once", "--no-preflight",
                "--port", "8123", "--run-dir", str(tmp_path / "run")])
     assert rc == verdict
-    assert seen == [(SmokeTarget("http://127.0.0.1:8123", OMNI_MODEL, "http://127.0.0.1:8123/metrics", "1", chat=True),
+    assert seen == [(SmokeTarget("http://127.0.0.1:8123", OMNI_MODEL, "http://127.0.0.1:8123/metrics", "1", chat=True,
+                                  kv_logs=(str(tmp_path / "run" / "omni.log"),)),
                      stream, {"report": tmp_path / "run" / "smoke.json", "runtime": "vllm-omni"})]

@@ -23,6 +23,7 @@ import pytest
 
 from omni_pd.launch import smoke as sm
 from omni_pd.launch.smoke import SmokeTarget, smoke_check, smoke_target
+from tests.test_smoke import NO_RUN_DIR
 
 PT = "vllm:prompt_tokens_by_source_total"
 BEFORE = f'{PT}{{engine="0",source="external_kv_transfer"}} 0\n'.encode()
@@ -192,7 +193,8 @@ def test_without_decode_metrics_the_kv_transfer_is_not_checked_and_said_so(tmp_p
     assert out.getvalue() == msg + "\n"
     rep = json.loads((tmp_path / "smoke.json").read_text())
     assert (rep["ok"], rep["measured"], rep["not_checked"], rep["error"], rep["error_kind"], rep["message"]) == (
-        True, None, {"kv_transfer": "decode-0 has no health URL, so its /metrics is not known"}, None, None, msg)
+        True, None, {"kv_transfer": "decode-0 has no health URL, so its /metrics is not known", "kv_log": NO_RUN_DIR},
+        None, None, msg)
 
 
 def test_without_decode_metrics_the_encoder_leg_is_still_checked(tmp_path, monkeypatch):
@@ -207,7 +209,8 @@ def test_without_decode_metrics_the_encoder_leg_is_still_checked(tmp_path, monke
     assert smoke_check(t, out, report=tmp_path / "smoke.json") == 1 and calls == [(t, out)]
     rep = json.loads((tmp_path / "smoke.json").read_text())
     assert (rep["ok"], rep["error"], rep["error_kind"], rep["not_checked"]) == (
-        False, "encoder leg: the encoder stored nothing", "check", {"kv_transfer": "the plan has no decode process"})
+        False, "encoder leg: the encoder stored nothing", "check",
+        {"kv_transfer": "the plan has no decode process", "kv_log": NO_RUN_DIR})
 
 
 @pytest.mark.parametrize("reply,chat,what", [
@@ -288,7 +291,7 @@ def test_smoke_json_when_decodes_counters_are_not_on_the_page(tmp_path, monkeypa
     assert out.getvalue() == msg + "\n"
     rep = json.loads((tmp_path / "smoke.json").read_text())
     assert (rep["ok"], rep["error"], rep["error_kind"], rep["message"], rep["seconds"], rep["not_checked"]) == (
-        False, "decode's counters are not on the metrics page", "check", msg, 1.235, {})
+        False, "decode's counters are not on the metrics page", "check", msg, 1.235, {"kv_log": NO_RUN_DIR})
     assert rep["measured"] == {"metrics_url": "http://s/metrics", "decode_stage": "1",
                                "counters": ['vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}',
                                             "vllm:nixl_xfer_time_seconds_count"],

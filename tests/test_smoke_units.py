@@ -332,8 +332,9 @@ def test_smoke_target_of_an_encoder_split_without_a_run_dir_or_prefill(tmp_path)
     no_p = SimpleNamespace(processes=[_proc("decode", "http://d:8200/health")], **base)
     assert smoke_target(no_p, "m", 2, str(tmp_path)).ec_log is None
     plain = SimpleNamespace(processes=[_proc("prefill", None)], runtime="vllm", entrypoint="http://r:8000")
-    assert smoke_target(plain, "m", 2, str(tmp_path)) == SmokeTarget("http://r:8000", "m", None,
-                                                                      not_checked="the plan has no decode process")
+    assert smoke_target(plain, "m", 2, str(tmp_path)) == SmokeTarget(
+        "http://r:8000", "m", None, not_checked="the plan has no decode process",
+        kv_logs=(str(tmp_path / "prefill-0.log"),))
 
 
 def test_tiny_png_pixels_and_chunks_exactly() -> None:
@@ -552,7 +553,8 @@ def test_counter_names_join_several_labels_with_commas(monkeypatch):
 def test_smoke_gives_each_metrics_read_30_s_and_the_request_300_s(monkeypatch):
     gets, posts = [], []
     monkeypatch.setattr(sm, "_get", lambda url, timeout: gets.append((url, timeout)) or "")
-    monkeypatch.setattr(sm, "_post", lambda url, body, timeout: posts.append((url, timeout)) or {"choices": []})
+    monkeypatch.setattr(sm, "_post_reply", lambda url, body, timeout, headers=None: posts.append((url, timeout))
+                        or ({"choices": []}, {}))
     sm.smoke(SmokeTarget("http://e", "M", "http://d/metrics"))
     assert gets == [("http://d/metrics", 30), ("http://d/metrics", 30)]
     assert posts == [("http://e/v1/completions", 300.0)]

@@ -30,6 +30,20 @@ deployment's (exit 1, ``error_kind: check``); any other exception is a bug in om
 own smoke code (exit :data:`EXIT_BUG`, ``error_kind: omni-pd bug``; ``OMNI_PD_DEBUG=1``
 lets it propagate). What cannot be measured is said, never passed silently:
 ``not_checked`` in ``smoke.json``.
+
+Counters that grew are not the whole proof: on a loaded CPU, vLLM 0.30's NIXL prefill
+released a request's blocks when its KV lease ran out (30 s by default) while decode was
+still to read them, and decode then read blocks that may already hold another request's
+KV; the counters grow all the same (issue 24 item 4). So the check also reads the engines'
+logs (``<run-dir>/<name>.log``, written by the supervisor) for the lines of
+:data:`KV_LOG_PROBLEMS` that name its own request, and fails on them
+(:func:`kv_log_findings`). Its request is known by ``X-Request-Id``: the smoke request
+carries one, and omni-pd's router answers with the id it gave both legs
+(omni_pd/launch/router ``RequestIds``); vLLM builds its request id from that header
+(vllm/entrypoints/serve/engine/serving.py ``_base_request_id``, then ``cmpl-<id>-<n>`` and
+a random suffix, vllm/v1/engine/input_processor.py), so the id appears inside vLLM's.
+Lines that appear only after the check (an expiry that comes a whole lease after the
+request ended, when decode never read) are not seen; the counters catch that case.
 """
 
 from __future__ import annotations
@@ -42,6 +56,7 @@ import re
 import struct
 import time
 import traceback
+import uuid
 import zlib
 import urllib.error
 import urllib.request
@@ -62,6 +77,119 @@ KV_RECEIVED: tuple[tuple[str, dict[str, str]], ...] = (
 EXIT_BUG = 3
 #: long enough that whole KV blocks move (CPU block size is 128 tokens)
 PROMPT = " ".join(f"def f{i}(x): return x * {i}" for i in range(60))
+
+
+
+@dataclass(frozen=True)
+class KVLogProblem:
+    """A vLLM log line that says a request's KV blocks expired or were read after expiry.
+
+    ``kind``: a short name (``smoke.json``); ``pattern``: matches the line's text with the
+    request id as group ``request``; ``meaning``: what it means for the smoke request;
+    ``source``: vLLM file and function (vLLM 0.30, kv_connector/v1/nixl/)."""
+
+    kind: str
+    pattern: re.Pattern[str]
+    meaning: str
+    source: str
+
+
+#: the NIXL connector's expired / invalid KV messages in vLLM 0.30 (format strings read in
+#: vllm/distributed/kv_transfer/kv_connector/v1/nixl/), request id as group ``request``
+KV_LOG_PROBLEMS: tuple[KVLogProblem, ...] = (
+    KVLogProblem(
+        "lease expired",
+        re.compile(r"Releasing expired KV blocks for request (?P<request>\S+) which were retrieved by "
+                   r"(?P<readers>\d+) remote worker\(s\) before lease expired"),
+        "prefill's KV lease ran out before decode had read the blocks, and prefill freed them",
+        "base_worker.py NixlBaseConnectorWorker.get_transfer_results (WARNING)"),
+    KVLogProblem(
+        "read after expiry",
+        re.compile(r"Potentially invalid KV blocks for unrecognized request (?P<request>\S+) were retrieved by "
+                   r"a decode worker"),
+        "decode read blocks prefill had already freed: the KV it used may be another request's",
+        "pull_worker.py NixlPullConnectorWorker._get_new_notifs (ERROR)"),
+    KVLogProblem(
+        "push notification after expiry",
+        re.compile(r"Unrecognized request (?P<request>\S+) notif \(may have expired\)"),
+        "a push transfer finished for a request neither side still tracked (its lease expired)",
+        "push_worker.py NixlPushConnectorWorker (ERROR)"),
+    KVLogProblem(
+        "expired read declined",
+        re.compile(r"Declining expired remote read for (?P<request>\S+) from engine"),
+        "decode's cached blocks for the read had expired; the transfer was failed",
+        "pull_worker.py NixlPullConnectorWorker._read_blocks_for_req (WARNING)"),
+)
+
+
+@dataclass(frozen=True)
+class KVLogFinding:
+    """One :data:`KV_LOG_PROBLEMS` line: the log file, its line number (1-based, in the
+    part of the file read), the problem, vLLM's request id and the line itself."""
+
+    log: str
+    line_no: int
+    problem: KVLogProblem
+    request: str
+    line: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"log": self.log, "line": self.line_no, "kind": self.problem.kind, "request": self.request,
+                "text": self.line}
+
+
+def kv_log_findings(text: str, log: str, request_ids: tuple[str, ...], first_line: int = 1
+                    ) -> tuple[list[KVLogFinding], list[KVLogFinding]]:
+    """The :data:`KV_LOG_PROBLEMS` lines of ``text`` (a part of ``log`` starting at line
+    ``first_line``), as ``(about the smoke request, about other requests)``: a line is
+    the smoke request's when vLLM's request id in it contains one of ``request_ids``
+    (``cmpl-<X-Request-Id>-0-<suffix>``). Pure."""
+    mine: list[KVLogFinding] = []
+    other: list[KVLogFinding] = []
+    for i, line in enumerate(text.splitlines(), first_line):
+        for problem in KV_LOG_PROBLEMS:
+            m = problem.pattern.search(line)
+            if m is None:
+                continue
+            rid = m.group("request").rstrip(".,")
+            f = KVLogFinding(log, i, problem, rid, line.strip())
+            (mine if any(r and r in rid for r in request_ids) else other).append(f)
+            break
+    return mine, other
+
+
+def _log_marks(paths: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+    """``path -> (bytes, lines)`` of each log now (0, 0 for one not written yet)."""
+    marks = {}
+    for p in paths:
+        try:
+            with open(p, "rb") as f:
+                data = f.read()
+            marks[p] = (len(data), data.count(b"\n"))
+        except OSError:
+            marks[p] = (0, 0)
+    return marks
+
+
+def _read_logs(marks: dict[str, tuple[int, int]], request_ids: tuple[str, ...]
+               ) -> tuple[list[KVLogFinding], list[KVLogFinding]]:
+    """:func:`kv_log_findings` over what each log got since ``marks`` (a log that shrank,
+    as a restarted engine's truncated one, is read from its start)."""
+    mine: list[KVLogFinding] = []
+    other: list[KVLogFinding] = []
+    for p, (size, lines) in marks.items():
+        try:
+            with open(p, "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        if len(data) < size:
+            size, lines = 0, 0
+        m, o = kv_log_findings(data[size:].decode("utf-8", "replace"), p, request_ids, lines + 1)
+        mine += m
+        other += o
+    return mine, other
+
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?\s*$")
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"\s*,?')
@@ -132,6 +260,14 @@ class SmokeTarget:
     ec_storage: str | None = None
     ec_log: str | None = None
     not_checked: str | None = None
+    #: the engines' logs read for :data:`KV_LOG_PROBLEMS` about the smoke request
+    #: (prefill and decode instances, or the vllm-omni server's); () when unknown
+    kv_logs: tuple[str, ...] = ()
+
+
+#: process roles whose logs hold the KV connector's lines (``omni``: the vllm-omni server
+#: whose stage engines write to its output)
+_KV_LOG_ROLES = ("prefill", "decode", "omni")
 
 
 def smoke_target(plan: Any, model: str, decode_stage_id: int | None, run_dir: str | None = None) -> SmokeTarget:
@@ -139,10 +275,13 @@ def smoke_target(plan: Any, model: str, decode_stage_id: int | None, run_dir: st
 
     ``decode_stage_id``: the decode stage of the compiled config (used on the vllm-omni
     runtime). ``run_dir``: where the supervisor writes ``<name>.log`` (the ec_consumer's
-    log is read for the encoder split). Pure."""
+    log is read for the encoder split, and every prefill, decode or vllm-omni server log
+    for :data:`KV_LOG_PROBLEMS`). Pure."""
+    logs = tuple(os.path.join(run_dir, p.name + ".log") for p in plan.processes
+                 if p.role in _KV_LOG_ROLES) if run_dir is not None else ()
     if plan.runtime == "vllm-omni":
         return SmokeTarget(plan.entrypoint, model, plan.entrypoint.rstrip("/") + "/metrics",
-                           None if decode_stage_id is None else str(decode_stage_id), chat=True)
+                           None if decode_stage_id is None else str(decode_stage_id), chat=True, kv_logs=logs)
     decode = next((p for p in plan.processes if p.role == "decode"), None)
     metrics = decode.health.url.rsplit("/", 1)[0] + "/metrics" if decode and decode.health else None
     why = None
@@ -155,7 +294,7 @@ def smoke_target(plan: Any, model: str, decode_stage_id: int | None, run_dir: st
         consumer = next((p for p in plan.processes if p.role == "prefill"), None)
         ec_log = os.path.join(run_dir, consumer.name + ".log") if consumer else None
     return SmokeTarget(plan.entrypoint, model, metrics, ec_connector=getattr(plan, "ec_connector", None),
-                       ec_storage=getattr(plan, "ec_storage", None), ec_log=ec_log, not_checked=why)
+                       ec_storage=getattr(plan, "ec_storage", None), ec_log=ec_log, not_checked=why, kv_logs=logs)
 
 
 def tiny_png(width: int = 112, height: int = 112, seed: int | None = None) -> bytes:
@@ -302,17 +441,24 @@ def _get(url: str, timeout: float) -> str:
 def _post(url: str, body: dict, timeout: float) -> Any:
     """``POST url`` with the JSON ``body``, no proxy; the reply parsed as JSON (any JSON
     value: its shape is :func:`answer_text`'s to check). Raises :class:`ServerError`."""
+    return _post_reply(url, body, timeout)[0]
+
+
+def _post_reply(url: str, body: dict, timeout: float, headers: dict[str, str] | None = None) -> tuple[Any, Any]:
+    """:func:`_post` with extra request ``headers``; ``(reply JSON, response headers)``."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with opener.open(req, timeout=timeout) as r:
             data = r.read()
+            got = r.headers
     except urllib.error.HTTPError as e:  # the server's own words: vLLM's error message, or the router's
         raise ServerError(f"POST {url}: {type(e).__name__}: {e}{_error_body(e)}") from e
     except _TRANSPORT_ERRORS as e:
         raise ServerError(f"POST {url}: {type(e).__name__}: {e}") from e
     try:
-        return json.loads(data)
+        return json.loads(data), got
     except ValueError as e:  # JSONDecodeError, or bytes that are no Unicode
         raise ServerError(f"POST {url}: the reply is not JSON: {type(e).__name__}: {e}") from e
 
@@ -385,6 +531,11 @@ class SmokeResult:
     kv_after: float
     seconds: float
     counters_seen: bool = True
+    #: the ids the smoke request is known by (sent ``X-Request-Id``, the router's answer)
+    request_ids: tuple[str, ...] = ()
+    #: :data:`KV_LOG_PROBLEMS` lines about the smoke request / about other requests
+    log_findings: tuple[KVLogFinding, ...] = ()
+    other_log_findings: tuple[KVLogFinding, ...] = ()
 
     @property
     def kv_moved(self) -> bool:
@@ -403,20 +554,40 @@ def _request(target: SmokeTarget, max_tokens: int) -> tuple[str, dict]:
                                       "temperature": 0}
 
 
-def smoke(target: SmokeTarget, *, max_tokens: int = 8, timeout_s: float = 300.0) -> SmokeResult:
-    """One greedy request through ``target.entrypoint`` and decode's KV counters around it.
+#: seconds the check waits, when the engines' logs show nothing about the smoke request,
+#: for the supervisor to copy lines still in the pipes into ``<name>.log``
+LOG_SETTLE_S = 1.0
+
+
+def smoke(target: SmokeTarget, *, max_tokens: int = 8, timeout_s: float = 300.0,
+          log_settle_s: float | None = None) -> SmokeResult:
+    """One greedy request through ``target.entrypoint``, decode's KV counters around it,
+    and the :data:`KV_LOG_PROBLEMS` lines the engines' logs (``target.kv_logs``) got
+    about it meanwhile (read once more after ``log_settle_s`` seconds, default
+    :data:`LOG_SETTLE_S`, when none were).
 
     Raises :class:`ServerError` when a server does not answer or answers out of the API."""
+    marks = _log_marks(target.kv_logs)
     page = _get(target.metrics_url, 30) if target.metrics_url else ""
     before = kv_received(page, target.decode_stage)
+    sent = f"omni-pd-smoke-{uuid.uuid4().hex}"
     t0 = time.monotonic()
     url, body = _request(target, max_tokens)
-    text = answer_text(_post(url, body, timeout_s), target.chat, "POST " + url)
+    reply, headers = _post_reply(url, body, timeout_s, {"X-Request-Id": sent})
+    text = answer_text(reply, target.chat, "POST " + url)
     dt = time.monotonic() - t0
     page = _get(target.metrics_url, 30) if target.metrics_url else ""
     seen = target.decode_stage is None or has_stage_counters(page, target.decode_stage)
+    echoed = headers.get("X-Request-Id") if headers is not None else None
+    ids = (sent,) + ((echoed,) if echoed and echoed != sent else ())
+    mine, other = _read_logs(marks, ids)
+    settle = LOG_SETTLE_S if log_settle_s is None else log_settle_s
+    if target.kv_logs and not mine and settle > 0:
+        time.sleep(settle)
+        mine, other = _read_logs(marks, ids)
     return SmokeResult(text=text, kv_before=before, kv_after=kv_received(page, target.decode_stage), seconds=dt,
-                       counters_seen=seen)
+                       counters_seen=seen, request_ids=ids, log_findings=tuple(mine),
+                       other_log_findings=tuple(other))
 
 
 #: characters of the prompt and of the answer kept in ``smoke.json``
@@ -453,8 +624,12 @@ def smoke_report(target: SmokeTarget, runtime: str | None = None, max_tokens: in
         "measured": None if target.metrics_url is None else {
             "metrics_url": target.metrics_url, "decode_stage": target.decode_stage,
             "counters": _counter_names(), "counters_seen": None, "before": None, "after": None},
-        "not_checked": {} if target.metrics_url is not None else {
-            "kv_transfer": target.not_checked or "no decode metrics URL"},
+        "kv_log": None if not target.kv_logs else {
+            "logs": list(target.kv_logs), "request_ids": None, "findings": None, "other_requests": None},
+        "not_checked": ({} if target.metrics_url is not None else {
+            "kv_transfer": target.not_checked or "no decode metrics URL"}) | ({} if target.kv_logs else {
+                "kv_log": "the engines' logs are not known (no run directory), so expired or invalid KV of "
+                          "the request is not looked for"}),
         "error": None,
         "error_kind": None,
         "message": None,
@@ -519,6 +694,22 @@ def _kv_check(target: SmokeTarget, out: TextIO, rep: dict[str, Any]) -> int:
         _say(out, rep, f"smoke: request failed: {e}", str(e), "server")
         return 1
     rep["answer_excerpt"], rep["seconds"] = _excerpt(res.text), round(res.seconds, 3)
+    if rep.get("kv_log") is not None:
+        rep["kv_log"].update(request_ids=list(res.request_ids), findings=[f.to_json() for f in res.log_findings],
+                             other_requests=[f.to_json() for f in res.other_log_findings])
+    if res.log_findings:
+        first = res.log_findings[0]
+        kinds = sorted({f.problem.kind for f in res.log_findings})
+        grew = (f" and decode's KV-received counters grew ({res.kv_before:g} -> {res.kv_after:g})"
+                if target.metrics_url is not None and res.kv_moved else "")
+        _say(out, rep, f"smoke: FAILED: the request answered {res.text!r} in {res.seconds:.2f} s{grew}, but "
+                       f"{os.path.basename(first.log)} line {first.line_no} says of it: {first.line!r} "
+                       f"({first.problem.meaning}; {len(res.log_findings)} such line"
+                       f"{'s' if len(res.log_findings) != 1 else ''}). Give prefill's KV lease more time than "
+                       "the platform takes to deliver a request to decode (NIXL: kv_connector_extra_config."
+                       "kv_lease_duration, seconds; `omni-pd launch --platform cpu` sets one)",
+             "vLLM flagged the smoke request's KV: " + ", ".join(kinds), "check")
+        return 1
     if target.metrics_url is None:
         _say(out, rep, f"smoke: completion in {res.seconds:.2f} s: {res.text!r}; KV transfer not checked: "
                        f"{rep['not_checked']['kv_transfer']}")
