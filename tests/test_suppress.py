@@ -54,6 +54,7 @@ def test_malformed_directives_are_kept_as_such():
 def test_resolve_codes_names_prefixes_all():
     assert resolve("opd704", KNOWN) == {"OPD704"}
     assert resolve("talker-payload-withheld", KNOWN) == {"OPD704"}
+    assert resolve("Talker_Payload_Withheld", KNOWN) == {"OPD704"}  # as `omni-pd explain` reads names
     assert resolve("OPD7", KNOWN) == {"OPD701", "OPD704"}
     assert resolve("ALL", KNOWN) == set(KNOWN)
     assert resolve("OPD705", KNOWN) is None  # well formed, but no such code
@@ -151,3 +152,22 @@ def test_opd009_is_placed_by_location_without_reordering_the_findings():
     kept = apply([cause, caused, later], ds, (), KNOWN).kept
     assert [(d.code, d.location.line) for d in kept] == [
         ("OPD009", 1), ("OPD103", 5), ("OPD101", 2), ("OPD009", 7), ("OPD403", 9)]
+
+
+def test_a_directory_that_cannot_be_read_holds_no_settings(tmp_path, monkeypatch):
+    """find_config walks past a directory whose entries cannot be inspected (OSError)."""
+    from pathlib import Path
+
+    from omni_pd.check import settings
+
+    (tmp_path / "pyproject.toml").write_text("[tool.omni-pd]\nignore = []\n")
+    (tmp_path / "locked").mkdir()
+    real = Path.is_file
+
+    def is_file(self):
+        if self.parent.name == "locked":
+            raise PermissionError(13, "Permission denied")
+        return real(self)
+
+    monkeypatch.setattr(Path, "is_file", is_file)
+    assert settings.find_config(tmp_path / "locked") == (tmp_path / "pyproject.toml").resolve()

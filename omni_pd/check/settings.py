@@ -50,12 +50,15 @@ def find_config(start: Path) -> Path | None:
     start = start.resolve()
     dirs = ([start] if start.is_dir() else []) + list(start.parents)
     for d in dirs:
-        own = d / OWN_FILE
-        if own.is_file():
-            return own
-        py = d / PYPROJECT
-        if py.is_file() and _has_table(py):
-            return py
+        try:
+            own = d / OWN_FILE
+            if own.is_file():
+                return own
+            py = d / PYPROJECT
+            if py.is_file() and _has_table(py):
+                return py
+        except OSError:  # a directory we may not look into holds no settings for us
+            continue
     return None
 
 

@@ -167,16 +167,17 @@ def find_directives(text: str, file: str) -> list[Directive]:
 
 
 def resolve(selector: str, known: Mapping[str, str], *, prefixes: bool = True) -> frozenset[str] | None:
-    """The codes ``selector`` names among ``known`` (code -> rule name): a code
-    (case-insensitive), a rule name, with ``prefixes`` a code prefix (``OPD7``) or ``ALL``.
+    """The codes ``selector`` names among ``known`` (code -> rule name): a code or a rule
+    name (any case, ``_`` for ``-``), with ``prefixes`` a code prefix (``OPD7``) or ``ALL``.
     None when it names none of them."""
     s = selector.strip()
     up = s.upper()
     if _CODE.fullmatch(up):
         return frozenset({up}) if up in known else None
     by_name = {n: c for c, n in known.items()}
-    if s.lower() in by_name:
-        return frozenset({by_name[s.lower()]})
+    name = s.lower().replace("_", "-")  # as `omni-pd explain` reads names (pd_kv_role is pd-kv-role)
+    if name in by_name:
+        return frozenset({by_name[name]})
     if prefixes and up == "ALL":
         return frozenset(known)
     if prefixes and _PREFIX.fullmatch(up):
