@@ -166,3 +166,31 @@ def test_vllm_omnis_own_loader_resolves_the_cpu_platform_and_its_workers():
     assert off.returncode == 0, off.stderr[-3000:]
     assert [ln for ln in off.stdout.splitlines() if ln.startswith("OUT ")] == [
         "OUT vllm_omni.platforms.interface.UnspecifiedOmniPlatform"]
+
+
+@pytest.mark.skipif(not E2E, reason="OMNI_PD_E2E_PYTHON not set (build it with .ci/e2e_venv.sh)")
+def test_mooncake_workers_device_question_is_answered_on_cpu_only_inside_the_connector_build():
+    """The canary of the CPU workers' Mooncake shim (worker.cpu_device_index): vLLM's
+    MooncakeConnectorWorker still asks torch for an accelerator index, torch still raises on
+    this machine, and the shim answers 0 inside its block only."""
+    code = textwrap.dedent("""
+        import inspect, torch
+        from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector import MooncakeConnectorWorker
+        from omni_pd.upstream.cpu_omni.worker import _CPUOmniWorkerBase, cpu_device_index
+        def index():
+            try:
+                return torch.accelerator.current_device_index()
+            except RuntimeError as e:
+                return str(e)
+        print("OUT", "torch.accelerator.current_device_index()" in inspect.getsource(MooncakeConnectorWorker.__init__))
+        print("OUT", index())
+        with cpu_device_index():
+            print("OUT", index())
+        print("OUT", index())
+        print("OUT", "cpu_device_index()" in inspect.getsource(_CPUOmniWorkerBase.initialize_from_config))
+    """)
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", gate.ENV_SWITCH)}
+    out = subprocess.run([E2E, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    none = "Cannot access accelerator device when none is available."
+    assert [ln[4:] for ln in out.stdout.splitlines() if ln.startswith("OUT ")] == ["True", none, "0", none, "True"]

@@ -14,6 +14,17 @@ memory accounting for the KV cache, ``VLLM_CPU_KVCACHE_SPACE``).
 of ``cpu_worker``); :func:`runner_class_during_init` points that name at the omni runner
 for the duration of the call, so one runner is built, the omni one, by vLLM's own
 ``init_device``. vLLM's V2 model runner has no omni counterpart on CPU and is refused.
+
+vLLM 0.30's ``MooncakeConnectorWorker.__init__``
+(``vllm/distributed/kv_transfer/kv_connector/v1/mooncake/mooncake_connector.py``) asks
+``torch.accelerator.current_device_index()`` for the device its sender threads bind to;
+with no accelerator torch raises ``RuntimeError: Cannot access accelerator device when none
+is available`` and a Mooncake stage dies while its KV connector is built
+(``Worker.initialize_from_config`` -> ``ensure_kv_transfer_initialized``).
+:func:`cpu_device_index` answers 0 there for the duration of that call only, and only when
+torch sees no accelerator; ``CpuPlatform.set_device(0)`` is then ``torch.cpu.set_device``,
+a no-op. Nothing else in the connector touches a
+device: the Transfer Engine registers the host KV cache like any buffer (``tcp`` protocol).
 """
 
 from __future__ import annotations
@@ -40,6 +51,22 @@ def runner_class_during_init(runner_cls: type) -> Iterator[None]:
         cpu_worker.CPUModelRunner = original
 
 
+@contextmanager
+def cpu_device_index() -> Iterator[None]:
+    """Inside the block ``torch.accelerator.current_device_index()`` returns 0 when torch
+    has no accelerator (it raises ``RuntimeError`` then); with an accelerator, or after the
+    block, it is torch's own function."""
+    import torch
+
+    original = torch.accelerator.current_device_index
+    if not torch.accelerator.is_available():
+        torch.accelerator.current_device_index = lambda: 0
+    try:
+        yield
+    finally:
+        torch.accelerator.current_device_index = original
+
+
 class _CPUOmniWorkerBase(OmniWorkerMixin, CPUWorker):
     """``CPUWorker`` whose ``init_device`` builds :attr:`model_runner_cls`."""
 
@@ -54,6 +81,13 @@ class _CPUOmniWorkerBase(OmniWorkerMixin, CPUWorker):
         if not isinstance(self.model_runner, self.model_runner_cls):
             raise RuntimeError(f"omni-pd CPU OmniPlatform: CPUWorker.init_device built {type(self.model_runner)!r}, "
                                f"not {self.model_runner_cls.__name__}: vLLM's CPU worker changed")
+
+    def initialize_from_config(self, kv_cache_config: Any) -> None:
+        """vLLM's (and ``OmniWorkerMixin``'s) ``initialize_from_config`` with the KV
+        connector built under :func:`cpu_device_index` (MooncakeConnector's worker asks for
+        an accelerator index)."""
+        with cpu_device_index():
+            super().initialize_from_config(kv_cache_config)
 
     def encoder_loaded(self) -> bool:
         """vllm-omni's ``collective_rpc`` probe for voice-cloning encoders
