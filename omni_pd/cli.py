@@ -151,6 +151,9 @@ def expand(
                                                      help="devices for every stage after the Thinker (Talker, Code2Wav)"),
     kv_host: str = typer.Option("127.0.0.1", "--kv-host", help="address prefill/decode advertise to each other"),
     kv_buffer_device: Optional[str] = typer.Option(None, "--kv-buffer-device", help="KV buffer device: NixlConnector cuda or cpu (host staging); checked per connector and vLLM version"),
+    mooncake_protocol: Optional[str] = typer.Option(
+        None, "--mooncake-protocol", help="MooncakeConnector's Transfer Engine protocol, rdma (vLLM's default) or "
+        "tcp (no RDMA NIC: a CPU rehearsal); written to kv_connector_extra_config.mooncake_protocol"),
     port_base: Optional[int] = typer.Option(None, "--port-base", help="first connector port to try"),
     prefill_replicas: Optional[int] = typer.Option(
         None, "--prefill-replicas", min=1, max=64,
@@ -213,6 +216,7 @@ def expand(
         decode_devices=_devices_opt(decode_devices, "--decode-devices"),
         downstream_devices=_devices_opt(downstream_devices, "--downstream-devices"),
         kv_host=kv_host, kv_buffer_device=kv_buffer_device, port_base=port_base,
+        mooncake_protocol=cli_options.mooncake_protocol(mooncake_protocol, connector),
         prefill_replicas=prefill_replicas, decode_replicas=decode_replicas,
         platform=_npu_platform_opt(platform), npu_connector=_npu_connector_opt(npu_connector),
         npu_decode_tp=npu_decode_tp)
@@ -235,6 +239,9 @@ def expand(
         inv = _inventory_opt(inventory)
         res = expand_document(doc, opts, vllm_version=vllm_version, pipeline=pipeline,
                               schema_ref=_schema_ref(schema_ref), inventory=inv)
+    if mooncake_protocol is not None:  # the file's own connector, now known
+        cli_options.mooncake_protocol(mooncake_protocol, getattr(getattr(res, "plan", None), "connector", None)
+                                      or getattr(getattr(getattr(res, "plan", None), "pd", None), "connector", None))
     if kv_buffer_device is not None and encoder_split is None:
         cli_options.kv_buffer_device(kv_buffer_device, res.plan.connector, tgt,
                                      overlays=tuple(res.config.platforms or ()))

@@ -79,6 +79,25 @@ def kv_buffer_device(value: str, connector: str, target: Target, option: str = "
     return value
 
 
+def mooncake_protocol(value: str | None, connector: str | None) -> str | None:
+    """``value`` when it is a Transfer Engine protocol
+    (:data:`omni_pd.compile.connectors.mooncake.PROTOCOLS`) and ``connector`` is
+    MooncakeConnector or not chosen on the command line (None: the Thinker's own or the
+    default, Mooncake; expand refuses a file whose connector is another, OPD006); raises
+    OPD006 otherwise. None passes through (nothing written: vLLM's ``rdma``)."""
+    from omni_pd.compile.connectors.mooncake import CONNECTOR, PROTOCOLS
+
+    if value is None:
+        return None
+    if value not in PROTOCOLS:
+        raise _bad("--mooncake-protocol", value, f"the Mooncake Transfer Engine protocols are {_either(PROTOCOLS)}",
+                   "pass --mooncake-protocol tcp (no RDMA NIC) or rdma")
+    if connector is not None and connector != CONNECTOR.name:
+        raise _bad("--mooncake-protocol", value, f"it configures MooncakeConnector, not {connector}",
+                   "drop --mooncake-protocol, or pass --connector MooncakeConnector")
+    return value
+
+
 def _either(values: tuple[str, ...]) -> str:
     return values[0] if len(values) == 1 else ", ".join(values[:-1]) + " or " + values[-1]
 

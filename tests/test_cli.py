@@ -251,6 +251,12 @@ def test_explain_unknown_code_suggests(capsys):
     (["--kv-host", "bad_host!"],
      "--kv-host 'bad_host!': not an IP address or host name",
      "pass --kv-host with an address the other engine can reach, e.g. 10.0.0.1 or host-a"),
+    (["--mooncake-protocol", "udp"],
+     "--mooncake-protocol udp: the Mooncake Transfer Engine protocols are rdma or tcp",
+     "pass --mooncake-protocol tcp (no RDMA NIC) or rdma"),
+    (["--connector", "nixl", "--mooncake-protocol", "tcp"],
+     "--mooncake-protocol tcp: it configures MooncakeConnector, not NixlConnector",
+     "drop --mooncake-protocol, or pass --connector MooncakeConnector"),
 ])
 def test_expand_refuses_option_values_nothing_accepts(tmp_path, capsys, args, message, help, monkeypatch):
     # vLLM 0.11 has no vllm-omni: OPD704 would refuse the Talker first (tests/test_talker_pd.py); here the option
@@ -275,6 +281,35 @@ def test_expand_accepts_good_option_values(capsys, args):
     rc, out, err = run_cli(["expand", "-q", *args], capsys)
     assert rc == 0, err
     assert out.startswith("# yaml-language-server: $schema=")
+
+
+def test_mooncake_protocol_reaches_both_sides_transfer_engines(capsys):
+    """vLLM's MooncakeConnectorWorker reads ``kv_connector_extra_config.mooncake_protocol``
+    on prefill and decode alike (default rdma): both sides get it, prefill's bootstrap port
+    stays, and the output validates (expand's own check)."""
+    from ruamel.yaml import YAML
+
+    rc, out, err = run_cli(["expand", "-q", "--mooncake-protocol", "tcp", "--port-base", "19570"], capsys)
+    assert rc == 0, err
+    stages = YAML(typ="safe").load(out)["stages"]
+    extra = [s["kv_transfer_config"].get("kv_connector_extra_config") for s in stages if "kv_transfer_config" in s]
+    assert extra == [{"bootstrap_port": 19570, "mooncake_protocol": "tcp"}, {"mooncake_protocol": "tcp"}]
+
+
+def test_mooncake_protocol_on_a_file_whose_thinker_names_nixl_is_refused(tmp_path, capsys):
+    """No --connector: the connector is the Thinker's own, known only once the file is read."""
+    src = tmp_path / "nixl.yaml"
+    text = (FIX / "qwen3_omni_moe_cpu.yaml").read_text()
+    head = "  - stage_id: 0   # thinker\n"
+    assert head in text
+    src.write_text(text.replace(head, head + "    kv_transfer_config:\n      kv_connector: NixlConnector\n"
+                                "      kv_buffer_device: cpu\n", 1))
+    rc, out, err = run_cli(["expand", "-q", str(src)], capsys)
+    assert rc == 0, err  # the file expands over its own NIXL
+    rc, out, err = run_cli(["expand", "-q", "--mooncake-protocol", "tcp", str(src)], capsys)
+    assert (rc, out) == (2, "")
+    assert err == ("error[OPD006]: --mooncake-protocol tcp: it configures MooncakeConnector, not NixlConnector\n"
+                   "  = help: drop --mooncake-protocol, or pass --connector MooncakeConnector\n")
 
 
 def test_expand_output_that_validate_rejects_is_a_bug_and_not_written(tmp_path, capsys, monkeypatch):

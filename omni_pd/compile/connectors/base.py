@@ -53,6 +53,9 @@ class Endpoint:
     port_base: int | None = None
     kv_buffer_device: str | None = None
     runtime: str = "vllm"
+    #: MooncakeConnector's Transfer Engine protocol (``kv_connector_extra_config.mooncake_protocol``,
+    #: ``rdma`` when unset: vLLM ``MooncakeConnectorWorker.__init__``); None: not written
+    mooncake_protocol: str | None = None
 
 
 @dataclass(frozen=True)

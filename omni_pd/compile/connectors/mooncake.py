@@ -37,6 +37,12 @@ VLLM_DEFAULT_PORT = 8998
 #: 8998 default so a plain Mooncake engine on the same host does not collide
 BASE_PORT = 25201
 EXTRA = "kv_connector_extra_config"
+#: the Transfer Engine protocol key vLLM reads (``MooncakeConnectorWorker.__init__``,
+#: default ``rdma``); ``tcp`` needs no RDMA NIC (a CPU rehearsal, a cluster without RDMA)
+PROTOCOL_KEY = "mooncake_protocol"
+#: the protocols ``expand --mooncake-protocol`` writes: the two Mooncake's Transfer Engine
+#: offers on every build (mooncake-transfer-engine ``TransferEngine.initialize``)
+PROTOCOLS = ("rdma", "tcp")
 
 
 def deciding_setting(kv: dict[str, Any] | None, target, runtime: str) -> str:
@@ -128,6 +134,8 @@ class MooncakeConnector(KVConnector):
             setting = deciding_setting({"kv_role": role}, target, ep.runtime)
             if setting != "env":
                 extra = {setting.split(".", 1)[1]: port}
+        if ep.mooncake_protocol is not None:  # both sides' Transfer Engines speak it
+            extra = {**(extra or {}), PROTOCOL_KEY: ep.mooncake_protocol}
         kv = self._kv(
             target,
             kv_connector=self.name,

@@ -45,6 +45,7 @@ class ExpandOptions:
     downstream_devices: tuple[int, ...] | None = None
     kv_host: str = "127.0.0.1"            # address each side advertises (single host)
     kv_buffer_device: str | None = None   # e.g. "cpu" for NIXL host staging
+    mooncake_protocol: str | None = None  # MooncakeConnector: "rdma" | "tcp" (kv_connector_extra_config)
     port_base: int | None = None          # first connector port to try
     engine_id_prefix: str | None = None   # default "omni-<role>" ("omni-thinker", "llm")
     prefill_replicas: int | None = None   # xPyD: prefill instances (num_replicas); None: the Thinker's
@@ -383,8 +384,8 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
                 bases[i] = port
     p_port, d_port = bases
     kvbd = opts.kv_buffer_device or (thinker.kv or {}).get("kv_buffer_device")
-    p_ep = Endpoint("prefill", p_id, hosts[0], p_tp, thinker.dp, p_port, kvbd, runtime)
-    d_ep = Endpoint("decode", d_id, hosts[1], d_tp, thinker.dp, d_port, kvbd, runtime)
+    p_ep = Endpoint("prefill", p_id, hosts[0], p_tp, thinker.dp, p_port, kvbd, runtime, opts.mooncake_protocol)
+    d_ep = Endpoint("decode", d_id, hosts[1], d_tp, thinker.dp, d_port, kvbd, runtime, opts.mooncake_protocol)
     # each side drops what its role does not read (decode: a Mooncake prefill's bootstrap port)
     p_cfg = _merge_user_kv(contract.configure(p_ep, target), thinker.kv, target,
                            contract.unread_keys(target, runtime, side="prefill"))
