@@ -11,34 +11,38 @@ CPU (tests/fixtures/qwen3_omni_moe_cpu.yaml: greedy on every stage).
 1. **Without PD**: ``vllm serve MODEL --omni --deploy-config FIXTURE`` (``omni-pd launch``
    starts PD configs only, OPD966). Six greedy chat requests, text / audio input / image
    input, each short and longer than one KV block (CPU block size 128), answer with text AND
-   a waveform (a WAV). The control: the six waveforms differ (a random Code2Wav gives the same
-   near-silence for every prompt, which would hide any conditioning bug), and so do the texts.
-   Stopped before the next run (never two pipelines in memory).
-2. **PD**: ``omni-pd expand FIXTURE --connector NixlConnector --kv-buffer-device cpu``, started by
-   ``omni-pd launch --platform cpu --smoke``: vllm-omni must log ``PD disaggregation detected``;
-   the same six requests, text only (``modalities: ["text"]``, the answer stops at decode), give
-   the non-PD text and prompt size, and decode's counters (the server's ``/metrics``, series of
-   decode's ``stage``) show every prompt token came from prefill (``external_kv_transfer``,
-   ``local_compute`` unchanged). Then the same requests with audio: their waveforms must equal
-   the non-PD ones byte for byte (same codes -> same samples -> same WAV). On vllm-omni 0.30 the
-   Talker is conditioned from decode's rows only (docs/upstream/vllm-omni-0.30-talker-pd.md): it
-   raises (``RuntimeError: The size of tensor a ... must match``) or speaks from the wrong rows
-   unless omni-pd's compatibility layer merges prefill's rows in (the ``talker_*`` rows of
-   presets/targets/vllm_omni_compat.yaml); with ``OMNI_PD_VLLM_OMNI_TALKER_PD=0`` in the
-   environment (it reaches the engines) this test must fail.
+   a waveform (a WAV), one at a time; then the six at once. The controls: the six waveforms
+   differ (a random Code2Wav gives the same near-silence for every prompt, which would hide
+   any conditioning bug), and so do the texts; batched, each prompt gets the same bytes as
+   alone. Stopped before the next run (never two pipelines in memory).
+2. **PD over NIXL**: ``omni-pd expand FIXTURE --connector NixlConnector --kv-buffer-device
+   cpu``, started by ``omni-pd launch --platform cpu --smoke``: vllm-omni must log ``PD
+   disaggregation detected``; the same six requests, text only (``modalities: ["text"]``, the
+   answer stops at decode), give the non-PD text and prompt size, and decode's counters (the
+   server's ``/metrics``, series of decode's ``stage``) show every prompt token came from
+   prefill (``external_kv_transfer``, ``local_compute`` unchanged). Then the same requests
+   with audio: their waveforms must equal the non-PD ones byte for byte (same codes -> same
+   samples -> same WAV). On vllm-omni 0.30 the Talker is conditioned from decode's rows only
+   (docs/upstream/vllm-omni-0.30-talker-pd.md): it raises (``RuntimeError: The size of tensor
+   a ... must match``) or speaks from the wrong rows unless omni-pd's compatibility layer
+   merges prefill's rows in (the ``talker_*`` rows of presets/targets/vllm_omni_compat.yaml);
+   with ``OMNI_PD_VLLM_OMNI_TALKER_PD=0`` in the environment (it reaches the engines) this
+   test fails.
+3. **PD over MooncakeConnector**, expand's default connector, with ``--mooncake-protocol tcp``
+   (no RDMA NIC) and ``VLLM_HOST_IP=127.0.0.1`` (the Transfer Engine on loopback): the six
+   text+audio requests at once; each answer equals its own non-PD answer (no rows mixed
+   between requests) and decode computed no prompt token. omni-pd's CPU workers answer the
+   one accelerator question vLLM's Mooncake worker asks (omni_pd/upstream/cpu_omni/worker.py).
 
 The codec codes and the Talker's input rows are not exposed by the server (the chat reply
 carries the WAV only), so the waveform stands in for them: Code2Wav is a deterministic
 function of the codes. Why byte equality holds: the Talker's first codebook is greedy
-(temperature 0), but vllm-omni 0.30's Qwen3-Omni code predictor samples the other 15 with its
-defaults (``do_sample=True``, temperature 0.9, top-k 50) from the worker's global torch RNG,
-whatever the request's sampling parameters
-(vllm_omni/model_executor/models/qwen3_omni/qwen3_omni_moe_talker.py ``code_predictor_forward``
-passes none; the same prompt twice gives two waveforms). The worker reseeds that RNG after
-warm-up (vllm/v1/worker/cpu_worker.py ``compile_or_warm_up_model``), so a fresh server that
-sees the same audio requests in the same order, one at a time, draws the same numbers: both
-runs send exactly the six audio requests, in order, and nothing else reaches the Talker (the
-PD run's text-only requests and the smoke request stop at decode). Measurements (time to ready, latencies, metric deltas, peak RSS of the
+(temperature 0); vllm-omni 0.30's code predictor draws the other 15 from the worker's shared
+torch RNG whatever the request asks (models/common/qwen3_code_predictor.py), so their values
+depend on which requests share a step; the tiny model makes them carry no signal
+(tests/e2e/make_tiny_qwen3_omni_full.py: zero residual codec embeddings in the code predictor
+and Code2Wav), so each waveform is a function of the Talker's greedy codes, that is of the
+conditioning under test, in any order and any batch. Measurements (time to ready, latencies, metric deltas, peak RSS of the
 process tree) are printed (``pytest -s``) and written to ``<tmp>/measurements.json``.
 """
 
@@ -68,6 +72,7 @@ E2E = os.environ.get("OMNI_PD_E2E_PYTHON")
 pytestmark = pytest.mark.skipif(not E2E, reason="OMNI_PD_E2E_PYTHON not set (build it with .ci/e2e_venv.sh)")
 
 PLAIN, OMNI, SIDE = 19800, 19810, 19560  # non-PD server, PD server, NIXL side channels (expand --port-base)
+OMNI_MOONCAKE, BOOTSTRAP = 19820, 19570  # the Mooncake PD server, prefill's Mooncake bootstrap port
 DEPLOY = ROOT / "tests" / "fixtures" / "qwen3_omni_moe_cpu.yaml"
 DECODE_STAGE = "1"  # the decode stage's id in expand's output (the `stage` label of its series)
 
@@ -140,19 +145,73 @@ class PeakRss:
         return round(self.peak / 2**30, 2)
 
 
+def concurrently(base: str, prompts: dict[str, list[dict]], *, timeout: float = 300) -> dict[str, dict]:
+    """Every prompt's text+audio request at once (one thread each), answers by name."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        futures = {name: pool.submit(chat, base, c, audio=True, timeout=timeout) for name, c in prompts.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def pd_run(tmp: Path, name: str, pd: Path, model: Path, vllm: str, env: dict[str, str], port: int, engines: int,
+           requests) -> dict:
+    """Start ``pd`` through ``omni-pd launch --platform cpu --smoke``, run ``requests(base,
+    m)`` (it fills ``m``), stop it with SIGINT; the run's measurements, log, exit code and
+    what is left running."""
+    launcher = Launcher(pd, model, vllm, tmp / name, router_port=port, engine_port_base=engines, env=env,
+                        extra=("--smoke",))
+    peak = PeakRss(lambda: set(launcher.pids().values()))
+    m: dict = {"launcher": launcher}
+    t0 = time.monotonic()
+    try:
+        m["smoke"] = launcher.wait_for("smoke:", 900)
+        m["ready_s"] = round(time.monotonic() - t0, 1)
+        requests(f"http://127.0.0.1:{port}", m)
+    finally:
+        launcher.proc.send_signal(signal.SIGINT)
+        try:
+            m["rc"] = launcher.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            launcher.proc.kill()
+            m["rc"] = launcher.proc.wait()
+        m["peak_rss_gib"] = peak.stop()
+        log = tmp / name / "omni.log"
+        m["log"] = log.read_text(errors="replace") if log.is_file() else "\n".join(launcher.lines)
+    time.sleep(1)
+    m["left"] = [p for p in launcher.descendants() if alive(p)] if (tmp / name / "pids").is_file() else []
+    return m
+
+
+def report(m: dict) -> dict:
+    """``m`` without logs and launchers, each WAV as :func:`wav_info`."""
+    out: dict = {}
+    for side, d in m.items():
+        out[side] = {k: copy.deepcopy(v) for k, v in d.items() if k not in ("log", "launcher")}
+        for key in ("answers", "concurrent"):
+            for a in (out[side].get(key) or {}).values():
+                if a.get("wav"):
+                    a["wav"] = wav_info(a["wav"])
+    return out
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_model):
-    """Both pipelines, one after the other; everything the tests below assert on."""
+    """The three pipelines, one after the other; everything the tests below assert on."""
     tmp = tmp_path_factory.mktemp("e2e-omni-audio")
     model = tiny_model("qwen3_omni_full")
     vllm = str(Path(E2E).parent / "vllm")
-    pd = tmp / "pd.yaml"
-    subprocess.run([sys.executable, "-m", "omni_pd.cli", "expand", "-q", str(DEPLOY), "--connector", "NixlConnector",
-                    "--kv-buffer-device", "cpu", "--port-base", str(SIDE), "-o", str(pd)], check=True)
+    nixl, moon = tmp / "pd-nixl.yaml", tmp / "pd-mooncake.yaml"
+    expand = [sys.executable, "-m", "omni_pd.cli", "expand", "-q", str(DEPLOY)]
+    subprocess.run([*expand, "--connector", "NixlConnector", "--kv-buffer-device", "cpu", "--port-base", str(SIDE),
+                    "-o", str(nixl)], check=True)
+    # expand's default connector; tcp: the Transfer Engine needs no RDMA NIC
+    subprocess.run([*expand, "--mooncake-protocol", "tcp", "--port-base", str(BOOTSTRAP), "-o", str(moon)], check=True)
     prompts = cases()
-    m: dict = {"plain": {}, "pd": {}}
+    m: dict = {"plain": {}}
 
-    # 1. the three-stage pipeline without PD: text + audio for every prompt, then stop it
+    # 1. the three-stage pipeline without PD: text + audio for every prompt, one at a time and
+    #    then all at once, then stop it
     plain = PlainInstance(vllm, model, PLAIN, omni_env(tmp), tmp / "plain.log",
                           flags=("--omni", "--deploy-config", str(DEPLOY)), ready_timeout=900)
     plain.start()
@@ -160,47 +219,40 @@ def runs(tmp_path_factory, tiny_model):
     try:
         m["plain"]["ready_s"] = plain.wait_ready()
         m["plain"]["answers"] = {name: chat(plain.url, c, audio=True) for name, c in prompts.items()}
+        m["plain"]["concurrent"] = concurrently(plain.url, prompts)
     finally:
         plain.stop()
         m["plain"]["peak_rss_gib"] = peak.stop()
 
-    # 2. expand's four-stage PD output through omni-pd launch
-    launcher = Launcher(pd, model, vllm, tmp / "run", router_port=OMNI, engine_port_base=19900,
-                        env=omni_env(tmp), extra=("--smoke",))
-    peak = PeakRss(lambda: set(launcher.pids().values()))
-    t0 = time.monotonic()
-    try:
-        m["pd"]["smoke"] = launcher.wait_for("smoke:", 900)
-        m["pd"]["ready_s"] = round(time.monotonic() - t0, 1)
-        base = f"http://127.0.0.1:{OMNI}"
-        m["pd"]["text"], m["pd"]["by_source_delta"] = {}, {}
+    # 2. expand's four-stage PD output over NIXL: text only (decode's counters per prompt), then
+    #    text + audio, one request at a time
+    def nixl_requests(base: str, r: dict) -> None:
+        r["text"], r["by_source_delta"] = {}, {}
         for name, content in prompts.items():
             before = stage_sources(get(base + "/metrics"), DECODE_STAGE)
-            m["pd"]["text"][name] = chat(base, content, audio=False)
+            r["text"][name] = chat(base, content, audio=False)
             after = stage_sources(get(base + "/metrics"), DECODE_STAGE)
-            m["pd"]["by_source_delta"][name] = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-        m["pd"]["answers"] = {name: chat(base, c, audio=True, timeout=180) for name, c in prompts.items()}
-    finally:
-        launcher.proc.send_signal(signal.SIGINT)
-        try:
-            m["pd"]["rc"] = launcher.proc.wait(120)
-        except subprocess.TimeoutExpired:
-            launcher.proc.kill()
-            m["pd"]["rc"] = launcher.proc.wait()
-        m["pd"]["peak_rss_gib"] = peak.stop()
-        log = (tmp / "run" / "omni.log")
-        m["pd"]["log"] = log.read_text(errors="replace") if log.is_file() else "\n".join(launcher.lines)
-        report = copy.deepcopy({side: {k: v for k, v in d.items() if k != "log"} for side, d in m.items()})
-        for side in ("plain", "pd"):
-            for a in (report[side].get("answers") or {}).values():
-                if a.get("wav"):
-                    a["wav"] = wav_info(a["wav"])
-        (tmp / "measurements.json").write_text(json.dumps(report, indent=1, default=str))
-        print(f"\nmeasurements ({tmp / 'measurements.json'}):\n{json.dumps(report, indent=1, default=str)}")
-    time.sleep(1)
-    m["pd"]["left"] = [p for p in launcher.descendants() if alive(p)] if (tmp / "run" / "pids").is_file() else []
+            r["by_source_delta"][name] = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+        r["answers"] = {name: chat(base, c, audio=True, timeout=180) for name, c in prompts.items()}
+
+    m["pd"] = pd_run(tmp, "run-nixl", nixl, model, vllm, omni_env(tmp), OMNI, 19900, nixl_requests)
     m["pd"]["ports_free"] = all(port_free(p) for p in (OMNI, SIDE, SIDE + 1))
-    m["launcher"] = launcher
+
+    # 3. the same output over MooncakeConnector (tcp, loopback): every prompt at once
+    def mooncake_requests(base: str, r: dict) -> None:
+        before = stage_sources(get(base + "/metrics"), DECODE_STAGE)
+        r["concurrent"] = concurrently(base, prompts)
+        after = stage_sources(get(base + "/metrics"), DECODE_STAGE)
+        r["by_source_delta"] = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+
+    # VLLM_HOST_IP: the address vLLM's Mooncake worker gives its Transfer Engine (get_ip());
+    # without it the engine would advertise this machine's first non-loopback address
+    m["mooncake"] = pd_run(tmp, "run-mooncake", moon, model, vllm, {**omni_env(tmp), "VLLM_HOST_IP": "127.0.0.1"},
+                           OMNI_MOONCAKE, 19950, mooncake_requests)
+    m["mooncake"]["ports_free"] = all(port_free(p) for p in (OMNI_MOONCAKE, BOOTSTRAP))
+    rep = report(m)
+    (tmp / "measurements.json").write_text(json.dumps(rep, indent=1, default=str))
+    print(f"\nmeasurements ({tmp / 'measurements.json'}):\n{json.dumps(rep, indent=1, default=str)}")
     return m
 
 
@@ -219,7 +271,7 @@ def test_without_pd_every_prompt_gets_text_and_its_own_waveform(runs):
 
 def test_pd_is_detected_and_decode_continues_from_prefills_kv_with_the_same_text(runs):
     pd, plain = runs["pd"], runs["plain"]["answers"]
-    assert "smoke: ok" in pd["smoke"], runs["launcher"].report()
+    assert "smoke: ok" in pd["smoke"], pd["launcher"].report()
     assert "PD disaggregation detected" in pd["log"]
     for name, got in pd["text"].items():
         assert "error" not in got, (name, got)
@@ -229,10 +281,11 @@ def test_pd_is_detected_and_decode_continues_from_prefills_kv_with_the_same_text
         assert delta.get("local_compute", 0) == 0, (name, delta)
 
 
-def test_teardown_leaves_no_process_or_port(runs):
-    assert runs["pd"]["rc"] == 130, runs["launcher"].report()
-    assert runs["pd"]["left"] == []
-    assert runs["pd"]["ports_free"]
+@pytest.mark.parametrize("run", ["pd", "mooncake"])
+def test_teardown_leaves_no_process_or_port(runs, run):
+    assert runs[run]["rc"] == 130, runs[run]["launcher"].report()
+    assert runs[run]["left"] == []
+    assert runs[run]["ports_free"]
 
 
 def test_pd_waveforms_equal_the_non_pd_waveforms(runs):
@@ -241,3 +294,33 @@ def test_pd_waveforms_equal_the_non_pd_waveforms(runs):
         assert "error" not in got, (name, got["error"])
         assert got["text"] == plain[name]["text"], name
         assert got["wav"] == plain[name]["wav"], (name, wav_info(got["wav"]), wav_info(plain[name]["wav"]))
+
+
+def test_without_pd_concurrent_requests_give_each_prompt_its_sequential_answer(runs):
+    """The control for the concurrent PD run: batching the six requests changes no byte of
+    any answer (the tiny model's audio depends on the greedy codes only)."""
+    plain = runs["plain"]
+    for name, got in plain["concurrent"].items():
+        assert "error" not in got, (name, got["error"])
+        assert got["text"] == plain["answers"][name]["text"], name
+        assert got["wav"] == plain["answers"][name]["wav"], (name, wav_info(got["wav"]),
+                                                               wav_info(plain["answers"][name]["wav"]))
+
+
+def test_mooncake_pd_concurrent_requests_each_speak_their_own_non_pd_answer(runs):
+    """expand's default connector on the real request path: vllm-omni's orchestrator routes
+    decode to prefill's Mooncake bootstrap server (omni-pd's compatibility layer supplies the
+    address and the request id vLLM 0.30's Mooncake decode side needs), decode computes no
+    prompt token itself, and six concurrent requests of different lengths each get the
+    text and waveform of their own non-PD run (no rows mixed between requests)."""
+    moon, plain = runs["mooncake"], runs["plain"]["answers"]
+    assert "smoke: ok" in moon["smoke"], moon["launcher"].report()
+    assert "PD disaggregation detected" in moon["log"]
+    assert "MooncakeConnector" in moon["log"]
+    for name, got in moon["concurrent"].items():
+        assert "error" not in got, (name, got["error"])
+        assert (got["text"], got["prompt_tokens"]) == (plain[name]["text"], plain[name]["prompt_tokens"]), name
+        assert got["wav"] == plain[name]["wav"], (name, wav_info(got["wav"]), wav_info(plain[name]["wav"]))
+    delta = moon["by_source_delta"]
+    assert delta.get("external_kv_transfer", 0) > 0, delta
+    assert delta.get("local_compute", 0) == 0, delta

@@ -25,11 +25,6 @@ encoder), plus what vllm-omni's Talker and Code2Wav hard-code
   that takes string content vLLM inserts no placeholder and every audio or image request fails
   ("Failed to apply prompt replacement"); :data:`CHAT_TEMPLATE` loops over the content parts,
   as Qwen3-Omni's own template does.
-* **a chat template that writes the media placeholders**: vllm-omni's unified
-  ``Qwen3OmniMoeForConditionalGeneration`` has no ``get_placeholder_str``, so with a template
-  that takes string content vLLM inserts no placeholder and every audio or image request fails
-  ("Failed to apply prompt replacement"); :data:`CHAT_TEMPLATE` loops over the content parts,
-  as Qwen3-Omni's own template does.
 * **Talker** (``talker_config``): codec ids as the real checkpoint (pad 2148, bos 2149,
   eos 2150 = the stop token of ``models/qwen3_omni/pipeline.py``, nothink 2155, think
   bos/eos 2156/2157, speakers 2301-2303), 16 code groups, ``accept_hidden_layer`` 1 (the
@@ -45,6 +40,19 @@ encoder), plus what vllm-omni's Talker and Code2Wav hard-code
   ``initializer_range`` 0.6 (as the sibling's Thinker: different prompts give different
   greedy tokens, hidden states and codec codes); Code2Wav uses :data:`CODE2WAV_INIT`
   and a layer scale of 1.0, so its waveform follows the codes (``--check`` measures it).
+* **audio that is a function of the Talker's greedy codes only**: the Talker's first
+  codebook is greedy (temperature 0), but vllm-omni 0.30's code predictor draws the other 15
+  codebooks by Gumbel-max over top-k 50 / top-p 0.8 (``models/common/qwen3_code_predictor.py``
+  ``CodePredictorWrapper``, "stored" sampling mode, defaults fixed in ``__init__``) from the
+  worker's global torch RNG, whatever the request's sampling parameters or seed. Those draws
+  depend on which requests share a step, so a waveform built from them differs between two
+  runs that batch requests differently, and no test could compare concurrent requests. The
+  builder therefore zeroes the code predictor's 15 codec embeddings (the Talker's next input,
+  ``summed_embeddings``, is then layer 0's embedding alone) and Code2Wav's embedding rows of
+  quantizers 1..15, with quantizer 0's rows scaled by 16 to keep the level
+  (``Qwen3OmniCode2Wav.forward`` takes the mean over the 16 quantizers): the residual codes are
+  still drawn and still reach Code2Wav, but change nothing, and the waveform is a
+  deterministic function of the conditioning the Talker got.
 
 Weights: the HF ``Qwen3OmniMoeForConditionalGeneration`` ``state_dict`` (``thinker.*``,
 ``talker.*``, ``code2wav.*``), float32, seed 0; vllm-omni loads each stage's part. About
@@ -263,6 +271,13 @@ def build_weights(out: str, cfg) -> dict[str, int]:
             if type(m).__name__ == "Qwen3OmniMoeTalkerTextExperts":
                 m.gate_up_proj.normal_(0.0, std)
                 m.down_proj.normal_(0.0, std)
+        # the residual codebooks (drawn from the worker's shared RNG) carry no signal
+        for emb in model.talker.code_predictor.model.codec_embedding:
+            emb.weight.zero_()
+        c2w = model.code2wav.code_embedding.weight  # (16 * 2048, H), quantizer q at rows q*2048..
+        codes = cfg.code2wav_config.codebook_size
+        c2w[:codes] *= NUM_CODE_GROUPS
+        c2w[codes:] = 0.0
     sd = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
     counts: dict[str, int] = {}
     for k, v in sd.items():
