@@ -68,13 +68,13 @@ def test_single_llm_1p1d_nixl_plan(tmp_path):
     assert pre.argv == ("vllm", "serve", "/models/tiny", "--host", "127.0.0.1", "--port", "8100",
                         "--served-model-name", "/models/tiny", "--kv-transfer-config",
                         '{"kv_connector":"NixlConnector","engine_id":"llm-prefill","kv_buffer_device":"cpu",'
-                        '"kv_role":"kv_producer"}',
+                        '"kv_role":"kv_producer","kv_connector_extra_config":{"kv_lease_duration":480}}',  # cpu lease
                         "--max-model-len", "1024", "--enforce-eager", "--no-async-scheduling", "--dtype", "float32")
     assert dict(pre.env) == {"HF_TOKEN": "hf_abcdef", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
                              "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600"}
     assert dec.argv[6:11] == ("8200", "--served-model-name", "/models/tiny", "--kv-transfer-config",
                               '{"kv_connector":"NixlConnector","engine_id":"llm-decode","kv_buffer_device":"cpu",'
-                              '"kv_role":"kv_consumer"}')
+                              '"kv_role":"kv_consumer","kv_connector_extra_config":{"kv_lease_duration":480}}')
     assert "--no-async-scheduling" not in dec.argv
     assert dec.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5601"
     assert pre.device_env is None and dec.device_env is None  # cpu: no device selection
@@ -274,13 +274,14 @@ def test_thinker_only_pipelines_launch_plain_vllm_engines_behind_the_router(tmp_
     assert pre.argv == ("vllm", "serve", "/models/q3o", "--host", "127.0.0.1", "--port", "8100",
                         "--served-model-name", "tiny", "--kv-transfer-config",
                         '{"kv_connector":"NixlConnector","engine_id":"omni-thinker-prefill","kv_buffer_device":"cpu",'
-                        '"kv_role":"kv_producer"}',
+                        '"kv_role":"kv_producer","kv_connector_extra_config":{"kv_lease_duration":480}}',  # cpu lease
                         "--max-num-seqs", "4", "--max-model-len", "2048", "--enforce-eager", "--no-async-scheduling",
                         "--dtype", "float32")
     assert dec.argv[:11] == ("vllm", "serve", "/models/q3o", "--host", "127.0.0.1", "--port", "8200",
                              "--served-model-name", "tiny", "--kv-transfer-config",
                              '{"kv_connector":"NixlConnector","engine_id":"omni-thinker-decode",'
-                             '"kv_buffer_device":"cpu","kv_role":"kv_consumer"}')
+                             '"kv_buffer_device":"cpu","kv_role":"kv_consumer",'
+                             '"kv_connector_extra_config":{"kv_lease_duration":480}}')
     assert dict(pre.env) == {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600"}
     assert pre.modules == dec.modules == ("vllm", "nixl")  # no vllm_omni needed in the engines' env
     assert router.argv[2:] == ("omni_pd.launch.router", "--connector", "NixlConnector", "--host", "127.0.0.1",

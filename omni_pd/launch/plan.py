@@ -366,14 +366,21 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
             modules=mods + ("vllm_omni", "omni_pd"), python=engine_py, host=omni_host)
         return LaunchPlan(runtime="vllm-omni", model=opts.model, connector=conn,
                           entrypoint=f"http://{opts.host}:{opts.port}", config=config_path, processes=(proc,),
-                          notes=("vllm-omni starts every stage engine and routes prefill -> decode itself",))
+                          notes=("vllm-omni starts every stage engine and routes prefill -> decode itself",)
+                          + _lease_note(p.kv, opts.platform, target, False))
+    from omni_pd.check.rules.nixl_lease import planned_lease
+
     procs: list[ProcessSpec] = []
+    lease_set = False
     urls: dict[str, list[str]] = {"prefill": [], "decode": []}
     wide = pipeline_wide_settings(topo.config)  # top-level keys; a stage's own value wins
     for role, node in (("prefill", p), ("decode", d)):
         on = where.host(node.stage_id)
         bind = where.address(on)
         for inst in instances(node, target):
+            leased = planned_lease(inst.kv, opts.platform, target)
+            if leased is not None:
+                inst, lease_set = replace(inst, kv=leased), True
             port = opts.engine_port_base + (0 if role == "prefill" else 100) + inst.replica
             env = {**env_all, **_env_str(node.env), **inst.env}
             dev_var = DEVICE_ENV.get(opts.platform)
@@ -440,8 +447,42 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
                       notes=("router: omni_pd.launch.router (prefill leg max_tokens=1, min_tokens/stop cleared; "
                              f"{conn} routing fields relayed to decode)",)
                       + ((f"encoder leg: one request per media item to encoder-0 first; its {ec_name} output "
-                          "reaches prefill (ec_consumer)",) if enc is not None else ()),
+                          "reaches prefill (ec_consumer)",) if enc is not None else ())
+                      + _lease_note(p.kv, opts.platform, target, lease_set),
                       ec_connector=ec_name, ec_storage=ec_storage)
+
+
+def _lease_findings(doc: Any, topo: Topology, platform: str) -> list[Any]:
+    """OPD623 for the launch platform (:func:`omni_pd.check.rules.nixl_lease.launch_findings`)
+    over ``topo``, located in ``doc``; [] for a platform vLLM's default lease serves."""
+    from omni_pd.check.rules import Context
+    from omni_pd.check.rules.nixl_lease import facts, launch_findings
+    from omni_pd.check.validate import Locator
+    from omni_pd.compile.targets import target as make_target
+
+    if facts().needed_s(platform) is None or topo.pd_pair is None:
+        return []
+    ctx = Context(doc=Locator(doc), config=None, topology=topo, target=make_target(None))
+    return launch_findings(ctx, platform, topo.pipeline.launcher)
+
+
+def _lease_note(kv: dict[str, Any] | None, platform: str, target: Any, set_by_plan: bool) -> tuple[str, ...]:
+    """The plan's note on the NIXL KV lease (OPD623) where ``platform`` needs more than
+    vLLM's default: what the launch sets and why, or that the file's value is used."""
+    from omni_pd.check.rules.nixl_lease import configured, facts
+
+    f = facts()
+    need = f.needed_s(platform)
+    if need is None or target is None or not f.applies(target, (kv or {}).get("kv_connector")):
+        return ()
+    why = (f"vLLM {target.label}'s default lease, {f.default_s} s, ran out on a loaded CPU before decode read "
+           "prefill's KV, and decode then used freed blocks (presets/targets/nixl_lease.yaml)")
+    if set_by_plan:
+        return (f"NIXL KV lease: {f.key} {need} s in every engine's --kv-transfer-config (--platform {platform}): "
+                + why,)
+    is_set, value = configured(kv)
+    now = f"{value!r} s, from the file" if is_set else f"vLLM's default {f.default_s} s (the file sets none)"
+    return (f"NIXL KV lease: {now}; --platform {platform} needs {need} s (OPD623): " + why,)
 
 
 class _Where:
@@ -601,11 +642,15 @@ def plan_document(doc: Any, config_path: str, opts: LaunchOptions, inventory: An
             opts = replace(opts, placement=where)
     res = validate_document(doc, ValidateOptions(platform=overlay, cli=parse_argv(opts.extra_args),
                                                  inventory=inventory))
+    pipe = load_catalogue().get(res.pipeline_name or "")
+    if not any(d.severity is Severity.ERROR for d in res.diagnostics) and pipe is not None and pipe.is_pd:
+        # the launch platform's NIXL lease (OPD623): validate has no --platform cpu, so
+        # launch judges it, before anything is planned, among validate's findings
+        res.diagnostics.extend(_lease_findings(doc, resolve(parse_config(doc), pipe, overlay, doc), opts.platform))
     if on_validated is not None:
         on_validated(res)
     if any(d.severity is Severity.ERROR for d in res.diagnostics):
         return Planned(None, res, None)
-    pipe = load_catalogue().get(res.pipeline_name or "")
     if pipe is not None and pipe.encoder is not None and not pipe.is_pd:
         raise OmniPdError(Diagnostic(
             code="OPD966", severity=Severity.ERROR,

@@ -24,7 +24,7 @@ wait_healthy() {
 : "${HF_TOKEN:?set HF_TOKEN in the environment of this host}"
 
 # prefill-0 (prefill)
-setsid env HF_TOKEN="${HF_TOKEN:?set HF_TOKEN in the environment of this host}" VLLM_NIXL_SIDE_CHANNEL_HOST=10.201.0.1 VLLM_NIXL_SIDE_CHANNEL_PORT=18500 /opt/vllm/bin/vllm serve /models/tiny --host 10.201.0.1 --port 18100 --served-model-name /models/tiny --kv-transfer-config '{"kv_connector":"NixlConnector","engine_id":"llm-prefill","kv_buffer_device":"cpu","kv_role":"kv_producer"}' --max-model-len 1024 --enforce-eager --no-async-scheduling --dtype float32 > logs/prefill-0.log 2>&1 &
+setsid env HF_TOKEN="${HF_TOKEN:?set HF_TOKEN in the environment of this host}" VLLM_NIXL_SIDE_CHANNEL_HOST=10.201.0.1 VLLM_NIXL_SIDE_CHANNEL_PORT=18500 /opt/vllm/bin/vllm serve /models/tiny --host 10.201.0.1 --port 18100 --served-model-name /models/tiny --kv-transfer-config '{"kv_connector":"NixlConnector","engine_id":"llm-prefill","kv_buffer_device":"cpu","kv_role":"kv_producer","kv_connector_extra_config":{"kv_lease_duration":480}}' --max-model-len 1024 --enforce-eager --no-async-scheduling --dtype float32 > logs/prefill-0.log 2>&1 &
 pids+=($!)
 echo "started prefill-0 (pid $!)"
 

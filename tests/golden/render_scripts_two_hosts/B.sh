@@ -24,7 +24,7 @@ wait_healthy() {
 : "${HF_TOKEN:?set HF_TOKEN in the environment of this host}"
 
 # decode-0 (decode)
-setsid env HF_TOKEN="${HF_TOKEN:?set HF_TOKEN in the environment of this host}" VLLM_NIXL_SIDE_CHANNEL_HOST=10.201.0.2 VLLM_NIXL_SIDE_CHANNEL_PORT=18500 /opt/vllm/bin/vllm serve /models/tiny --host 10.201.0.2 --port 18200 --served-model-name /models/tiny --kv-transfer-config '{"kv_connector":"NixlConnector","engine_id":"llm-decode","kv_buffer_device":"cpu","kv_role":"kv_consumer"}' --max-model-len 1024 --enforce-eager --dtype float32 > logs/decode-0.log 2>&1 &
+setsid env HF_TOKEN="${HF_TOKEN:?set HF_TOKEN in the environment of this host}" VLLM_NIXL_SIDE_CHANNEL_HOST=10.201.0.2 VLLM_NIXL_SIDE_CHANNEL_PORT=18500 /opt/vllm/bin/vllm serve /models/tiny --host 10.201.0.2 --port 18200 --served-model-name /models/tiny --kv-transfer-config '{"kv_connector":"NixlConnector","engine_id":"llm-decode","kv_buffer_device":"cpu","kv_role":"kv_consumer","kv_connector_extra_config":{"kv_lease_duration":480}}' --max-model-len 1024 --enforce-eager --dtype float32 > logs/decode-0.log 2>&1 &
 pids+=($!)
 echo "started decode-0 (pid $!)"
 

@@ -1,0 +1,210 @@
+"""OPD623 nixl-kv-lease: a NIXL prefill's KV lease shorter than the platform needs, or not a number.
+
+A NIXL prefill keeps a finished request's KV blocks for decode for ``kv_lease_duration``
+seconds (``kv_connector_extra_config``, vLLM 0.30: default 30; decode's heartbeats extend it
+while it waits). When decode reads later than that, prefill has freed the blocks and decode
+may use another request's KV, while its counters grow as if all went well. Facts, sources
+and the per-platform leases: ``presets/targets/nixl_lease.yaml`` (read by :func:`facts`).
+
+``validate`` judges the platforms it knows (``--platform``; none lists a lease today) and a
+value vLLM cannot compute with; ``launch --platform cpu`` judges the CPU's lease
+(:func:`launch_findings`, called by :func:`omni_pd.launch.plan.plan_document`). On the
+``vllm`` runtime the launcher itself writes the platform's lease into each engine's
+``--kv-transfer-config`` where the file sets none (:func:`planned_lease`), so only a lease
+the file sets is judged there; on ``vllm-omni`` the file is passed as written, so an unset
+lease counts as vLLM's default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Iterable
+
+from omni_pd.check.rules import Context, Example, Rule, rule
+from omni_pd.diagnostics import Diagnostic, Severity
+
+if TYPE_CHECKING:
+    from omni_pd.compile.targets import Target
+    from omni_pd.compile.topology import StageNode
+
+EXTRA = "kv_connector_extra_config"
+
+
+@dataclass(frozen=True)
+class LeaseFacts:
+    """``presets/targets/nixl_lease.yaml``: the extra-config ``key`` and vLLM's
+    ``default_s`` for the releases ``since``..``until``, the ``connectors`` that read it and
+    ``platform_lease_s`` (launch platform -> seconds it needs)."""
+
+    key: str
+    default_s: int
+    since: str
+    until: str
+    connectors: frozenset[str]
+    platform_lease_s: dict[str, int]
+
+    def applies(self, target: "Target", connector: Any) -> bool:
+        """True for a connector that reads the lease on a release the facts were read for."""
+        from omni_pd.compile.targets import parse_version
+
+        return (connector in self.connectors
+                and parse_version(self.since) <= target.version <= parse_version(self.until))
+
+    def needed_s(self, platform: str | None) -> int | None:
+        """Seconds ``platform`` needs; None: vLLM's default is enough there."""
+        return self.platform_lease_s.get(platform or "")
+
+
+@lru_cache(maxsize=1)
+def facts() -> LeaseFacts:
+    """The parsed ``presets/targets/nixl_lease.yaml``."""
+    from omni_pd.resources import data_dir, load_data
+
+    d = load_data(data_dir("presets") / "targets" / "nixl_lease.yaml")
+    lease = d["lease"]
+    return LeaseFacts(key=str(lease["key"]), default_s=int(lease["default_s"]), since=str(lease["since"]),
+                      until=str(lease["until"]), connectors=frozenset(d["connectors"]),
+                      platform_lease_s={str(k): int(v) for k, v in (d.get("platform_lease_s") or {}).items()})
+
+
+def configured(kv: dict[str, Any] | None) -> tuple[bool, Any]:
+    """``(set?, value)`` of the lease in a stage's ``kv_transfer_config``."""
+    extra = (kv or {}).get(EXTRA)
+    if isinstance(extra, dict) and facts().key in extra:
+        return True, extra[facts().key]
+    return False, None
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def planned_lease(kv: dict[str, Any] | None, platform: str | None, target: "Target") -> dict[str, Any] | None:
+    """``kv`` with the lease ``platform`` needs written into its extra config, for an
+    engine the launcher starts (runtime ``vllm``); None when nothing is to be added (not a
+    lease-reading connector on this release, a platform vLLM's default serves, or a lease
+    the file sets, which stays as written and :func:`launch_findings` judges). Pure: ``kv``
+    is not modified."""
+    f = facts()
+    need = f.needed_s(platform)
+    if kv is None or need is None or not f.applies(target, kv.get("kv_connector")) or configured(kv)[0]:
+        return None
+    extra = kv.get(EXTRA)
+    return {**kv, EXTRA: {**(extra if isinstance(extra, dict) else {}), f.key: need}}
+
+
+def _findings(ctx: Context, r: Rule, platform: str | None, unset_counts: bool, how: str) -> Iterable[Diagnostic]:
+    f = facts()
+    need = f.needed_s(platform)
+    for n in ctx.pd_pair or ():
+        kv = n.kv or {}
+        if not f.applies(ctx.target, kv.get("kv_connector")):
+            continue
+        is_set, value = configured(kv)
+        where = f"stage {n.stage_id} ({n.pd_role})"
+        if is_set and not _number(value):
+            yield r.diag(f"{where}: {f.key} is {value!r}, not a number of seconds: vLLM {ctx.target.label}'s NIXL "
+                         f"connector computes with it (lease // 6, lease * 2 // 3) and the engine fails to start",
+                         ctx.sloc(n, "kv_transfer_config", EXTRA, f.key, value=True), severity=Severity.ERROR,
+                         help=f"give {f.key} in seconds as an integer, e.g. {need or f.default_s}")
+            continue
+        if is_set and value <= 0:
+            yield r.diag(f"{where}: {f.key} {value!r}: prefill frees every request's KV blocks at once, before "
+                         "decode can read them", ctx.sloc(n, "kv_transfer_config", EXTRA, f.key, value=True),
+                         help=f"remove it (vLLM's default {f.default_s} s) or give a positive number of seconds")
+            continue
+        if need is None or (not is_set and not unset_counts):
+            continue
+        lease = value if is_set else f.default_s
+        if lease >= need:
+            continue
+        said = f"{f.key} {lease:g} s" if is_set else f"{f.key} unset (vLLM {ctx.target.label}'s default {f.default_s} s)"
+        yield r.diag(
+            f"{where}: {said} is shorter than the {need} s NIXL KV lease {platform} needs: prefill can free a "
+            "request's KV blocks before decode reads them, and decode then uses blocks that may hold another "
+            "request's KV",
+            ctx.sloc(n, "kv_transfer_config", EXTRA, f.key, value=True) if is_set else ctx.sloc(n, "kv_transfer_config"),
+            help=f"set kv_transfer_config.{EXTRA}.{f.key}: {need} on both stages of the pair" + how,
+            notes=[f"presets/targets/nixl_lease.yaml platform_lease_s: {platform} {need} s (and why)"])
+
+
+@rule("OPD623", "nixl-kv-lease", Severity.WARNING,
+      "a NIXL prefill's KV lease (kv_lease_duration) is shorter than the platform needs, or not a number",
+      fail="""\
+pipeline: llm_pd
+stages:
+  - stage_id: 0
+    kv_transfer_config:
+      kv_connector: NixlConnector
+      kv_role: kv_producer
+      kv_connector_extra_config: {kv_lease_duration: 0}
+  - {stage_id: 1, env: {VLLM_NIXL_SIDE_CHANNEL_PORT: "5700"},
+     kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer}}
+""",
+      passing="""\
+pipeline: llm_pd
+stages:
+  - stage_id: 0
+    kv_transfer_config:
+      kv_connector: NixlConnector
+      kv_role: kv_producer
+      kv_connector_extra_config: {kv_lease_duration: 600}
+  - {stage_id: 1, env: {VLLM_NIXL_SIDE_CHANNEL_PORT: "5700"},
+     kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer}}
+""",
+      examples=(
+          Example("a lease that is not a number stops the engine: an error", """\
+pipeline: llm_pd
+stages:
+  - stage_id: 0
+    kv_transfer_config:
+      kv_connector: NixlConnector
+      kv_role: kv_producer
+      kv_connector_extra_config: {kv_lease_duration: "600"}
+  - {stage_id: 1, env: {VLLM_NIXL_SIDE_CHANNEL_PORT: "5700"},
+     kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer}}
+""", True, severity=Severity.ERROR, contains="not a number of seconds"),
+          Example("a release the lease facts were not read for (0.24) is not judged", """\
+pipeline: llm_pd
+stages:
+  - stage_id: 0
+    kv_transfer_config:
+      kv_connector: NixlConnector
+      kv_role: kv_producer
+      kv_connector_extra_config: {kv_lease_duration: 0}
+  - {stage_id: 1, env: {VLLM_NIXL_SIDE_CHANNEL_PORT: "5700"},
+     kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer}}
+""", False, {"vllm_version": "0.24"}),
+      ))
+def nixl_kv_lease(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """Source: vLLM 0.30's NIXL connector reads ``kv_connector_extra_config.kv_lease_duration``
+    (seconds, default 30) on prefill and decode (v1/nixl/base_scheduler.py
+    ``NixlBaseConnectorScheduler.__init__``, base_worker.py ``NixlBaseConnectorWorker``):
+    prefill frees a finished request's blocks when it runs out (``get_transfer_results``,
+    "Releasing expired KV blocks"), and a decode that reads them later uses freed blocks
+    (pull_worker.py ``_get_new_notifs``, "Potentially invalid KV blocks"). A value that is
+    not a number stops the engine (``lease // 6``): an error. A value of 0 or less frees
+    the blocks at once. A lease shorter than the platform needs
+    (``presets/targets/nixl_lease.yaml`` ``platform_lease_s``: ``cpu`` 480 s, where a
+    loaded CPU delivered requests to decode after more than 30 s) is a warning;
+    ``validate --platform`` names no such platform today, so ``launch --platform cpu``
+    (dry run included) gives it, before planning. Judged for the releases the facts were
+    read for (0.30)."""
+    return _findings(ctx, r, ctx.platform, unset_counts=True, how="")
+
+
+def launch_findings(ctx: Context, platform: str, runtime: str) -> list[Diagnostic]:
+    """OPD623 for ``launch --platform platform``: only the lease findings of the platform
+    (the value checks are validate's, already reported). ``runtime``: ``vllm`` (the
+    launcher sets the lease where the file has none, so only a lease the file sets is
+    judged) or ``vllm-omni`` (the file is passed as written: an unset lease counts as
+    vLLM's default)."""
+    from omni_pd.check.rules import get
+
+    r = get("OPD623")
+    assert r is not None
+    how = ("; `launch` writes it where the file sets none" if runtime == "vllm" else
+           "; vllm-omni passes the file's kv_transfer_config as written, so `launch` cannot add it")
+    return [d for d in _findings(ctx, r, platform, unset_counts=runtime != "vllm", how=how)
+            if d.severity is Severity.WARNING and "shorter than" in d.message]
