@@ -520,7 +520,8 @@ def test_uncovered_talker_handoff_is_refused_with_opd704(case: Case) -> None:
         2, "OPD704", "error",
         f"the Talker (stage 2) is conditioned by the PD decode stage 1, which computes no prompt rows, and {why}: "
         "audio answers fail or are conditioned on the wrong rows",
-        f"{help_}; for text only serve the `*_thinker_only_pd` pipeline (no Talker)")
+        f"{help_}; for text only: `omni-pd expand <three-stage file> --pipeline {case.data['pipeline']}_thinker_only` "
+        "(the Thinker alone as a PD pair)")
     assert (d.location.file, d.location.line, d.location.column) == (FILE_NAME, line, len("pipeline: ") + 1)
 
 

@@ -85,7 +85,7 @@ def test_expand_of_qwen2_5_is_refused_at_its_pipeline_key():
         "the Talker (stage 2) is conditioned by the PD decode stage 1, which computes no prompt rows, and omni-pd's "
         "compatibility layer fixes the Talker handoff for qwen3_omni_moe_pd only (qwen2_5_omni_pd: the decode engine "
         "withholds or shifts the Talker's payload): audio answers fail or are conditioned on the wrong rows")
-    assert d.help.endswith("for text only serve the `*_thinker_only_pd` pipeline (no Talker)")
+    assert d.help.endswith("for text only: `omni-pd expand <three-stage file> --pipeline qwen2_5_omni_thinker_only` (the Thinker alone as a PD pair)")
     assert d.notes == list(talker_pd.NOTES)
 
 

@@ -66,6 +66,19 @@ NOTES = (
 TEXT_ONLY = "for text only serve the `*_thinker_only_pd` pipeline (no Talker)"
 
 
+def text_only(pipeline_name: str) -> str:
+    """The text-only route for a PD pipeline's users, as a command: ``expand --pipeline
+    <base>_thinker_only`` on the three-stage file when the catalogue has that pipeline
+    (``qwen3_omni_moe_pd`` -> ``qwen3_omni_moe_thinker_only``), else :data:`TEXT_ONLY`."""
+    from omni_pd.compile.pipelines import load_catalogue
+
+    base = pipeline_name.removesuffix("_pd")
+    name = base if base.endswith("_thinker_only") else f"{base}_thinker_only"
+    if load_catalogue().get(name) is None:
+        return TEXT_ONLY
+    return f"for text only: `omni-pd expand <three-stage file> --pipeline {name}` (the Thinker alone as a PD pair)"
+
+
 @lru_cache(maxsize=1)
 def _table() -> dict[str, Any]:
     from omni_pd.resources import data_dir, load_data
@@ -131,18 +144,19 @@ def gap(pipeline: "Pipeline", target: "Target", launcher_env: Mapping[str, Any] 
         return Gap("release", f"omni-pd's compatibility layer does not cover the Talker handoff on "
                               f"{runtime_release('vllm-omni', target)}",
                    f"target a release it covers (`--vllm-version 0.30`), or serve the three-stage pipeline "
-                   f"without PD; {TEXT_ONLY}")
+                   f"without PD; {text_only(pipeline.name)}")
     if not covered(release, pipeline.name):
         ok = ", ".join(covered_pipelines(release))
         return Gap("pipeline", f"omni-pd's compatibility layer fixes the Talker handoff for {ok} only "
                                f"({pipeline.name}: the decode engine withholds or shifts the Talker's payload)",
-                   f"serve the three-stage pipeline without PD; {TEXT_ONLY}")
+                   f"serve the three-stage pipeline without PD; {text_only(pipeline.name)}")
     for where, env in (("launcher", launcher_env), ("talker-env", talker_env)):
         off = _off(env)
         if off:
             place = "the launcher environment" if where == "launcher" else "the Talker stage's env"
             return Gap(where, f"omni-pd's compatibility layer is switched off in {place} ({off[0]}={off[1]})",
-                       f"remove {off[0]} from {place}, or serve the three-stage pipeline without PD; {TEXT_ONLY}",
+                       f"remove {off[0]} from {place}, or serve the three-stage pipeline without PD; "
+                       f"{text_only(pipeline.name)}",
                        var=off[0])
     return None
 
