@@ -100,8 +100,8 @@ def test_catalogued_wheel_config_expands(omni_wheel_deploy_dir: Path, filename: 
             "omni-pd's compatibility layer fixes the Talker handoff for qwen3_omni_moe_pd only (qwen2_5_omni_pd: "
             "the decode engine withholds or shifts the Talker's payload): audio answers fail or are conditioned on "
             "the wrong rows",
-            "serve the three-stage pipeline without PD; for text only serve the `*_thinker_only_pd` pipeline "
-            "(no Talker)")
+            "serve the three-stage pipeline without PD; for text only: `omni-pd expand <three-stage file> "
+            "--pipeline qwen2_5_omni_thinker_only` (the Thinker alone as a PD pair)")
         # the file has no `pipeline:` key: located at the Talker's stage entry (its stage_id 1)
         talker_line = path.read_text(encoding="utf-8").splitlines().index("  - stage_id: 1") + 1
         assert (d.location.line, d.location.column) == (talker_line, 5)
