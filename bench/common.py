@@ -218,3 +218,19 @@ def oracle_python(explicit: str | None = None) -> str | None:
 
 def fmt_ms(s: float) -> str:
     return f"{s * 1000:.0f} ms" if s < 10 else f"{s:.1f} s"
+
+
+def replace_section(results: Path, begin: str, end: str, section: str) -> None:
+    """Put ``section`` (which starts with ``begin`` and ends with ``end``) into the
+    Markdown file ``results`` in place of the text between those markers, or at its end
+    when the markers are not there yet; nothing when the file does not exist."""
+    import re
+
+    if not results.is_file():
+        return
+    text = results.read_text(encoding="utf-8")
+    if begin in text:
+        text = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: section, text, flags=re.S)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    results.write_text(text, encoding="utf-8")

@@ -31,7 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, alternate, child_env, loadavg, machine, omni_pd_command, run_once  # noqa: E402
+from common import (ROOT, alternate, child_env, loadavg, machine, omni_pd_command, replace_section,  # noqa: E402
+                    run_once)
 
 RESULTS = ROOT / "bench" / "RESULTS.md"
 BEGIN, END = "<!-- figure 5: begin -->", "<!-- figure 5: end -->"
@@ -197,13 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     section = render(r, mach, loadavg(), argv)
     print(section)
-    if not a.no_write and RESULTS.is_file():
-        text = RESULTS.read_text(encoding="utf-8")
-        if BEGIN in text:
-            text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: section, text, flags=re.S)
-        else:
-            text = text.rstrip("\n") + "\n\n" + section + "\n"
-        RESULTS.write_text(text, encoding="utf-8")
+    if not a.no_write:
+        replace_section(RESULTS, BEGIN, END, section)
     return 0
 
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import signal
 import statistics
 import subprocess
@@ -46,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from common import ROOT, loadavg, machine, omni_pd_command  # noqa: E402
+from common import ROOT, loadavg, machine, omni_pd_command, replace_section  # noqa: E402
 from fig4_launch import e2e_python  # noqa: E402
 
 RESULTS = ROOT / "bench" / "RESULTS.md"
@@ -195,13 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     section = render(res, mach, loadavg(), argv if argv is not None else sys.argv[1:])
     print(section)
     print(f"raw measurements: {work / 'raw.json'}")
-    if not a.no_write and RESULTS.is_file():
-        text = RESULTS.read_text(encoding="utf-8")
-        if BEGIN in text:
-            text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: section, text, flags=re.S)
-        else:
-            text = text.rstrip("\n") + "\n\n" + section + "\n"
-        RESULTS.write_text(text, encoding="utf-8")
+    if not a.no_write:
+        replace_section(RESULTS, BEGIN, END, section)
     return 0
 
 
