@@ -232,16 +232,17 @@ def expand(
                                 _devices_opt(encoder_devices, "--encoder-devices")), opts,
             vllm_version=vllm_version, pipeline=pipeline,
             schema_ref=_schema_ref(schema_ref))
-        if kv_buffer_device is not None and eres.plan.pd is not None:
-            cli_options.kv_buffer_device(kv_buffer_device, eres.plan.pd.connector, tgt)
+        kv_connector = eres.plan.pd.connector if eres.plan.pd is not None else None  # 1e1pd: no PD pair
+        if kv_buffer_device is not None and kv_connector is not None:
+            cli_options.kv_buffer_device(kv_buffer_device, kv_connector, tgt)
         res = eres  # same text/topology/diagnostics fields as a PD expand
     else:
         inv = _inventory_opt(inventory)
         res = expand_document(doc, opts, vllm_version=vllm_version, pipeline=pipeline,
                               schema_ref=_schema_ref(schema_ref), inventory=inv)
+        kv_connector = res.plan.connector
     if mooncake_protocol is not None:  # the file's own connector, now known
-        cli_options.mooncake_protocol(mooncake_protocol, getattr(getattr(res, "plan", None), "connector", None)
-                                      or getattr(getattr(getattr(res, "plan", None), "pd", None), "connector", None))
+        cli_options.mooncake_protocol(mooncake_protocol, kv_connector)
     if kv_buffer_device is not None and encoder_split is None:
         cli_options.kv_buffer_device(kv_buffer_device, res.plan.connector, tgt,
                                      overlays=tuple(res.config.platforms or ()))
