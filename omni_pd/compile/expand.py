@@ -131,7 +131,7 @@ def check_device_options(topo: Topology, opts: ExpandOptions) -> None:
 def _reparse(text: str, doc: Document, pipeline: Pipeline) -> tuple[DeployConfig, Topology]:
     """The emitted ``text`` read back as a user's file would be (config and topology
     under the split's target ``pipeline``), so callers check what was written."""
-    out_doc = parse_text(text, doc.name + " (expanded)", own_output=True)
+    out_doc = parse_text(text, doc.name + " (expanded)", own_output=True, comments=False)  # read, never written back
     out_cfg = parse_config(out_doc)
     return out_cfg, resolve(out_cfg, pipeline, None, out_doc)
 
@@ -292,7 +292,7 @@ def _npu_pass(tree, plan: PDSplitPlan, opts: ExpandOptions, tgt: Target, doc: Do
     if not base and not (isinstance(plats, dict) and "npu" in plats):
         return ()
     probe = render(copy_tree(tree), schema_ref=None, header=[])
-    cfg = parse_config(parse_text(probe, doc.name + " (split)", own_output=True))
+    cfg = parse_config(parse_text(probe, doc.name + " (split)", own_output=True, comments=False))
     overlay = bool(cfg.platforms and cfg.platforms.get("npu"))
     if not base and not overlay:
         return ()
