@@ -247,9 +247,17 @@ class DeployConfig(_Open):
 TOP_LEVEL_KEYS = frozenset(DeployConfig.model_fields) | {"base_config"}
 
 
-def json_schema() -> dict[str, Any]:
-    """The published JSON Schema (draft 2020-12) of a deploy YAML."""
-    schema = DeployConfig.model_json_schema(by_alias=True)
+def json_schema(vllm_version: str | None = None) -> dict[str, Any]:
+    """The published JSON Schema (draft 2020-12) of a deploy YAML for vLLM ``vllm_version``
+    (``"0.30"``; None: omni-pd's default target): pydantic's schema of :class:`DeployConfig`
+    tightened with the target's enums, ranges and closed levels
+    (:func:`omni_pd.compile.editor_schema.tighten`). Raises ValueError for a version
+    omni-pd has no facts for (``omni_pd.compile.targets.target``)."""
+    from omni_pd.compile.editor_schema import tighten
+    from omni_pd.compile.targets import target
+
+    tgt = target(vllm_version)
+    schema = tighten(DeployConfig.model_json_schema(by_alias=True), tgt)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "vllm-omni deploy config (omni-pd)"
+    schema["title"] = f"vllm-omni deploy config (omni-pd, vLLM {tgt.label})"
     return schema
