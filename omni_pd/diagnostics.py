@@ -137,7 +137,7 @@ def render_text(diags: Iterable[Diagnostic], line_source: Callable[[str, int], s
             if src is not None:
                 col = (loc.column or 1) - 1
                 before, rest = printable(src[:col]), src[col:]
-                width = len(printable(rest[:_token_width(rest)]))
+                width = len(printable(rest[:_token_width(rest, flow=_in_flow(src[:col]))]))
                 out.append(f"{pad} |")
                 out.append(f"{loc.line} | {before}{printable(rest)}")
                 caret = " " * len(before) + "^" * max(width, 1)
@@ -164,16 +164,53 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def _token_width(rest: str) -> int:
-    """Width of the key or scalar starting a source fragment (at least 1)."""
+def _token_width(rest: str, flow: bool = True) -> int:
+    """Width of the key or scalar starting a source fragment (at least 1).
+
+    A quoted scalar spans its quotes (``"2,3,4,5"`` is 9 wide: a ``,`` or space inside
+    quotes does not end it; ``\\"`` in double and ``''`` in single quotes are escapes),
+    to the end of the line when it continues on the next. A plain scalar ends at ``:``,
+    ``#``, a bracket or a space; at ``,`` only inside a flow collection (``flow``), since
+    ``devices: 2,3`` in block context is the one scalar ``2,3`` (YAML 1.2, 7.3.3)."""
     if not rest:
         return 1
+    if rest[0] in "\"'":
+        q, i = rest[0], 1
+        while i < len(rest):
+            if q == '"' and rest[i] == "\\":
+                i += 2
+                continue
+            if rest[i] == q:
+                if q == "'" and rest[i + 1:i + 2] == "'":
+                    i += 2
+                    continue
+                return i + 1
+            i += 1
+        return len(rest.rstrip())
     stop = len(rest)
+    stops = ":#,{}[]" if flow else ":#{}[]"
     for i, ch in enumerate(rest):
-        if ch in ":#,{}[]" or (ch == " " and i > 0 and rest[i - 1] != "-"):
+        if ch in stops or (ch == " " and i > 0 and rest[i - 1] != "-"):
             stop = i
             break
     return max(1, len(rest[:stop].rstrip()))
+
+
+def _in_flow(before: str) -> bool:
+    """True when a line's text before a column leaves a ``{`` or ``[`` open (the column
+    is inside a flow collection; a quoted ``{`` does not count). One line only: the
+    continuation lines of a multi-line flow collection read as block context."""
+    depth, quote = 0, ""
+    for ch in before:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth = max(0, depth - 1)
+    return depth > 0
 
 
 def render_json(diags: Iterable[Diagnostic]) -> str:
