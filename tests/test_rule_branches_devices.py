@@ -190,7 +190,7 @@ def test_opd404_each_tp_rank_counts_on_its_own_device() -> None:
 def test_opd404_a_pp_rank_is_a_rank_and_a_pool_replica_is_named() -> None:
     text = (_Q + "  - {stage_id: 0, devices: \"0,1\", pipeline_parallel_size: 2, gpu_memory_utilization: 0.6}\n"
             "  - {stage_id: 1, devices: \"1\", gpu_memory_utilization: 0.5}\n")
-    assert [h[1] for h in found(text, "OPD404")] == ["physical GPU 1: 0.6 (stage 0, rank 1) + 0.5 (stage 1) = 1.10 > 1.0"]
+    assert [h[1] for h in found(text, "OPD404")] == ["physical GPU 1: 0.6 (stage 0, PP rank 1) + 0.5 (stage 1) = 1.10 > 1.0"]
     text = (_Q + "  - {stage_id: 0, devices: \"0,1,2,3\", num_replicas: 2, tensor_parallel_size: 2, "
             "gpu_memory_utilization: 0.6}\n  - {stage_id: 1, devices: \"3\", gpu_memory_utilization: 0.5}\n")
     assert found(text, "OPD404") == [(
@@ -250,7 +250,8 @@ def test_opd404_logical_devices_map_to_physical_ones_through_the_visibility_vari
     text = (_Q + "  - {stage_id: 0, devices: \"0\", gpu_memory_utilization: 0.7}\n"
             "  - {stage_id: 1, devices: \"1\", gpu_memory_utilization: 0.7}\n")
     assert [h[1] for h in found(text, "OPD404", {"env": {"CUDA_VISIBLE_DEVICES": "3,3"}})] == [
-        "physical GPU 3: 0.7 (stage 0) + 0.7 (stage 1) = 1.40 > 1.0"]
+        "physical GPU 3: 0.7 (stage 0, logical device 0 of CUDA_VISIBLE_DEVICES=3,3) + 0.7 (stage 1, logical device 1 "
+        "of CUDA_VISIBLE_DEVICES=3,3) = 1.40 > 1.0"]
 
 
 def test_opd404_p2pnccl_buffers_count_as_a_fraction_of_the_devices_memory() -> None:

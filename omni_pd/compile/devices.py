@@ -45,3 +45,104 @@ def format_devices(d: Devices) -> str | None:
     if d is None or isinstance(d, str):
         return d
     return ",".join(str(i) for i in d)
+
+
+# --- logical -> physical ---------------------------------------------------------------------------
+#
+# The one place omni-pd maps a stage's ``devices`` entries to the devices an engine really
+# uses. The rules, all from vllm-omni 0.30.0 / vLLM 0.30.0:
+#
+# * ``devices`` entries are logical indices into the visibility variable the stage starts
+#   under (``CUDA_VISIBLE_DEVICES``, ``ASCEND_RT_VISIBLE_DEVICES``, ...): entry ``i`` is
+#   ``visible[i]``; with the variable unset, logical == physical
+#   (vllm_omni/entrypoints/stage_utils.py ``resolve_stage_physical_devices``,
+#   ``_map_device_list``). A stage's own ``env``/``runtime.env`` is applied before its
+#   devices are mapped (engine/stage_init_utils.py ``stage_runtime_setup``), so a stage
+#   env value of the variable is that stage's visible set.
+# * An entry outside the visible set is dropped (a warning, "Falling back to mapped
+#   subset"), unless *every* entry is outside it: then the whole list is passed through
+#   as physical ids (``_map_device_list``'s replica pass-through).
+# * The engine then sees only the mapped list, and vLLM's worker for local rank ``r``
+#   takes ``cuda:(dp_local_rank * TP * PP + r)`` with ``r = pp_rank * TP + tp_rank``
+#   (vllm/v1/worker/gpu_worker.py ``Worker.init_device``): the ranks take the entries in
+#   order, per DP replica, and entries past the world size are used by no rank.
+# * A pool of ``num_replicas`` (``len(devices) == world * num_replicas``) gives replica
+#   ``r`` the ``r``-th run of ``world`` consecutive entries
+#   (engine/stage_init_utils.py ``split_devices_for_replicas``, pool mode).
+
+
+def parse_visible(raw: Any) -> tuple[str, ...] | None:
+    """A visibility variable's value -> its ids (``"4, 5,"`` -> ``("4", "5")``); None when
+    unset or blank (every device visible, logical == physical)."""
+    if raw is None or not str(raw).strip():
+        return None
+    return tuple(p.strip() for p in str(raw).split(",") if p.strip())
+
+
+def physical_ids(devices: tuple[int, ...], visible: tuple[str, ...] | None) -> tuple[str | None, ...]:
+    """The physical id of each entry of ``devices`` (same length), None for an entry
+    vllm-omni drops (outside ``visible`` while another entry is inside it). ``visible``:
+    :func:`parse_visible`'s result. Pure; raises nothing."""
+    if visible is None or (devices and all(i >= len(visible) for i in devices)):
+        return tuple(str(i) for i in devices)  # unset, or vllm-omni's pass-through as physical ids
+    return tuple(visible[i] if i < len(visible) else None for i in devices)
+
+
+def passed_through(devices: tuple[int, ...], visible: tuple[str, ...] | None) -> bool:
+    """True when vllm-omni reads ``devices`` as physical ids: ``visible`` is set and no
+    entry indexes into it (``_map_device_list``)."""
+    return visible is not None and bool(devices) and all(i >= len(visible) for i in devices)
+
+
+def device_name(logical: int, visible: tuple[str, ...] | None, var: str | None, word: str = "GPU",
+                all_outside: bool = False, short: bool = False) -> str:
+    """How a message names entry ``logical`` of a stage's devices, e.g. ``logical device 1
+    (physical GPU 5 under CUDA_VISIBLE_DEVICES=4,5)``; with the variable unset ``physical
+    GPU 1`` (logical == physical). ``all_outside``: the stage's list is passed through
+    (:func:`passed_through`). ``short``: the form for one term of a sum whose physical
+    device is named already (``logical device 1 of CUDA_VISIBLE_DEVICES=4,5``)."""
+    under = f"{var or 'the visibility variable'}={','.join(visible)}" if visible is not None else ""
+    if short:
+        if visible is None:
+            return f"logical device {logical}, {var or 'the visibility variable'} unset"
+        if all_outside:
+            return f"device {logical} read as physical: no entry below the {len(visible)} visible"
+        return f"logical device {logical} of {under}"
+    if visible is None:
+        return f"physical {word} {logical}"
+    if all_outside:
+        return (f"device {logical} (read as physical {word} {logical}: no entry of the stage's devices is below "
+                f"the {len(visible)} in {under})")
+    if logical >= len(visible):
+        return f"logical device {logical} (outside {under}: vllm-omni drops it)"
+    return f"logical device {logical} (physical {word} {visible[logical]} under {under})"
+
+
+def rank_names(count: int, tp: int, pp: int, dp: int, world: int, replicas: int = 1) -> tuple[str | None, ...]:
+    """The engine rank on each of a stage's ``count`` device entries, as vLLM assigns them
+    (module notes): ``"TP rank 1"``, ``"DP rank 1, TP rank 0"``, ``"replica 1, TP rank 1"``;
+    ``""`` for a one-device engine; ``"rank 3"`` when ``world`` (the devices one replica
+    needs) is not TP x PP x DP (prefill context or diffusion parallelism); None for an
+    entry no rank uses (past ``world`` x ``replicas``, ``replicas`` > 1 in pool mode only).
+    Sizes are ints >= 1."""
+    pool = replicas > 1 and count == world * replicas
+    used = world * (replicas if pool else 1)
+    out: list[str | None] = []
+    for k in range(count):
+        if k >= used:
+            out.append(None)
+            continue
+        j = k % world
+        parts = [f"replica {k // world}"] if pool else []
+        if world == tp * pp * dp:
+            tp_pp = tp * pp
+            if dp > 1:
+                parts.append(f"DP rank {j // tp_pp}")
+            if pp > 1:
+                parts.append(f"PP rank {j % tp_pp // tp}")
+            if tp > 1:
+                parts.append(f"TP rank {j % tp}")
+        elif world > 1:
+            parts.append(f"rank {j}")
+        out.append(", ".join(parts))
+    return tuple(out)

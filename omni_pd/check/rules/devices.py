@@ -1,8 +1,9 @@
 """Device rules (OPD4xx): world size, device existence, PD isolation, memory budget.
 
 Run after the platform overlay (``--platform`` / ``--all-platforms``). Logical device
-indices map to physical ones through the launcher's visibility variable
-(``CUDA_VISIBLE_DEVICES`` ...) when given. Sources: vllm-omni 0.30.0
+indices map to physical ones through the visibility variable (``CUDA_VISIBLE_DEVICES``
+...) of the launcher (``--env``) or of the stage's own ``env``, by the one mapping in
+:mod:`omni_pd.compile.devices` (vllm-omni's rule, cited there). Sources: vllm-omni 0.30.0
 ``set_stage_devices`` and stage_init_utils (world size = TP x PP x local DP), vLLM
 ``gpu_memory_utilization`` (fraction of one device's memory, default 0.9).
 """
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Iterable
 from omni_pd.diagnostics import Diagnostic, Location, Severity
 from omni_pd.check.rules import PARALLEL_SIZE_KEYS, Context, Example, Rule, rule
 from omni_pd.check.rules.schema import VISIBILITY_VARS
+from omni_pd.compile.devices import device_name, parse_visible, passed_through, physical_ids, rank_names
 
 if TYPE_CHECKING:
     from omni_pd.compile.topology import StageNode
@@ -22,14 +24,28 @@ if TYPE_CHECKING:
 DEFAULT_GPU_UTIL = 0.9
 
 
-def _visible(ctx: Context, node: "StageNode") -> list[str] | None:
-    """Physical ids visible to the launcher on the stage's host, or None if unknown."""
-    plat = ctx.platform or _host_accel(ctx, node) or "cuda"
-    var = VISIBILITY_VARS.get(plat)
-    raw = ctx.env.get(var) if var else None
-    if raw is not None and str(raw).strip():
-        return [p.strip() for p in str(raw).split(",") if p.strip()]
-    return None
+def _var(ctx: Context, node: "StageNode") -> str | None:
+    """The visibility variable of the stage's platform (``CUDA_VISIBLE_DEVICES`` ...)."""
+    return VISIBILITY_VARS.get(ctx.platform or _host_accel(ctx, node) or "cuda")
+
+
+def _stage_sets_visibility(ctx: Context, node: "StageNode") -> bool:
+    """True when the stage's own ``env`` sets a non-blank visibility variable (vllm-omni
+    applies it before mapping the stage's devices: ``stage_runtime_setup``)."""
+    var = _var(ctx, node)
+    env = node.env if isinstance(node.env, dict) else {}
+    return bool(var) and parse_visible(env.get(var)) is not None
+
+
+def _visible(ctx: Context, node: "StageNode") -> tuple[str, ...] | None:
+    """Physical ids the stage's devices index (its own ``env`` value of the visibility
+    variable, else the launcher's), or None if unset (logical == physical)."""
+    var = _var(ctx, node)
+    if not var:
+        return None
+    if _stage_sets_visibility(ctx, node):
+        return parse_visible(node.env.get(var))
+    return parse_visible(ctx.env.get(var))
 
 
 def _host_accel(ctx: Context, node: "StageNode") -> str | None:
@@ -42,6 +58,8 @@ def _host_accel(ctx: Context, node: "StageNode") -> str | None:
 def _count(ctx: Context, node: "StageNode") -> tuple[int | None, str]:
     vis = _visible(ctx, node)
     if vis is not None:
+        if _stage_sets_visibility(ctx, node):
+            return len(vis), f"the stage's env {_var(ctx, node)} lists"
         return len(vis), "the launcher's visibility variable lists"
     if ctx.inventory is not None:
         h = ctx.inventory.host(ctx.host_of(node))
@@ -50,9 +68,10 @@ def _count(ctx: Context, node: "StageNode") -> tuple[int | None, str]:
     return None, ""
 
 
-def _physical(ctx: Context, node: "StageNode", i: int) -> str:
-    vis = _visible(ctx, node)
-    return vis[i] if vis is not None and i < len(vis) else str(i)
+def _physicals(ctx: Context, node: "StageNode") -> tuple[str | None, ...]:
+    """Physical id of each of the stage's device entries (None: vllm-omni drops it);
+    :func:`omni_pd.compile.devices.physical_ids`."""
+    return physical_ids(node.devices, _visible(ctx, node))
 
 
 def _accel_word(ctx: Context, node: "StageNode") -> str:
@@ -177,9 +196,18 @@ def device_exists(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         if bad:
             word = _accel_word(ctx, n)
             plat = f"{ctx.platform} overlay places" if ctx.platform and ctx.exists(("platforms", ctx.platform)) else "uses"
+            vis = _visible(ctx, n)
+            if passed_through(n.devices, vis):
+                what = (f"vllm-omni 0.30 reads a list with no entry below the {len(vis)} visible devices as physical "
+                        f"ids: stage {n.stage_id} would run on physical {word} {', '.join(map(str, n.devices))}, "
+                        f"not on entries of {_var(ctx, n)}={','.join(vis)}")
+            elif vis is not None:
+                what = f"vllm-omni drops the entries outside {_var(ctx, n)}={','.join(vis)} and starts on the rest"
+            else:
+                what = None
             yield r.diag(f"stage {n.stage_id} {plat} device {', '.join(map(str, bad))}, but only {count} {word}{'s' if count != 1 else ''} "
                          f"{'are' if count != 1 else 'is'} visible ({how} {count})",
-                         ctx.sloc(n, "devices", value=True),
+                         ctx.sloc(n, "devices", value=True), notes=[what] if what else [],
                          help=f"use device indices 0..{count - 1}, or run on a host with more {word}s")
 
 
@@ -190,7 +218,8 @@ def _pair_shared(ctx: Context) -> tuple[set, "StageNode", "StageNode"] | None:
     p, d = pair
     if not (isinstance(p.devices, tuple) and isinstance(d.devices, tuple)) or ctx.host_of(p) != ctx.host_of(d):
         return None
-    shared = {_physical(ctx, p, i) for i in p.devices} & {_physical(ctx, d, i) for i in d.devices}
+    shared = ({x for x in _physicals(ctx, p) if x is not None}
+              & {x for x in _physicals(ctx, d) if x is not None})
     return (shared, p, d) if shared else None
 
 
@@ -231,7 +260,13 @@ def memory_budget(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Per physical device (per host): the sum of ``gpu_memory_utilization`` (a fraction
     of the device; vLLM default 0.9) of every stage that has a rank there (each TP rank
     counts on its own device) plus device-side connector buffers (P2pNccl
-    ``kv_buffer_size`` bytes, when ``memory_gib`` is known) must not exceed 1.0. Each
+    ``kv_buffer_size`` bytes, when ``memory_gib`` is known) must not exceed 1.0. The
+    ranks take a stage's entries in order, per DP replica and pool replica; an entry past
+    the world size is used by no rank (OPD401 reports it) and an entry outside the
+    visible set is dropped by vllm-omni (OPD402): neither counts. Logical entries map to
+    physical devices by :mod:`omni_pd.compile.devices` (vllm-omni
+    ``resolve_stage_physical_devices``, vLLM ``Worker.init_device``); with a visibility
+    variable the message names the logical device and the physical one. Each
     engine reserves its fraction of the *total* memory, so two stages at 0.8 on one GPU
     cannot both start. A stage whose ``gpu_memory_utilization`` is written but is not a
     number (OPD101: the schema drops it, and vLLM refuses to start the engine) is not
@@ -241,7 +276,7 @@ def memory_budget(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     https://github.com/vllm-project/vllm/issues/25759."""
     if ctx.topology is None:
         return
-    use: dict[tuple[str, str], list[tuple["StageNode", float, str]]] = {}
+    use: dict[tuple[str, str], list[tuple["StageNode", float, str, str | None]]] = {}
     for n in ctx.topology.stages:
         if not isinstance(n.devices, tuple):
             continue
@@ -257,29 +292,43 @@ def memory_budget(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             continue
         why = f"{u:g}" + (" (vLLM default)" if util is None else "")
         extra = _buffer_fraction(ctx, n)
-        world = ctx.stage_tp(n) * ctx.stage_pp(n) * ctx.stage_dp(n)
-        pool = n.num_replicas > 1 and len(n.devices) == world * n.num_replicas
-        for k, i in enumerate(n.devices):
-            rank = f", replica {k // world}" if pool else ""
-            if world > 1:
-                rank += f", {'TP rank' if world == ctx.stage_tp(n) else 'rank'} {k % world}"
-            tag = f"stage {n.stage_id}" + rank
-            use.setdefault((ctx.host_of(n), _physical(ctx, n, i)), []).append((n, u + extra, f"{why} ({tag})"
-                                                                                 + (f" + {extra:.2f} connector buffer" if extra else "")))
+        p = ctx.parallel(n)
+        tp, pp, dp = (max(1, p[k]) for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"))
+        world = max(1, ctx.world_size(n)[0])
+        ranks = rank_names(len(n.devices), tp, pp, dp, world, n.num_replicas)
+        vis, var, word = _visible(ctx, n), _var(ctx, n), _accel_word(ctx, n)
+        through = passed_through(n.devices, vis)
+        for k, (i, phys) in enumerate(zip(n.devices, _physicals(ctx, n))):
+            if phys is None:
+                continue  # vllm-omni drops an entry outside the visible set (OPD402)
+            if ranks[k] is None and ctx.stage_kind_known(n):
+                continue  # past TP x PP x DP (OPD401): vLLM's workers never use this entry
+            name = device_name(i, vis, var, word, through) if vis is not None else None
+            short = device_name(i, vis, var, word, through, short=True)
+            tag = ", ".join(x for x in (f"stage {n.stage_id}", ranks[k]) if x)
+            buf = f" + {extra:.2f} connector buffer" if extra else ""
+            use.setdefault((ctx.host_of(n), phys), []).append((n, u + extra, (why, tag, buf, short), name))
     for (host, dev), items in sorted(use.items()):
-        total = sum(u for _, u, _ in items)
+        total = sum(u for _, u, _, _ in items)
         if total <= 1.0 + 1e-9 or len(items) < 1:
             continue
         # point at the key in the file being validated when one contributor is set there
-        mine = [n for n, _, _ in items if ctx.sloc(n, "gpu_memory_utilization").file == ctx.doc.name]
+        mine = [n for n, _, _, _ in items if ctx.sloc(n, "gpu_memory_utilization").file == ctx.doc.name]
         last = mine[-1] if mine else items[-1][0]
         word = _accel_word(ctx, last)
         hostword = f"{host}: " if host != "localhost" else ""
-        parts = " + ".join(t for _, _, t in items)
-        yield r.diag(f"{hostword}physical {word} {dev}: {parts} = {total:.2f} > 1.0",
+        names = {name for _, _, _, name in items}
+        # no visibility variable: logical == physical, named once; one logical device of one
+        # visible set: named once; else (several logical devices, or a pass-through list,
+        # that are one physical device) each term names its own
+        each = len(names) > 1
+        head = names.pop() if len(names) == 1 and None not in names else f"physical {word} {dev}"
+        parts = " + ".join(f"{why} ({tag}" + (f", {short}" if each else "") + f"){buf}"
+                           for _, _, (why, tag, buf, short), _ in items)
+        yield r.diag(f"{hostword}{head}: {parts} = {total:.2f} > 1.0",
                      ctx.sloc(last, "gpu_memory_utilization", value=True),
                      related=[ctx.sloc(n, "gpu_memory_utilization", value=True, label=f"stage {n.stage_id} reserves {u:g}")
-                              for n, u, _ in items if n is not last],
+                              for n, u, _, _ in items if n is not last],
                      help="lower gpu_memory_utilization so the stages on this device sum to at most 1.0, or move one to another device")
 
 
