@@ -251,8 +251,8 @@ def json_schema(vllm_version: str | None = None) -> dict[str, Any]:
     """The published JSON Schema (draft 2020-12) of a deploy YAML for vLLM ``vllm_version``
     (``"0.30"``; None: omni-pd's default target): pydantic's schema of :class:`DeployConfig`
     tightened with the target's enums, ranges and closed levels
-    (:func:`omni_pd.compile.editor_schema.tighten`). Raises ValueError for a version
-    omni-pd has no facts for (``omni_pd.compile.targets.target``)."""
+    (:func:`omni_pd.compile.editor_schema.tighten`). Raises ValueError for a malformed
+    version string (``omni_pd.compile.targets.target``)."""
     from omni_pd.compile.editor_schema import tighten
     from omni_pd.compile.targets import target
 
