@@ -423,3 +423,15 @@ def test_schema_and_validate_agree_on_the_cases(path: Path, variant) -> None:
     opts = context_of(to_plain(tree))
     text = _dump(_strip_x(copy.deepcopy(tree)))
     assert _agree(text, opts, path.name) == []
+
+
+# --- `omni-pd schema --vllm-version` -------------------------------------------------------------
+
+def test_schema_command_writes_the_schema_of_the_target(tmp_path, capsys) -> None:
+    from test_cli import run_cli  # tests/test_cli.py: main() in-process, (exit code, stdout, stderr)
+
+    out = tmp_path / "s.json"
+    assert run_cli(["schema", "--vllm-version", "0.22", "-o", str(out)], capsys) == (0, "", f"wrote {out}\n")
+    assert json.loads(out.read_text()) == json_schema("0.22")
+    rc, stdout, err = run_cli(["schema", "--vllm-version", "0.9"], capsys)
+    assert (rc, stdout) == (2, "") and err.startswith("error[OPD006]: --vllm-version 0.9: omni-pd has no facts for vLLM 0.9")
