@@ -1156,7 +1156,7 @@ def launch(
 
     from omni_pd.diagnostics import render_text, summary
     from omni_pd.io import load_file
-    from omni_pd.launch.plan import LaunchOptions, plan_document
+    from omni_pd.launch.plan import LaunchOptions, launcher_visibility, plan_document
 
     from omni_pd import cli_options
 
@@ -1175,7 +1175,7 @@ def launch(
     opts = LaunchOptions(model=model, vllm=vllm, host=host, port=port, engine_port_base=engine_port_base,
                          platform=platform, served_model_name=served_model_name, ready_timeout_s=ready_timeout,
                          extra_args=tuple(extra_arg or ()), env=_pairs(env, "--env"), python=python,
-                         router_workers=router_workers)
+                         router_workers=router_workers, launcher_env=launcher_visibility(os.environ))
     # validate's findings first, rendered and counted as `omni-pd validate` does, before
     # anything is planned (issue 24 item 3); stderr under --format json (stdout is the plan)
     found_out = sys.stderr if (dry_run and fmt == "json") else sys.stdout
@@ -1480,6 +1480,8 @@ def _print_plan(plan, on_host: Optional[str] = None) -> None:
             t.add_row(f"{p.name}\n(peer)", f"runs on {p.host}: waited for, not started here", "-", "-", "-", health, "-")
             continue
         devs = f"{p.device_env}={p.devices}" if p.device_env else "-"
+        if p.device_env and p.visible_devices is not None:  # remapped: the stage's entries index the variable
+            devs += f"\n(logical {p.logical_devices} of {p.device_env}={p.visible_devices})"
         t.add_row(f"{p.name}\n({p.role})", shlex.join(p.masked_argv()), env or "-", devs, ports or "-", health,
                   ", ".join(p.depends_on) or "-")
     c = Console(width=max(160, Console().width))

@@ -27,7 +27,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from omni_pd.check.serve_flags import DEPLOY_ONLY_KEYS
 from omni_pd.compile.topology import StageNode, Topology, format_devices, pipeline_wide_settings
@@ -38,6 +38,90 @@ DEVICE_ENV: dict[str, str | None] = {
     "cuda": "CUDA_VISIBLE_DEVICES", "rocm": "HIP_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES",
     "xpu": "ZE_AFFINITY_MASK", "musa": "MUSA_VISIBLE_DEVICES", "cpu": None,
 }
+
+def launcher_visibility(environ: Mapping[str, str]) -> dict[str, str]:
+    """The visibility variables of :data:`DEVICE_ENV` set in ``environ`` (the launcher's
+    own environment, which every child inherits): what :attr:`LaunchOptions.launcher_env`
+    holds. The CLI passes ``os.environ``; nothing else is kept. Pure."""
+    return {v: str(environ[v]) for v in DEVICE_ENV.values() if v and v in environ}
+
+
+@dataclass(frozen=True)
+class DeviceMap:
+    """:func:`map_devices`'s answer for one engine.
+
+    ``logical``: the stage's entries as written (``"0,1"``). ``physical``: the value the
+    child's visibility variable is set to (``"4,5"``). ``visible``: the visibility value
+    the entries index (``"4,5"``), None when unset. ``source``: where that value came
+    from (``the launcher's environment``, ``--env``, ``the stage's env``). ``dropped``:
+    entries outside ``visible`` (vllm-omni drops them). ``passed_through``: no entry was
+    inside ``visible``, so the list is read as physical ids."""
+
+    logical: str
+    physical: str
+    visible: str | None = None
+    source: str | None = None
+    dropped: tuple[int, ...] = ()
+    passed_through: bool = False
+
+
+def map_devices(devices: str | None, var: str | None, stage_env: Mapping[str, Any] | None,
+                opts_env: Mapping[str, str], launcher_env: Mapping[str, str]) -> DeviceMap | None:
+    """Map an engine's ``devices`` (``"0,1"``, logical) to the physical ids its
+    ``var`` (``CUDA_VISIBLE_DEVICES`` ...) must carry, as vllm-omni 0.30 maps a stage's
+    devices (:func:`omni_pd.compile.devices.physical_ids`; vllm_omni/entrypoints/
+    stage_utils.py ``resolve_stage_physical_devices``, ``_map_device_list``).
+
+    The visible set is the first of ``stage_env[var]`` (the stage's own env, applied
+    before its devices are mapped: vllm_omni/engine/stage_init_utils.py
+    ``stage_runtime_setup``), ``opts_env[var]`` (``launch --env``, given to every
+    process) and ``launcher_env[var]`` (the launcher's own, inherited by every child).
+    None when there is nothing to map (no variable, no devices, ``"cpu"``). Pure; raises
+    nothing."""
+    from omni_pd.compile.devices import parse_devices, parse_visible, passed_through, physical_ids
+
+    if not var or devices is None:
+        return None
+    try:
+        entries = parse_devices(devices)
+    except ValueError:
+        return None
+    if not isinstance(entries, tuple) or not entries:
+        return None
+    if stage_env and var in stage_env:
+        raw, source = str(stage_env[var]), "the stage's env"
+    elif var in opts_env:
+        raw, source = opts_env[var], "--env"
+    else:
+        raw, source = launcher_env.get(var), "the launcher's environment"
+    visible = parse_visible(raw)
+    if visible is None:
+        return DeviceMap(devices, devices)
+    ids = physical_ids(entries, visible)
+    return DeviceMap(devices, ",".join(i for i in ids if i is not None), ",".join(visible), source,
+                     tuple(e for e, i in zip(entries, ids) if i is None), passed_through(entries, visible))
+
+
+def device_note(name: str, var: str, m: DeviceMap) -> str | None:
+    """The launch plan's note on process ``name`` when a visibility variable remapped its
+    devices (``m.visible`` set), else None: the logical entries, the physical ids the child
+    gets, dropped entries and a pass-through list, each as vllm-omni treats it."""
+    if m.visible is None:
+        return None
+    under = f"{var}={m.visible} ({m.source})"
+    if m.passed_through:
+        return (f"{name}: devices \"{m.logical}\" have no entry below the {len(m.visible.split(','))} of {under}: "
+                f"read as physical ids, it starts with {var}={m.physical}, as vllm-omni passes such a list through "
+                "(vllm_omni/entrypoints/stage_utils.py _map_device_list)")
+    logical = [int(x) for x in m.logical.split(",")]
+    pairs = ", ".join(f"{i}->{p}" for i, p in zip([i for i in logical if i not in m.dropped], m.physical.split(",")))
+    out = f"{name}: devices \"{m.logical}\" index {under}: it starts with {var}={m.physical} (logical->physical {pairs})"
+    if m.dropped:
+        out += (f"; logical device{'s' if len(m.dropped) > 1 else ''} {','.join(map(str, m.dropped))} "
+                f"{'are' if len(m.dropped) > 1 else 'is'} outside it and dropped, as vllm-omni drops "
+                f"{'them' if len(m.dropped) > 1 else 'it'}")
+    return out + " (vllm_omni/entrypoints/stage_utils.py resolve_stage_physical_devices)"
+
 
 #: stage keys that are deploy-schema keys, not `vllm serve` flags (one set, shared with
 #: validate's unknown-flag check)
@@ -84,6 +168,11 @@ class LaunchOptions:
     #: every process runs on its stage's host and binds and advertises that host's
     #: address; the router runs on decode's host (:func:`build_plan`). None: one host, ``host``.
     placement: Any = None
+    #: the launcher's own visibility variables (:func:`launcher_visibility` of its
+    #: environment, which every child inherits): each engine's ``devices`` index them
+    #: (:func:`map_devices`). {}: none set, logical == physical. Passed in by the caller;
+    #: the plan never reads ``os.environ``
+    launcher_env: dict[str, str] = field(default_factory=dict)
 
 
 def _router_workers_args(conn: str, opts: LaunchOptions) -> list[str]:
@@ -371,6 +460,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
     from omni_pd.check.rules.nixl_lease import planned_lease
 
     procs: list[ProcessSpec] = []
+    device_notes: list[str] = []
     lease_set = False
     urls: dict[str, list[str]] = {"prefill": [], "decode": []}
     wide = pipeline_wide_settings(topo.config)  # top-level keys; a stage's own value wins
@@ -384,9 +474,13 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
             port = opts.engine_port_base + (0 if role == "prefill" else 100) + inst.replica
             env = {**env_all, **_env_str(node.env), **inst.env}
             dev_var = DEVICE_ENV.get(opts.platform)
-            devs = inst.devices if dev_var else None
+            dmap = map_devices(inst.devices if dev_var else None, dev_var, node.env, env_all, opts.launcher_env)
+            devs = dmap.physical if dmap is not None else (inst.devices if dev_var else None)
             if dev_var and devs is not None:
                 env[dev_var] = devs
+            note = device_note(f"{role}-{inst.replica}", dev_var, dmap) if dmap is not None and dev_var else None
+            if note:
+                device_notes.append(note)
             hccl = _hccl_port(env, node, inst.replica) if opts.platform == "npu" else None
             if _is_ascend(conn):  # an npu overlay keeps the base's CUDA-connector env: unread there
                 for k in ("VLLM_MOONCAKE_BOOTSTRAP_PORT", "VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_NIXL_SIDE_CHANNEL_HOST"):
@@ -402,6 +496,8 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
             procs.append(ProcessSpec(
                 name=f"{role}-{inst.replica}", role=role, argv=tuple(argv), env=env, devices=devs,
                 device_env=dev_var if devs is not None else None,
+                logical_devices=dmap.logical if dmap is not None else None,
+                visible_devices=dmap.visible if dmap is not None else None,
                 ports=(PortUse(port, "http", bind),) + tuple(
                     PortUse(x.port, x.purpose, bind) for x in inst.ports) + (
                     (PortUse(hccl, "HCCL listener (HCCL_IF_BASE_PORT)", bind),) if hccl is not None else ()) + (
@@ -419,6 +515,10 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
         e_on = where.host(enc.stage_id)
         e_proc, ec_name, ec_storage = _encoder_process(enc, replace(opts, host=where.address(e_on)), served, env_all,
                                                        engine_py, wide)
+        emap = map_devices(format_devices(enc.devices), e_proc.device_env, enc.env, env_all, opts.launcher_env)
+        note = device_note(e_proc.name, e_proc.device_env, emap) if emap is not None and e_proc.device_env else None
+        if note:
+            device_notes.append(note)
         e_proc = replace(e_proc, host=e_on)
         procs = [replace(x, writable_dirs=(ec_storage,)) if (x.role == "prefill" and ec_storage) else x
                  for x in procs]
@@ -448,7 +548,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
                              f"{conn} routing fields relayed to decode)",)
                       + ((f"encoder leg: one request per media item to encoder-0 first; its {ec_name} output "
                           "reaches prefill (ec_consumer)",) if enc is not None else ())
-                      + _lease_note(p.kv, opts.platform, target, lease_set),
+                      + _lease_note(p.kv, opts.platform, target, lease_set) + tuple(device_notes),
                       ec_connector=ec_name, ec_storage=ec_storage)
 
 
@@ -542,7 +642,7 @@ def for_host(plan: LaunchPlan, host: str) -> LaunchPlan:
     names = {p.name for p in mine}
     needed = {d for p in mine for d in p.depends_on if d not in names}
     peers = [replace(p, argv=(), role="peer", env={}, ports=(), depends_on=(), modules=(), python=None,
-                     devices=None, device_env=None, writable_dirs=())
+                     devices=None, device_env=None, logical_devices=None, visible_devices=None, writable_dirs=())
              for p in plan.processes if p.name in needed]
     return replace(plan, processes=tuple(peers + mine))
 
@@ -568,8 +668,10 @@ def _encoder_process(node: StageNode, opts: LaunchOptions, served: str,
 
     port = opts.engine_port_base + ENCODER_PORT_OFFSET
     dev_var = DEVICE_ENV.get(opts.platform)
-    devs = format_devices(node.devices) if dev_var else None
     env = {**env_all, **_env_str(node.env)}
+    dmap = map_devices(format_devices(node.devices) if dev_var else None, dev_var, node.env, env_all,
+                       opts.launcher_env)
+    devs = dmap.physical if dmap is not None else (format_devices(node.devices) if dev_var else None)
     if dev_var and devs is not None:
         env[dev_var] = devs
     ec = node.settings.get("ec_transfer_config") or {}
@@ -583,6 +685,8 @@ def _encoder_process(node: StageNode, opts: LaunchOptions, served: str,
     proc = ProcessSpec(
         name="encoder-0", role="encoder", argv=tuple(argv), env=env, devices=devs,
         device_env=dev_var if devs is not None else None,
+        logical_devices=dmap.logical if dmap is not None else None,
+        visible_devices=dmap.visible if dmap is not None else None,
         ports=(PortUse(port, "http", opts.host),) + ((PortUse(rpc, DP_RPC, opts.host),) if rpc is not None else ()),
         health=HealthCheck(f"http://{opts.host}:{port}/health", timeout_s=opts.ready_timeout_s),
         modules=("vllm",), python=engine_py,
@@ -640,8 +744,13 @@ def plan_document(doc: Any, config_path: str, opts: LaunchOptions, inventory: An
             where = resolve_placement(named.stages, inventory)
             inventory = replace(inventory, placement=dict(where.stage_host))
             opts = replace(opts, placement=where)
+    # the launch platform's visibility variable the engines start under (--env's, else the
+    # launcher's): validate maps the stages' devices through it as the plan does
+    # (OPD402/OPD404); --platform cpu selects no device, so validate sees none
+    var, given = DEVICE_ENV.get(opts.platform), {**opts.launcher_env, **opts.env}
+    seen = {var: given[var]} if var and var in given else {}
     res = validate_document(doc, ValidateOptions(platform=overlay, cli=parse_argv(opts.extra_args),
-                                                 inventory=inventory))
+                                                 inventory=inventory, env=seen))
     pipe = load_catalogue().get(res.pipeline_name or "")
     if not any(d.severity is Severity.ERROR for d in res.diagnostics) and pipe is not None and pipe.is_pd:
         # the launch platform's NIXL lease (OPD623): validate has no --platform cpu, so

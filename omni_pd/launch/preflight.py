@@ -23,7 +23,7 @@ import socket
 import subprocess
 from omni_pd.diagnostics import Diagnostic, Severity
 from omni_pd.launch.plan import DP_RPC, DP_RPC_PORT_OFFSET
-from omni_pd.launch.spec import LaunchPlan
+from omni_pd.launch.spec import LaunchPlan, ProcessSpec
 
 
 def bind_error(host: str, port: int) -> OSError | None:
@@ -233,10 +233,38 @@ def gpu_inventory() -> list[tuple[int, int, int]] | None:
     return rows
 
 
+def _device_entries(p: ProcessSpec) -> list[tuple[int, str, str | None]]:
+    """(physical GPU index, how a message names it, the short form for a sum) for each
+    device ``p`` runs on: with a remapped list (``visible_devices`` set) ``logical device
+    1 (physical GPU 5 under CUDA_VISIBLE_DEVICES=4,5)`` and ``logical device 1 of
+    CUDA_VISIBLE_DEVICES=4,5`` (:func:`omni_pd.compile.devices.device_name`), else ``GPU
+    5`` and None. Entries vllm-omni drops (outside the visible set) and ids that are no
+    index (a GPU UUID in the visibility variable) are skipped."""
+    from omni_pd.compile.devices import device_name, parse_devices, parse_visible, passed_through, physical_ids
+
+    visible = parse_visible(p.visible_devices)
+    try:
+        logical = parse_devices(p.logical_devices) if visible is not None else None
+    except ValueError:
+        logical = None
+    if not isinstance(logical, tuple):
+        return [(int(t), f"GPU {t.strip()}", None) for t in str(p.devices).split(",") if t.strip().isdigit()]
+    through = passed_through(logical, visible)
+    return [(int(phys), device_name(i, visible, p.device_env, all_outside=through),
+             device_name(i, visible, p.device_env, all_outside=through, short=True))
+            for i, phys in zip(logical, physical_ids(logical, visible)) if phys is not None and phys.isdigit()]
+
+
 def check_devices(plan: LaunchPlan, platform: str,
                   inventory: list[tuple[int, int, int]] | None = None) -> list[Diagnostic]:
     """OPD963/OPD964 for CUDA processes (each asks ``memory_fraction`` of its devices;
-    ``inventory``: as :func:`gpu_inventory`, None = ask ``nvidia-smi``)."""
+    ``inventory``: as :func:`gpu_inventory`, None = ask ``nvidia-smi``).
+
+    A process's ``devices`` are the physical ids it starts on (the plan mapped the
+    stage's logical entries through the visibility variable:
+    :func:`omni_pd.launch.plan.map_devices`); nvidia-smi ignores ``CUDA_VISIBLE_DEVICES``
+    and lists physical indices, so those are what is looked up, and a message names the
+    logical device and the physical one when a visibility variable remapped them."""
     if platform != "cuda":
         return []
     users = [p for p in plan.processes if p.devices]
@@ -249,23 +277,24 @@ def check_devices(plan: LaunchPlan, platform: str,
     gpus = {i: (t, f) for i, t, f in inv}
     out: list[Diagnostic] = []
     ask: dict[int, float] = {}
+    who: dict[int, list[str]] = {}  # physical GPU -> the logical names that put engines on it
     for p in users:
-        for tok in str(p.devices).split(","):
-            try:
-                dev = int(tok)
-            except ValueError:
-                continue
+        for dev, named, short in _device_entries(p):
             if dev not in gpus:
                 out.append(Diagnostic(code="OPD963", severity=Severity.ERROR,
-                                      message=f"{p.name} is given GPU {dev}, this machine has {sorted(gpus)}",
-                                      help="change the stage's `devices:` (re-run `omni-pd expand --prefill-devices ...`)"))
+                                      message=f"{p.name} is given {named}, this machine has {sorted(gpus)}",
+                                      help="change the stage's `devices:` (re-run `omni-pd expand --prefill-devices ...`)"
+                                      + (f" or {p.device_env}" if p.visible_devices is not None else "")))
                 continue
             ask[dev] = ask.get(dev, 0.0) + gpus[dev][0] * p.memory_fraction
+            if short is not None:
+                who.setdefault(dev, []).append(f"{p.name}'s {short}")
     for dev, mib in sorted(ask.items()):
         total, free = gpus[dev]
         if mib > free:
+            on = f" ({'; '.join(who[dev])})" if dev in who else ""
             out.append(Diagnostic(code="OPD964", severity=Severity.ERROR,
-                                  message=f"GPU {dev}: engines ask {mib / 1024:.1f} GiB, {free / 1024:.1f} GiB of "
+                                  message=f"GPU {dev}{on}: engines ask {mib / 1024:.1f} GiB, {free / 1024:.1f} GiB of "
                                           f"{total / 1024:.1f} GiB is free",
                                   help="lower gpu_memory_utilization or free the GPU"))
     return out

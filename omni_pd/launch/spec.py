@@ -63,7 +63,12 @@ class ProcessSpec:
     the launcher's environment (values are strings). ``cwd``: working directory (None =
     the launcher's). ``devices``/``device_env``: the visible-device list and the variable
     that carries it (``CUDA_VISIBLE_DEVICES``, ``ASCEND_RT_VISIBLE_DEVICES``, ...; also
-    present in ``env``). ``ports``: every port it binds (preflight try-binds them).
+    present in ``env``): the physical ids the child sees, after the launcher's visibility
+    variable (or the stage's own env value of it) remapped the stage's entries.
+    ``logical_devices``: the stage's ``devices`` entries as written (``"0,1"``), set with
+    ``devices``. ``visible_devices``: the visibility value they index
+    (``CUDA_VISIBLE_DEVICES=4,5`` -> ``"4,5"``), None when unset (logical == physical;
+    :func:`omni_pd.launch.plan.map_devices`). ``ports``: every port it binds (preflight try-binds them).
     ``health``: readiness probe, None = ready once started. ``depends_on``: names that
     must be healthy before this one starts. ``role``: ``prefill``/``decode``/``router``/
     ``omni``/``service``. ``modules``: Python modules the child needs importable
@@ -79,6 +84,8 @@ class ProcessSpec:
     role: str = "engine"
     devices: str | None = None
     device_env: str | None = None
+    logical_devices: str | None = None
+    visible_devices: str | None = None
     ports: tuple[PortUse, ...] = ()
     health: HealthCheck | None = None
     depends_on: tuple[str, ...] = ()
