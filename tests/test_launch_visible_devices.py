@@ -225,3 +225,16 @@ def test_preflight_names_logical_and_physical_devices():
     plain = plan_of(pd_text())
     assert [(d.code, d.message) for d in pf.check_devices(plain, "cuda", inventory=[(0, 81920, 81920)])] == [
         ("OPD963", "decode-0 is given GPU 1, this machine has [0]")]
+
+
+def test_the_encoder_of_an_e_p_d_plan_is_mapped_too():
+    """E -> P -> D on cuda: encoder-0's logical device 2 is physical 7 under
+    CUDA_VISIBLE_DEVICES=5,6,7 (prefill 0 -> 5, decode 1 -> 6)."""
+    path = ROOT / "golden" / "encoder" / "qwen3_omni_thinker_1e1p1d.yaml"
+    plan = plan_document(parse_text(path.read_text(), path.name), "/cfg/epd.yaml",
+                         LaunchOptions(model="m", vllm="/v/vllm", launcher_env={"CUDA_VISIBLE_DEVICES": "5,6,7"})).plan
+    assert [(p.name, p.env.get("CUDA_VISIBLE_DEVICES"), p.logical_devices) for p in plan.processes
+            if p.role != "router"] == [("prefill-0", "5", "0"), ("decode-0", "6", "1"), ("encoder-0", "7", "2")]
+    assert plan.notes[-1] == (
+        'encoder-0: devices "2" index CUDA_VISIBLE_DEVICES=5,6,7 (the launcher\'s environment): it starts with '
+        f"CUDA_VISIBLE_DEVICES=7 (logical->physical 2->7) ({SRC})")
