@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     py = e2e_python(a.e2e_python)
     from e2e.harness import Launcher, PlainInstance, engine_env, tiny_model_dir
-    from test_e2e_omni_thinker import cases
+    from e2e.baselines import cases
 
     mach = machine()
     work = Path(tempfile.mkdtemp(prefix="omni-pd-audio-bench-"))

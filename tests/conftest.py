@@ -152,3 +152,30 @@ def tiny_model():
     if not python:
         pytest.skip("OMNI_PD_E2E_PYTHON not set (build it with .ci/e2e_venv.sh)")
     return lambda name: tiny_model_dir(name, python)
+
+
+def _e2e_vllm() -> str:
+    """The e2e venv's ``vllm`` CLI (next to ``OMNI_PD_E2E_PYTHON``)."""
+    return str(Path(os.environ["OMNI_PD_E2E_PYTHON"]).parent / "vllm")
+
+
+@pytest.fixture(scope="session")
+def plain_llm(tiny_model, tmp_path_factory):
+    """The tiny qwen2's plain ``vllm serve`` answers to every completion request the
+    plain-vLLM PD modules send (tests/e2e/baselines.py :data:`LLM`), one instance per
+    session on port 18300, stopped before this returns. Skips without the e2e venv."""
+    from e2e.baselines import llm_answers
+
+    model = tiny_model("qwen2")
+    return llm_answers(_e2e_vllm(), model, 18300, tmp_path_factory.mktemp("plain-llm"))
+
+
+@pytest.fixture(scope="session")
+def plain_thinker(tiny_model, tmp_path_factory):
+    """The tiny Qwen3-Omni Thinker's plain answers to every chat the Thinker PD modules
+    send (tests/e2e/baselines.py :func:`thinker_chats`), one instance per session on port
+    19650, stopped before this returns. Skips without the e2e venv."""
+    from e2e.baselines import thinker_answers
+
+    model = tiny_model("qwen3_omni")
+    return thinker_answers(_e2e_vllm(), model, 19650, tmp_path_factory.mktemp("plain-thinker"))

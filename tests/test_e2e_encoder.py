@@ -37,16 +37,16 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e.harness import (Launcher, PlainInstance, alive, descendants, engine_env, get, port_free, post_json,
+from e2e.baselines import chat, png_data_url, thinker_chats
+from e2e.harness import (Launcher, alive, descendants, engine_env, get, port_free, post_json,
                          prompt_tokens_by_source, rss_bytes, wait_for_line)
 
 ROOT = Path(__file__).resolve().parents[1]
 E2E = os.environ.get("OMNI_PD_E2E_PYTHON")
 pytestmark = pytest.mark.skipif(not E2E, reason="OMNI_PD_E2E_PYTHON not set (build it with .ci/e2e_venv.sh)")
 
-ROUTER, ENGINES, BASELINE, SIDE = 19600, 19700, 19650, 19950  # P 19700, D 19800, E 19900
+ROUTER, ENGINES, SIDE = 19600, 19700, 19950  # P 19700, D 19800, E 19900
 DEPLOY = ROOT / "tests" / "fixtures" / "qwen3_omni_moe_thinker_only_cpu.yaml"
-PLAIN_FLAGS = ("--max-model-len", "2048", "--max-num-seqs", "4", "--enforce-eager", "--dtype", "float32")
 LOAD_LINE = "Success load encoder cache for hash"
 
 TAMPER = """
@@ -61,31 +61,10 @@ print(sorted((k, tuple(v.shape)) for k, v in t.items()))
 """
 
 
-def png_data_url(height: int, width: int) -> str:
-    from test_e2e_omni_thinker import png_data_url as png
-
-    return png(height, width)
-
-
-def _content():
-    from test_e2e_omni_thinker import wav_data_url
-
-    return {
-        "image": [{"type": "image_url", "image_url": {"url": png_data_url(64, 96)}},
-                  {"type": "text", "text": "What is it?"}],
-        "audio": [{"type": "input_audio", "input_audio": {"data": wav_data_url(), "format": "wav"}},
-                  {"type": "text", "text": "What is it?"}],
-        "tamper": [{"type": "image_url", "image_url": {"url": png_data_url(96, 64)}},
-                   {"type": "text", "text": "What is it?"}],
-    }
-
-
-def chat(base: str, content: list[dict], max_tokens: int = 16) -> tuple[str, int, float]:
-    body = {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True}
-    t0 = time.monotonic()
-    r = post_json(base + "/v1/chat/completions", body)
-    return r["choices"][0]["message"]["content"], r["usage"]["prompt_tokens"], time.monotonic() - t0
+def _content() -> dict[str, list[dict]]:
+    """The three chats this module compares (tests/e2e/baselines.py :func:`thinker_chats`)."""
+    c = thinker_chats()
+    return {"image": c["image-short"], "audio": c["audio-short"], "tamper": c["image-tall"]}
 
 
 def stored(ec: Path) -> set[str]:
@@ -104,18 +83,14 @@ def setup(tmp_path_factory, tiny_model):
     return tmp, model, epd, ec, str(Path(E2E).parent / "vllm")
 
 
-def test_qwen3_omni_thinker_e_p_d_on_cpu_equals_a_plain_instance_and_uses_the_encoder(setup):
+def test_qwen3_omni_thinker_e_p_d_on_cpu_equals_a_plain_instance_and_uses_the_encoder(setup, plain_thinker):
     tmp, model, epd, ec, vllm = setup
     prompts = _content()
-    m: dict = {"plain": {}, "epd": {}}
+    m: dict = {"plain": {"healthy_s": plain_thinker.healthy_s, "rss_gib": plain_thinker.rss_gib}, "epd": {}}
 
-    # 1. the plain instance
-    with PlainInstance(vllm, model, BASELINE, engine_env(tmp), tmp / "plain.log", flags=PLAIN_FLAGS) as plain:
-        m["plain"]["healthy_s"] = plain.healthy_s
-        want = {name: chat(plain.url, c) for name, c in prompts.items()}
-        m["plain"]["rss_gib"] = plain.rss_gib()
-    m["plain"]["latency_s"] = {k: round(v[2], 3) for k, v in want.items()}
-    assert len({text for text, _, _ in want.values()}) == len(want), want  # answers tell the inputs apart
+    # 1. the plain instance's answers (the session's one plain run, stopped before E, P and D start)
+    want = {name: plain_thinker.chat(c) for name, c in prompts.items()}
+    assert len({text for text, _ in want.values()}) == len(want), want  # answers tell the inputs apart
 
     # 2. E + P + D (+ router) through omni-pd launch, with the smoke check
     launcher = Launcher(epd, model, vllm, tmp / "run", router_port=ROUTER, engine_port_base=ENGINES,
@@ -139,7 +114,7 @@ def test_qwen3_omni_thinker_e_p_d_on_cpu_equals_a_plain_instance_and_uses_the_en
             after = prompt_tokens_by_source(get(d_metrics))
             new = stored(ec) - before_items
             m["epd"]["latency_s"][name] = round(got[2], 3)
-            assert got[:2] == want[name][:2], (name, got, want[name])
+            assert got[:2] == want[name], (name, got, want[name])
             assert len(new) == 1, (name, new)
             [h] = new
             assert wait_for_line(p_log, f"{LOAD_LINE} {h}"), (name, h)

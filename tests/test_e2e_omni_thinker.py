@@ -11,7 +11,8 @@ into 1P1D over NixlConnector (``kv_buffer_device: cpu``) and started by ``omni-p
 --platform cpu --smoke`` (the ``qwen3_omni_moe_thinker_only`` pipeline launches with
 plain ``vllm serve`` engines behind omni-pd's router).
 
-First one plain vLLM instance (no connector) answers six greedy chat requests: text,
+First one plain vLLM instance (no connector; the session's one plain run of this model,
+tests/e2e/baselines.py) answers six greedy chat requests: text,
 audio (a WAV data URL as ``input_audio``) and image (a PNG data URL as ``image_url``),
 each once short and once longer than one KV block (CPU block size 128 tokens). It is
 stopped, then P+D are launched (so at most two engines run at once) and the same six
@@ -24,90 +25,25 @@ are printed (``pytest -s``) and written to ``<tmp>/measurements.json``.
 
 from __future__ import annotations
 
-import base64
 import json
-import math
 import os
 import signal
-import struct
 import subprocess
 import sys
 import time
-import wave
-import zlib
-from io import BytesIO
 from pathlib import Path
 
 import pytest
-from e2e.harness import (Launcher, PlainInstance, engine_env, get, port_free, post_json, prompt_tokens_by_source,
+from e2e.baselines import BLOCK, cases, chat
+from e2e.harness import (Launcher, engine_env, get, port_free, prompt_tokens_by_source,
                          rss_bytes, descendants, alive)
 
 ROOT = Path(__file__).resolve().parents[1]
 E2E = os.environ.get("OMNI_PD_E2E_PYTHON")
 pytestmark = pytest.mark.skipif(not E2E, reason="OMNI_PD_E2E_PYTHON not set (build it with .ci/e2e_venv.sh)")
 
-ROUTER, ENGINES, BASELINE, SIDE = 19000, 19100, 19300, 19500
+ROUTER, ENGINES, SIDE = 19000, 19100, 19500
 DEPLOY = ROOT / "tests" / "fixtures" / "qwen3_omni_moe_thinker_only_cpu.yaml"
-BLOCK = 128  # vLLM's CPU KV block size (tokens)
-#: the engine settings of the fixture deploy, for the plain instance
-PLAIN_FLAGS = ("--max-model-len", "2048", "--max-num-seqs", "4", "--enforce-eager", "--dtype", "float32")
-LONG = " ".join(f"def f{i}(x): return x * {i}" for i in range(30))  # ~330 tokens: several KV blocks
-
-
-def wav_data_url(seconds: float = 1.0, rate: int = 16000) -> str:
-    """A mono 16-bit WAV (two sines, 440 Hz and 97 Hz) as a base64 string (stdlib ``wave``)."""
-    n = int(seconds * rate)
-    pcm = b"".join(struct.pack("<h", int(32767 * (0.3 * math.sin(2 * math.pi * 440 * i / rate)
-                                                  + 0.1 * math.sin(2 * math.pi * 97 * i / rate))))
-                   for i in range(n))
-    buf = BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm)
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-def png_data_url(height: int, width: int) -> str:
-    """An RGB PNG of diagonal stripes as a ``data:image/png;base64,...`` URL (stdlib zlib)."""
-    rows = []
-    for y in range(height):
-        row = bytearray(b"\x00")  # filter type 0
-        for x in range(width):
-            row += bytes(((7 * (x + y)) % 256, (7 * (height - y + x)) % 256, (5 * x + 3 * y) % 256))
-        rows.append(bytes(row))
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-           + chunk(b"IDAT", zlib.compress(b"".join(rows))) + chunk(b"IEND", b""))
-    return "data:image/png;base64," + base64.b64encode(png).decode()
-
-
-def cases() -> dict[str, list[dict]]:
-    """Six chat message contents: text / audio / image, each short (< 1 block) and long."""
-    audio = {"type": "input_audio", "input_audio": {"data": wav_data_url(), "format": "wav"}}
-    return {
-        "text-short": [{"type": "text", "text": "def hello(x):"}],
-        "text-long": [{"type": "text", "text": LONG}],
-        "audio-short": [audio, {"type": "text", "text": "What is it?"}],
-        "audio-long": [audio, {"type": "text", "text": LONG}],
-        "image-short": [{"type": "image_url", "image_url": {"url": png_data_url(64, 96)}},
-                        {"type": "text", "text": "What is it?"}],
-        "image-long": [{"type": "image_url", "image_url": {"url": png_data_url(256, 256)}},
-                       {"type": "text", "text": LONG}],
-    }
-
-
-def chat(base: str, content: list[dict]) -> tuple[str, int, float]:
-    """One greedy chat completion: (text, prompt tokens, seconds)."""
-    body = {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 16,
-            "temperature": 0, "ignore_eos": True}
-    t0 = time.monotonic()
-    r = post_json(base + "/v1/chat/completions", body)
-    return r["choices"][0]["message"]["content"], r["usage"]["prompt_tokens"], time.monotonic() - t0
 
 
 @pytest.fixture(scope="module")
@@ -120,21 +56,17 @@ def setup(tmp_path_factory, tiny_model):
     return tmp, model, pd, str(Path(E2E).parent / "vllm")
 
 
-def test_qwen3_omni_thinker_pd_on_cpu_equals_a_plain_instance_for_text_audio_and_image(setup):
+def test_qwen3_omni_thinker_pd_on_cpu_equals_a_plain_instance_for_text_audio_and_image(setup, plain_thinker):
     tmp, model, pd, vllm = setup
     prompts = cases()
-    m: dict = {"plain": {}, "pd": {}}
+    m: dict = {"plain": {"healthy_s": plain_thinker.healthy_s, "rss_gib": plain_thinker.rss_gib}, "pd": {}}
 
-    # 1. the plain instance: record its answers, then stop it
-    with PlainInstance(vllm, model, BASELINE, engine_env(tmp), tmp / "plain.log", flags=PLAIN_FLAGS) as plain:
-        m["plain"]["healthy_s"] = plain.healthy_s
-        want = {name: chat(plain.url, c) for name, c in prompts.items()}
-        m["plain"]["rss_gib"] = plain.rss_gib()
-    m["plain"]["latency_s"] = {k: round(v[2], 3) for k, v in want.items()}
+    # 1. the plain instance's answers (the session's one plain run, stopped before P + D start)
+    want = {name: plain_thinker.chat(c) for name, c in prompts.items()}
 
     # a weak equality test would pass on constant output: the six answers must differ
-    assert len({text for text, _, _ in want.values()}) == len(want), want
-    for name, (_, n_prompt, _) in want.items():
+    assert len({text for text, _ in want.values()}) == len(want), want
+    for name, (_, n_prompt) in want.items():
         assert (n_prompt > BLOCK) == name.endswith("-long"), (name, n_prompt)
 
     # 2. P + D through omni-pd launch; the same requests through the router
@@ -153,7 +85,7 @@ def test_qwen3_omni_thinker_pd_on_cpu_equals_a_plain_instance_for_text_audio_and
             delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
             m["pd"]["latency_s"][name] = round(got[2], 3)
             m["pd"]["by_source_delta"][name] = delta
-            assert got[:2] == want[name][:2], (name, got, want[name])
+            assert got[:2] == want[name], (name, got, want[name])
             assert delta["external_kv_transfer"] > 0, (name, delta)
             assert delta["local_compute"] == 0, (name, delta)
             assert delta["external_kv_transfer"] + delta.get("local_cache_hit", 0.0) == got[1], (name, delta, got)

@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e.harness import Launcher, PlainInstance, engine_env
+from e2e.baselines import LONG, SHORT
+from e2e.harness import Launcher, engine_env
 
 ROOT = Path(__file__).resolve().parents[1]
 E2E = os.environ.get("OMNI_PD_E2E_PYTHON")
@@ -49,9 +50,7 @@ needs_hosts = [
 #: the /30 between the namespaces (RFC 1918; it exists only on the veth pair)
 NET = "10.201.0"
 ADDR = {"A": f"{NET}.1", "B": f"{NET}.2"}
-ROUTER, ENGINES, SIDE, BASELINE = 18600, 18700, 18900, 18650
-LONG = " ".join(f"def f{i}(x):\n    return x * {i} + {i % 7}" for i in range(40))  # > 128 tokens: whole blocks
-SHORT = "def hello_world(x):"
+ROUTER, ENGINES, SIDE = 18600, 18700, 18900
 HOSTS_YAML = (f"hosts:\n  A: {{address: {ADDR['A']}, count: 1}}\n  B: {{address: {ADDR['B']}, count: 1}}\n"
               "placement: {0: A, 1: B}\n")
 
@@ -144,7 +143,7 @@ def test_localhost_side_channel_across_hosts_is_refused_before_anything_starts(t
 
 @needs_hosts[0]
 @needs_hosts[1]
-def test_prefill_on_a_and_decode_on_b_equal_a_plain_instance_and_kv_crosses(tmp_path, hosts, tiny_model):
+def test_prefill_on_a_and_decode_on_b_equal_a_plain_instance_and_kv_crosses(tmp_path, hosts, tiny_model, plain_llm):
     from omni_pd.launch.smoke import kv_received
 
     model = tiny_model("qwen2")
@@ -156,7 +155,6 @@ def test_prefill_on_a_and_decode_on_b_equal_a_plain_instance_and_kv_crosses(tmp_
     # per host: its own address for vLLM's get_ip(), UCX over TCP on the veth only
     env = {h: {**base_env, "VLLM_HOST_IP": ADDR[h], "UCX_TLS": "tcp", "UCX_NET_DEVICES": dev}
            for h, dev in (("A", f"{hosts['A'][:-1]}va"), ("B", f"{hosts['B'][:-1]}vb"))}
-    baseline = PlainInstance(vllm, model, BASELINE, base_env, tmp_path / "baseline.log").start()
     t0 = time.monotonic()
     a = _host_launcher(hosts["A"], "A", pd, inv, model, vllm, tmp_path / "runA", env["A"])
     b = _host_launcher(hosts["B"], "B", pd, inv, model, vllm, tmp_path / "runB", env["B"])
@@ -168,23 +166,15 @@ def test_prefill_on_a_and_decode_on_b_equal_a_plain_instance_and_kv_crosses(tmp_
         assert any(f"waiting for prefill-0 on A (GET http://{ADDR['A']}:{ENGINES}/health)" in ln for ln in b.lines)
         assert not any("started decode-0" in ln or "started router" in ln for ln in a.lines)
         assert [ln.split()[1] for ln in (tmp_path / "runB" / "pids").read_text().splitlines()] == ["decode-0", "router"]
-        baseline.wait_ready()
         # the router on B: through B's namespace only (A's address is not reachable from the test's host)
         got = json.loads(_in(hosts["B"], _CLIENT, f"http://{ADDR['B']}:{ROUTER}",
                              f"http://{ADDR['B']}:{ENGINES + 100}/metrics", json.dumps([LONG, SHORT])))
-        want = [_complete(baseline.url, p) for p in (LONG, SHORT)]
+        want = [plain_llm.completion(p, 24) for p in (LONG, SHORT)]
         assert got["texts"] == want
         assert kv_received(got["after"]) > kv_received(got["before"]), "decode did not receive KV from prefill"
         print(f"two hosts: all healthy after {ready_s:.1f} s; outputs equal; KV tokens received "
               f"{kv_received(got['after']) - kv_received(got['before']):g}")
     finally:
-        baseline.stop()
         rc_b, rc_a = b.stop(), a.stop()
     assert (rc_a, rc_b) == (130, 130), "\n".join(a.lines[-20:] + b.lines[-20:])
 
-
-def _complete(base: str, prompt: str) -> str:
-    from e2e.harness import post_json
-
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
-    return post_json(base + "/v1/completions", body)["choices"][0]["text"]

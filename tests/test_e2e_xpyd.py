@@ -2,8 +2,8 @@
 
 Runs where the e2e venv exists (``OMNI_PD_E2E_PYTHON``, built by ``.ci/e2e_venv.sh``),
 on the shared tiny random-weight Qwen2 model. At most three engines run at once. The
-module builds the model and records a plain instance's greedy outputs once (module
-fixtures; the plain instance is stopped before any xPyD run starts), then:
+module reads a plain instance's greedy outputs (the session's one plain run,
+tests/e2e/baselines.py, stopped before any xPyD run starts), then:
 
 * 2P1D: ``expand --prefill-replicas 2`` (NIXL, ``kv_buffer_device: cpu``) is launched as
   prefill-0, prefill-1, decode-0 and the router. Every answer through the router equals
@@ -47,25 +47,23 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e.harness import (Launcher, PlainInstance, alive, engine_env, get, port_free, post_json,
+from e2e.baselines import XPYD_PROMPTS, completion_body
+from e2e.harness import (Launcher, alive, engine_env, get, port_free, post_json,
                          prompt_tokens_by_source, rss_bytes)
 
 ROOT = Path(__file__).resolve().parents[1]
 E2E = os.environ.get("OMNI_PD_E2E_PYTHON")
 pytestmark = pytest.mark.skipif(not E2E, reason="OMNI_PD_E2E_PYTHON not set (build it with .ci/e2e_venv.sh)")
 
-PLAIN = 18900
 #: router, first engine HTTP port (prefill; decode + 100), first NIXL side-channel port, per layout
 PORTS = {"2p1d": (18600, 18700, 19000), "1p2d": (18610, 18720, 19010)}
 #: seconds one request may take (a ~30 s NIXL lease stall, see above, plus CPU compute)
 REQUEST_TIMEOUT_S = 120
-PROMPTS = [" ".join(f"def g{i}_{k}(x):\n    return x * {i} - {k}" for i in range(36)) for k in range(3)] + [
-    "def hello_world(x):"]
+PROMPTS = XPYD_PROMPTS
 
 
 def complete(base: str, prompt: str) -> str:
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
-    return post_json(base + "/v1/completions", body, timeout=REQUEST_TIMEOUT_S)["choices"][0]["text"]
+    return post_json(base + "/v1/completions", completion_body(prompt, 16), timeout=REQUEST_TIMEOUT_S)["choices"][0]["text"]
 
 
 def through(launcher: Launcher, base: str, prompt: str) -> str:
@@ -88,18 +86,14 @@ def kv_transferred(port: int) -> float:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory, tiny_model):
+def setup(tmp_path_factory, tiny_model, plain_llm):
     """``(tmp, model, vllm, want)``: the tiny model, the e2e venv's ``vllm`` and the plain
-    instance's answer to each of :data:`PROMPTS` (one engine, stopped before returning)."""
+    instance's answer to each of :data:`PROMPTS` (the session's plain run, stopped before
+    any xPyD engine starts; tests/e2e/baselines.py)."""
     tmp = tmp_path_factory.mktemp("e2e-xpyd")
     model = tiny_model("qwen2")
     vllm = str(Path(E2E).parent / "vllm")
-    t0 = time.monotonic()
-    with PlainInstance(vllm, model, PLAIN, engine_env(tmp), tmp / "plain.log") as plain:
-        want = {p: complete(plain.url, p) for p in PROMPTS}
-        rss = plain.rss_gib()
-    print(f"plain instance: healthy after {plain.healthy_s} s, {rss} GiB, "
-          f"{time.monotonic() - t0:.1f} s with its answers")
+    want = {p: plain_llm.completion(p, 16) for p in PROMPTS}
     assert len(set(want.values())) == len(want), want  # the answers tell the prompts apart
     return tmp, model, vllm, want
 
