@@ -32,3 +32,20 @@ def col(text: str, needle: str, nth: int = 0) -> tuple[int, int]:
         at = text.index(needle, at + 1)
     before = text[:at]
     return before.count("\n") + 1, len(before) - before.rfind("\n")
+
+
+def validate_cli(tmp_path, capsys, name: str, text: str, *args: str) -> tuple[int, str]:
+    """``omni-pd validate [args] NAME`` run in-process from ``tmp_path`` on ``text`` written
+    there as ``NAME`` (so diagnostics print the bare name): (exit status, stdout)."""
+    import os
+
+    from omni_pd.cli import main
+
+    (tmp_path / name).write_text(text)
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        rc = main(["validate", *args, name])
+    finally:
+        os.chdir(old)
+    return rc, capsys.readouterr().out

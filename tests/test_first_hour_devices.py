@@ -10,24 +10,15 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from omni_pd.cli import main
 from omni_pd.compile.devices import device_name, parse_visible, passed_through, physical_ids, rank_names
 from omni_pd.diagnostics import Diagnostic, Location, Severity, render_text
-from rule_found import found  # tests/rule_found.py
+from rule_found import found, validate_cli  # tests/rule_found.py
 
 
 def _validate(tmp_path: Path, capsys, text: str, *args: str) -> tuple[int, str]:
-    (tmp_path / "d.yaml").write_text(text)
-    old = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        rc = main(["validate", *args, "d.yaml"])
-    finally:
-        os.chdir(old)
-    return rc, capsys.readouterr().out
+    return validate_cli(tmp_path, capsys, "d.yaml", text, *args)
 
 
 def _block(out: str, code: str) -> list[str]:

@@ -10,12 +10,11 @@ omni_pd/check/causes.py lists each caused finding right after its cause, with a 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from omni_pd.check.causes import key_of, order_by_cause
 from omni_pd.check.validate import validate_text
-from omni_pd.cli import main
+from rule_found import validate_cli  # tests/rule_found.py
 from omni_pd.diagnostics import Diagnostic, Location, Severity
 
 #: decode's TP is misspelt; its "2,3" and prefill's TP 2 are what the user meant
@@ -65,14 +64,7 @@ pd.yaml: FAILED (3 errors, 0 warnings, 0 info)
 
 
 def _run(tmp_path: Path, capsys, text: str, *args: str) -> tuple[int, str]:
-    (tmp_path / "pd.yaml").write_text(text)
-    old = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        rc = main(["validate", *args, "pd.yaml"])
-    finally:
-        os.chdir(old)
-    return rc, capsys.readouterr().out
+    return validate_cli(tmp_path, capsys, "pd.yaml", text, *args)
 
 
 def test_typo_is_listed_before_the_findings_its_default_causes(tmp_path, capsys):
