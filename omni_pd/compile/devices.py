@@ -1,4 +1,5 @@
-"""Stage device lists: the ``devices`` value of a deploy stage, parsed and formatted.
+"""Stage device lists: the ``devices`` value of a deploy stage, parsed and formatted, the
+platforms they live on, and how they map to physical devices.
 
 A leaf module (no omni-pd imports) so that the model, the topology and the emitter can
 all use it without importing one another.
@@ -7,6 +8,11 @@ all use it without importing one another.
 from __future__ import annotations
 
 from typing import Any, Union
+
+#: Platform names a deploy file's ``platforms:`` block may hold, one per accelerator kind a
+#: stage's devices can be (vllm-omni 0.30.0 ``_apply_platform_overrides``,
+#: config/stage_config.py: the overlay named after ``current_omni_platform.device_name``).
+PLATFORMS = ("cuda", "rocm", "npu", "xpu", "musa")
 
 #: A stage's devices: logical indices, the string "cpu", or None (default visibility).
 Devices = Union[tuple[int, ...], str, None]

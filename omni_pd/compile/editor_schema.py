@@ -32,16 +32,11 @@ import copy
 from typing import Any
 
 from omni_pd.compile import ascend
+from omni_pd.compile.devices import PLATFORMS
 from omni_pd.compile.ec_connectors.base import ec_facts
 from omni_pd.compile.targets import Target
 from omni_pd.compile.tp_pairs import ASCEND_CONNECTORS
 
-#: Platform names ``platforms:`` may hold: vllm-omni 0.30.0 config/stage_config.py
-#: ``_apply_platform_overrides`` applies the overlay named after
-#: ``current_omni_platform.device_name``; the same tuple as
-#: ``omni_pd.compile.topology.PLATFORMS`` (which imports the model, so it cannot be
-#: imported here; tests/test_editor_schema.py holds the two equal).
-PLATFORM_NAMES = ("cuda", "rocm", "npu", "xpu", "musa")
 
 #: vLLM ``vllm/config/kv_transfer.py``: ``KVRole = Literal[KVProducer, KVConsumer]`` with
 #: ``KVProducer = Literal["kv_producer", "kv_both"]``, ``KVConsumer = Literal["kv_consumer",
@@ -248,7 +243,7 @@ def tighten(schema: dict[str, Any], target: Target) -> dict[str, Any]:
     _kv(defs["KVTransferConfig"], target)
     _ec(defs["ECTransferConfig"])
     _object_branch(s["properties"]["platforms"])["propertyNames"] = {
-        "enum": list(PLATFORM_NAMES),
+        "enum": list(PLATFORMS),
         "description": "vllm-omni applies the overlay of the platform it runs on only (vllm-omni 0.30.0 "
                        "config/stage_config.py _apply_platform_overrides; omni-pd OPD103)"}
     _connectors(s)

@@ -21,12 +21,8 @@ from typing import Any
 from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
 from omni_pd.io import Document
 from omni_pd.compile.model import DeployConfig
-from omni_pd.compile.devices import Devices, format_devices, parse_devices  # noqa: F401  (re-exported)
+from omni_pd.compile.devices import PLATFORMS, Devices, format_devices, parse_devices  # noqa: F401  (re-exported)
 from omni_pd.compile.pipelines import Catalogue, Pipeline
-
-#: Platform names a deploy file's ``platforms:`` block may hold (vllm-omni 0.30.0
-#: ``_apply_platform_overrides``, config/stage_config.py).
-PLATFORMS = ("cuda", "rocm", "npu", "xpu", "musa")
 
 _RESERVED = frozenset({"async_chunk", "stage_id", "devices", "num_replicas", "env", "output_connectors",
                        "input_connectors", "default_sampling_params", "default_pooling_params",
