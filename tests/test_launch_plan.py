@@ -649,8 +649,9 @@ def test_encoder_process_on_cuda_cpu_and_without_an_ec_contract():
     argv = ("vllm", "serve", "m", "--host", "127.0.0.1", "--port", "8300", "--served-model-name", "s", "--dtype",
             "float32", "--data-parallel-size", "2", "--gpu-memory-utilization", "0.5", "--data-parallel-rpc-port", "29700")
     for platform, devices, dev_env in (("cuda", "2,3", {"CUDA_VISIBLE_DEVICES": "2,3"}), ("cpu", None, {})):
-        e, name, storage = _encoder_process(enc, LaunchOptions(model="m", platform=platform), "s", {"HF": "x"}, "/py",
-                                            wide)
+        e, name, storage, note = _encoder_process(enc, LaunchOptions(model="m", platform=platform), "s",
+                                                  {"HF": "x"}, "/py", wide)
+        assert note is None  # no visibility variable: nothing remapped
         assert (e.argv, dict(e.env), e.devices, e.device_env) == (
             argv, {"HF": "x", "A": "1", **dev_env}, devices, "CUDA_VISIBLE_DEVICES" if devices else None), platform
         assert e.ports == (PortUse(8300, "http", "127.0.0.1"), PortUse(29700, DP_RPC, "127.0.0.1"))
@@ -658,9 +659,9 @@ def test_encoder_process_on_cuda_cpu_and_without_an_ec_contract():
             0.5, "/py", ("vllm",), (), None, None)
     odd = _node(role="encoder", pd_role=None, devices=None, tp=1, dp=1, num_replicas=1, kv=None, env={},
                 settings={"ec_transfer_config": {"ec_connector": "NoSuchEC", "ec_role": "ec_producer"}})
-    e, name, storage = _encoder_process(odd, LaunchOptions(model="m"), "s", {}, None)
-    assert (name, storage, e.writable_dirs, e.memory_fraction, e.devices, dict(e.env)) == (
-        "NoSuchEC", None, (), 0.9, None, {})
+    e, name, storage, note = _encoder_process(odd, LaunchOptions(model="m"), "s", {}, None)
+    assert (note, name, storage, e.writable_dirs, e.memory_fraction, e.devices, dict(e.env)) == (
+        None, "NoSuchEC", None, (), 0.9, None, {})
     assert e.argv[-2:] == ("--ec-transfer-config", '{"ec_connector":"NoSuchEC","ec_role":"ec_producer"}')
 
 
@@ -675,9 +676,9 @@ def test_encoder_process_on_another_host_and_an_ec_connector_spelt_in_lower_case
                 settings={"data_parallel_size": 2, "ec_transfer_config": {
                     "ec_connector": "ecexampleconnector", "ec_role": "ec_producer",
                     "ec_connector_extra_config": {"shared_storage_path": "/srv/ec"}}})
-    e, name, storage = _encoder_process(enc, LaunchOptions(model="m", host="10.0.0.5", ready_timeout_s=77.0), "s", {},
-                                        None)
-    assert (name, storage, e.writable_dirs) == ("ECExampleConnector", "/srv/ec", ("/srv/ec",))
+    e, name, storage, note = _encoder_process(enc, LaunchOptions(model="m", host="10.0.0.5", ready_timeout_s=77.0),
+                                              "s", {}, None)
+    assert (note, name, storage, e.writable_dirs) == (None, "ECExampleConnector", "/srv/ec", ("/srv/ec",))
     assert e.argv[3:7] == ("--host", "10.0.0.5", "--port", "8300")
     assert e.ports == (PortUse(8300, "http", "10.0.0.5"), PortUse(8600, DP_RPC, "10.0.0.5"))
     assert (e.health.url, e.health.timeout_s) == ("http://10.0.0.5:8300/health", 77.0)

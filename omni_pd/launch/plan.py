@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from omni_pd.check.serve_flags import DEPLOY_ONLY_KEYS
+from omni_pd.compile.devices import parse_devices, parse_visible, passed_through, physical_ids
 from omni_pd.compile.topology import StageNode, Topology, format_devices, pipeline_wide_settings
 from omni_pd.launch.spec import HealthCheck, LaunchPlan, PortUse, ProcessSpec
 
@@ -38,6 +39,7 @@ DEVICE_ENV: dict[str, str | None] = {
     "cuda": "CUDA_VISIBLE_DEVICES", "rocm": "HIP_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES",
     "xpu": "ZE_AFFINITY_MASK", "musa": "MUSA_VISIBLE_DEVICES", "cpu": None,
 }
+
 
 def launcher_visibility(environ: Mapping[str, str]) -> dict[str, str]:
     """The visibility variables of :data:`DEVICE_ENV` set in ``environ`` (the launcher's
@@ -78,8 +80,6 @@ def map_devices(devices: str | None, var: str | None, stage_env: Mapping[str, An
     process) and ``launcher_env[var]`` (the launcher's own, inherited by every child).
     None when there is nothing to map (no variable, no devices, ``"cpu"``). Pure; raises
     nothing."""
-    from omni_pd.compile.devices import parse_devices, parse_visible, passed_through, physical_ids
-
     if not var or devices is None:
         return None
     try:
@@ -121,6 +121,23 @@ def device_note(name: str, var: str, m: DeviceMap) -> str | None:
                 f"{'are' if len(m.dropped) > 1 else 'is'} outside it and dropped, as vllm-omni drops "
                 f"{'them' if len(m.dropped) > 1 else 'it'}")
     return out + " (vllm_omni/entrypoints/stage_utils.py resolve_stage_physical_devices)"
+
+
+def device_fields(name: str, devices: str | None, var: str | None, stage_env: Mapping[str, Any] | None,
+                  opts_env: Mapping[str, str], launcher_env: Mapping[str, str]) -> tuple[dict[str, Any], str | None]:
+    """The device fields of engine ``name``'s :class:`~omni_pd.launch.spec.ProcessSpec`
+    (``devices``, ``device_env``, ``logical_devices``, ``visible_devices``; {} when ``var``
+    is None, i.e. cpu, or the stage names no devices) and the plan's note on it
+    (:func:`device_note`; None when nothing was remapped). ``devices`` are the stage's
+    entries as written; :func:`map_devices` maps them (a value it cannot map, e.g.
+    ``"cpu"``, is kept as written). Pure."""
+    if not var or devices is None:
+        return {}, None
+    m = map_devices(devices, var, stage_env, opts_env, launcher_env)
+    if m is None:
+        return {"devices": devices, "device_env": var}, None
+    return ({"devices": m.physical, "device_env": var, "logical_devices": m.logical, "visible_devices": m.visible},
+            device_note(name, var, m))
 
 
 #: stage keys that are deploy-schema keys, not `vllm serve` flags (one set, shared with
@@ -473,12 +490,10 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
                 inst, lease_set = replace(inst, kv=leased), True
             port = opts.engine_port_base + (0 if role == "prefill" else 100) + inst.replica
             env = {**env_all, **_env_str(node.env), **inst.env}
-            dev_var = DEVICE_ENV.get(opts.platform)
-            dmap = map_devices(inst.devices if dev_var else None, dev_var, node.env, env_all, opts.launcher_env)
-            devs = dmap.physical if dmap is not None else (inst.devices if dev_var else None)
-            if dev_var and devs is not None:
-                env[dev_var] = devs
-            note = device_note(f"{role}-{inst.replica}", dev_var, dmap) if dmap is not None and dev_var else None
+            dev, note = device_fields(f"{role}-{inst.replica}", inst.devices, DEVICE_ENV.get(opts.platform),
+                                      node.env, env_all, opts.launcher_env)
+            if dev:
+                env[dev["device_env"]] = dev["devices"]
             if note:
                 device_notes.append(note)
             hccl = _hccl_port(env, node, inst.replica) if opts.platform == "npu" else None
@@ -494,10 +509,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
                     *engine_flags(settings)]
             argv += dp_flags + list(opts.extra_args)
             procs.append(ProcessSpec(
-                name=f"{role}-{inst.replica}", role=role, argv=tuple(argv), env=env, devices=devs,
-                device_env=dev_var if devs is not None else None,
-                logical_devices=dmap.logical if dmap is not None else None,
-                visible_devices=dmap.visible if dmap is not None else None,
+                name=f"{role}-{inst.replica}", role=role, argv=tuple(argv), env=env, **dev,
                 ports=(PortUse(port, "http", bind),) + tuple(
                     PortUse(x.port, x.purpose, bind) for x in inst.ports) + (
                     (PortUse(hccl, "HCCL listener (HCCL_IF_BASE_PORT)", bind),) if hccl is not None else ()) + (
@@ -513,10 +525,8 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
     enc = topo.node(topo.pipeline.encoder.stage_id) if topo.pipeline.encoder is not None else None
     if enc is not None:
         e_on = where.host(enc.stage_id)
-        e_proc, ec_name, ec_storage = _encoder_process(enc, replace(opts, host=where.address(e_on)), served, env_all,
-                                                       engine_py, wide)
-        emap = map_devices(format_devices(enc.devices), e_proc.device_env, enc.env, env_all, opts.launcher_env)
-        note = device_note(e_proc.name, e_proc.device_env, emap) if emap is not None and e_proc.device_env else None
+        e_proc, ec_name, ec_storage, note = _encoder_process(enc, replace(opts, host=where.address(e_on)), served,
+                                                             env_all, engine_py, wide)
         if note:
             device_notes.append(note)
         e_proc = replace(e_proc, host=e_on)
@@ -658,22 +668,21 @@ ENCODER_PORT_OFFSET = 200
 
 def _encoder_process(node: StageNode, opts: LaunchOptions, served: str,
                      env_all: dict[str, str], engine_py: str | None,
-                     wide: dict[str, Any] | None = None) -> tuple[ProcessSpec, str | None, str | None]:
+                     wide: dict[str, Any] | None = None) -> tuple[ProcessSpec, str | None, str | None, str | None]:
     """The ``vllm serve`` of the encoder-only instance E (``--ec-transfer-config`` with
-    ``ec_producer`` from its stage keys, no KV connector), its EC connector name and the
-    shared directory E writes and prefill reads (ECExampleConnector; None otherwise).
+    ``ec_producer`` from its stage keys, no KV connector), its EC connector name, the
+    shared directory E writes and prefill reads (ECExampleConnector; None otherwise) and
+    the plan's note on its devices (:func:`device_fields`).
     ``wide``: the pipeline-wide engine keys (:func:`~omni_pd.compile.topology.
     pipeline_wide_settings`); the stage's own keys override them."""
     from omni_pd.compile import ec_connectors
 
     port = opts.engine_port_base + ENCODER_PORT_OFFSET
-    dev_var = DEVICE_ENV.get(opts.platform)
     env = {**env_all, **_env_str(node.env)}
-    dmap = map_devices(format_devices(node.devices) if dev_var else None, dev_var, node.env, env_all,
-                       opts.launcher_env)
-    devs = dmap.physical if dmap is not None else (format_devices(node.devices) if dev_var else None)
-    if dev_var and devs is not None:
-        env[dev_var] = devs
+    dev, note = device_fields("encoder-0", format_devices(node.devices), DEVICE_ENV.get(opts.platform), node.env,
+                              env_all, opts.launcher_env)
+    if dev:
+        env[dev["device_env"]] = dev["devices"]
     ec = node.settings.get("ec_transfer_config") or {}
     contract = ec_connectors.get(str(ec.get("ec_connector") or ""))
     storage = contract.storage_path(ec) if contract is not None else None
@@ -683,16 +692,13 @@ def _encoder_process(node: StageNode, opts: LaunchOptions, served: str,
     argv = [opts.vllm, "serve", opts.model, "--host", opts.host, "--port", str(port),
             "--served-model-name", served, *engine_flags(settings), *dp_flags, *opts.extra_args]
     proc = ProcessSpec(
-        name="encoder-0", role="encoder", argv=tuple(argv), env=env, devices=devs,
-        device_env=dev_var if devs is not None else None,
-        logical_devices=dmap.logical if dmap is not None else None,
-        visible_devices=dmap.visible if dmap is not None else None,
+        name="encoder-0", role="encoder", argv=tuple(argv), env=env, **dev,
         ports=(PortUse(port, "http", opts.host),) + ((PortUse(rpc, DP_RPC, opts.host),) if rpc is not None else ()),
         health=HealthCheck(f"http://{opts.host}:{port}/health", timeout_s=opts.ready_timeout_s),
         modules=("vllm",), python=engine_py,
         memory_fraction=float(node.settings.get("gpu_memory_utilization") or 0.9),
         writable_dirs=(storage,) if storage else ())
-    return proc, (contract.name if contract else ec.get("ec_connector")), storage
+    return proc, (contract.name if contract else ec.get("ec_connector")), storage, note
 
 
 @dataclass(frozen=True)
