@@ -29,23 +29,20 @@ def _var(ctx: Context, node: "StageNode") -> str | None:
     return VISIBILITY_VARS.get(ctx.platform or _host_accel(ctx, node) or "cuda")
 
 
-def _stage_sets_visibility(ctx: Context, node: "StageNode") -> bool:
-    """True when the stage's own ``env`` sets a non-blank visibility variable (vllm-omni
-    applies it before mapping the stage's devices: ``stage_runtime_setup``)."""
+def _visible_set(ctx: Context, node: "StageNode") -> tuple[tuple[str, ...] | None, bool]:
+    """Physical ids the stage's devices index, or None if unset (logical == physical), and
+    whether they come from the stage's own ``env`` (vllm-omni applies it before mapping the
+    stage's devices: ``stage_runtime_setup``) rather than the launcher's (``--env``)."""
     var = _var(ctx, node)
-    env = node.env if isinstance(node.env, dict) else {}
-    return bool(var) and parse_visible(env.get(var)) is not None
+    if not var:
+        return None, False
+    own = parse_visible((node.env if isinstance(node.env, dict) else {}).get(var))
+    return (own, True) if own is not None else (parse_visible(ctx.env.get(var)), False)
 
 
 def _visible(ctx: Context, node: "StageNode") -> tuple[str, ...] | None:
-    """Physical ids the stage's devices index (its own ``env`` value of the visibility
-    variable, else the launcher's), or None if unset (logical == physical)."""
-    var = _var(ctx, node)
-    if not var:
-        return None
-    if _stage_sets_visibility(ctx, node):
-        return parse_visible(node.env.get(var))
-    return parse_visible(ctx.env.get(var))
+    """:func:`_visible_set`'s ids."""
+    return _visible_set(ctx, node)[0]
 
 
 def _host_accel(ctx: Context, node: "StageNode") -> str | None:
@@ -56,9 +53,9 @@ def _host_accel(ctx: Context, node: "StageNode") -> str | None:
 
 
 def _count(ctx: Context, node: "StageNode") -> tuple[int | None, str]:
-    vis = _visible(ctx, node)
+    vis, own = _visible_set(ctx, node)
     if vis is not None:
-        if _stage_sets_visibility(ctx, node):
+        if own:
             return len(vis), f"the stage's env {_var(ctx, node)} lists"
         return len(vis), "the launcher's visibility variable lists"
     if ctx.inventory is not None:
