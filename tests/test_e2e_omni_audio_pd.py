@@ -263,8 +263,8 @@ def runs(tmp_path_factory, tiny_model):
             text_only(base, r)
             r["answers"] = {name: chat(base, c, audio=True, timeout=180) for name, c in prompts.items()}
 
-        m["pd"] = pd_run(tmp, "run-nixl", nixl, model, vllm, omni_env(tmp), OMNI, 19900, nixl_requests)
-        m["pd"]["ports_free"] = all(port_free(p) for p in (OMNI, SIDE, SIDE + 1))
+        m["nixl"] = pd_run(tmp, "run-nixl", nixl, model, vllm, omni_env(tmp), OMNI, 19900, nixl_requests)
+        m["nixl"]["ports_free"] = all(port_free(p) for p in (OMNI, SIDE, SIDE + 1))
     rep = report(m)
     (tmp / "measurements.json").write_text(json.dumps(rep, indent=1, default=str))
     print(f"\nmeasurements ({tmp / 'measurements.json'}):\n{json.dumps(rep, indent=1, default=str)}")
@@ -284,7 +284,7 @@ def test_without_pd_every_prompt_gets_text_and_its_own_waveform(runs):
     assert len({a["text"] for a in answers.values()}) == len(answers)
 
 
-@pytest.mark.parametrize("run", ["mooncake", pytest.param("pd", marks=needs_long)])
+@pytest.mark.parametrize("run", ["mooncake", pytest.param("nixl", marks=needs_long)])
 def test_pd_is_detected_and_decode_continues_from_prefills_kv_with_the_same_text(runs, run):
     pd, plain = runs[run], runs["plain"]["answers"]
     assert "smoke: ok" in pd["smoke"], pd["launcher"].report()
@@ -297,7 +297,7 @@ def test_pd_is_detected_and_decode_continues_from_prefills_kv_with_the_same_text
         assert delta.get("local_compute", 0) == 0, (name, delta)
 
 
-@pytest.mark.parametrize("run", ["mooncake", pytest.param("pd", marks=needs_long)])
+@pytest.mark.parametrize("run", ["mooncake", pytest.param("nixl", marks=needs_long)])
 def test_teardown_leaves_no_process_or_port(runs, run):
     assert runs[run]["rc"] == 130, runs[run]["launcher"].report()
     assert runs[run]["left"] == []
@@ -305,8 +305,8 @@ def test_teardown_leaves_no_process_or_port(runs, run):
 
 
 @needs_long
-def test_pd_waveforms_equal_the_non_pd_waveforms(runs):
-    pd, plain = runs["pd"]["answers"], runs["plain"]["answers"]
+def test_nixl_pd_waveforms_one_at_a_time_equal_the_non_pd_waveforms(runs):
+    pd, plain = runs["nixl"]["answers"], runs["plain"]["answers"]
     for name, got in pd.items():
         assert "error" not in got, (name, got["error"])
         assert got["text"] == plain[name]["text"], name

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from io import BytesIO
 from pathlib import Path
 
-from e2e.harness import PlainInstance, engine_env, post_json
+from e2e.harness import PLAIN_FLAGS, PlainInstance, engine_env, post_json
 
 #: vLLM's CPU KV block size (tokens): "long" prompts span several blocks, "short" ones less than one
 BLOCK = 128
@@ -173,14 +173,13 @@ class PlainAnswers:
 
 
 def answer_all(vllm: str, model: Path, port: int, tmp: Path, bodies: list[tuple[str, dict]], *,
-               name: str, flags: tuple[str, ...] | None = None) -> PlainAnswers:
+               name: str, flags: tuple[str, ...] = PLAIN_FLAGS) -> PlainAnswers:
     """Start one plain instance of ``model`` on ``port`` (log ``tmp/plain.log``), POST each
     ``(path, body)`` of ``bodies`` in order, stop it (always) and return the replies.
     Raises what :class:`~e2e.harness.PlainInstance` and :func:`~e2e.harness.post_json` raise."""
     out = PlainAnswers(name)
     t0 = time.monotonic()
-    kw = {"flags": flags} if flags else {}
-    with PlainInstance(vllm, model, port, engine_env(tmp), tmp / "plain.log", **kw) as plain:
+    with PlainInstance(vllm, model, port, engine_env(tmp), tmp / "plain.log", flags=flags) as plain:
         out.healthy_s = plain.healthy_s
         for path, body in bodies:
             out.answers[_key(body)] = post_json(plain.url + path, body)
