@@ -189,6 +189,34 @@ def test_opd103_plain_vllm_engines_get_the_flag_and_engine_args_parallel_config_
          "did you mean `tensor_parallel_size`? vllm-omni refuses it (\"no structured config owner\")", [])]
 
 
+_ENGINE_AGS = "pipeline: {p}\nstages:\n  - stage_id: 0\n    devices: \"0\"\n    engine_ags:\n      max_num_seqs: 8\n"
+
+
+@pytest.mark.parametrize("pipeline, effect", [
+    ("qwen3_omni_moe", "vllm-omni 0.30 refuses to start (\"no structured config owner\")"),
+    ("qwen3_omni_moe_pd", "vllm-omni 0.30 refuses to start (\"no structured config owner\")"),
+    ("llm", "it becomes `--engine-ags` on the engine's `vllm serve` command line, which vLLM rejects")])
+def test_opd103_a_typo_of_engine_args_is_one_error_on_every_pipeline(pipeline: str, effect: str) -> None:
+    # issue 24 ("also left"): it was a warning on vllm-omni pipelines (pre-commit passed it) and an
+    # error reported twice on llm. vllm-omni 0.30 refuses it: the oracle (python -m
+    # omni_pd.upstream.vllm_oracle) answers "ValueError: Stage 0 (llm_ar) has explicit engine
+    # argument(s) with no structured config owner: engine_ags" on the qwen3_omni_moe file.
+    res = validate_text(_ENGINE_AGS.format(p=pipeline), "t.yaml")
+    assert [(d.code, d.severity, d.message, (d.location.line, d.location.column), d.help)
+            for d in res.diagnostics if d.location.path == ("stages", 0, "engine_ags")] == [
+        ("OPD103", E, f"unknown stage key `engine_ags`: {effect}", (5, 5), "did you mean `engine_args`?")]
+    assert [d.code for d in res.diagnostics].count("OPD103") == 1
+
+
+def test_opd103_engine_ags_fails_the_pre_commit_entry(tmp_path, capsys) -> None:
+    from rule_found import validate_cli
+
+    rc, out = validate_cli(tmp_path, capsys, "omni.yaml", _ENGINE_AGS.format(p="qwen3_omni_moe"), "--quiet")
+    assert rc == 1
+    assert out.splitlines()[0] == ("error[OPD103]: unknown stage key `engine_ags`: vllm-omni 0.30 refuses to start "
+                                   "(\"no structured config owner\")")
+
+
 def test_opd103_a_legacy_file_and_the_later_platforms_of_all_platforms_are_not_checked() -> None:
     assert hits("stage_args:\n  - {stage_id: 0, max_num_seq: 8}\npipelin: x\n", "OPD103") == []
     text = "stages:\n  - {stage_id: 0}\nplatforms:\n  cudaa: {}\n"
