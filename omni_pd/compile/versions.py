@@ -89,14 +89,11 @@ def runtime_release(runtime: str, target: Target) -> str:
 
 
 def omni_pd_version() -> str:
-    """The installed omni-pd distribution's version (``importlib.metadata``); ``"unknown"``
-    when run from a source tree that was never installed."""
-    from importlib.metadata import PackageNotFoundError, version
+    """omni-pd's version: ``omni_pd.__version__`` (the installed distribution's, else
+    pyproject.toml's, else ``"unknown"``; omni_pd/__init__.py)."""
+    import omni_pd
 
-    try:
-        return version("omni-pd")
-    except PackageNotFoundError:
-        return "unknown"
+    return omni_pd.__version__
 
 
 def version_text() -> str:
