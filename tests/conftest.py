@@ -43,6 +43,53 @@ settings.load_profile(HYPOTHESIS_PROFILE)
 from skip_policy import pytest_make_collect_report, pytest_runtest_makereport  # noqa: E402,F401
 
 
+# --- parallel runs: every engine-starting test on one pytest-xdist worker ---------------
+
+#: the work unit of every test that starts vLLM engines (the tests/test_e2e_*.py modules,
+#: the only ones that may ask for a tiny model). pyproject's ``-n 2 --dist loadgroup`` sends
+#: it whole to one worker, in collection order, so two engine runs never overlap (one omni
+#: pipeline peaks near 11 GiB of the machine's 24) and the session's plain baselines
+#: (``plain_llm``, ``plain_thinker``) start once; the other worker runs the fast and oracle
+#: tests beside them. Every other module is one work unit, so its module fixtures (some
+#: start an oracle subprocess that imports vLLM) are set up once, on one worker.
+ENGINE_GROUP = "engines"
+_ENGINE_FIXTURES = frozenset({"tiny_model", "plain_llm", "plain_thinker"})
+
+
+def work_unit(nodeid: str) -> str:
+    """The pytest-xdist work unit of the test ``nodeid``: :data:`ENGINE_GROUP` for a
+    ``test_e2e_*`` module, an explicit ``@group`` suffix (``xdist_group``) when xdist
+    wrote one, else the module's path."""
+    if nodeid.rfind("@") > nodeid.rfind("]"):
+        return nodeid.rsplit("@", 1)[1]
+    path = nodeid.split("::", 1)[0]
+    return ENGINE_GROUP if path.rpartition("/")[2].startswith("test_e2e_") else path
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` with :func:`work_unit` as the grouping (pytest 9.2 keeps node
+    ids in ``Node._id``, so xdist 3.8's own ``xdist_group`` renaming of ``_nodeid`` no
+    longer reaches its scheduler)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class EngineGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return EngineGroupScheduling(config, log)
+
+
+def pytest_itemcollected(item):
+    """Refuse an engine fixture outside a ``test_e2e_*`` module: :func:`work_unit` would not
+    keep it on the engine worker, and two engine runs could overlap."""
+    used = _ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+    if used and work_unit(item.nodeid) != ENGINE_GROUP:
+        raise pytest.UsageError(f"{item.nodeid} uses {', '.join(sorted(used))}: engine tests live in "
+                                "tests/test_e2e_*.py (tests/conftest.py work_unit)")
+
+
 def example_budget(dev_examples: int) -> int:
     """Examples for one property: ``dev_examples`` under the ``dev`` profile, else the
     loaded profile's ``max_examples`` (never fewer than ``dev_examples``).
@@ -98,6 +145,23 @@ def _download_wheel(cache: Path) -> tuple[Path | None, str]:
     return wheel, tail
 
 
+def _download_locked(cache: Path) -> Path | None:
+    """The wheel in ``cache``, downloaded by whichever pytest-xdist worker takes the lock
+    ``cache/.download.lock`` first (pip copies the wheel into ``-d`` in place, so a second
+    worker globbing the folder mid-copy would read a partial zip). None when the cache
+    cannot be made or pip fails: the caller reports it."""
+    import fcntl
+
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        lock = open(cache / ".download.lock", "w")
+    except OSError:
+        return None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _cached_wheel(cache) or _download_wheel(cache)[0]
+
+
 @pytest.fixture(scope="session")
 def omni_wheel_deploy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder holding every ``vllm_omni/deploy/*.yaml`` of the vllm-omni==0.30.0 wheel.
@@ -107,7 +171,10 @@ def omni_wheel_deploy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ``OMNI_PD_OFFLINE=1`` (then it is skipped).
     """
     cache = wheel_cache_dir()
-    wheel = _cached_wheel(cache) if cache.is_dir() else None
+    if _offline():
+        wheel = _cached_wheel(cache) if cache.is_dir() else None
+    else:
+        wheel = _download_locked(cache)
     if wheel is None:
         if _offline():
             where = "$OMNI_PD_CACHE" if os.environ.get("OMNI_PD_CACHE") else os.path.relpath(cache, REPO)
