@@ -60,7 +60,7 @@ def test_serve_arg_types_json_location_and_values():
 
 
 def test_serve_arg_values_of_the_right_type_reach_the_rules_typed():
-    from omni_pd.check.validate import check_serve_args
+    from omni_pd.check.serve_flags import check_serve_args
 
     typed, diags = check_serve_args({"tensor_parallel_size": "2", "gpu_memory_utilization": "0.5",
                                      "enforce_eager": "true", "dtype": "half", "not_a_field": "x",
@@ -77,7 +77,7 @@ def test_serve_arg_values_of_the_right_type_reach_the_rules_typed():
 def test_human_readable_integers_are_read_as_vllm_serve_reads_them():
     # vLLM's parser takes --max-model-len 32k / auto and --max-num-batched-tokens 8K
     # (human_readable_int): they were OPD101 "vllm serve's parser refuses it"
-    from omni_pd.check.validate import check_serve_args
+    from omni_pd.check.serve_flags import check_serve_args
 
     assert check_serve_args({"max_model_len": "32k", "max_num_batched_tokens": "8K"}) == (
         {"max_model_len": 32000, "max_num_batched_tokens": 8192}, [])
@@ -91,7 +91,7 @@ def test_human_readable_integers_are_read_as_vllm_serve_reads_them():
 
 
 def test_deploy_only_keys_are_not_typed_as_flags():
-    from omni_pd.check.validate import check_serve_args
+    from omni_pd.check.serve_flags import check_serve_args
 
     assert check_serve_args({"num_replicas": "x", "stage_id": "y"}) == ({"num_replicas": "x", "stage_id": "y"}, [])
 
@@ -100,7 +100,7 @@ _ENGINE_ARG_TYPES = """
 import dataclasses, json
 from vllm.engine.arg_utils import EngineArgs
 from omni_pd.compile.model import StageDeploy
-from omni_pd.check.validate import _scalar_field
+from omni_pd.check.serve_flags import _scalar_field
 up = {f.name: str(f.type) for f in dataclasses.fields(EngineArgs)}
 print(json.dumps({k: [str(f.annotation), up[k]] for k, f in StageDeploy.model_fields.items()
                   if _scalar_field(f.annotation) and k in up}))
@@ -273,7 +273,7 @@ def test_a_literal_flag_names_the_values_it_accepts(monkeypatch):
     from pydantic import model_validator
 
     import omni_pd.compile.model as model
-    from omni_pd.check.validate import check_serve_args
+    from omni_pd.check.serve_flags import check_serve_args
 
     class WithChoice(model.StageDeploy):
         load_format: Literal["auto", "dummy"] | None = None

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from omni_pd.check.context import Inventory, ModelInfo
+from omni_pd.check.serve_flags import check_serve_args
 from omni_pd.diagnostics import Diagnostic, Location, OmniPdError, Severity, sort_key
 from omni_pd.io import Document, get_path
 from omni_pd.compile.model import DeployConfig
@@ -283,113 +284,6 @@ def _check_nested_kv(work: dict, loc: Locator, diags: list[Diagnostic], seen: se
                                             location=loc.loc(base + sub, value=True),
                                             help=f"write {want} for `{key}`" if want else None))
                 _drop(work, base + sub)
-
-
-def _scalar_field(annotation: Any) -> bool:
-    """True for a deploy-schema field typed by scalars only (``int | None``, ``float``,
-    ``bool``, a ``Literal``): one ``vllm serve`` token can be read as it. Mappings such
-    as ``compilation_config`` are JSON text on the command line and stay unchecked."""
-    import types
-    import typing
-
-    args = typing.get_args(annotation)
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return all(_scalar_field(a) for a in args if a is not type(None))
-    return annotation in (int, float, bool, str) or typing.get_origin(annotation) is typing.Literal
-
-
-def _accepted(annotation: Any, err: dict | None, words: dict[str, str | None]) -> str:
-    """What a flag whose schema field is typed ``annotation`` accepts, in words for
-    OPD101, given pydantic's error ``err`` for that field (None when the refusal is not
-    located at the field, e.g. a model-level check): ``words[err["type"]]`` (parse's
-    type words: "an integer"), else the values of a ``Literal`` ("one of `v1`, `v2`"),
-    else "a value it accepts"."""
-    import types
-    import typing
-
-    want = words.get(err.get("type", "")) if err is not None else None
-    if want:
-        return want
-    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
-    choices = [c for a in (typing.get_args(annotation) if union else (annotation,))
-               if typing.get_origin(a) is typing.Literal for c in typing.get_args(a)]
-    return "one of " + ", ".join(f"`{c}`" for c in choices) if choices else "a value it accepts"
-
-
-#: ``vllm serve`` flags whose parser reads ``32k`` (10**3) and ``32K`` (2**10), suffixes k/m/g/t
-#: and K/M/G/T, decimals with the decimal ones only; ``max_model_len`` also ``auto`` / ``-1``
-#: (vLLM 0.30 vllm/engine/arg_utils.py ``add_cli_args``: ``human_readable_int``,
-#: ``human_readable_int_or_auto`` of vllm/utils/argparse_utils.py)
-_HUMAN_READABLE_INTS = frozenset({"max_model_len", "max_num_batched_tokens", "max_num_scheduled_tokens",
-                                  "kv_cache_memory_bytes", "safetensors_prefetch_block_size",
-                                  "max_num_queued_tokens"})
-
-
-def _human_readable_int(key: str, text: Any) -> int | None:
-    """``text`` of the flag ``key`` read as vLLM's parser reads a human-readable integer
-    (:data:`_HUMAN_READABLE_INTS`: ``"32k"`` -> 32000, ``"2K"`` -> 2048, ``"25.6k"`` -> 25600,
-    ``max_model_len`` ``"auto"`` -> -1); None for any other key, a plain number (the schema
-    types it) or text vLLM refuses too (``"1.5K"``, ``"4x"``)."""
-    import re
-
-    if key not in _HUMAN_READABLE_INTS or not isinstance(text, str):
-        return None
-    v = text.strip()
-    if key == "max_model_len" and v.lower() == "auto":
-        return -1
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT])", v)
-    if m is None:
-        return None
-    number, suffix = m.groups()
-    if suffix.islower():
-        return int(float(number) * 10 ** (3 * ("kmgt".index(suffix) + 1)))
-    return int(number) * 2 ** (10 * ("KMGT".index(suffix) + 1)) if number.isdigit() else None
-
-
-def check_serve_args(cli: dict[str, Any]) -> tuple[dict[str, Any], list[Diagnostic]]:
-    """Type global ``vllm serve`` flags (``validate --serve-arg KEY=VALUE``: ``{key: str}``,
-    keys with ``_``) as the same key in a stage entry is typed: the deploy schema's field
-    (:class:`omni_pd.compile.model.StageDeploy`, vllm-omni ``StageDeployConfig``), the
-    mechanism OPD101 already uses for stage keys and ``engine_args.kv_transfer_config``
-    (:func:`_check_nested_kv`). Pydantic's lax mode reads the text as vLLM's argparse
-    ``type=`` does (``"2"`` -> 2, ``"0.5"`` -> 0.5, ``"true"`` -> True; ``"32k"`` for the
-    flags vLLM reads as human-readable integers, :func:`_human_readable_int`); parallel sizes
-    must be >= 1 (vLLM ``ParallelConfig``).
-
-    Returns (the flags with each typed value converted and each badly typed one dropped,
-    so no rule reads ``x`` as the default TP; one OPD101 per bad value at ``<command
-    line>``, naming the flag). Keys the schema does not type, or types as a mapping, are
-    kept as given, and so are deploy-only keys (``num_replicas``: never a flag; OPD107
-    judges unknown flags). The typed fields that are vLLM ``EngineArgs`` fields have its
-    types (tests/test_walkthrough_cli_values.py compares them with the oracle's vLLM). Pure. Source of the refusal: vLLM
-    ``EngineArgs.add_cli_args`` (vllm/engine/arg_utils.py) gives each flag its field's
-    type, so ``vllm serve --tensor-parallel-size x`` exits with "invalid int value"."""
-    from pydantic import ValidationError
-
-    from omni_pd.check.serve_flags import DEPLOY_ONLY_KEYS, flag_name
-    from omni_pd.compile.model import StageDeploy
-    from omni_pd.compile.parse import _TYPE_WORDS, _show
-
-    fields = StageDeploy.model_fields
-    typed: dict[str, Any] = {}
-    diags: list[Diagnostic] = []
-    for key, val in cli.items():
-        f = fields.get(key)
-        if f is None or key in DEPLOY_ONLY_KEYS or not isinstance(val, str) or not _scalar_field(f.annotation):
-            typed[key] = val
-            continue
-        try:
-            n = _human_readable_int(key, val)
-            typed[key] = getattr(StageDeploy.model_validate({"stage_id": 0, key: val if n is None else n}), key)
-        except ValidationError as e:
-            err = next((x for x in e.errors() if x.get("loc", ())[:1] == (key,)), None)
-            want = _accepted(f.annotation, err, _TYPE_WORDS)
-            diags.append(Diagnostic(
-                code="OPD101", severity=Severity.ERROR,
-                message=f"{flag_name(key)} must be {want}, found {_show(val)} (vllm serve's parser refuses it)",
-                location=Location(file="<command line>", path=(key,)),
-                help=f"pass --serve-arg {key}=<{want}>"))
-    return typed, diags
 
 
 def _keys_along(tree: Any, loc: tuple) -> set:
