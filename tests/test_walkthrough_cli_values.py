@@ -172,7 +172,7 @@ def test_expand_of_a_pipeline_definition_reports_opd007_alone(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, option, choices", [
-    (["validate", "--platform", "tpu", "X"], "--platform", "'cuda', 'rocm', 'npu', 'xpu', 'musa'"),
+    (["validate", "--platform", "tpu", "X"], "--platform", "'cuda', 'rocm', 'npu', 'xpu', 'musa', 'cpu'"),
     (["diff", "--platform", "tpu", "A", "B"], "--platform", "'cuda', 'rocm', 'npu', 'xpu', 'musa'"),
     (["graph", "--platform", "tpu", "X"], "--platform", "'cuda', 'rocm', 'npu', 'xpu', 'musa'"),
     (["graph", "--format", "png", "X"], "--format", "'tree', 'mermaid', 'dot'"),

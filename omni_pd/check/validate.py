@@ -19,6 +19,7 @@ from omni_pd.diagnostics import Diagnostic, Location, OmniPdError, Severity, sor
 from omni_pd.io import Document, get_path
 from omni_pd.compile.model import DeployConfig
 from omni_pd.compile.pipelines import Catalogue, Pipeline, PipelineStage, load_catalogue
+from omni_pd.compile.devices import RUN_PLATFORMS
 from omni_pd.compile.topology import PLATFORMS
 
 
@@ -416,10 +417,12 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
     except ValueError as e:
         raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR, message=str(e),
                                      help="pass --vllm-version MAJOR.MINOR, e.g. 0.30")) from None
-    if opts.platform is not None and opts.platform not in PLATFORMS:
+    if opts.platform is not None and opts.platform not in RUN_PLATFORMS:
         raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
                                      message=f"unknown platform `{opts.platform}`",
-                                     help="one of: " + ", ".join(PLATFORMS)))
+                                     help="one of: " + ", ".join(RUN_PLATFORMS)))
+    # the overlay --platform applies: cpu has none (the base stages, as launch --platform cpu reads them)
+    overlay = opts.platform if opts.platform in PLATFORMS else None
     plain = to_plain(doc.tree)
     gate = not_a_deploy_config(doc, plain)
     if gate is not None:
@@ -431,7 +434,7 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
     legacy = "stage_args" in plain and "stages" not in plain
     diags: list[Diagnostic] = []
     if legacy:
-        ctx = Context(doc=Locator(doc), config=None, topology=None, target=tgt, platform=opts.platform,
+        ctx = Context(doc=Locator(doc), config=None, topology=None, target=tgt, platform=overlay,
                       inventory=opts.inventory, model=opts.model, env=dict(opts.env), cli=dict(cli),
                       raw=plain, legacy=True, parse_diagnostics=cli_diags)
         migrated = _migrate_legacy(doc, tgt, opts)
@@ -451,7 +454,7 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
     parse_diags = cli_diags + parse_diags  # both OPD101 (rule wrong-type reports them)
     cat = load_catalogue()
     if cfg is None:
-        ctx = Context(doc=locator, config=None, topology=None, target=tgt, platform=opts.platform,
+        ctx = Context(doc=locator, config=None, topology=None, target=tgt, platform=overlay,
                       inventory=opts.inventory, model=opts.model, env=dict(opts.env), cli=dict(cli),
                       raw=merged, parse_diagnostics=parse_diags)
         return ValidateResult(_finish(diags + run_rules(ctx, rules)), locator.docs())
@@ -462,7 +465,7 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
         base = _base_platform(cfg, pipe)
         platforms = [base] + [p for p in (cfg.platforms or {}) if p != base]
     else:
-        platforms = [opts.platform]
+        platforms = [overlay]
     first = True
     for plat in platforms:
         try:
@@ -474,6 +477,8 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
                       inventory=opts.inventory, model=opts.model, env=dict(opts.env), cli=dict(cli),
                       raw=merged, parse_diagnostics=parse_diags if first else [], platform_first=first)
         found = run_rules(ctx, rules)
+        if opts.platform is not None and opts.platform != overlay:
+            found += _run_platform_findings(ctx, opts.platform, rules)
         if plat is not None and opts.all_platforms:
             found = [_tag(d, plat) for d in found]
         diags += found
@@ -524,6 +529,19 @@ def _legacy_why(found: list[Diagnostic], errors: list[Diagnostic]) -> list[Diagn
 
     why = [f"not checked in its migrated form: {e.message} ({e.location})" for e in errors[:3]]
     return [replace(d, notes=list(d.notes) + why) if d.code == "OPD102" else d for d in found]
+
+
+def _run_platform_findings(ctx: Any, platform: str, rules: list) -> list[Diagnostic]:
+    """What ``--platform platform`` adds where the platform has no overlay (``cpu``): the
+    NIXL KV lease the run needs (OPD623, when selected), judged as ``launch --platform``
+    judges it (:func:`omni_pd.check.rules.nixl_lease.launch_findings`, over the
+    pipeline's runtime), so validate and launch give the same finding; [] without a PD
+    pair."""
+    from omni_pd.check.rules.nixl_lease import launch_findings
+
+    if ctx.topology is None or ctx.topology.pd_pair is None or not any(r.code == "OPD623" for r in rules):
+        return []
+    return launch_findings(ctx, platform, ctx.topology.pipeline.launcher)
 
 
 def _base_platform(cfg: Any, pipe: Any) -> str | None:

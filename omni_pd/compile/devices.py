@@ -14,6 +14,13 @@ from typing import Any, Union
 #: config/stage_config.py: the overlay named after ``current_omni_platform.device_name``).
 PLATFORMS = ("cuda", "rocm", "npu", "xpu", "musa")
 
+#: Platforms an engine can run on (``launch --platform``, ``validate --platform``): every
+#: overlay platform, plus ``cpu`` (vLLM's CPU backend, omni-pd's CPU omni platform): no
+#: devices and no overlay of its own, so a CPU run reads the base stages; what differs there
+#: is judged for the run itself (the NIXL KV lease, OPD623). omni_pd/launch/plan.py
+#: ``DEVICE_ENV`` has one entry per name (tests/test_validate_cpu_platform.py).
+RUN_PLATFORMS = PLATFORMS + ("cpu",)
+
 #: A stage's devices: logical indices, the string "cpu", or None (default visibility).
 Devices = Union[tuple[int, ...], str, None]
 

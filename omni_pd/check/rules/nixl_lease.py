@@ -6,9 +6,10 @@ while it waits). When decode reads later than that, prefill has freed the blocks
 may use another request's KV, while its counters grow as if all went well. Facts, sources
 and the per-platform leases: ``presets/targets/nixl_lease.yaml`` (read by :func:`facts`).
 
-``validate`` judges the platforms it knows (``--platform``; none lists a lease today) and a
-value vLLM cannot compute with; ``launch --platform cpu`` judges the CPU's lease
-(:func:`launch_findings`, called by :func:`omni_pd.launch.plan.plan_document`). On the
+``validate`` judges a value vLLM cannot compute with; the CPU's lease is judged by
+:func:`launch_findings`, which ``launch --platform cpu`` (:func:`omni_pd.launch.plan.plan_document`)
+and ``validate --platform cpu`` (``omni_pd.check.validate._run_platform_findings``) both call,
+so the two give the same finding. On the
 ``vllm`` runtime the launcher itself writes the platform's lease into each engine's
 ``--kv-transfer-config`` where the file sets none (:func:`planned_lease`), so only a lease
 the file sets is judged there; on ``vllm-omni`` the file is passed as written, so an unset
@@ -26,7 +27,6 @@ from omni_pd.diagnostics import Diagnostic, Severity
 
 if TYPE_CHECKING:
     from omni_pd.compile.targets import Target
-    from omni_pd.compile.topology import StageNode
 
 EXTRA = "kv_connector_extra_config"
 
@@ -188,9 +188,9 @@ def nixl_kv_lease(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     the blocks at once. A lease shorter than the platform needs
     (``presets/targets/nixl_lease.yaml`` ``platform_lease_s``: ``cpu`` 480 s, where a
     loaded CPU delivered requests to decode after more than 30 s) is a warning;
-    ``validate --platform`` names no such platform today, so ``launch --platform cpu``
-    (dry run included) gives it, before planning. Judged for the releases the facts were
-    read for (0.30)."""
+    ``launch --platform cpu`` (dry run included) gives it before planning, and
+    ``validate --platform cpu`` the same finding (cpu has no overlay: the base stages are
+    judged). Judged for the releases the facts were read for (0.30)."""
     return _findings(ctx, r, ctx.platform, unset_counts=True, how="")
 
 
