@@ -353,84 +353,55 @@ def _say_missing_schema(ref: str, output: Path) -> None:
 
 @app.command()
 def migrate(
-    input: Path = typer.Argument(..., help="a legacy `stage_args` file (vllm-omni <= 0.26 `--stage-configs-path`), "
-                                           "or a `stages:` file with --from"),
+    input: Path = typer.Argument(..., help="a legacy `stage_args` file (vllm-omni <= 0.26 `--stage-configs-path`)"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="write here (atomically) instead of stdout; never over the input"),
-    vllm_omni_version: Optional[str] = typer.Option(None, "--vllm-omni-version", "--vllm-version", "--to",
+    vllm_omni_version: Optional[str] = typer.Option(None, "--vllm-omni-version", "--vllm-version",
                                                     help="target vllm-omni (= vLLM) major.minor (default 0.30)"),
-    from_version: Optional[str] = typer.Option(None, "--from",
-                                               help="the release a `stages:` INPUT was written for: the keys the "
-                                                    "target renamed or removed are rewritten (docs/migrate.md)"),
     pipeline: Optional[str] = typer.Option(None, "--pipeline", help="the catalogue pipeline of the stages when they do not say"),
     check: bool = typer.Option(False, "--check", help="write nothing; exit 1 with the diff when the file is not in the target's form"),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="hide the per-key notes"),
 ) -> None:
-    """Rewrite a legacy `stage_args` file into the `stages:` deploy schema of the target
-    release, or (`--from A --to B`) a `stages:` file written for release A into B's form.
+    """Rewrite a legacy `stage_args` file into the `stages:` deploy schema of the target release.
 
     One note per change on stderr (which key went where, what was dropped and why, which
     default is now written); a key with no home is an error naming it (exit 2). Prints
     the serve command line for the result.
     """
     from omni_pd import cli_options
-    from omni_pd.compile.migrate import is_legacy, migrate_text, serve_command, sorted_notes
+    from omni_pd.compile.migrate import migrate_text, serve_command, sorted_notes
     from omni_pd.compile.pipelines import load_catalogue
     from omni_pd.io import atomic_write, load_file, parse_text
 
     tgt = cli_options.vllm_version(vllm_omni_version, "--vllm-omni-version")
-    src = cli_options.vllm_version(from_version, "--from") if from_version is not None else None
     doc = load_file(input)
-    release = src is not None and not is_legacy(doc.tree)
     try:
-        if release:
-            from omni_pd.compile.migrate_release import release_text
-
-            text, rm = release_text(doc, src, tgt, _file_runtime(doc, pipeline))
-            notes, changed = list(rm.notes), rm.changed
-            form, what = f"vLLM {tgt.label}'s form", f"written for vLLM {src.label}"
-            wrote = ""
-        else:
-            text, m = migrate_text(doc, tgt, load_catalogue(), pipeline)
-            notes, changed = (sorted_notes(m) if m is not None else []), m is not None
-            form, what = "the `stages:` form", "legacy `stage_args` file"
-            wrote = f" ({m.pipeline.name}, {len(m.tree['stages'])} stages)" if m is not None else ""
+        text, m = migrate_text(doc, tgt, load_catalogue(), pipeline)
     except OmniPdError as e:
         _emit_diags(getattr(e, "diagnostics", [e.diagnostic]), {doc.name: doc})
         raise SystemExit(e.exit_code) from None
-    if changed:
+    if m is not None:
         parse_text(text, f"{output or '<stdout>'} (migrated)", own_output=True)  # it reads back
     if check:
-        if not changed:
-            sys.stderr.write(f"{doc.name}: already in {form}\n")
+        if m is None:
+            sys.stderr.write(f"{doc.name}: already in the `stages:` form\n")
             return
         import difflib
 
         sys.stdout.writelines(difflib.unified_diff(doc.text.splitlines(True), text.splitlines(True),
                                                    doc.name, f"{doc.name} (migrated, vllm-omni {tgt.label})"))
-        again = f" --from {src.label} --to {tgt.label}" if release else ""
-        sys.stderr.write(f"{doc.name}: {what}; `omni-pd migrate {doc.name}{again} -o OUT` rewrites it\n")
+        sys.stderr.write(f"{doc.name}: legacy `stage_args` file; `omni-pd migrate {doc.name} -o OUT` rewrites it\n")
         raise SystemExit(1)
-    if changed and not quiet:
-        _emit_diags(notes, {doc.name: doc})
-    if not changed:
-        sys.stderr.write(f"{doc.name}: already in {form}; nothing to migrate\n")
+    if m is not None and not quiet:
+        _emit_diags(sorted_notes(m), {doc.name: doc})
+    if m is None:
+        sys.stderr.write(f"{doc.name}: already in the `stages:` form; nothing to migrate\n")
     if output is None:
         sys.stdout.write(text)
     else:
         atomic_write(output, text, protect=[str(input)])
         if not quiet:
-            sys.stderr.write(f"wrote {output}{wrote}\n")
+            sys.stderr.write(f"wrote {output}" + (f" ({m.pipeline.name}, {len(m.tree['stages'])} stages)" if m else "") + "\n")
     sys.stderr.write(f"serve with: {serve_command(str(output or 'FILE.yaml'), tgt)}\n")
-
-
-def _file_runtime(doc, pipeline: Optional[str]) -> str:
-    """The runtime whose facts a `stages:` file follows: its pipeline's (``--pipeline``, else
-    its ``pipeline:`` key), else ``vllm-omni`` (a deploy file is vllm-omni's)."""
-    from omni_pd.compile.pipelines import load_catalogue
-
-    name = pipeline or (doc.tree.get("pipeline") if isinstance(doc.tree, dict) else None)
-    pipe = load_catalogue().get(str(name)) if name else None
-    return pipe.runtime if pipe is not None else "vllm-omni"
 
 
 @app.command()
@@ -466,12 +437,7 @@ def schema(output: Optional[Path] = typer.Option(
 
 @app.command()
 def pipelines() -> None:
-    """List the catalogued pipelines and their stages.
-
-    ``runtime``: whose pipeline it is (vllm-omni's registry, or plain vLLM); ``launch``:
-    how ``omni-pd launch`` serves it (the header of ``launch --dry-run`` says the same),
-    ``-`` for one launch does not start (expand it first).
-    """
+    """List the catalogued pipelines and their stages."""
     from omni_pd.compile.pipelines import load_catalogue
 
     cat = load_catalogue()
@@ -479,9 +445,9 @@ def pipelines() -> None:
     for name in cat.names():
         p = cat.get(name)
         assert p is not None
-        rows.append((name, p.runtime, p.launch_form or "-",
+        rows.append((name, p.runtime,
                      " -> ".join(f"{s.stage_id}:{s.role}{'/' + s.pd_role if s.pd_role else ''}" for s in p.stages)))
-    print_table(("pipeline", "runtime", "launch", "stages"), rows)
+    print_table(("pipeline", "runtime", "stages"), rows)
 
 
 def _size_error(msg: str, help: str | None = None) -> OmniPdError:
@@ -734,12 +700,6 @@ def _pairs(items: Optional[list[str]], name: str) -> dict[str, str]:
     return out
 
 
-#: ``--select`` / ``--ignore`` of validate and launch (one meaning: omni_pd/check/suppress.py)
-_SELECT_HELP = ("report only these codes, code prefixes or rule names (comma-separated, repeatable; replaces the "
-                "config file's select)")
-_IGNORE_HELP = "do not report these codes, code prefixes or rule names (comma-separated, repeatable; on top of [tool.omni-pd])"
-
-
 @app.command()
 def validate(
     inputs: Optional[list[str]] = typer.Argument(
@@ -763,8 +723,10 @@ def validate(
     vllm_omni_python: Optional[str] = typer.Option(None, "--vllm-omni-python",
                                                    help="python of an environment with vllm-omni and omni-pd installed"),
     model: Optional[str] = typer.Option(None, "--model", help="with --against-vllm-omni: the model vllm serve gets"),
-    select: Optional[list[str]] = typer.Option(None, "--select", help=_SELECT_HELP),
-    ignore: Optional[list[str]] = typer.Option(None, "--ignore", help=_IGNORE_HELP),
+    select: Optional[list[str]] = typer.Option(None, "--select", help="report only these codes, code prefixes or rule "
+                                               "names (comma-separated, repeatable; replaces the config file's select)"),
+    ignore: Optional[list[str]] = typer.Option(None, "--ignore", help="do not report these codes, code prefixes or rule "
+                                               "names (comma-separated, repeatable; on top of [tool.omni-pd])"),
 ) -> None:
     """Check deploy configs for every PD invariant; exit 0 clean, 1 errors, 2 unreadable input.
 
@@ -784,8 +746,15 @@ def validate(
     from omni_pd import cli_options
 
     cli_options.vllm_version(vllm_version)
+    from omni_pd.check.suppress import Layer
+
     known: dict = {}  # code -> rule name, read when a selector or a file needs it (_suppress)
-    cli_layer = _cli_layer(select, ignore, known)
+    if select or ignore:
+        from omni_pd.check.settings import known_codes
+
+        known.update(known_codes())
+    cli_layer = Layer(source="--select/--ignore", select=cli_options.selectors(select, "--select", known),
+                      ignore=cli_options.selectors(ignore, "--ignore", known) or ())
     configs: dict = {}
     hidden_total = 0
     if platform is not None and all_platforms:
@@ -881,21 +850,6 @@ def validate(
 def _hidden(n: int) -> str:
     """``"; 2 suppressed"`` for a verdict line, "" for none."""
     return f"; {n} suppressed" if n else ""
-
-
-def _cli_layer(select: Optional[list[str]], ignore: Optional[list[str]], known: dict):
-    """The :class:`~omni_pd.check.suppress.Layer` of ``--select``/``--ignore`` (validate's
-    and launch's). ``known`` (code -> rule name) is filled when a selector needs it. Raises
-    OPD006 (exit 2) for a selector that names no code."""
-    from omni_pd import cli_options
-    from omni_pd.check.suppress import Layer
-
-    if (select or ignore) and not known:
-        from omni_pd.check.settings import known_codes
-
-        known.update(known_codes())
-    return Layer(source="--select/--ignore", select=cli_options.selectors(select, "--select", known),
-                 ignore=cli_options.selectors(ignore, "--ignore", known) or ())
 
 
 def _selection_layers(name: str, cli_layer, known: dict, configs: dict) -> tuple:
@@ -1087,26 +1041,15 @@ def diff_cmd(
     pipeline: Optional[str] = typer.Option(None, "--pipeline", help="pipeline of BEFORE when the file does not say"),
     platform: Optional[_PLATFORM] = typer.Option(None, "--platform", help="compare with platforms.<P> applied to both"),
     fmt: Literal["text", "json"] = typer.Option("text", "--format", help="the changes as text or JSON"),
-    vllm_omni_version: Optional[str] = typer.Option(
-        None, "--vllm-omni-version", "--vllm-version",
-        help="for a legacy `stage_args` BEFORE: the release `omni-pd migrate` targets (default 0.30)"),
 ) -> None:
-    """Show what expand changed, stage by stage (each output stage against the input stage it came from).
-
-    With a legacy `stage_args` BEFORE and its `stages:` rewrite AFTER, show the migration:
-    each stage against the legacy stage of the same id (engine_args/runtime flattened), and
-    whether AFTER holds what `omni-pd migrate BEFORE` writes."""
+    """Show what expand changed, stage by stage (each output stage against the input stage it came from)."""
     import json
 
     from omni_pd.compile.diff import config_diff, diff_json, diff_text
-    from omni_pd.compile.migrate import is_legacy
     from omni_pd.io import load_file, load_stream
 
     a_doc = load_file(before)
     b_doc = load_stream(sys.stdin.buffer, "<stdin>") if after == "-" else load_file(after)
-    if is_legacy(a_doc.tree):
-        _diff_migration(a_doc, b_doc, pipeline, fmt, vllm_omni_version)
-        return
     try:  # errors are shown with these two documents' lines (stdin has no file to read back)
         a_topo, a_plain = _resolve(a_doc, pipeline, platform)
         b_topo, b_plain = _resolve(b_doc, None, platform)
@@ -1133,52 +1076,6 @@ def diff_cmd(
         raise SystemExit(e.exit_code) from None
     _say_linear_chain(a_topo, a_doc.name, pipeline, verb="compared")
     sys.stdout.write(json.dumps(diff_json(d), indent=2) + "\n" if fmt == "json" else diff_text(d, a_doc.name, b_doc.name))
-
-
-def _diff_migration(a_doc, b_doc, pipeline: Optional[str], fmt: str, version: Optional[str]) -> None:
-    """``omni-pd diff LEGACY MIGRATED``: the migration's changes per stage, then the keys
-    where MIGRATED differs from what ``omni-pd migrate LEGACY`` writes (exit 1 when it
-    does: a hand migration that lost or changed a setting)."""
-    import json
-
-    from omni_pd import cli_options
-    from omni_pd.compile.diff import changes, diff_json, diff_text, layout_settings, migration_diff
-    from omni_pd.compile.migrate import is_legacy, migrate_document
-    from omni_pd.compile.parse import to_plain
-    from omni_pd.compile.pipelines import load_catalogue
-
-    tgt = cli_options.vllm_version(version, "--vllm-omni-version")
-    try:
-        if is_legacy(b_doc.tree) or not isinstance(b_doc.tree.get("stages"), list):
-            raise OmniPdError(Diagnostic(
-                code="OPD008", severity=Severity.ERROR, location=b_doc.loc(()),
-                message=f"{a_doc.name} is a legacy `stage_args` file and {b_doc.name} has no `stages:` list",
-                help=f"give its `stages:` rewrite second: `omni-pd migrate {a_doc.name} -o new.yaml`, "
-                     f"then `omni-pd diff {a_doc.name} new.yaml`"))
-        m = migrate_document(a_doc, tgt, load_catalogue(), pipeline)
-    except OmniPdError as e:
-        _emit_diags(getattr(e, "diagnostics", [e.diagnostic]), {a_doc.name: a_doc, b_doc.name: b_doc})
-        raise SystemExit(e.exit_code) from None
-    titles = {ps.stage_id: f"stage {ps.stage_id} {ps.role}" + (f" {ps.pd_role}" if ps.pd_role else "")
-              for ps in m.pipeline.stages}
-    after = to_plain(b_doc.tree)
-    d = migration_diff(to_plain(a_doc.tree), after, titles)
-    want = {s.get("stage_id"): layout_settings(s) for s in to_plain(m.tree)["stages"]}
-    off = [(sid, c) for s in after["stages"] if isinstance(s, dict)
-           for sid in [s.get("stage_id")] for c in changes(want.get(sid, {}), layout_settings(s))]
-    if fmt == "json":
-        out = diff_json(d) + [{"not_as_migrate_writes": [
-            {"stage_id": sid, "kind": c.kind, "key": c.key, "migrate": c.before, "after": c.after} for sid, c in off]}]
-        sys.stdout.write(json.dumps(out, indent=2) + "\n")
-    else:
-        sys.stdout.write(diff_text(d, f"{a_doc.name} (legacy stage_args)", b_doc.name))
-        if off:
-            sys.stdout.write(f"not what `omni-pd migrate {a_doc.name}` writes (vllm-omni {tgt.label}):\n")
-            sys.stdout.writelines(f"  stage {sid}: {c.text()}\n" for sid, c in off)
-        else:
-            sys.stdout.write(f"= what `omni-pd migrate {a_doc.name}` writes (vllm-omni {tgt.label}), key for key\n")
-    if off:
-        raise SystemExit(1)
 
 
 def _is_split(topo) -> bool:
@@ -1254,15 +1151,9 @@ def launch(
     router_workers: Optional[int] = typer.Option(
         None, "--router-workers", help="PD router processes (1..64; default: a quarter of this host's CPUs, "
         "at least 1, at most 8; bench/RESULTS.md \"Router under load\")"),
-    select: Optional[list[str]] = typer.Option(None, "--select", help=_SELECT_HELP + "; as validate"),
-    ignore: Optional[list[str]] = typer.Option(None, "--ignore", help=_IGNORE_HELP + "; as validate"),
 ) -> None:
-    """Validate, plan, preflight, start and supervise the engines of a compiled PD config.
-
-    Validate's findings come first, suppressed as validate suppresses them (``# omni-pd:
-    ignore[CODE]`` comments, --select/--ignore, [tool.omni-pd]): a suppressed error does
-    not stop the launch.
-    """
+    """Validate, plan, preflight, start and supervise the engines of a compiled PD config."""
+    import json
     import time
 
     from omni_pd.diagnostics import render_text, summary
@@ -1282,29 +1173,20 @@ def launch(
     cli_options.port(engine_port_base, "--engine-port-base")
     if router_workers is not None and not 1 <= router_workers <= 64:
         raise typer.BadParameter(f"{router_workers} is outside 1..64", param_hint="--router-workers")
-    # validate's suppressions, read as validate reads them (a bad selector or settings file: exit 2)
-    known: dict = {}
-    layers = _selection_layers(str(config), _cli_layer(select, ignore, known), known, {})
     doc = load_file(config)
     opts = LaunchOptions(model=model, vllm=vllm, host=host, port=port, engine_port_base=engine_port_base,
                          platform=platform, served_model_name=served_model_name, ready_timeout_s=ready_timeout,
                          extra_args=tuple(extra_arg or ()), env=_pairs(env, "--env"), python=python,
                          router_workers=router_workers, launcher_env=launcher_visibility(os.environ))
-    hidden = [0]  # findings suppressed, counted on the verdict lines as validate counts them
-
-    def kept(r) -> list:
-        out, hidden[0] = _suppress(list(r.diagnostics), r.docs, layers, known)
-        return out
-
     # validate's findings first, rendered and counted as `omni-pd validate` does, before
     # anything is planned (issue 24 item 3); stderr under --format json (stdout is the plan)
     found_out = sys.stderr if (dry_run and fmt == "json") else sys.stdout
-    planned = plan_document(doc, str(config.resolve()), opts, inventory=inv, suppress=kept,
-                            on_validated=lambda r: _say_launch_findings(r, doc.name, found_out, hidden[0]))
+    planned = plan_document(doc, str(config.resolve()), opts, inventory=inv,
+                            on_validated=lambda r: _say_launch_findings(r, doc.name, found_out))
     res, topo, plan = planned.validation, planned.topology, planned.plan
     shown = list(res.diagnostics)  # every finding this run printed: the "not launched" counts
     if plan is None or topo is None:
-        sys.stdout.write(f"{doc.name}: not launched ({summary(shown)}{_hidden(hidden[0])})\n")
+        sys.stdout.write(f"{doc.name}: not launched ({summary(shown)})\n")
         raise SystemExit(1)
     if dry_run:
         from omni_pd.launch.preflight import plan_checks  # the preflight checks needing no system state
@@ -1312,9 +1194,9 @@ def launch(
         clashes = plan_checks(plan)
         if clashes:
             sys.stdout.write(render_text(clashes, _line_source(res.docs)) + "\n")
-            sys.stdout.write(f"{doc.name}: not launched ({summary(shown + clashes)}{_hidden(hidden[0])})\n")
+            sys.stdout.write(f"{doc.name}: not launched ({summary(shown + clashes)})\n")
             raise SystemExit(1)
-        _print_dry_run(plan, on_host, fmt, topo.pipeline)
+        _print_dry_run(plan, on_host, fmt)
         return
     if on_host is not None:
         plan = _host_plan(plan, on_host, smoke)
@@ -1328,7 +1210,7 @@ def launch(
         if found:
             sys.stdout.write(render_text(found, _line_source(res.docs)) + "\n")
         if bad:
-            sys.stdout.write(f"preflight: not launched ({summary(shown + found)}{_hidden(hidden[0])})\n")
+            sys.stdout.write(f"preflight: not launched ({summary(shown + found)})\n")
             raise SystemExit(1)
     from omni_pd.launch.supervisor import run
 
@@ -1540,49 +1422,74 @@ def _host_plan(plan, on_host: str, smoke: bool):
     return mine
 
 
-def _say_launch_findings(res, name: str, out, hidden: int = 0) -> None:
+def _say_launch_findings(res, name: str, out) -> None:
     """``launch``: the validation findings of its config (``res``, a
-    :class:`~omni_pd.check.validate.ValidateResult`, suppressed ones already left out)
-    rendered as ``omni-pd validate`` renders them, then, when there are errors, nothing
-    more (the caller says "not launched"), else validate's verdict line ``NAME: ok (0
-    errors, 1 warning, 0 info; 2 suppressed)`` (``hidden``: the suppressed count). Silent
-    for a config without findings, shown or suppressed."""
+    :class:`~omni_pd.check.validate.ValidationResult`) rendered as ``omni-pd validate``
+    renders them, then, when there are errors, nothing more (the caller says "not
+    launched"), else validate's verdict line ``NAME: ok (0 errors, 1 warning, 0 info)``.
+    Silent for a config without findings."""
     from omni_pd.diagnostics import render_text, summary
 
     diags = list(res.diagnostics)
-    if not diags and not hidden:
+    if not diags:
         return
-    text = render_text(diags, _line_source(res.docs)) if diags else ""
-    if text:
-        out.write(text + ("" if text.endswith("\n") else "\n"))
+    text = render_text(diags, _line_source(res.docs))
+    out.write(text + ("" if text.endswith("\n") else "\n"))
     if not any(d.severity is Severity.ERROR for d in diags):
-        out.write(f"{name}: ok ({summary(diags)}{_hidden(hidden)})\n")
+        out.write(f"{name}: ok ({summary(diags)})\n")
     out.flush()
 
 
-def _print_dry_run(plan, on_host: Optional[str], fmt: str, pipeline=None) -> None:
-    """``launch --dry-run``: the plan (one host's with ``--host``; every host's, grouped by
-    host, with ``--inventory`` alone) as copy-pasteable shell blocks under a summary
-    (omni_pd/launch/shell.py ``dry_run_text``), or as JSON (``{"hosts": {NAME: plan}}`` for
-    every host), each process with its ``shell`` command. ``pipeline``: the plan's
-    :class:`~omni_pd.compile.pipelines.Pipeline` (its ``launch_form`` heads the text, as
-    ``omni-pd pipelines`` lists it)."""
+def _print_dry_run(plan, on_host: Optional[str], fmt: str) -> None:
+    """``launch --dry-run``: the plan (one host's with ``--host``; every host's, one after
+    the other, with ``--inventory`` alone), as tables or JSON (``{"hosts": {NAME: plan}}``
+    for every host)."""
     import json
 
-    from omni_pd.compile.pipelines import LAUNCH_FORMS
     from omni_pd.launch.plan import for_host, hosts_of
-    from omni_pd.launch.shell import dry_run_text, plan_json
 
-    if on_host not in (None, "*"):
-        plan = _host_plan(plan, on_host, False)
-    if fmt == "json":
-        every = on_host == "*" and hosts_of(plan)
-        doc = {"hosts": {h: plan_json(for_host(plan, h)) for h in hosts_of(plan)}} if every else plan_json(plan)
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    hosts = hosts_of(plan) if on_host == "*" else ((on_host,) if on_host else ())
+    if not hosts:
+        sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n") if fmt == "json" else _print_plan(plan)
         return
-    form = (pipeline.launch_form if pipeline is not None else None) or LAUNCH_FORMS[plan.runtime]
-    sys.stdout.write(dry_run_text(plan, launch_form=form, pipeline=pipeline.name if pipeline is not None else None,
-                                  host=on_host if on_host != "*" else None))
+    if on_host != "*":
+        mine = _host_plan(plan, on_host, False)
+        sys.stdout.write(json.dumps(mine.to_json(), indent=2) + "\n") if fmt == "json" else _print_plan(mine, on_host)
+        return
+    if fmt == "json":
+        sys.stdout.write(json.dumps({"hosts": {h: for_host(plan, h).to_json() for h in hosts}}, indent=2) + "\n")
+        return
+    for h in hosts:
+        _print_plan(for_host(plan, h), h)
+
+
+def _print_plan(plan, on_host: Optional[str] = None) -> None:
+    import shlex
+
+    from rich.console import Console
+    from rich.table import Table
+
+    where = f"host {on_host}: " if on_host else ""
+    t = Table(title=f"{where}launch plan: {plan.runtime} runtime, {plan.connector}, entrypoint {plan.entrypoint}",
+              show_lines=True)
+    for col in ("process", "command", "env", "devices", "ports", "health", "after"):
+        t.add_column(col, overflow="fold")
+    for p in plan.processes:
+        env = "\n".join(f"{k}={v}" for k, v in p.masked_env().items())
+        ports = "\n".join(f"{u.port} {u.purpose}" for u in p.ports)
+        health = f"{p.health.url}\n(≤ {p.health.timeout_s:g} s)" if p.health else "-"
+        if p.role == "peer":
+            t.add_row(f"{p.name}\n(peer)", f"runs on {p.host}: waited for, not started here", "-", "-", "-", health, "-")
+            continue
+        devs = f"{p.device_env}={p.devices}" if p.device_env else "-"
+        if p.device_env and p.visible_devices is not None:  # remapped: the stage's entries index the variable
+            devs += f"\n(logical {p.logical_devices} of {p.device_env}={p.visible_devices})"
+        t.add_row(f"{p.name}\n({p.role})", shlex.join(p.masked_argv()), env or "-", devs, ports or "-", health,
+                  ", ".join(p.depends_on) or "-")
+    c = Console(width=max(160, Console().width))
+    c.print(t)
+    for n in plan.notes:
+        c.print(f"note: {n}")
 
 
 def _full_summaries() -> None:
