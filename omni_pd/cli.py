@@ -353,55 +353,84 @@ def _say_missing_schema(ref: str, output: Path) -> None:
 
 @app.command()
 def migrate(
-    input: Path = typer.Argument(..., help="a legacy `stage_args` file (vllm-omni <= 0.26 `--stage-configs-path`)"),
+    input: Path = typer.Argument(..., help="a legacy `stage_args` file (vllm-omni <= 0.26 `--stage-configs-path`), "
+                                           "or a `stages:` file with --from"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="write here (atomically) instead of stdout; never over the input"),
-    vllm_omni_version: Optional[str] = typer.Option(None, "--vllm-omni-version", "--vllm-version",
+    vllm_omni_version: Optional[str] = typer.Option(None, "--vllm-omni-version", "--vllm-version", "--to",
                                                     help="target vllm-omni (= vLLM) major.minor (default 0.30)"),
+    from_version: Optional[str] = typer.Option(None, "--from",
+                                               help="the release a `stages:` INPUT was written for: the keys the "
+                                                    "target renamed or removed are rewritten (docs/migrate.md)"),
     pipeline: Optional[str] = typer.Option(None, "--pipeline", help="the catalogue pipeline of the stages when they do not say"),
     check: bool = typer.Option(False, "--check", help="write nothing; exit 1 with the diff when the file is not in the target's form"),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="hide the per-key notes"),
 ) -> None:
-    """Rewrite a legacy `stage_args` file into the `stages:` deploy schema of the target release.
+    """Rewrite a legacy `stage_args` file into the `stages:` deploy schema of the target
+    release, or (`--from A --to B`) a `stages:` file written for release A into B's form.
 
     One note per change on stderr (which key went where, what was dropped and why, which
     default is now written); a key with no home is an error naming it (exit 2). Prints
     the serve command line for the result.
     """
     from omni_pd import cli_options
-    from omni_pd.compile.migrate import migrate_text, serve_command, sorted_notes
+    from omni_pd.compile.migrate import is_legacy, migrate_text, serve_command, sorted_notes
     from omni_pd.compile.pipelines import load_catalogue
     from omni_pd.io import atomic_write, load_file, parse_text
 
     tgt = cli_options.vllm_version(vllm_omni_version, "--vllm-omni-version")
+    src = cli_options.vllm_version(from_version, "--from") if from_version is not None else None
     doc = load_file(input)
+    release = src is not None and not is_legacy(doc.tree)
     try:
-        text, m = migrate_text(doc, tgt, load_catalogue(), pipeline)
+        if release:
+            from omni_pd.compile.migrate_release import release_text
+
+            text, rm = release_text(doc, src, tgt, _file_runtime(doc, pipeline))
+            notes, changed = list(rm.notes), rm.changed
+            form, what = f"vLLM {tgt.label}'s form", f"written for vLLM {src.label}"
+            wrote = ""
+        else:
+            text, m = migrate_text(doc, tgt, load_catalogue(), pipeline)
+            notes, changed = (sorted_notes(m) if m is not None else []), m is not None
+            form, what = "the `stages:` form", "legacy `stage_args` file"
+            wrote = f" ({m.pipeline.name}, {len(m.tree['stages'])} stages)" if m is not None else ""
     except OmniPdError as e:
         _emit_diags(getattr(e, "diagnostics", [e.diagnostic]), {doc.name: doc})
         raise SystemExit(e.exit_code) from None
-    if m is not None:
+    if changed:
         parse_text(text, f"{output or '<stdout>'} (migrated)", own_output=True)  # it reads back
     if check:
-        if m is None:
-            sys.stderr.write(f"{doc.name}: already in the `stages:` form\n")
+        if not changed:
+            sys.stderr.write(f"{doc.name}: already in {form}\n")
             return
         import difflib
 
         sys.stdout.writelines(difflib.unified_diff(doc.text.splitlines(True), text.splitlines(True),
                                                    doc.name, f"{doc.name} (migrated, vllm-omni {tgt.label})"))
-        sys.stderr.write(f"{doc.name}: legacy `stage_args` file; `omni-pd migrate {doc.name} -o OUT` rewrites it\n")
+        again = f" --from {src.label} --to {tgt.label}" if release else ""
+        sys.stderr.write(f"{doc.name}: {what}; `omni-pd migrate {doc.name}{again} -o OUT` rewrites it\n")
         raise SystemExit(1)
-    if m is not None and not quiet:
-        _emit_diags(sorted_notes(m), {doc.name: doc})
-    if m is None:
-        sys.stderr.write(f"{doc.name}: already in the `stages:` form; nothing to migrate\n")
+    if changed and not quiet:
+        _emit_diags(notes, {doc.name: doc})
+    if not changed:
+        sys.stderr.write(f"{doc.name}: already in {form}; nothing to migrate\n")
     if output is None:
         sys.stdout.write(text)
     else:
         atomic_write(output, text, protect=[str(input)])
         if not quiet:
-            sys.stderr.write(f"wrote {output}" + (f" ({m.pipeline.name}, {len(m.tree['stages'])} stages)" if m else "") + "\n")
+            sys.stderr.write(f"wrote {output}{wrote}\n")
     sys.stderr.write(f"serve with: {serve_command(str(output or 'FILE.yaml'), tgt)}\n")
+
+
+def _file_runtime(doc, pipeline: Optional[str]) -> str:
+    """The runtime whose facts a `stages:` file follows: its pipeline's (``--pipeline``, else
+    its ``pipeline:`` key), else ``vllm-omni`` (a deploy file is vllm-omni's)."""
+    from omni_pd.compile.pipelines import load_catalogue
+
+    name = pipeline or (doc.tree.get("pipeline") if isinstance(doc.tree, dict) else None)
+    pipe = load_catalogue().get(str(name)) if name else None
+    return pipe.runtime if pipe is not None else "vllm-omni"
 
 
 @app.command()
@@ -1041,15 +1070,26 @@ def diff_cmd(
     pipeline: Optional[str] = typer.Option(None, "--pipeline", help="pipeline of BEFORE when the file does not say"),
     platform: Optional[_PLATFORM] = typer.Option(None, "--platform", help="compare with platforms.<P> applied to both"),
     fmt: Literal["text", "json"] = typer.Option("text", "--format", help="the changes as text or JSON"),
+    vllm_omni_version: Optional[str] = typer.Option(
+        None, "--vllm-omni-version", "--vllm-version",
+        help="for a legacy `stage_args` BEFORE: the release `omni-pd migrate` targets (default 0.30)"),
 ) -> None:
-    """Show what expand changed, stage by stage (each output stage against the input stage it came from)."""
+    """Show what expand changed, stage by stage (each output stage against the input stage it came from).
+
+    With a legacy `stage_args` BEFORE and its `stages:` rewrite AFTER, show the migration:
+    each stage against the legacy stage of the same id (engine_args/runtime flattened), and
+    whether AFTER holds what `omni-pd migrate BEFORE` writes."""
     import json
 
     from omni_pd.compile.diff import config_diff, diff_json, diff_text
+    from omni_pd.compile.migrate import is_legacy
     from omni_pd.io import load_file, load_stream
 
     a_doc = load_file(before)
     b_doc = load_stream(sys.stdin.buffer, "<stdin>") if after == "-" else load_file(after)
+    if is_legacy(a_doc.tree):
+        _diff_migration(a_doc, b_doc, pipeline, fmt, vllm_omni_version)
+        return
     try:  # errors are shown with these two documents' lines (stdin has no file to read back)
         a_topo, a_plain = _resolve(a_doc, pipeline, platform)
         b_topo, b_plain = _resolve(b_doc, None, platform)
@@ -1076,6 +1116,52 @@ def diff_cmd(
         raise SystemExit(e.exit_code) from None
     _say_linear_chain(a_topo, a_doc.name, pipeline, verb="compared")
     sys.stdout.write(json.dumps(diff_json(d), indent=2) + "\n" if fmt == "json" else diff_text(d, a_doc.name, b_doc.name))
+
+
+def _diff_migration(a_doc, b_doc, pipeline: Optional[str], fmt: str, version: Optional[str]) -> None:
+    """``omni-pd diff LEGACY MIGRATED``: the migration's changes per stage, then the keys
+    where MIGRATED differs from what ``omni-pd migrate LEGACY`` writes (exit 1 when it
+    does: a hand migration that lost or changed a setting)."""
+    import json
+
+    from omni_pd import cli_options
+    from omni_pd.compile.diff import changes, diff_json, diff_text, layout_settings, migration_diff
+    from omni_pd.compile.migrate import is_legacy, migrate_document
+    from omni_pd.compile.parse import to_plain
+    from omni_pd.compile.pipelines import load_catalogue
+
+    tgt = cli_options.vllm_version(version, "--vllm-omni-version")
+    try:
+        if is_legacy(b_doc.tree) or not isinstance(b_doc.tree.get("stages"), list):
+            raise OmniPdError(Diagnostic(
+                code="OPD008", severity=Severity.ERROR, location=b_doc.loc(()),
+                message=f"{a_doc.name} is a legacy `stage_args` file and {b_doc.name} has no `stages:` list",
+                help=f"give its `stages:` rewrite second: `omni-pd migrate {a_doc.name} -o new.yaml`, "
+                     f"then `omni-pd diff {a_doc.name} new.yaml`"))
+        m = migrate_document(a_doc, tgt, load_catalogue(), pipeline)
+    except OmniPdError as e:
+        _emit_diags(getattr(e, "diagnostics", [e.diagnostic]), {a_doc.name: a_doc, b_doc.name: b_doc})
+        raise SystemExit(e.exit_code) from None
+    titles = {ps.stage_id: f"stage {ps.stage_id} {ps.role}" + (f" {ps.pd_role}" if ps.pd_role else "")
+              for ps in m.pipeline.stages}
+    after = to_plain(b_doc.tree)
+    d = migration_diff(to_plain(a_doc.tree), after, titles)
+    want = {s.get("stage_id"): layout_settings(s) for s in to_plain(m.tree)["stages"]}
+    off = [(sid, c) for s in after["stages"] if isinstance(s, dict)
+           for sid in [s.get("stage_id")] for c in changes(want.get(sid, {}), layout_settings(s))]
+    if fmt == "json":
+        out = diff_json(d) + [{"not_as_migrate_writes": [
+            {"stage_id": sid, "kind": c.kind, "key": c.key, "migrate": c.before, "after": c.after} for sid, c in off]}]
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    else:
+        sys.stdout.write(diff_text(d, f"{a_doc.name} (legacy stage_args)", b_doc.name))
+        if off:
+            sys.stdout.write(f"not what `omni-pd migrate {a_doc.name}` writes (vllm-omni {tgt.label}):\n")
+            sys.stdout.writelines(f"  stage {sid}: {c.text()}\n" for sid, c in off)
+        else:
+            sys.stdout.write(f"= what `omni-pd migrate {a_doc.name}` writes (vllm-omni {tgt.label}), key for key\n")
+    if off:
+        raise SystemExit(1)
 
 
 def _is_split(topo) -> bool:

@@ -143,3 +143,55 @@ def diff_json(d: ConfigDiff) -> list[dict[str, Any]]:
     return [{"top": [ch(c) for c in d.top]}] + [
         {"stage_id": s.stage_id, "title": s.title, "from": s.source, "changes": [ch(c) for c in s.changes]}
         for s in d.stages]
+
+
+# --- a migration (``omni-pd diff LEGACY MIGRATED``) -------------------------------------
+
+#: stage sub-mappings whose keys are stage keys in the ``stages:`` schema (the legacy layout)
+_LAYOUT = ("engine_args", "runtime")
+
+
+def layout_settings(stage: Any) -> dict[str, Any]:
+    """A stage mapping (legacy ``stage_args`` entry or ``stages:`` entry, plain data) as
+    flat settings: ``engine_args.*`` and ``runtime.*`` at stage level (where ``omni-pd
+    migrate`` moves them), nested mappings dotted (:func:`flatten`), ``stage_id`` left
+    out. ``{}`` for a non-mapping."""
+    if not isinstance(stage, dict):
+        return {}
+    flat: dict[str, Any] = {}
+    for k, v in stage.items():
+        if k in _LAYOUT and isinstance(v, dict):
+            flat.update(v)
+        elif k not in _SKIP:
+            flat[k] = v
+    return flatten(flat)
+
+
+def _top_settings(tree: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in tree.items() if k not in ("stage_args", "stages", "runtime", "platforms")}
+    rt = tree.get("runtime")
+    if isinstance(rt, dict):
+        out.update({k: v for k, v in rt.items() if k in ("edges", "connectors")})
+        out.update({f"runtime.{k}": v for k, v in rt.items() if k not in ("edges", "connectors")})
+    return out
+
+
+def migration_diff(legacy: dict[str, Any], after: dict[str, Any], titles: dict[int, str]) -> ConfigDiff:
+    """The diff of the ``stages:`` file ``after`` against the legacy ``stage_args`` file
+    ``legacy`` (both plain data): top-level keys (``runtime.edges`` compared as ``edges``),
+    then each ``after`` stage against the legacy stage of the same ``stage_id`` with the
+    layout flattened (:func:`layout_settings`), so what shows is what the migration
+    changed: dropped topology keys, rewritten runtime keys, written defaults. ``titles``:
+    stage id -> title (from the pipeline the stages were matched to)."""
+    top = changes(_top_settings(legacy), _top_settings(after))
+    by_id = {s.get("stage_id"): s for s in legacy.get("stage_args") or [] if isinstance(s, dict)}
+    out: list[StageDiff] = []
+    for st in after.get("stages") or []:
+        if not isinstance(st, dict):
+            continue
+        sid = st.get("stage_id")
+        src = by_id.get(sid)
+        title = titles.get(sid, f"stage {sid}")
+        out.append(StageDiff(sid, title, sid if src is not None else None, title if src is not None else None,
+                             changes(layout_settings(src), layout_settings(st))))
+    return ConfigDiff(top, tuple(out))

@@ -76,8 +76,8 @@ def parse_config(doc: Document) -> DeployConfig:
             code="OPD102", severity=Severity.ERROR,
             message="legacy `stage_args` file: vllm-omni 0.30 only reads the `stages:` deploy schema",
             location=doc.loc(("stage_args",)),
-            help="convert it: one `stages:` entry per stage with flat engine keys "
-                 "(engine_args.* -> stage keys, runtime.devices -> devices); topology comes from the pipeline",
+            help=f"rewrite it with `omni-pd migrate {doc.name} -o new.yaml` (one note per key it moves; "
+                 "docs/migrate.md has the key map), then use new.yaml",
         ))
     try:
         return DeployConfig.model_validate(to_plain(doc.tree))

@@ -112,6 +112,11 @@ class Target:
         """True if ``name`` was a KVTransferConfig field in any version."""
         return name in _facts()["kv_transfer_config_fields"]
 
+    def kv_field_history(self, name: str) -> dict[str, Any]:
+        """``{"since": "0.11", "removed": "0.32"}`` for the KVTransferConfig field ``name``
+        (``removed`` absent while it exists); ``{}`` for a name no release had."""
+        return dict(_facts()["kv_transfer_config_fields"].get(name) or {})
+
     @property
     def rejects_unknown_kv_keys(self) -> bool:
         return self.version >= parse_version(_facts()["unknown_kv_keys_rejected_since"])
@@ -125,6 +130,10 @@ class Target:
 
     def connector_history(self, name: str) -> dict[str, Any] | None:
         return _facts()["kv_connectors"].get(name)
+
+    def connector_names_ever(self) -> tuple[str, ...]:
+        """Every KV connector name any known vLLM release registered (file order)."""
+        return tuple(_facts()["kv_connectors"])
 
     @property
     def kv_both_deprecated(self) -> bool:
