@@ -466,7 +466,12 @@ def schema(output: Optional[Path] = typer.Option(
 
 @app.command()
 def pipelines() -> None:
-    """List the catalogued pipelines and their stages."""
+    """List the catalogued pipelines and their stages.
+
+    ``runtime``: whose pipeline it is (vllm-omni's registry, or plain vLLM); ``launch``:
+    how ``omni-pd launch`` serves it (the header of ``launch --dry-run`` says the same),
+    ``-`` for one launch does not start (expand it first).
+    """
     from omni_pd.compile.pipelines import load_catalogue
 
     cat = load_catalogue()
@@ -474,9 +479,9 @@ def pipelines() -> None:
     for name in cat.names():
         p = cat.get(name)
         assert p is not None
-        rows.append((name, p.runtime,
+        rows.append((name, p.runtime, p.launch_form or "-",
                      " -> ".join(f"{s.stage_id}:{s.role}{'/' + s.pd_role if s.pd_role else ''}" for s in p.stages)))
-    print_table(("pipeline", "runtime", "stages"), rows)
+    print_table(("pipeline", "runtime", "launch", "stages"), rows)
 
 
 def _size_error(msg: str, help: str | None = None) -> OmniPdError:
@@ -729,6 +734,12 @@ def _pairs(items: Optional[list[str]], name: str) -> dict[str, str]:
     return out
 
 
+#: ``--select`` / ``--ignore`` of validate and launch (one meaning: omni_pd/check/suppress.py)
+_SELECT_HELP = ("report only these codes, code prefixes or rule names (comma-separated, repeatable; replaces the "
+                "config file's select)")
+_IGNORE_HELP = "do not report these codes, code prefixes or rule names (comma-separated, repeatable; on top of [tool.omni-pd])"
+
+
 @app.command()
 def validate(
     inputs: Optional[list[str]] = typer.Argument(
@@ -752,10 +763,8 @@ def validate(
     vllm_omni_python: Optional[str] = typer.Option(None, "--vllm-omni-python",
                                                    help="python of an environment with vllm-omni and omni-pd installed"),
     model: Optional[str] = typer.Option(None, "--model", help="with --against-vllm-omni: the model vllm serve gets"),
-    select: Optional[list[str]] = typer.Option(None, "--select", help="report only these codes, code prefixes or rule "
-                                               "names (comma-separated, repeatable; replaces the config file's select)"),
-    ignore: Optional[list[str]] = typer.Option(None, "--ignore", help="do not report these codes, code prefixes or rule "
-                                               "names (comma-separated, repeatable; on top of [tool.omni-pd])"),
+    select: Optional[list[str]] = typer.Option(None, "--select", help=_SELECT_HELP),
+    ignore: Optional[list[str]] = typer.Option(None, "--ignore", help=_IGNORE_HELP),
 ) -> None:
     """Check deploy configs for every PD invariant; exit 0 clean, 1 errors, 2 unreadable input.
 
@@ -775,15 +784,8 @@ def validate(
     from omni_pd import cli_options
 
     cli_options.vllm_version(vllm_version)
-    from omni_pd.check.suppress import Layer
-
     known: dict = {}  # code -> rule name, read when a selector or a file needs it (_suppress)
-    if select or ignore:
-        from omni_pd.check.settings import known_codes
-
-        known.update(known_codes())
-    cli_layer = Layer(source="--select/--ignore", select=cli_options.selectors(select, "--select", known),
-                      ignore=cli_options.selectors(ignore, "--ignore", known) or ())
+    cli_layer = _cli_layer(select, ignore, known)
     configs: dict = {}
     hidden_total = 0
     if platform is not None and all_platforms:
@@ -879,6 +881,21 @@ def validate(
 def _hidden(n: int) -> str:
     """``"; 2 suppressed"`` for a verdict line, "" for none."""
     return f"; {n} suppressed" if n else ""
+
+
+def _cli_layer(select: Optional[list[str]], ignore: Optional[list[str]], known: dict):
+    """The :class:`~omni_pd.check.suppress.Layer` of ``--select``/``--ignore`` (validate's
+    and launch's). ``known`` (code -> rule name) is filled when a selector needs it. Raises
+    OPD006 (exit 2) for a selector that names no code."""
+    from omni_pd import cli_options
+    from omni_pd.check.suppress import Layer
+
+    if (select or ignore) and not known:
+        from omni_pd.check.settings import known_codes
+
+        known.update(known_codes())
+    return Layer(source="--select/--ignore", select=cli_options.selectors(select, "--select", known),
+                 ignore=cli_options.selectors(ignore, "--ignore", known) or ())
 
 
 def _selection_layers(name: str, cli_layer, known: dict, configs: dict) -> tuple:
@@ -1237,9 +1254,15 @@ def launch(
     router_workers: Optional[int] = typer.Option(
         None, "--router-workers", help="PD router processes (1..64; default: a quarter of this host's CPUs, "
         "at least 1, at most 8; bench/RESULTS.md \"Router under load\")"),
+    select: Optional[list[str]] = typer.Option(None, "--select", help=_SELECT_HELP + "; as validate"),
+    ignore: Optional[list[str]] = typer.Option(None, "--ignore", help=_IGNORE_HELP + "; as validate"),
 ) -> None:
-    """Validate, plan, preflight, start and supervise the engines of a compiled PD config."""
-    import json
+    """Validate, plan, preflight, start and supervise the engines of a compiled PD config.
+
+    Validate's findings come first, suppressed as validate suppresses them (``# omni-pd:
+    ignore[CODE]`` comments, --select/--ignore, [tool.omni-pd]): a suppressed error does
+    not stop the launch.
+    """
     import time
 
     from omni_pd.diagnostics import render_text, summary
@@ -1259,20 +1282,29 @@ def launch(
     cli_options.port(engine_port_base, "--engine-port-base")
     if router_workers is not None and not 1 <= router_workers <= 64:
         raise typer.BadParameter(f"{router_workers} is outside 1..64", param_hint="--router-workers")
+    # validate's suppressions, read as validate reads them (a bad selector or settings file: exit 2)
+    known: dict = {}
+    layers = _selection_layers(str(config), _cli_layer(select, ignore, known), known, {})
     doc = load_file(config)
     opts = LaunchOptions(model=model, vllm=vllm, host=host, port=port, engine_port_base=engine_port_base,
                          platform=platform, served_model_name=served_model_name, ready_timeout_s=ready_timeout,
                          extra_args=tuple(extra_arg or ()), env=_pairs(env, "--env"), python=python,
                          router_workers=router_workers, launcher_env=launcher_visibility(os.environ))
+    hidden = [0]  # findings suppressed, counted on the verdict lines as validate counts them
+
+    def kept(r) -> list:
+        out, hidden[0] = _suppress(list(r.diagnostics), r.docs, layers, known)
+        return out
+
     # validate's findings first, rendered and counted as `omni-pd validate` does, before
     # anything is planned (issue 24 item 3); stderr under --format json (stdout is the plan)
     found_out = sys.stderr if (dry_run and fmt == "json") else sys.stdout
-    planned = plan_document(doc, str(config.resolve()), opts, inventory=inv,
-                            on_validated=lambda r: _say_launch_findings(r, doc.name, found_out))
+    planned = plan_document(doc, str(config.resolve()), opts, inventory=inv, suppress=kept,
+                            on_validated=lambda r: _say_launch_findings(r, doc.name, found_out, hidden[0]))
     res, topo, plan = planned.validation, planned.topology, planned.plan
     shown = list(res.diagnostics)  # every finding this run printed: the "not launched" counts
     if plan is None or topo is None:
-        sys.stdout.write(f"{doc.name}: not launched ({summary(shown)})\n")
+        sys.stdout.write(f"{doc.name}: not launched ({summary(shown)}{_hidden(hidden[0])})\n")
         raise SystemExit(1)
     if dry_run:
         from omni_pd.launch.preflight import plan_checks  # the preflight checks needing no system state
@@ -1280,9 +1312,9 @@ def launch(
         clashes = plan_checks(plan)
         if clashes:
             sys.stdout.write(render_text(clashes, _line_source(res.docs)) + "\n")
-            sys.stdout.write(f"{doc.name}: not launched ({summary(shown + clashes)})\n")
+            sys.stdout.write(f"{doc.name}: not launched ({summary(shown + clashes)}{_hidden(hidden[0])})\n")
             raise SystemExit(1)
-        _print_dry_run(plan, on_host, fmt)
+        _print_dry_run(plan, on_host, fmt, topo.pipeline)
         return
     if on_host is not None:
         plan = _host_plan(plan, on_host, smoke)
@@ -1296,7 +1328,7 @@ def launch(
         if found:
             sys.stdout.write(render_text(found, _line_source(res.docs)) + "\n")
         if bad:
-            sys.stdout.write(f"preflight: not launched ({summary(shown + found)})\n")
+            sys.stdout.write(f"preflight: not launched ({summary(shown + found)}{_hidden(hidden[0])})\n")
             raise SystemExit(1)
     from omni_pd.launch.supervisor import run
 
@@ -1508,74 +1540,49 @@ def _host_plan(plan, on_host: str, smoke: bool):
     return mine
 
 
-def _say_launch_findings(res, name: str, out) -> None:
+def _say_launch_findings(res, name: str, out, hidden: int = 0) -> None:
     """``launch``: the validation findings of its config (``res``, a
-    :class:`~omni_pd.check.validate.ValidationResult`) rendered as ``omni-pd validate``
-    renders them, then, when there are errors, nothing more (the caller says "not
-    launched"), else validate's verdict line ``NAME: ok (0 errors, 1 warning, 0 info)``.
-    Silent for a config without findings."""
+    :class:`~omni_pd.check.validate.ValidateResult`, suppressed ones already left out)
+    rendered as ``omni-pd validate`` renders them, then, when there are errors, nothing
+    more (the caller says "not launched"), else validate's verdict line ``NAME: ok (0
+    errors, 1 warning, 0 info; 2 suppressed)`` (``hidden``: the suppressed count). Silent
+    for a config without findings, shown or suppressed."""
     from omni_pd.diagnostics import render_text, summary
 
     diags = list(res.diagnostics)
-    if not diags:
+    if not diags and not hidden:
         return
-    text = render_text(diags, _line_source(res.docs))
-    out.write(text + ("" if text.endswith("\n") else "\n"))
+    text = render_text(diags, _line_source(res.docs)) if diags else ""
+    if text:
+        out.write(text + ("" if text.endswith("\n") else "\n"))
     if not any(d.severity is Severity.ERROR for d in diags):
-        out.write(f"{name}: ok ({summary(diags)})\n")
+        out.write(f"{name}: ok ({summary(diags)}{_hidden(hidden)})\n")
     out.flush()
 
 
-def _print_dry_run(plan, on_host: Optional[str], fmt: str) -> None:
-    """``launch --dry-run``: the plan (one host's with ``--host``; every host's, one after
-    the other, with ``--inventory`` alone), as tables or JSON (``{"hosts": {NAME: plan}}``
-    for every host)."""
+def _print_dry_run(plan, on_host: Optional[str], fmt: str, pipeline=None) -> None:
+    """``launch --dry-run``: the plan (one host's with ``--host``; every host's, grouped by
+    host, with ``--inventory`` alone) as copy-pasteable shell blocks under a summary
+    (omni_pd/launch/shell.py ``dry_run_text``), or as JSON (``{"hosts": {NAME: plan}}`` for
+    every host), each process with its ``shell`` command. ``pipeline``: the plan's
+    :class:`~omni_pd.compile.pipelines.Pipeline` (its ``launch_form`` heads the text, as
+    ``omni-pd pipelines`` lists it)."""
     import json
 
+    from omni_pd.compile.pipelines import LAUNCH_FORMS
     from omni_pd.launch.plan import for_host, hosts_of
+    from omni_pd.launch.shell import dry_run_text, plan_json
 
-    hosts = hosts_of(plan) if on_host == "*" else ((on_host,) if on_host else ())
-    if not hosts:
-        sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n") if fmt == "json" else _print_plan(plan)
-        return
-    if on_host != "*":
-        mine = _host_plan(plan, on_host, False)
-        sys.stdout.write(json.dumps(mine.to_json(), indent=2) + "\n") if fmt == "json" else _print_plan(mine, on_host)
-        return
+    if on_host not in (None, "*"):
+        plan = _host_plan(plan, on_host, False)
     if fmt == "json":
-        sys.stdout.write(json.dumps({"hosts": {h: for_host(plan, h).to_json() for h in hosts}}, indent=2) + "\n")
+        every = on_host == "*" and hosts_of(plan)
+        doc = {"hosts": {h: plan_json(for_host(plan, h)) for h in hosts_of(plan)}} if every else plan_json(plan)
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return
-    for h in hosts:
-        _print_plan(for_host(plan, h), h)
-
-
-def _print_plan(plan, on_host: Optional[str] = None) -> None:
-    import shlex
-
-    from rich.console import Console
-    from rich.table import Table
-
-    where = f"host {on_host}: " if on_host else ""
-    t = Table(title=f"{where}launch plan: {plan.runtime} runtime, {plan.connector}, entrypoint {plan.entrypoint}",
-              show_lines=True)
-    for col in ("process", "command", "env", "devices", "ports", "health", "after"):
-        t.add_column(col, overflow="fold")
-    for p in plan.processes:
-        env = "\n".join(f"{k}={v}" for k, v in p.masked_env().items())
-        ports = "\n".join(f"{u.port} {u.purpose}" for u in p.ports)
-        health = f"{p.health.url}\n(≤ {p.health.timeout_s:g} s)" if p.health else "-"
-        if p.role == "peer":
-            t.add_row(f"{p.name}\n(peer)", f"runs on {p.host}: waited for, not started here", "-", "-", "-", health, "-")
-            continue
-        devs = f"{p.device_env}={p.devices}" if p.device_env else "-"
-        if p.device_env and p.visible_devices is not None:  # remapped: the stage's entries index the variable
-            devs += f"\n(logical {p.logical_devices} of {p.device_env}={p.visible_devices})"
-        t.add_row(f"{p.name}\n({p.role})", shlex.join(p.masked_argv()), env or "-", devs, ports or "-", health,
-                  ", ".join(p.depends_on) or "-")
-    c = Console(width=max(160, Console().width))
-    c.print(t)
-    for n in plan.notes:
-        c.print(f"note: {n}")
+    form = (pipeline.launch_form if pipeline is not None else None) or LAUNCH_FORMS[plan.runtime]
+    sys.stdout.write(dry_run_text(plan, launch_form=form, pipeline=pipeline.name if pipeline is not None else None,
+                                  host=on_host if on_host != "*" else None))
 
 
 def _full_summaries() -> None:

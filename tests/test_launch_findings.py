@@ -61,13 +61,13 @@ def test_dry_run_prints_validates_findings_and_verdict_before_the_plan(preset_pd
                         "--engine-arg=--max-num-seqs=4")
     assert rc == 0, err
     assert out.startswith(vout)  # validate's exact text, verdict line included, then the plan
-    assert "launch plan: vllm-omni runtime" in out[len(vout):]
+    assert out[len(vout):].startswith("# launch plan: qwen3_omni_moe_pd (vllm serve --omni), MooncakeConnector")
 
 
 def test_dry_run_of_a_config_without_findings_prints_the_plan_alone(preset_pd, capsys):
     rc, out, err = _run(capsys, "launch", preset_pd, "--model", "m", "--dry-run", "--vllm", "/nonexistent/vllm")
     assert rc == 0, err
-    assert out.lstrip().startswith("launch plan: vllm-omni runtime")
+    assert out.startswith("# launch plan: qwen3_omni_moe_pd (vllm serve --omni), MooncakeConnector")
 
 
 def test_json_dry_run_keeps_stdout_a_plan_and_says_the_findings_on_stderr(preset_pd, capsys):

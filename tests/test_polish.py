@@ -200,10 +200,10 @@ def test_pipelines_table_stays_aligned_with_a_long_registered_name(monkeypatch, 
     monkeypatch.setattr(pl, "load_catalogue", lambda: pl.Catalogue({**real.pipelines, long: extra}))
     assert main(["pipelines"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert re.fullmatch(r"pipeline +runtime +stages", lines[0])
+    assert re.fullmatch(r"pipeline +runtime +launch +stages", lines[0])
     assert len(lines) == 1 + len(real.names()) + 1  # header, one line per pipeline
     row = next(ln for ln in lines if ln.startswith(long))
-    assert re.fullmatch(re.escape(long) + r"  vllm +0:llm/prefill -> 1:llm/decode", row)
+    assert re.fullmatch(re.escape(long) + r"  vllm +vllm serve per engine \+ router +0:llm/prefill -> 1:llm/decode", row)
     _columns_start_together(lines[1:], lines[0])
     assert all(ln == ln.rstrip() for ln in lines)
 

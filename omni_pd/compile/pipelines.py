@@ -42,6 +42,15 @@ class PipelineStage:
     pd_role: PDRole | None = None
 
 
+#: how ``omni-pd launch`` serves a PD pipeline, by :attr:`Pipeline.launcher` (the two
+#: branches of omni_pd/launch/plan.py ``build_plan``): what ``omni-pd pipelines`` lists in
+#: its ``launch`` column and ``launch --dry-run``'s header says, one text for both
+LAUNCH_FORMS: dict[str, str] = {
+    "vllm": "vllm serve per engine + router",  # one plain vllm serve per instance, omni-pd's PD router in front
+    "vllm-omni": "vllm serve --omni",  # one vllm-omni server; it starts the stage engines and routes P -> D
+}
+
+
 @dataclass(frozen=True)
 class Pipeline:
     """A frozen pipeline: ``name`` is the vllm-omni registry key (``model_type``).
@@ -72,6 +81,15 @@ class Pipeline:
     def launcher(self) -> Literal["vllm-omni", "vllm"]:
         """The runtime ``omni-pd launch`` starts: ``launch_runtime``, else ``runtime``."""
         return self.launch_runtime or self.runtime
+
+    @property
+    def launch_form(self) -> str | None:
+        """How ``omni-pd launch`` serves this pipeline (:data:`LAUNCH_FORMS` of
+        :attr:`launcher`: ``"vllm serve per engine + router"`` for
+        ``qwen3_omni_moe_thinker_only_pd`` although its :attr:`runtime` is vllm-omni)
+        when launch starts it: a prefill/decode split or an encoder split (E -> PD,
+        E -> P -> D). None for a pipeline launch refuses (it is expanded first)."""
+        return LAUNCH_FORMS[self.launcher] if self.is_pd or self.encoder is not None else None
 
     @property
     def is_pd(self) -> bool:

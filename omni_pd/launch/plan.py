@@ -712,13 +712,20 @@ class Planned:
 
 
 def plan_document(doc: Any, config_path: str, opts: LaunchOptions, inventory: Any = None,
-                  on_validated: Callable[[Any], None] | None = None) -> Planned:
+                  on_validated: Callable[[Any], None] | None = None,
+                  suppress: Callable[[Any], list[Any]] | None = None) -> Planned:
     """Validate ``doc`` (a loaded compiled config) for ``opts.platform`` and build its plan.
 
     ``on_validated(result)``: called with the validation result (every finding, errors,
     warnings and infos, as ``omni-pd validate`` gives them for the same options) right
     after validation and before anything is planned, so the caller can show them even
     when planning then refuses the config (``launch`` prints them as validate does).
+
+    ``suppress(result)``: the findings of ``result`` that count, as ``validate`` keeps them
+    after its suppressions (``# omni-pd: ignore[...]``, ``--select``/``--ignore``,
+    ``[tool.omni-pd]``; the CLI passes validate's own, omni_pd/check/suppress.py ``apply``);
+    ``result.diagnostics`` is set to them before ``on_validated``, so a suppressed error
+    neither shows nor stops the plan. None: every finding counts.
 
     ``inventory``: the :class:`~omni_pd.check.context.Inventory` of ``--inventory``; its
     placement, completed by :func:`omni_pd.compile.placement.resolve_placement` as expand
@@ -758,10 +765,12 @@ def plan_document(doc: Any, config_path: str, opts: LaunchOptions, inventory: An
     res = validate_document(doc, ValidateOptions(platform=overlay, cli=parse_argv(opts.extra_args),
                                                  inventory=inventory, env=seen))
     pipe = load_catalogue().get(res.pipeline_name or "")
-    if not any(d.severity is Severity.ERROR for d in res.diagnostics) and pipe is not None and pipe.is_pd:
+    kept = suppress or (lambda r: list(r.diagnostics))
+    if not any(d.severity is Severity.ERROR for d in kept(res)) and pipe is not None and pipe.is_pd:
         # the launch platform's NIXL lease (OPD623): validate has no --platform cpu, so
         # launch judges it, before anything is planned, among validate's findings
         res.diagnostics.extend(_lease_findings(doc, resolve(parse_config(doc), pipe, overlay, doc), opts.platform))
+    res.diagnostics[:] = kept(res)
     if on_validated is not None:
         on_validated(res)
     if any(d.severity is Severity.ERROR for d in res.diagnostics):

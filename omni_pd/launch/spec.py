@@ -32,6 +32,20 @@ def is_secret(name: str) -> bool:
     return bool(SECRET_ENV.fullmatch(name.replace("-", "_")))
 
 
+def secret_flag(prev: str, arg: str) -> str | None:
+    """The secret flag whose value ``arg`` carries, given the word before it (``prev``;
+    ``""`` for the first word): ``"--api-key"`` when ``prev`` is that flag (``arg`` is
+    the whole value), ``"--api-key="`` when ``arg`` is ``--api-key=VALUE`` (the value
+    follows the ``=``); None when ``arg`` carries no secret (:func:`is_secret` on the
+    flag's words). The one test masking (:meth:`ProcessSpec.masked_argv`) and the shell
+    renderings (omni_pd/launch/shell.py) share."""
+    if prev.startswith("--") and "=" not in prev and is_secret(prev[2:]):
+        return prev
+    if arg.startswith("--") and "=" in arg and is_secret(arg[2:].split("=", 1)[0]):
+        return arg.split("=", 1)[0] + "="
+    return None
+
+
 @dataclass(frozen=True)
 class PortUse:
     """One TCP port a process binds: ``port`` (1..65535) on ``host``; ``purpose`` e.g.
@@ -107,13 +121,8 @@ class ProcessSpec:
         """``argv`` with the value after a secret flag (``--api-key``, ``--hf-token``) masked."""
         out: list[str] = []
         for i, a in enumerate(self.argv):
-            prev = self.argv[i - 1] if i else ""
-            if prev.startswith("--") and "=" not in prev and is_secret(prev[2:].replace("-", "_")):
-                out.append(MASK)
-            elif a.startswith("--") and "=" in a and is_secret(a[2:].split("=", 1)[0].replace("-", "_")):
-                out.append(a.split("=", 1)[0] + "=" + MASK)
-            else:
-                out.append(a)
+            flag = secret_flag(self.argv[i - 1] if i else "", a)
+            out.append(a if flag is None else flag + MASK if flag.endswith("=") else MASK)
         return out
 
 

@@ -25,7 +25,8 @@ import shlex
 from typing import Any, Mapping
 
 from omni_pd.launch.plan import for_host, hosts_of
-from omni_pd.launch.spec import LaunchPlan, ProcessSpec, is_secret
+from omni_pd.launch.shell import secret_ref, words
+from omni_pd.launch.spec import LaunchPlan, ProcessSpec, is_secret, secret_flag
 
 #: the file every script reads the compiled config from (next to the script)
 DEPLOY = "deploy.yaml"
@@ -52,41 +53,12 @@ wait_healthy() {
 '''
 
 
-def _secret_ref(name: str) -> str:
-    """``"${NAME:?...}"``: the host's value of secret ``name`` at run time."""
-    return f'"${{{name}:?set {name} in the environment of this host}}"'
-
-
-def _flag_var(flag: str) -> str:
-    """``--api-key`` -> ``API_KEY``: the variable a secret flag's value is read from."""
-    return flag.lstrip("-").replace("-", "_").upper()
-
-
 def command_line(spec: ProcessSpec) -> tuple[str, tuple[str, ...]]:
-    """The shell words that start ``spec`` (``env K=V ... argv``, each word quoted) and
-    the names of the secret variables it reads from the host's environment. Pure."""
-    words = ["env"]
-    secrets: list[str] = []
-    for k, v in spec.env.items():
-        if is_secret(k):
-            words.append(f"{k}={_secret_ref(k)}")
-            secrets.append(k)
-        else:
-            words.append(shlex.quote(f"{k}={v}"))
-    argv = list(spec.argv)
-    for i, a in enumerate(argv):
-        prev = argv[i - 1] if i else ""
-        if prev.startswith("--") and "=" not in prev and is_secret(prev[2:].replace("-", "_")):
-            var = _flag_var(prev)
-            words.append(_secret_ref(var))
-            secrets.append(var)
-        elif a.startswith("--") and "=" in a and is_secret(a[2:].split("=", 1)[0].replace("-", "_")):
-            var = _flag_var(a.split("=", 1)[0])
-            words.append(shlex.quote(a.split("=", 1)[0] + "=") + _secret_ref(var))
-            secrets.append(var)
-        else:
-            words.append(shlex.quote(a))
-    return " ".join(words), tuple(dict.fromkeys(secrets))
+    """The shell words that start ``spec`` (``env K=V ... argv``, each word quoted by
+    :func:`omni_pd.launch.shell.words`, the quoting ``launch --dry-run`` prints too) and the
+    names of the secret variables it reads from the host's environment. Pure."""
+    w = words(spec)
+    return " ".join(("env",) + w.env + w.argv), w.secrets
 
 
 def host_script(plan: LaunchPlan, host: str | None, address: str | None = None, source: str | None = None) -> str:
@@ -128,7 +100,7 @@ def host_script(plan: LaunchPlan, host: str | None, address: str | None = None, 
     tail.append("wait -n")
     tail.append("echo \"a process exited: stopping\" >&2")
     tail.append("exit 1")
-    checks = [f": {_secret_ref(s)}" for s in dict.fromkeys(secrets)]
+    checks = [f": {secret_ref(s)}" for s in dict.fromkeys(secrets)]
     return "\n".join(lines + checks + [""] + ["\n\n".join(bodies), ""] + tail) + "\n"
 
 
@@ -177,9 +149,11 @@ def _secret_values(plan: LaunchPlan) -> set[str]:
     out: set[str] = set()
     for p in plan.processes:
         out |= {v for k, v in p.env.items() if is_secret(k) and len(v) >= 4}
-        for prev, a in zip(p.argv, p.argv[1:]):
-            if prev.startswith("--") and "=" not in prev and is_secret(prev[2:].replace("-", "_")) and len(a) >= 4:
-                out.add(a)
+        for i, a in enumerate(p.argv):
+            flag = secret_flag(p.argv[i - 1] if i else "", a)
+            value = a[len(flag):] if flag is not None and flag.endswith("=") else a
+            if flag is not None and len(value) >= 4:
+                out.add(value)
     return out
 
 
