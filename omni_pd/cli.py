@@ -397,8 +397,8 @@ def migrate(
     except OmniPdError as e:
         _emit_diags(getattr(e, "diagnostics", [e.diagnostic]), {doc.name: doc})
         raise SystemExit(e.exit_code) from None
-    if changed:
-        parse_text(text, f"{output or '<stdout>'} (migrated)", own_output=True)  # it reads back
+    # it reads back (and its stages decide the serve line's flags)
+    written = parse_text(text, f"{output or '<stdout>'} (migrated)", own_output=True) if changed else doc
     if check:
         if not changed:
             sys.stderr.write(f"{doc.name}: already in {form}\n")
@@ -420,7 +420,7 @@ def migrate(
         atomic_write(output, text, protect=[str(input)])
         if not quiet:
             sys.stderr.write(f"wrote {output}{wrote}\n")
-    sys.stderr.write(f"serve with: {serve_command(str(output or 'FILE.yaml'), tgt)}\n")
+    sys.stderr.write(f"serve with: {serve_command(str(output or 'FILE.yaml'), tgt, tree=written.tree)}\n")
 
 
 def _file_runtime(doc, pipeline: Optional[str]) -> str:

@@ -153,7 +153,7 @@ def test_cli_writes_atomically_never_over_the_input_and_prints_the_serve_line(tm
     r = CliRunner().invoke(app, ["migrate", str(src), "-o", str(out)])
     assert r.exit_code == 0, r.output
     assert out.read_text() == GOLDEN.read_text()
-    assert f"serve with: vllm serve MODEL --omni --deploy-config {out}" in r.output
+    assert f"serve with: vllm serve MODEL --omni --trust-remote-code --deploy-config {out}" in r.output
     assert "info[OPD970]" in r.output
     from omni_pd.cli import main
 

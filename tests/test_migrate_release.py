@@ -184,7 +184,7 @@ def test_cli_from_to_writes_the_target_form_and_check_passes_on_it(tmp_path, exp
     assert out.read_text() == expanded[("mooncake", "0.32")]
     assert src.read_text() == expanded[("mooncake", "0.30")]  # never over the input
     assert r.stderr.count("info[OPD970]") == 3
-    assert r.stderr.rstrip().endswith(f"serve with: vllm serve MODEL --omni --deploy-config {out}")
+    assert r.stderr.rstrip().endswith(f"serve with: vllm serve MODEL --omni --trust-remote-code --deploy-config {out}")
     again = omni_pd("migrate", str(out), "--from", "0.32", "--to", "0.32", "--check")
     assert (again.returncode, again.stdout, again.stderr) == (0, "", f"{out}: already in vLLM 0.32's form\n")
     check = omni_pd("migrate", str(src), "--from", "0.30", "--to", "0.32", "--check")
@@ -247,3 +247,18 @@ def test_diff_of_a_legacy_file_against_another_legacy_file_is_a_usage_error():
     r = omni_pd("diff", str(LEGACY), str(LEGACY))
     assert r.returncode == 2
     assert "error[OPD008]" in r.stderr and "has no `stages:` list" in r.stderr
+
+
+def test_the_serve_line_trusts_remote_code_only_when_a_stage_does():
+    """vllm-omni 0.30 resolves the pipeline from the HF config with the command line's
+    trust_remote_code (config_factory.py create_from_model), before stage settings apply."""
+    from omni_pd.compile.migrate import serve_command
+
+    t = target("0.30")
+    trusting = parse_text("stages:\n  - stage_id: 0\n    trust_remote_code: true\n", "a.yaml").tree
+    legacy = parse_text("stage_args:\n  - stage_id: 0\n    engine_args:\n      trust_remote_code: true\n", "b.yaml").tree
+    plain = parse_text("stages:\n  - stage_id: 0\n    trust_remote_code: false\n", "c.yaml").tree
+    assert serve_command("f.yaml", t, tree=trusting) == "vllm serve MODEL --omni --trust-remote-code --deploy-config f.yaml"
+    assert serve_command("f.yaml", t, tree=legacy) == "vllm serve MODEL --omni --trust-remote-code --deploy-config f.yaml"
+    assert serve_command("f.yaml", t, tree=plain) == "vllm serve MODEL --omni --deploy-config f.yaml"
+    assert serve_command("f.yaml", target("0.18"), tree=plain) == "vllm serve MODEL --omni --stage-configs-path f.yaml"
