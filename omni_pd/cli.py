@@ -185,7 +185,7 @@ def expand(
                                                 help="npu: decode TP below prefill's (prefill TP must be a multiple)"),
     inventory: Optional[Path] = typer.Option(
         None, "--inventory", help="hosts (address, count) and stage placement (YAML): devices, ports and advertised "
-        "addresses per host (README: Two hosts)"),
+        "addresses per host (docs/launch.md, Two hosts)"),
 ) -> None:
     """Split the Thinker of a deploy config into a prefill/decode pair (three stages -> four).
 
@@ -673,9 +673,9 @@ def connectors() -> None:
 #: what each option file is, for the help of a diagnostic about it
 _OPTION_FILE_HELP = {
     "--inventory": "--inventory takes a YAML file of hosts and stage placement "
-                   "(README, section `omni-pd validate`: Inventory)",
+                   "(docs/validate.md, Inventory and model facts)",
     "--model-info": "--model-info takes the model's Hugging Face config.json (the file next to the weights, "
-                    "e.g. <model dir>/config.json; README, section `omni-pd validate`)",
+                    "e.g. <model dir>/config.json; docs/validate.md, Inventory and model facts)",
 }
 
 

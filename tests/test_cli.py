@@ -380,9 +380,9 @@ def test_describe_input(tree, looks_like):
 
 @pytest.mark.parametrize("option, help", [
     ("--inventory", "--inventory takes a YAML file of hosts and stage placement "
-                    "(README, section `omni-pd validate`: Inventory)"),
+                    "(docs/validate.md, Inventory and model facts)"),
     ("--model-info", "--model-info takes the model's Hugging Face config.json (the file next to the weights, "
-                     "e.g. <model dir>/config.json; README, section `omni-pd validate`)"),
+                     "e.g. <model dir>/config.json; docs/validate.md, Inventory and model facts)"),
 ])
 def test_missing_option_file_names_the_option(tmp_path, capsys, option, help):
     rc, out, err = run_cli(["validate", "tests/fixtures/llm.yaml", option, "hosts.yaml"], capsys, cwd=tmp_path)
@@ -402,13 +402,14 @@ def test_model_info_that_is_not_a_config_json(tmp_path, capsys):
                           "(invalid literal for int() with base 10: 'four')\n")
 
 
-def test_readme_config_json_fragment_is_read(tmp_path, capsys):
+def test_docs_config_json_fragment_is_read(tmp_path, capsys):
+    """docs/validate.md, "Inventory and model facts": its config.json fragment is what --model-info reads."""
     import json
-    import re
 
+    from docs_pages import fenced_blocks, page, section
     from omni_pd.check.context import ModelInfo
 
-    frag = re.search(r"```json\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    [frag] = fenced_blocks(section(page("docs/validate.md"), "## Inventory and model facts"), "json")
     info = ModelInfo.from_config_json(json.loads(frag))
     assert (info.model_type, info.num_kv_heads, info.attention) == ("qwen3_omni_moe", 4, "GQA")
     assert info.subconfigs == frozenset({"thinker_config", "talker_config", "code2wav_config"})

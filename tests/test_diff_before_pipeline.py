@@ -1,4 +1,4 @@
-"""``omni-pd diff`` on a BEFORE file without ``pipeline:`` (README: ``omni-pd expand
+"""``omni-pd diff`` on a BEFORE file without ``pipeline:`` (docs/diff.md: ``omni-pd expand
 my_deploy.yaml --pipeline qwen3_omni_moe -o pd.yaml && omni-pd diff my_deploy.yaml pd.yaml``).
 
 Found walking the README as a new user: BEFORE fell back to a linear chain, so every

@@ -249,7 +249,7 @@ def _set(*path_value):
 #: (id, where it comes from, the file, validate's options, omni-pd's code, the wrong key's path
 #: (a list: every wrong key), what check-jsonschema prints for the first: "<json path>: <message fragment>")
 BROKEN = [
-    ("readme-tp-two", "README: the OPD101 example (`my.yaml:3:27`, tensor_parallel_size: two)",
+    ("readme-tp-two", "docs/expand.md: the OPD101 example (`my.yaml:3:27`, tensor_parallel_size: two)",
      "stages:\n  - stage_id: 0\n    tensor_parallel_size: two\n", {}, "OPD101",
      ("stages", 0, "tensor_parallel_size"), "$.stages[0].tensor_parallel_size: 'two' is not of type"),
     ("rule-OPD601", "OPD601's failing example (PyNcclConnector, a V0 name)", registry()["OPD601"].fail, {},

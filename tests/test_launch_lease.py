@@ -60,7 +60,8 @@ def _run(capsys, *args) -> tuple[int, str, str]:
 
 @pytest.fixture
 def cpu_recipe(tmp_path):
-    """The README's CPU recipe config: llm.yaml, NixlConnector, host-buffer KV."""
+    """docs/launch.md's CPU recipe config ("A real PD run on a CPU-only machine"): llm.yaml,
+    NixlConnector, host-buffer KV."""
     return _compiled(tmp_path, LLM, "llm", connector="NixlConnector", kv_buffer_device="cpu")
 
 

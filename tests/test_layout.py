@@ -1,4 +1,4 @@
-"""The package layering the README describes: compile -> upstream -> check -> launch -> cli.
+"""The package layering docs/layout.md describes: compile -> upstream -> check -> launch -> cli.
 
 Every ``omni_pd`` import (module level or inside a function) is read from the source
 with :mod:`ast`; a later layer may import an earlier one, never the reverse, and no

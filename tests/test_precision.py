@@ -12,8 +12,8 @@ reason the config's own runtime justifies it. The corpora:
   ``tests/cases/TC-*.yaml``) in its case context (tests/test_cases.py's harness);
 * every expand golden (``tests/golden/**/*.yaml``, :data:`NOT_CONFIGS` and Kubernetes
   manifests excepted), a two-host one with each inventory of :data:`INVENTORIES`;
-* the outputs of the README's ``omni-pd expand`` examples, validated as the README
-  validates ``pd.yaml`` (``--all-platforms``), with the example's ``--vllm-version``;
+* the outputs of the ``omni-pd expand`` examples of README.md and docs/*.md, validated as
+  docs/validate.md validates ``pd.yaml`` (``--all-platforms``), with the example's ``--vllm-version``;
 * the expand outputs of the property generator's configs (tests/test_properties.py
   ``cases``), a fixed number of examples.
 
@@ -170,7 +170,7 @@ def test_every_expand_golden_validates_clean(path: Path) -> None:
         assert _bad("golden", name, validate_document(load_file(path), opts)) == []
 
 
-# --- the README's expand examples --------------------------------------------------------------------
+# --- the expand examples of README.md and docs/*.md --------------------------------------------------------------------
 
 #: README expand examples that demonstrate a refusal (the README prints the error after them)
 REFUSED = {"tests/fixtures/llm.yaml --pipeline llm --connector MooncakeConnector --vllm-version 0.18 "
@@ -180,12 +180,13 @@ _USER_FILES = ("my_deploy.yaml", "qwen2_5_omni.yaml")
 
 
 def readme_expand_args() -> list[list[str]]:
-    """The arguments of every ``omni-pd expand`` line of the README's bash blocks (continued
-    lines joined, comments and pipes dropped, ``-o``/``-q`` removed), except the ones that
-    read a user's file (:data:`_USER_FILES`)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    """The arguments of every ``omni-pd expand`` line of the bash blocks of README.md and
+    docs/*.md (continued lines joined, comments and pipes dropped, ``-o``/``-q`` removed),
+    except the ones that read a user's file (:data:`_USER_FILES`)."""
+    from docs_pages import fenced_blocks, page, page_names
+
     out: list[list[str]] = []
-    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+    for block in (b for name in page_names() for b in fenced_blocks(page(name), "bash")):
         for line in block.replace("\\\n", " ").splitlines():
             if "omni-pd expand" not in line:
                 continue
@@ -208,10 +209,12 @@ def readme_expand_args() -> list[list[str]]:
 
 
 def readme_files() -> dict[str, str]:
-    """The README's example files: each ```yaml block whose first line is ``# NAME.yaml``."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    return {m.group(1): m.group(0).split("\n", 1)[1]
-            for m in re.finditer(r"(?<=```yaml\n)# (\S+\.ya?ml)\n.*?(?=```)", text, re.S)}
+    """The example files of README.md and docs/*.md: each ```yaml block whose first line is
+    ``# NAME.yaml`` (docs/launch.md's hosts.yaml)."""
+    from docs_pages import fenced_blocks, page, page_names
+
+    return {m.group(1): m.group(2) for name in page_names() for b in fenced_blocks(page(name), "yaml")
+            if (m := re.match(r"# (\S+\.ya?ml)\n(.*)", b, re.S))}
 
 
 def test_the_readme_expand_examples_are_read() -> None:

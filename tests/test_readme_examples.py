@@ -1,32 +1,35 @@
-"""The README's shell examples say what the code does (issue 13 item 8).
+"""The shell examples of the README and of docs/*.md say what the code does (issue 13 item 8;
+issue 24, "The README and the test command": the reference moved to docs/, its examples
+stay tested on whichever page they now live).
 
 A new user copies these lines: the metrics example must name decode's port as the launch
-plan computes it, every example that reads ``pd.yaml`` must come after one that writes it,
-and the install line must be one that works (omni-pd is not on PyPI).
+plan computes it, every example that reads ``pd.yaml`` must come after one that writes it
+on the same page, and the install line must be one that works (omni-pd is not on PyPI).
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
+import pytest
+
+from docs_pages import ROOT, fenced_blocks, page, page_names, section
 from omni_pd.compile.expand import expand_document
 from omni_pd.compile.passes.pd_split import ExpandOptions
 from omni_pd.io import load_file, parse_text
 from omni_pd.launch.plan import LaunchOptions, plan_document
 
-ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+PAGES = page_names()
+LAUNCH = "docs/launch.md"
 
 
-def bash_lines() -> list[str]:
-    """The lines of every ```bash block, in document order."""
-    return [ln for block in re.findall(r"```bash\n(.*?)```", README, re.S) for ln in block.splitlines()]
+def bash_lines(name: str) -> list[str]:
+    """The lines of every ```bash block of page ``name``, in document order."""
+    return [ln for block in fenced_blocks(page(name), "bash") for ln in block.splitlines()]
 
 
 def cpu_run_block() -> str:
-    section = README.split("### A real PD run on a CPU-only machine", 1)[1]
-    return re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    return fenced_blocks(section(page(LAUNCH), "## A real PD run on a CPU-only machine"), "bash")[0]
 
 
 def test_the_metrics_example_reads_decodes_port(tmp_path):
@@ -51,27 +54,51 @@ def test_the_metrics_example_reads_decodes_port(tmp_path):
     assert int(router) == ports["router"]
 
 
-def test_pd_yaml_is_written_before_an_example_reads_it():
-    lines = bash_lines()
-    writes = [i for i, ln in enumerate(lines) if re.search(r"omni-pd expand\b.*-o pd\.yaml", ln)]
-    reads = [i for i, ln in enumerate(lines) if re.search(r"omni-pd (validate|launch|graph)\b[^#]*\spd\.yaml", ln)]
-    assert reads and writes
-    assert min(writes) < min(reads), (lines[min(reads)], lines[min(writes)])
-    for section in ("## `omni-pd launch`", "## `omni-pd graph`"):
-        body = README.split(section, 1)[1]
-        first = re.search(r"```bash\n(.*?)```", body, re.S).group(1).splitlines()[0]
-        assert re.match(r"omni-pd expand .*-o pd\.yaml", first), (section, first)
+_WRITES = re.compile(r"omni-pd expand\b.*-o pd\.yaml")
+_READS = re.compile(r"omni-pd (validate|launch|graph)\b[^#]*\spd\.yaml")
 
 
-def test_install_lines_work_without_omni_pd_on_pypi():
-    """Every ``pip install`` the README shows installs omni-pd from the clone, never by its
+@pytest.mark.parametrize("name", PAGES)
+def test_pd_yaml_is_written_before_an_example_reads_it(name):
+    """On each page, the first example that reads ``pd.yaml`` comes after one that writes it
+    (the same line counts when the write is first: ``expand ... -o pd.yaml && validate pd.yaml``)."""
+    lines = bash_lines(name)
+    reads = [(i, m.start()) for i, ln in enumerate(lines) if (m := _READS.search(ln))]
+    writes = [(i, m.start()) for i, ln in enumerate(lines) if (m := _WRITES.search(ln))]
+    if reads:
+        assert writes and min(writes) < min(reads), (name, lines[min(reads)[0]])
+
+
+def test_the_pd_yaml_examples_are_found():
+    """The ordering test above reads the pages it should: README's Quick start writes and reads
+    pd.yaml, and so do the validate, graph, launch and ascend pages."""
+    for name in ("README.md", "docs/validate.md", "docs/graph.md", LAUNCH, "docs/ascend.md"):
+        lines = bash_lines(name)
+        assert any(_WRITES.search(ln) for ln in lines) and any(_READS.search(ln) for ln in lines), name
+
+
+@pytest.mark.parametrize("name, heading", [(LAUNCH, "# `omni-pd launch`"), ("docs/graph.md", "# `omni-pd graph`")])
+def test_the_command_pages_start_by_writing_pd_yaml(name, heading):
+    first = fenced_blocks(section(page(name), heading), "bash")[0].splitlines()[0]
+    assert re.match(r"omni-pd expand .*-o pd\.yaml", first), (name, first)
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_install_lines_work_without_omni_pd_on_pypi(name):
+    """Every ``pip install`` a page shows installs omni-pd from the clone, never by its
     name from the package index (``omni-pd`` or ``omni-pd[extra]``), where it is not."""
-    commands = re.findall(r"pip install ([^\n`#&]*)", README)
-    assert len(commands) >= 5
+    commands = re.findall(r"pip install ([^\n`#&]*)", page(name))
     by_name = [c for c in commands for arg in c.split() if re.fullmatch(r"['\"]?omni-pd(\[[\w,]+\])?['\"]?", arg)]
     assert by_name == []
-    assert "git clone <this repository> omni-pd && pip install ./omni-pd vllm-omni" in README
+
+
+def test_the_install_lines_are_read():
+    commands = [c for name in PAGES for c in re.findall(r"pip install ([^\n`#&]*)", page(name))]
+    assert len(commands) >= 5
+    assert "git clone <this repository> omni-pd && pip install ./omni-pd vllm-omni" in page("README.md")
+    assert "git clone <this repository> omni-pd && pip install ./omni-pd vllm-omni" in page("docs/plugin-and-oracle.md")
 
 
 def test_ctrl_c_traceback_note():
-    assert "`EngineDeadError` traceback" in README and "not a failure of the run" in README
+    text = page(LAUNCH)
+    assert "`EngineDeadError` traceback" in text and "not a failure of the run" in text

@@ -254,16 +254,18 @@ def test_root_cause_order_survives_suppression(tmp_path, capsys):
     assert found[:4] == [("OPD009", 5), ("OPD103", 11), ("OPD306", 9), ("OPD401", 10)]
 
 
-def test_the_readme_examples_do_what_the_readme_says(tmp_path, capsys):
-    """README, "Suppressing findings": its comment is a directive for OPD403 (by rule name),
+def test_the_docs_examples_do_what_the_docs_say(tmp_path, capsys):
+    """docs/validate.md, "Suppressing findings": its comment is a directive for OPD403 (by rule name),
     its settings table loads, and the verdict line it quotes is the one validate prints."""
     import re
 
     from omni_pd.check.settings import known_codes, load_layer
     from omni_pd.check.suppress import find_directives
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### Suppressing findings", 1)[1].split("\n#", 1)[0]
+    from docs_pages import page
+    from docs_pages import section as page_section
+
+    section = page_section(page("docs/validate.md"), "## Suppressing findings")
     yaml_block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
     [d] = find_directives(yaml_block, "x.yaml")
     assert [s.text for s in d.selectors] == ["pd-shared-device"]
