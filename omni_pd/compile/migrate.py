@@ -542,14 +542,17 @@ def _bootstrap(new: Any, kv: Any, extra: Any, at: Path_, role: Any, conn: str, t
     from ruamel.yaml.comments import CommentedMap
     from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
+    from omni_pd.compile.versions import bootstrap_reader
+
     port = extra.pop("mooncake_bootstrap_port")
     facts = target.mooncake_bootstrap(pipe.runtime)
+    reader = bootstrap_reader(facts.key, facts.runtime, target)  # vLLM X for the env, the runtime for a key
     if "mooncake" not in conn.lower():
         w.note(at, f"stage {sid}: `mooncake_bootstrap_port` dropped: {conn or 'this connector'} does not read it")
         return
     if role == "kv_consumer":
         w.note(at, f"stage {sid}: `mooncake_bootstrap_port` dropped: a kv_consumer binds no bootstrap server "
-               f"(only the prefill side's port is read; vllm-omni {facts.label})")
+               f"(only the prefill side's port is read; {reader})")
         return
     said = []
     if facts.extra_key and facts.extra_key not in extra:
