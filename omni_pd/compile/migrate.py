@@ -636,7 +636,9 @@ def doc_table() -> str:
                 extra = f" (absent: legacy {_show(r['legacy_default'])}, new {_show(r['default'])}; written explicitly)"
             lines.append(f"| `{prefix}{r['key']}` | {home(r)}{extra} | {' '.join(str(r['source']).split())} |")
         lines.append("")
-    return "\n".join(lines)
+    from omni_pd.compile.migrate_release import doc_lines
+
+    return "\n".join(lines + doc_lines())
 
 
 # --- text in, text out ----------------------------------------------------------------
