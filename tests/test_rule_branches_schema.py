@@ -385,8 +385,8 @@ def test_opd102_is_a_warning_only_where_stage_configs_path_still_loads_the_file(
                ValidateOptions(vllm_version=release))
     assert [(g[0], g[2]) for g in got] == [(severity, (1, 1))]
     if severity is W:
-        assert got[0][1] == ("legacy `stage_args` file: no schema defaults are applied (an omitted key is missing, not "
-                             f"defaulted, on vllm-omni {release}); vllm-omni 0.28 and later refuse the schema")
+        assert got[0][1] == (f"legacy `stage_args` file: no schema defaults are applied on vllm-omni {release} (an "
+                             "omitted key is missing, not defaulted); vllm-omni 0.28 and later refuse the schema")
 
 
 def test_opd103_suggests_what_difflib_suggests_over_every_known_stage_key() -> None:

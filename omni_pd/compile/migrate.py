@@ -567,7 +567,7 @@ def _bootstrap(new: Any, kv: Any, extra: Any, at: Path_, role: Any, conn: str, t
         env[BOOTSTRAP_ENV] = DoubleQuotedScalarString(str(port))
         said.append(f"env {BOOTSTRAP_ENV}")
     w.note(at, f"stage {sid}: `mooncake_bootstrap_port: {port}` -> " + (" and ".join(said) or "already set")
-           + f" (what vllm-omni {facts.label} reads for the prefill's bootstrap port)")
+           + f" (what {reader} reads for the prefill's bootstrap port)")
 
 
 # --- the docs table -----------------------------------------------------------------

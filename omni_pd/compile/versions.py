@@ -88,6 +88,18 @@ def runtime_release(runtime: str, target: Target) -> str:
     return f"vllm-omni {older[-1]} (the newest release before vLLM {target.label})"
 
 
+def bootstrap_reader(key: str, runtime: str, target: Target) -> str:
+    """Who reads the setting that decides a Mooncake prefill's bootstrap port at
+    ``--vllm-version`` ``target``, as a message names it (``key``, ``runtime``: the
+    :class:`omni_pd.compile.targets.MooncakeBootstrap` facts). ``key`` ``"env"``
+    (``VLLM_MOONCAKE_BOOTSTRAP_PORT``) is read by vLLM's MooncakeConnector itself, whatever
+    runs it (vllm-omni before 0.30 passes the stage env through unchanged:
+    presets/targets/mooncake_bootstrap.yaml): ``"vLLM 0.24"``, never a vllm-omni release;
+    a ``kv_transfer_config`` key is read by the runtime, named by :func:`runtime_release`
+    (``"vllm-omni 0.30"``)."""
+    return f"vLLM {target.label}" if key == "env" else runtime_release(runtime, target)
+
+
 def omni_pd_version() -> str:
     """omni-pd's version: ``omni_pd.__version__`` (the installed distribution's, else
     pyproject.toml's, else ``"unknown"``; omni_pd/__init__.py)."""

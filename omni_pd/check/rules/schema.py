@@ -65,8 +65,10 @@ def legacy_stage_args(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     schema"). Source: vllm-omni config/stage_config.py;
     https://github.com/vllm-project/vllm-omni/issues/5434."""
     if ctx.legacy and ctx.target.version < LEGACY_REMOVED_IN:
-        yield r.diag("legacy `stage_args` file: no schema defaults are applied (an omitted key is missing, "
-                     f"not defaulted, on vllm-omni {ctx.target.label}); vllm-omni 0.28 and later refuse the schema",
+        from omni_pd.compile.versions import runtime_release
+
+        yield r.diag(f"legacy `stage_args` file: no schema defaults are applied on {runtime_release('vllm-omni', ctx.target)} "
+                     "(an omitted key is missing, not defaulted); vllm-omni 0.28 and later refuse the schema",
                      ctx.loc(("stage_args",)), severity=Severity.WARNING,
                      help="run `omni-pd migrate FILE -o OUT.yaml` (the `stages:` schema; serve it with --deploy-config)")
     elif ctx.legacy:
