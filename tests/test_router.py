@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -105,6 +106,19 @@ def d_json(h, seen):
     send_json(h, 200, completion("decoded"))
 
 
+class _FakeServer(ThreadingHTTPServer):
+    """A fake backend's server. The router hangs up on a backend on purpose (the decode leg
+    it aborts when prefill failed, a prefill past ``--prefill-timeout``, a client that left):
+    the fake's answer then meets a closed socket, which vLLM treats as a client that left.
+    socketserver would print that BrokenPipeError / ConnectionResetError with its traceback
+    on stderr, as if something had failed; any other error is still printed."""
+
+    def handle_error(self, request, client_address):
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
+
+
 def start_fake(fake: Fake) -> Fake:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -134,7 +148,7 @@ def start_fake(fake: Fake) -> Fake:
             fake.got_request.set()
             (fake.post or d_json)(self, seen)
 
-    fake.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    fake.server = _FakeServer(("127.0.0.1", 0), Handler)
     fake.server.daemon_threads = True
     threading.Thread(target=fake.server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
     return fake
@@ -713,6 +727,130 @@ def test_client_leaving_during_prefill_cancels_both_legs(fakes, router, connecto
         assert d.posts == [], "the decode leg ran for a client that had left"
     else:
         assert d_gone.wait(2), "the concurrent decode leg outlived its client"
+
+
+def _rst(s: socket.socket) -> None:
+    """Close ``s`` with a TCP RST (SO_LINGER 0), as a client process that is killed or a
+    load balancer that drops the connection does."""
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()
+
+
+def _stream_request(srv: R.RouterServer) -> socket.socket:
+    """A raw client connection that has sent one streaming completion request."""
+    s = socket.create_connection(("127.0.0.1", srv.server_address[1]), timeout=5)
+    data = json.dumps({**CLIENT_BODY, "stream": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+    return s
+
+
+def test_client_leaving_as_the_stream_ends_is_not_a_router_error(fakes, router, caplog):
+    """Issue 24: a client whose connection resets while decode's stream ends was logged as
+    ``ERROR ... internal router error: ClientConnectionResetError: Cannot write to closing
+    transport`` (a traceback with OMNI_PD_DEBUG=1) and counted as a 500. The order is made
+    exact: the router's loop is held while decode sends its last chunk and then the client
+    resets, so the loop reads decode's end first and the closing client connection second,
+    and the relay's final write meets a transport that is closing but not yet lost."""
+    ev = b"data: {}\n\n"
+    send_end, end_sent = threading.Event(), threading.Event()
+
+    def d_stream(h, seen):
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        h.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+        h.wfile.flush()
+        send_end.wait(5)
+        h.wfile.write(b"0\r\n\r\n")
+        h.wfile.flush()
+        end_sent.set()
+
+    p, d = fakes("P", post=p_nixl), fakes("D", post=d_stream)
+    srv = router([p.url], [d.url])
+    caplog.set_level(logging.DEBUG)
+    s = _stream_request(srv)
+    got = b""
+    while ev not in got:  # the router relayed the first chunk and waits for the next
+        got += s.recv(4096)
+    held, release = threading.Event(), threading.Event()
+    srv._loop.call_soon_threadsafe(lambda: (held.set(), release.wait(5)))
+    assert held.wait(5)
+    send_end.set()
+    assert end_sent.wait(5)
+    _rst(s)
+    release.set()
+    assert wait_until(lambda: any(r.getMessage().startswith("POST /v1/completions ") for r in caplog.records))
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("POST /v1/completions ")]
+    assert re.search(r" -> 200 client gone \(\d+\.\d{3} s\)$", line), line
+    assert [(r.name, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert wait_until(lambda: instances(srv, "decode")[0].outstanding == 0, 2)
+
+
+def test_a_client_that_disconnects_gets_no_traceback_on_the_routers_stderr(fakes):
+    """What the user sees (the router's log, <run-dir>/router.log under launch): clients that
+    reset their connection while prefill runs, while decode runs and in the middle of decode's
+    stream leave one INFO line each, ``... client gone``, and nothing else; OMNI_PD_DEBUG=1,
+    which adds the traceback to an internal router error, shows there is none."""
+    busy = {"p": threading.Event(), "d": threading.Event(), "stream": threading.Event()}
+
+    def p_post(h, seen):
+        if seen.body.get("seed") == 1:
+            busy["p"].set()
+            wait_disconnect(h, 5)
+            return
+        p_nixl(h, seen)
+
+    def d_post(h, seen):
+        if seen.body.get("seed") == 2:
+            busy["d"].set()
+            wait_disconnect(h, 5)
+            return
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        ev = b"data: {}\n\n"
+        h.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+        h.wfile.flush()
+        busy["stream"].set()
+        wait_disconnect(h, 5)
+
+    p, d = fakes("P", post=p_post), fakes("D", post=d_post)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "omni_pd.launch.router", "--connector", "NixlConnector", "--port", "0",
+         "--prefill", p.url, "--decode", d.url, "--workers", "1"],
+        stderr=subprocess.PIPE, text=True, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMNI_PD_DEBUG": "1"})
+    try:
+        port = int(re.search(r"listening on http://127\.0\.0\.1:(\d+)", proc.stderr.readline()).group(1))
+        for seed, phase in ((1, "p"), (2, "d"), (3, "stream")):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            data = json.dumps({**CLIENT_BODY, "seed": seed, "stream": phase == "stream"}).encode()
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+            assert busy[phase].wait(5), phase
+            if phase == "stream":
+                s.recv(4096)
+            _rst(s)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)  # the router still serves
+        conn.request("GET", "/health")
+        assert conn.getresponse().status == 200
+        conn.close()
+        assert wait_until(lambda: len(p.posts) == 3 and len(d.posts) == 2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+    lines = err.splitlines()
+    assert "Traceback" not in err and not [ln for ln in lines if " POST " not in ln], err
+    assert len(lines) == 3 and all(re.search(r" INFO omni_pd\.router: POST /v1/completions .* client gone ", ln)
+                                   for ln in lines), err
 
 
 def test_concurrency_limit_gives_503_with_retry_after(fakes, router):

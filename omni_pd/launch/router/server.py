@@ -183,8 +183,10 @@ async def _relay(request: web.BaseRequest, resp: aiohttp.ClientResponse,
                  request_id: str) -> tuple[web.StreamResponse, str]:
     """Relay D's answer (its :data:`RELAYED_HEADERS` and ``X-Request-Id``): with a
     Content-Length as one block, else chunk by chunk as D produces it. Returns (response,
-    outcome): "ok", or "backend error" (D's stream cut short: the client's connection is
-    closed with the stream unterminated, so it sees an error rather than a clean end)."""
+    outcome): "ok", "client gone" (the client's connection closed before the answer's end:
+    nothing to report, the request is over), or "backend error" (D's stream cut short: the
+    client's connection is closed with the stream unterminated, so it sees an error rather
+    than a clean end)."""
     src = resp.headers
     out_headers = {name: src[name] for name in RELAYED_HEADERS if name in src}
     out_headers["X-Request-Id"] = request_id
@@ -200,7 +202,10 @@ async def _relay(request: web.BaseRequest, resp: aiohttp.ClientResponse,
     out = web.StreamResponse(status=resp.status, headers=out_headers)
     if request.version >= aiohttp.HttpVersion11:
         out.enable_chunked_encoding()
-    await out.prepare(request)
+    try:
+        await out.prepare(request)
+    except ConnectionError:  # the client left before the headers: "Cannot write to closing transport"
+        return out, "client gone"
     read = resp.content.readany
     try:
         while chunk := await read():
@@ -213,7 +218,10 @@ async def _relay(request: web.BaseRequest, resp: aiohttp.ClientResponse,
         if request.transport is not None:
             request.transport.abort()
         return out, "backend error"
-    await out.write_eof()
+    try:
+        await out.write_eof()
+    except ConnectionError:  # the client left as the stream ended (its RST read, the handler not yet cancelled)
+        return out, "client gone"
     return out, "ok"
 
 
