@@ -4,7 +4,8 @@ Connector names, roles, options per release and producer/consumer along the edge
 OPD614/OPD615 (omni_pd/check/rules/capability.py, facts in
 presets/targets/ec_connectors.yaml); these rules check what the topology adds: which
 stage consumes (the one that runs prefill), the shared storage both sides must see,
-what the encoder-only instance may carry, and the model. Layouts: ``omni-pd expand --encoder-split 1e1pd|1e1p1d`` (README).
+what the encoder-only instance may carry, and the model. Layouts: ``omni-pd expand --encoder-split
+1e1pd|1e1p1d`` (docs/encoder-split.md).
 
 Every rule here runs on every platform of ``--all-platforms``: an overlay may set a stage's
 ``ec_transfer_config`` (validate merges a finding the base platform already made).
