@@ -936,6 +936,25 @@ def _suppress(diags: list, docs: dict, layers: tuple, known: dict) -> tuple:
     return out.kept, len(out.suppressed)
 
 
+def _plan_suppression(config: Path, select: Optional[list[str]], ignore: Optional[list[str]]):
+    """validate's suppressions for the compiled config ``config`` of ``launch`` and ``render``:
+    ``(kept, hidden)``, ``kept(result)`` the findings of a validation result that count after
+    ``# omni-pd: ignore[...]`` comments, ``--select``/``--ignore`` and the [tool.omni-pd]
+    table (:func:`_selection_layers`, :func:`_suppress`: validate's own), the callable
+    :func:`omni_pd.launch.plan.plan_document` takes as ``suppress``; ``hidden[0]``: how many
+    it hid, for the verdict line (read after ``plan_document``). Raises OPD006 (exit 2) for
+    a selector that names no code or a bad settings file, before anything is read."""
+    known: dict = {}
+    layers = _selection_layers(str(config), _cli_layer(select, ignore, known), known, {})
+    hidden = [0]
+
+    def kept(r) -> list:
+        out, hidden[0] = _suppress(list(r.diagnostics), r.docs, layers, known)
+        return out
+
+    return kept, hidden
+
+
 def _display_name(name: str) -> str:
     return "<stdin>" if name == "-" else name
 
@@ -1282,20 +1301,12 @@ def launch(
     cli_options.port(engine_port_base, "--engine-port-base")
     if router_workers is not None and not 1 <= router_workers <= 64:
         raise typer.BadParameter(f"{router_workers} is outside 1..64", param_hint="--router-workers")
-    # validate's suppressions, read as validate reads them (a bad selector or settings file: exit 2)
-    known: dict = {}
-    layers = _selection_layers(str(config), _cli_layer(select, ignore, known), known, {})
+    kept, hidden = _plan_suppression(config, select, ignore)  # before the config is read, as validate
     doc = load_file(config)
     opts = LaunchOptions(model=model, vllm=vllm, host=host, port=port, engine_port_base=engine_port_base,
                          platform=platform, served_model_name=served_model_name, ready_timeout_s=ready_timeout,
                          extra_args=tuple(extra_arg or ()), env=_pairs(env, "--env"), python=python,
                          router_workers=router_workers, launcher_env=launcher_visibility(os.environ))
-    hidden = [0]  # findings suppressed, counted on the verdict lines as validate counts them
-
-    def kept(r) -> list:
-        out, hidden[0] = _suppress(list(r.diagnostics), r.docs, layers, known)
-        return out
-
     # validate's findings first, rendered and counted as `omni-pd validate` does, before
     # anything is planned (issue 24 item 3); stderr under --format json (stdout is the plan)
     found_out = sys.stderr if (dry_run and fmt == "json") else sys.stdout
@@ -1375,8 +1386,14 @@ def render(
     env: Optional[list[str]] = typer.Option(None, "--env", help="KEY=VALUE for every process (repeatable; a secret's "
                                             "value is read from the host's environment, never written)"),
     router_workers: Optional[int] = typer.Option(None, "--router-workers", help="PD router processes (1..64)"),
+    select: Optional[list[str]] = typer.Option(None, "--select", help=_SELECT_HELP + "; as validate"),
+    ignore: Optional[list[str]] = typer.Option(None, "--ignore", help=_IGNORE_HELP + "; as validate"),
 ) -> None:
-    """Write what runs the deployment: one script per host, the config and the placement."""
+    """Write what runs the deployment: one script per host, the config and the placement.
+
+    Validate's errors refuse the render, suppressed as validate and launch suppress them
+    (``# omni-pd: ignore[CODE]`` comments, --select/--ignore, [tool.omni-pd]).
+    """
     from omni_pd import cli_options
     from omni_pd.diagnostics import render_text, summary
     from omni_pd.io import atomic_write, load_file
@@ -1394,16 +1411,17 @@ def render(
                                      message=f"--to {to}: exists and is not an empty directory",
                                      help="pass a new directory (render never writes over files)"))
     inv = _inventory_opt(inventory)
+    kept, hidden = _plan_suppression(config, select, ignore)  # before the config is read, as launch
     doc = load_file(config)
     opts = LaunchOptions(model=model, vllm=vllm, port=port, engine_port_base=engine_port_base, platform=platform,
                          served_model_name=served_model_name, ready_timeout_s=ready_timeout,
                          extra_args=tuple(extra_arg or ()), env=_pairs(env, "--env"), router_workers=router_workers)
-    planned = plan_document(doc, DEPLOY, opts, inventory=inv)
+    planned = plan_document(doc, DEPLOY, opts, inventory=inv, suppress=kept)
     res, plan = planned.validation, planned.plan
     problems = [d for d in res.diagnostics if d.severity is Severity.ERROR] if plan is None else plan_checks(plan)
     if problems:
         sys.stdout.write(render_text(problems, _line_source(res.docs)) + "\n")
-        sys.stdout.write(f"{doc.name}: not rendered ({summary(problems)})\n")
+        sys.stdout.write(f"{doc.name}: not rendered ({summary(problems)}{_hidden(hidden[0])})\n")
         raise SystemExit(1)
     from omni_pd.launch.plan import hosts_of
 
@@ -1418,7 +1436,8 @@ def render(
     for name in executable(files):
         (to / name).chmod(0o755)
     hosts = hosts_of(plan)
-    sys.stderr.write(f"wrote {to}: {', '.join(files)}" + (f" (hosts {', '.join(hosts)})" if hosts else "") + "\n")
+    said = ([f"hosts {', '.join(hosts)}"] if hosts else []) + ([f"{hidden[0]} suppressed"] if hidden[0] else [])
+    sys.stderr.write(f"wrote {to}: {', '.join(files)}" + (f" ({'; '.join(said)})" if said else "") + "\n")
 
 
 def _kubernetes_files(plan, topo, doc, image: str, router_image: str, name: str, platform: str, secret: str) -> dict:
