@@ -32,20 +32,72 @@ def _cmap(d: dict[str, Any]) -> CommentedMap:
 
 def _insert(cm: CommentedMap, key: str, value: Any, before: tuple[str, ...] = (), after: tuple[str, ...] = ()) -> None:
     """Set ``key``; when new, place it after the last present key of ``after`` or before
-    the first present key of ``before`` (else at the end)."""
+    the first present key of ``before`` (else at the end). The comment lines written above
+    the key it is placed before stay above that key (:func:`_keep_comment_with_next`)."""
     if key in cm:
         cm[key] = value
         return
     keys = list(cm.keys())
     for a in reversed(after):
         if a in cm:
-            cm.insert(keys.index(a) + 1, key, value)
+            _insert_at(cm, keys, keys.index(a) + 1, key, value)
             return
     for b in before:
         if b in cm:
-            cm.insert(keys.index(b), key, value)
+            _insert_at(cm, keys, keys.index(b), key, value)
             return
     cm[key] = value
+
+
+def _insert_at(cm: CommentedMap, keys: list, i: int, key: str, value: Any) -> None:
+    if 0 < i < len(keys):
+        _keep_comment_with_next(cm, keys[i - 1], keys[i])
+    cm.insert(i, key, value)
+
+
+def _keep_comment_with_next(cm: CommentedMap, prev: Any, nxt: Any) -> None:
+    """Before a key is inserted between ``prev`` and ``nxt``: ruamel.yaml stores the
+    full-line comments written between two keys as the tail of ``prev``'s end-of-line
+    comment token (``ca.items[prev][2]``, ``"  # eol\n    # about nxt\n"``), so the new key
+    would be written under them, parted from ``nxt`` they describe. The tail becomes
+    ``nxt``'s before-key comment (``ca.items[nxt][1]``, where
+    ``CommentedMap.yaml_set_comment_before_after_key`` puts one), verbatim; ``prev``'s own
+    end-of-line comment stays. A ``prev`` whose value is a block mapping or sequence keeps
+    such comments in that value's last item and is left as it is."""
+    entry = cm.ca.items.get(prev)
+    toks = take_comment_tail(entry)
+    if toks:
+        put_before_key(cm, nxt, toks)
+
+
+def take_comment_tail(entry: Any) -> list:
+    """Cut the full-line comments off the end-of-line comment token of a ``ca.items``
+    ``entry`` (index 2; see :func:`_keep_comment_with_next`) and return them as
+    before-key comment tokens, one per line (blank lines kept); [] when it has none. The
+    end-of-line part stays on the entry (the token is dropped when there is none)."""
+    from ruamel.yaml.error import CommentMark
+    from ruamel.yaml.tokens import CommentToken
+
+    tok = entry[2] if entry is not None and len(entry) > 2 else None
+    if tok is None or not isinstance(getattr(tok, "value", None), str):
+        return []
+    eol, _, tail = tok.value.partition("\n")
+    if not tail.strip():
+        return []
+    if eol.strip():
+        tok.value = eol + "\n"
+    else:
+        entry[2] = None
+    lines = tail.split("\n")[:-1]  # the tail ends with its last line's newline
+    return [CommentToken(line.lstrip(" ") + "\n", CommentMark(len(line) - len(line.lstrip(" "))), None)
+            for line in lines]  # one per line, as yaml_set_comment_before_after_key writes them
+
+
+def put_before_key(cm: CommentedMap, key: Any, toks: list) -> None:
+    """Write comment tokens ``toks`` (:func:`take_comment_tail`) above ``key`` of ``cm``,
+    before the ones already there."""
+    slot = cm.ca.items.setdefault(key, [None, None, None, None])
+    slot[1] = list(toks) + list(slot[1] or [])
 
 
 def _rename_keys(cm: CommentedMap, fn: Callable[[Any], Any]) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
-from omni_pd.compile.emit import _cmap, _eol, _insert, _q, _where, apply_pd_split
+from omni_pd.compile.emit import _cmap, _eol, _insert, _q, _where, apply_pd_split, put_before_key, take_comment_tail
 from omni_pd.compile.passes.encoder_split import ENCODER_DROP, EncoderSplitPlan
 from omni_pd.compile.topology import format_devices
 from omni_pd.io import copy_tree
@@ -67,6 +67,9 @@ def _encoder_entry(llm: CommentedMap, plan: EncoderSplitPlan) -> CommentedMap:
         if k == "runtime" and isinstance(v, CommentedMap):
             continue  # devices/env/num_replicas: E's own below
         e[k] = copy_tree(v)
+    _copy_comments(llm, e)
+    if isinstance(e.get("engine_args"), CommentedMap) and isinstance(llm.get("engine_args"), CommentedMap):
+        _copy_comments(llm["engine_args"], e["engine_args"])
     if plan.encoder_devices is not None:
         _insert(e, "devices", _q(format_devices(plan.encoder_devices) or ""), before=_DEVICES_BEFORE)
     for k, v in plan.encoder_settings.items():
@@ -75,6 +78,26 @@ def _encoder_entry(llm: CommentedMap, plan: EncoderSplitPlan) -> CommentedMap:
         _insert(e, "env", _cmap({k: _q(v) for k, v in plan.producer.env.items()}), after=("devices",), before=_BEFORE)
     _insert(e, "ec_transfer_config", _cmap(plan.producer.ec_transfer_config), after=_AFTER, before=_BEFORE)
     return e
+
+
+def _copy_comments(src: CommentedMap, dst: CommentedMap) -> None:
+    """The comments of the keys of ``src`` that ``dst`` (built key by key from it) kept,
+    copied (ruamel ``ca.items``, deep); the full-line comments a key ``dst`` left out
+    (or ``stage_id``, whose end-of-line comment is E's own label) carried above the next
+    key go above the next key ``dst`` has."""
+    import copy
+
+    pending: list = []
+    for k in src:
+        entry = copy.deepcopy(src.ca.items.get(k))
+        if k == "stage_id" or k not in dst:
+            pending += take_comment_tail(entry)
+            continue
+        if entry is not None:
+            dst.ca.items[k] = entry
+        if pending:
+            put_before_key(dst, k, pending)
+            pending = []
 
 
 def stage_labels(plan: EncoderSplitPlan) -> dict[int, str]:
