@@ -7,7 +7,7 @@ all use it without importing one another.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any, Mapping, Union
 
 #: Platform names a deploy file's ``platforms:`` block may hold, one per accelerator kind a
 #: stage's devices can be (vllm-omni 0.30.0 ``_apply_platform_overrides``,
@@ -17,9 +17,58 @@ PLATFORMS = ("cuda", "rocm", "npu", "xpu", "musa")
 #: Platforms an engine can run on (``launch --platform``, ``validate --platform``): every
 #: overlay platform, plus ``cpu`` (vLLM's CPU backend, omni-pd's CPU omni platform): no
 #: devices and no overlay of its own, so a CPU run reads the base stages; what differs there
-#: is judged for the run itself (the NIXL KV lease, OPD623). omni_pd/launch/plan.py
-#: ``DEVICE_ENV`` has one entry per name (tests/test_validate_cpu_platform.py).
+#: is judged for the run itself (the NIXL KV lease, OPD623). :data:`DEVICE_ENV` has one
+#: entry per name (tests/test_validate_cpu_platform.py).
 RUN_PLATFORMS = PLATFORMS + ("cpu",)
+
+#: platform -> the variables that select its visible devices, the one that decides first:
+#: the platform's ``device_control_env_var`` (vLLM 0.30 vllm/platforms/cuda.py, rocm.py,
+#: xpu.py; vllm-ascend's NPU platform; vllm-omni 0.30's MUSA platform writes
+#: ``MUSA_VISIBLE_DEVICES``, vllm_omni/platforms/musa/platform.py), which vllm-omni 0.30
+#: reads to map a stage's devices (vllm_omni/entrypoints/stage_utils.py
+#: ``resolve_stage_physical_devices``), then the variables vLLM also reads when that one is
+#: unset. ``cpu``: none (no devices).
+#:
+#: ROCm: vLLM 0.30's ``RocmPlatform.device_control_env_var`` is ``CUDA_VISIBLE_DEVICES``
+#: ("rocm shares the same device control env var as CUDA"); ``HIP_VISIBLE_DEVICES`` is read
+#: only when ``CUDA_VISIBLE_DEVICES`` is unset or empty: vllm/platforms/rocm.py
+#: ``_sync_hip_cuda_env_vars`` copies it into ``CUDA_VISIBLE_DEVICES`` at import (an empty
+#: value counts as unset), and raises ValueError ("Inconsistent GPU visibility env vars")
+#: when both are set and differ. So ``CUDA_VISIBLE_DEVICES`` wins when both are set
+#: (:func:`visible_value`), and every child gets both set to its list, as vllm-omni 0.30's
+#: ``RocmOmniPlatform.set_device_control_env_var`` writes them (vllm_omni/platforms/rocm/
+#: platform.py), so vLLM's check passes in it. ``ROCR_VISIBLE_DEVICES`` (the ROCr runtime's
+#: filter, applied below HIP: the ids above index what it leaves visible) is read by neither
+#: vLLM nor vllm-omni and is left alone.
+DEVICE_VARS: dict[str, tuple[str, ...]] = {
+    "cuda": ("CUDA_VISIBLE_DEVICES",), "rocm": ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"),
+    "npu": ("ASCEND_RT_VISIBLE_DEVICES",), "xpu": ("ZE_AFFINITY_MASK",), "musa": ("MUSA_VISIBLE_DEVICES",),
+    "cpu": (),
+}
+
+#: platform -> the variable that decides its visible devices (:data:`DEVICE_VARS`' first;
+#: None: no device selection): the name plans and messages give (``device_env``)
+DEVICE_ENV: dict[str, str | None] = {p: (vs[0] if vs else None) for p, vs in DEVICE_VARS.items()}
+
+#: every variable of :data:`DEVICE_VARS`, once each (what ``launch`` keeps of its own environment)
+VISIBILITY_VARS: tuple[str, ...] = tuple(dict.fromkeys(v for vs in DEVICE_VARS.values() for v in vs))
+
+
+def visible_value(names: tuple[str, ...], *envs: Mapping[str, Any] | None) -> tuple[int, str, str] | None:
+    """Where a platform's visible set comes from: ``(i, name, value)`` for the first of
+    ``envs`` (highest precedence first: a stage's env, ``--env``, the launcher's) that holds
+    any of ``names`` (:data:`DEVICE_VARS` of the platform): ``i`` its index in ``envs``,
+    ``name`` the first of ``names`` set non-blank there (the first present when all are
+    blank: every device visible), ``value`` its value as a string. None when no env holds
+    any. ``("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")`` with both set:
+    ``CUDA_VISIBLE_DEVICES``, as vLLM 0.30 reads it (:data:`DEVICE_VARS`). Pure."""
+    for i, env in enumerate(envs):
+        present = [n for n in names if env and n in env]
+        if present:
+            name = next((n for n in present if str(env[n]).strip()), present[0])  # type: ignore[index]
+            return i, name, str(env[name])  # type: ignore[index]
+    return None
+
 
 #: A stage's devices: logical indices, the string "cpu", or None (default visibility).
 Devices = Union[tuple[int, ...], str, None]

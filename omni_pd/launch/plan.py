@@ -30,22 +30,24 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from omni_pd.check.serve_flags import DEPLOY_ONLY_KEYS
-from omni_pd.compile.devices import parse_devices, parse_visible, passed_through, physical_ids
+from omni_pd.compile import devices as _devices
+from omni_pd.compile.devices import (DEVICE_VARS, VISIBILITY_VARS, parse_devices, parse_visible,
+                                     passed_through, physical_ids, visible_value)
 from omni_pd.compile.topology import StageNode, Topology, format_devices, pipeline_wide_settings
 from omni_pd.launch.spec import HealthCheck, LaunchPlan, PortUse, ProcessSpec
 
-#: platform -> the env var that selects visible devices (None: no device selection)
-DEVICE_ENV: dict[str, str | None] = {
-    "cuda": "CUDA_VISIBLE_DEVICES", "rocm": "HIP_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES",
-    "xpu": "ZE_AFFINITY_MASK", "musa": "MUSA_VISIBLE_DEVICES", "cpu": None,
-}
+#: platform -> the variable that decides its visible devices (None: no device selection):
+#: :data:`omni_pd.compile.devices.DEVICE_ENV`, the one table (with ``DEVICE_VARS``, the
+#: variables read when it is unset: ROCm's ``HIP_VISIBLE_DEVICES``)
+DEVICE_ENV = _devices.DEVICE_ENV
 
 
 def launcher_visibility(environ: Mapping[str, str]) -> dict[str, str]:
-    """The visibility variables of :data:`DEVICE_ENV` set in ``environ`` (the launcher's
-    own environment, which every child inherits): what :attr:`LaunchOptions.launcher_env`
-    holds. The CLI passes ``os.environ``; nothing else is kept. Pure."""
-    return {v: str(environ[v]) for v in DEVICE_ENV.values() if v and v in environ}
+    """The visibility variables (:data:`~omni_pd.compile.devices.VISIBILITY_VARS`) set in
+    ``environ`` (the launcher's own environment, which every child inherits): what
+    :attr:`LaunchOptions.launcher_env` holds. The CLI passes ``os.environ``; nothing else is
+    kept. Pure."""
+    return {v: str(environ[v]) for v in VISIBILITY_VARS if v in environ}
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,8 @@ class DeviceMap:
     the entries index (``"4,5"``), None when unset. ``source``: where that value came
     from (``the launcher's environment``, ``--env``, ``the stage's env``). ``dropped``:
     entries outside ``visible`` (vllm-omni drops them). ``passed_through``: no entry was
-    inside ``visible``, so the list is read as physical ids."""
+    inside ``visible``, so the list is read as physical ids. ``read``: the variable
+    ``visible`` was read from (ROCm: ``CUDA_VISIBLE_DEVICES``, else ``HIP_VISIBLE_DEVICES``)."""
 
     logical: str
     physical: str
@@ -65,22 +68,26 @@ class DeviceMap:
     source: str | None = None
     dropped: tuple[int, ...] = ()
     passed_through: bool = False
+    read: str | None = None
 
 
-def map_devices(devices: str | None, var: str | None, stage_env: Mapping[str, Any] | None,
+def map_devices(devices: str | None, var: str | tuple[str, ...] | None, stage_env: Mapping[str, Any] | None,
                 opts_env: Mapping[str, str], launcher_env: Mapping[str, str]) -> DeviceMap | None:
     """Map an engine's ``devices`` (``"0,1"``, logical) to the physical ids its
     ``var`` (``CUDA_VISIBLE_DEVICES`` ...) must carry, as vllm-omni 0.30 maps a stage's
     devices (:func:`omni_pd.compile.devices.physical_ids`; vllm_omni/entrypoints/
     stage_utils.py ``resolve_stage_physical_devices``, ``_map_device_list``).
 
-    The visible set is the first of ``stage_env[var]`` (the stage's own env, applied
-    before its devices are mapped: vllm_omni/engine/stage_init_utils.py
-    ``stage_runtime_setup``), ``opts_env[var]`` (``launch --env``, given to every
-    process) and ``launcher_env[var]`` (the launcher's own, inherited by every child).
+    ``var``: the platform's variables (:data:`~omni_pd.compile.devices.DEVICE_VARS`, the
+    deciding one first; a str: that one alone). The visible set is ``var`` in the first of
+    ``stage_env`` (the stage's own env, applied before its devices are mapped:
+    vllm_omni/engine/stage_init_utils.py ``stage_runtime_setup``), ``opts_env``
+    (``launch --env``, given to every process) and ``launcher_env`` (the launcher's own,
+    inherited by every child) that holds it (:func:`~omni_pd.compile.devices.visible_value`).
     None when there is nothing to map (no variable, no devices, ``"cpu"``). Pure; raises
     nothing."""
-    if not var or devices is None:
+    names = (var,) if isinstance(var, str) else tuple(var or ())
+    if not names or devices is None:
         return None
     try:
         entries = parse_devices(devices)
@@ -88,18 +95,14 @@ def map_devices(devices: str | None, var: str | None, stage_env: Mapping[str, An
         return None
     if not isinstance(entries, tuple) or not entries:
         return None
-    if stage_env and var in stage_env:
-        raw, source = str(stage_env[var]), "the stage's env"
-    elif var in opts_env:
-        raw, source = opts_env[var], "--env"
-    else:
-        raw, source = launcher_env.get(var), "the launcher's environment"
-    visible = parse_visible(raw)
-    if visible is None:
+    hit = visible_value(names, stage_env, opts_env, launcher_env)
+    visible = parse_visible(hit[2]) if hit is not None else None
+    if hit is None or visible is None:
         return DeviceMap(devices, devices)
     ids = physical_ids(entries, visible)
-    return DeviceMap(devices, ",".join(i for i in ids if i is not None), ",".join(visible), source,
-                     tuple(e for e, i in zip(entries, ids) if i is None), passed_through(entries, visible))
+    return DeviceMap(devices, ",".join(i for i in ids if i is not None), ",".join(visible),
+                     ("the stage's env", "--env", "the launcher's environment")[hit[0]],
+                     tuple(e for e, i in zip(entries, ids) if i is None), passed_through(entries, visible), hit[1])
 
 
 def device_note(name: str, var: str, m: DeviceMap) -> str | None:
@@ -108,7 +111,7 @@ def device_note(name: str, var: str, m: DeviceMap) -> str | None:
     gets, dropped entries and a pass-through list, each as vllm-omni treats it."""
     if m.visible is None:
         return None
-    under = f"{var}={m.visible} ({m.source})"
+    under = f"{m.read or var}={m.visible} ({m.source})"
     if m.passed_through:
         return (f"{name}: devices \"{m.logical}\" have no entry below the {len(m.visible.split(','))} of {under}: "
                 f"read as physical ids, it starts with {var}={m.physical}, as vllm-omni passes such a list through "
@@ -123,21 +126,34 @@ def device_note(name: str, var: str, m: DeviceMap) -> str | None:
     return out + " (vllm_omni/entrypoints/stage_utils.py resolve_stage_physical_devices)"
 
 
-def device_fields(name: str, devices: str | None, var: str | None, stage_env: Mapping[str, Any] | None,
-                  opts_env: Mapping[str, str], launcher_env: Mapping[str, str]) -> tuple[dict[str, Any], str | None]:
+def device_fields(name: str, devices: str | None, var: str | tuple[str, ...] | None,
+                  stage_env: Mapping[str, Any] | None, opts_env: Mapping[str, str],
+                  launcher_env: Mapping[str, str]) -> tuple[dict[str, Any], str | None]:
     """The device fields of engine ``name``'s :class:`~omni_pd.launch.spec.ProcessSpec`
     (``devices``, ``device_env``, ``logical_devices``, ``visible_devices``; {} when ``var``
-    is None, i.e. cpu, or the stage names no devices) and the plan's note on it
-    (:func:`device_note`; None when nothing was remapped). ``devices`` are the stage's
-    entries as written; :func:`map_devices` maps them (a value it cannot map, e.g.
-    ``"cpu"``, is kept as written). Pure."""
-    if not var or devices is None:
+    is None or (), i.e. cpu, or the stage names no devices) and the plan's note on it
+    (:func:`device_note`; None when nothing was remapped). ``var``: as :func:`map_devices`
+    takes it; ``device_env`` is its first. ``devices`` are the stage's entries as
+    written; :func:`map_devices` maps them (a value it cannot map, e.g. ``"cpu"``, is kept
+    as written). The child's env must carry ``devices`` in every variable of ``var``
+    (:func:`device_env_values`). Pure."""
+    names = (var,) if isinstance(var, str) else tuple(var or ())
+    if not names or devices is None:
         return {}, None
-    m = map_devices(devices, var, stage_env, opts_env, launcher_env)
+    var = names[0]
+    m = map_devices(devices, names, stage_env, opts_env, launcher_env)
     if m is None:
         return {"devices": devices, "device_env": var}, None
     return ({"devices": m.physical, "device_env": var, "logical_devices": m.logical, "visible_devices": m.visible},
             device_note(name, var, m))
+
+
+def device_env_values(platform: str, dev: Mapping[str, Any]) -> dict[str, str]:
+    """The env a child of ``platform`` gets for :func:`device_fields`' ``dev``: its
+    ``devices`` in every variable of the platform (:data:`~omni_pd.compile.devices.DEVICE_VARS`;
+    ROCm: ``CUDA_VISIBLE_DEVICES`` and ``HIP_VISIBLE_DEVICES``, as vllm-omni's
+    ``RocmOmniPlatform.set_device_control_env_var`` sets both); {} for an empty ``dev``."""
+    return dict.fromkeys(DEVICE_VARS.get(platform, ()), dev["devices"]) if dev else {}
 
 
 #: stage keys that are deploy-schema keys, not `vllm serve` flags (one set, shared with
@@ -490,10 +506,9 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
                 inst, lease_set = replace(inst, kv=leased), True
             port = opts.engine_port_base + (0 if role == "prefill" else 100) + inst.replica
             env = {**env_all, **_env_str(node.env), **inst.env}
-            dev, note = device_fields(f"{role}-{inst.replica}", inst.devices, DEVICE_ENV.get(opts.platform),
+            dev, note = device_fields(f"{role}-{inst.replica}", inst.devices, DEVICE_VARS.get(opts.platform),
                                       node.env, env_all, opts.launcher_env)
-            if dev:
-                env[dev["device_env"]] = dev["devices"]
+            env.update(device_env_values(opts.platform, dev))
             if note:
                 device_notes.append(note)
             hccl = _hccl_port(env, node, inst.replica) if opts.platform == "npu" else None
@@ -679,10 +694,9 @@ def _encoder_process(node: StageNode, opts: LaunchOptions, served: str,
 
     port = opts.engine_port_base + ENCODER_PORT_OFFSET
     env = {**env_all, **_env_str(node.env)}
-    dev, note = device_fields("encoder-0", format_devices(node.devices), DEVICE_ENV.get(opts.platform), node.env,
+    dev, note = device_fields("encoder-0", format_devices(node.devices), DEVICE_VARS.get(opts.platform), node.env,
                               env_all, opts.launcher_env)
-    if dev:
-        env[dev["device_env"]] = dev["devices"]
+    env.update(device_env_values(opts.platform, dev))
     ec = node.settings.get("ec_transfer_config") or {}
     contract = ec_connectors.get(str(ec.get("ec_connector") or ""))
     storage = contract.storage_path(ec) if contract is not None else None
@@ -760,8 +774,8 @@ def plan_document(doc: Any, config_path: str, opts: LaunchOptions, inventory: An
     # the launch platform's visibility variable the engines start under (--env's, else the
     # launcher's): validate maps the stages' devices through it as the plan does
     # (OPD402/OPD404); --platform cpu selects no device, so validate sees none
-    var, given = DEVICE_ENV.get(opts.platform), {**opts.launcher_env, **opts.env}
-    seen = {var: given[var]} if var and var in given else {}
+    hit = visible_value(DEVICE_VARS.get(opts.platform, ()), opts.env, opts.launcher_env)
+    seen = {hit[1]: hit[2]} if hit is not None else {}
     res = validate_document(doc, ValidateOptions(platform=overlay, cli=parse_argv(opts.extra_args),
                                                  inventory=inventory, env=seen))
     pipe = load_catalogue().get(res.pipeline_name or "")

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Location, Severity
 from omni_pd.check.rules import PARALLEL_SIZE_KEYS, Context, Example, Rule, rule
-from omni_pd.check.rules.schema import VISIBILITY_VARS
-from omni_pd.compile.devices import device_name, parse_visible, passed_through, physical_ids, rank_names
+from omni_pd.compile.devices import (DEVICE_VARS, device_name, parse_visible, passed_through, physical_ids,
+                                     rank_names, visible_value)
 
 if TYPE_CHECKING:
     from omni_pd.compile.topology import StageNode
@@ -24,20 +24,27 @@ if TYPE_CHECKING:
 DEFAULT_GPU_UTIL = 0.9
 
 
+def _hit(ctx: Context, node: "StageNode") -> tuple[tuple[str, ...], tuple[int, str, str] | None]:
+    """The stage platform's visibility variables (omni_pd/compile/devices.py ``DEVICE_VARS``)
+    and where its visible set is read (``visible_value`` of the stage's own ``env``, then
+    the launcher's, ``--env``), as ``launch`` reads it (omni_pd/launch/plan.py ``map_devices``)."""
+    names = DEVICE_VARS.get(ctx.platform or _host_accel(ctx, node) or "cuda", ())
+    return names, visible_value(names, node.env if isinstance(node.env, dict) else {}, ctx.env)
+
+
 def _var(ctx: Context, node: "StageNode") -> str | None:
-    """The visibility variable of the stage's platform (``CUDA_VISIBLE_DEVICES`` ...)."""
-    return VISIBILITY_VARS.get(ctx.platform or _host_accel(ctx, node) or "cuda")
+    """The visibility variable the stage's devices index (``CUDA_VISIBLE_DEVICES`` ...; on
+    ROCm ``HIP_VISIBLE_DEVICES`` when that is the one set), else its platform's deciding one."""
+    names, hit = _hit(ctx, node)
+    return hit[1] if hit is not None else (names[0] if names else None)
 
 
 def _visible_set(ctx: Context, node: "StageNode") -> tuple[tuple[str, ...] | None, bool]:
     """Physical ids the stage's devices index, or None if unset (logical == physical), and
     whether they come from the stage's own ``env`` (vllm-omni applies it before mapping the
     stage's devices: ``stage_runtime_setup``) rather than the launcher's (``--env``)."""
-    var = _var(ctx, node)
-    if not var:
-        return None, False
-    own = parse_visible((node.env if isinstance(node.env, dict) else {}).get(var))
-    return (own, True) if own is not None else (parse_visible(ctx.env.get(var)), False)
+    hit = _hit(ctx, node)[1]
+    return (None, False) if hit is None else (parse_visible(hit[2]), hit[0] == 0)
 
 
 def _visible(ctx: Context, node: "StageNode") -> tuple[str, ...] | None:

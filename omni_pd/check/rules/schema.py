@@ -14,13 +14,11 @@ from typing import Any, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Location, Severity
 from omni_pd.check.rules import Context, Example, Rule, rule
+from omni_pd.compile.devices import VISIBILITY_VARS
 
-#: Accelerator visibility variables per platform (launchers and vLLM platforms).
-VISIBILITY_VARS = {
-    "cuda": "CUDA_VISIBLE_DEVICES", "rocm": "HIP_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES",
-    "xpu": "ZE_AFFINITY_MASK", "musa": "MUSA_VISIBLE_DEVICES",
-}
-KNOWN_ENV = frozenset(VISIBILITY_VARS.values()) | {
+#: every platform's visibility variables (omni_pd/compile/devices.py VISIBILITY_VARS, the one
+#: table) and the other variables launchers and vLLM read
+KNOWN_ENV = frozenset(VISIBILITY_VARS) | {
     "ROCR_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES", "VLLM_NIXL_SIDE_CHANNEL_HOST",
     "VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_MOONCAKE_BOOTSTRAP_PORT", "VLLM_HOST_IP",
     "HCCL_IF_BASE_PORT", "VLLM_KV_CACHE_LAYOUT", "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
