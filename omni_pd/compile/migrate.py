@@ -26,7 +26,7 @@ from functools import lru_cache
 from typing import Any
 
 from omni_pd.compile.pipelines import Catalogue, Pipeline, PipelineStage
-from omni_pd.compile.targets import Target
+from omni_pd.compile.targets import Target, parse_version
 from omni_pd.diagnostics import Diagnostic, Location, OmniPdError, Severity
 from omni_pd.io import Document, Path_
 
@@ -314,6 +314,11 @@ def migrate_document(doc: Document, target: Target, catalogue: Catalogue,
             out[top[k]["to"]] = v
             _move_comment(src, k, out, top[k]["to"])
             w.paths[(top[k]["to"],)] = (k,)
+        elif k in top and top[k]["action"] == "drop":
+            if "unless" in top[k] and v == top[k]["unless"]:
+                w.error((k,), f"`{k}: {_show(v)}` cannot be migrated: {top[k]['why']}")
+            else:
+                w.note((k,), f"top-level `{k}` dropped: {top[k]['why']}")
         elif k in ("connectors", "edges", "platforms", "pipeline") or k in _owned_keys()[1]:
             out[k] = v  # already a deploy-schema key (pipeline-wide engine settings)
             _move_comment(src, k, out, k)
@@ -636,9 +641,48 @@ def doc_table() -> str:
                 extra = f" (absent: legacy {_show(r['legacy_default'])}, new {_show(r['default'])}; written explicitly)"
             lines.append(f"| `{prefix}{r['key']}` | {home(r)}{extra} | {' '.join(str(r['source']).split())} |")
         lines.append("")
-    from omni_pd.compile.migrate_release import doc_lines
+    return "\n".join(lines + release_doc_lines())
 
-    return "\n".join(lines + doc_lines())
+
+def _before(removed: str) -> str:
+    major, minor = parse_version(removed)
+    return f"{major}.{minor - 1}" if minor else removed
+
+
+def release_doc_lines() -> list[str]:
+    """docs/migrate.md's "Between releases" section, generated from the release tables
+    (``vllm.yaml``, ``mooncake_bootstrap.yaml``) that :func:`omni_pd.compile.migrate_release.migrate_release` reads."""
+    from omni_pd.compile.targets import _bootstrap_facts, _facts
+
+    f = _facts()
+    out = ["## Between releases (`--from A --to B`)", "",
+           "`omni-pd migrate FILE --from A --to B` rewrites a `stages:` file written for vLLM / vllm-omni A "
+           "into B's form, from the tables below (`presets/targets/vllm.yaml`, `mooncake_bootstrap.yaml`). "
+           "A field or connector B does not have is an error naming it; every change is one note; "
+           "`--check` exits 1 with the diff while the file is not in B's form.", "",
+           "| `kv_transfer_config` field | from vLLM | removed in | going to a release without it |",
+           "|---|---|---|---|"]
+    for name, fact in f["kv_transfer_config_fields"].items():
+        if fact.get("removed") or fact.get("since") != f["known_versions"]["first"]:
+            out.append(f"| `{name}` | {fact.get('since')} | {fact.get('removed', '-')} | "
+                       + ("dropped with a note" if fact.get("removed") and fact.get("since") == f["known_versions"]["first"]
+                          else "error: the setting would be lost") + " |")
+    out += ["", "| KV connector | registered | under the target's name |", "|---|---|---|"]
+    for name, fact in f["kv_connectors"].items():
+        if fact.get("removed"):
+            span = f"{fact.get('since')} to {_before(fact['removed'])}"
+            out.append(f"| `{name}` | {span} | " + (f"`{fact['renamed_to']}` (both ways)" if fact.get("renamed_to")
+                                                    else "none: an error") + " |")
+    out += ["", "A connector first registered after the target release is an error as well."]
+    out += ["", "| runtime | from | the Mooncake prefill's bootstrap port is read from |", "|---|---|---|"]
+    b = _bootstrap_facts()
+    for runtime, steps in b["runtimes"].items():
+        for st in steps:
+            key = f"env `{b['env']}`" if st["key"] == "env" else f"`{st['key']}`"
+            out.append(f"| {runtime} | {st['since']} | {key} (default {st['default']}) |")
+    out += ["", "The port moves to the setting the target reads; `kv_connector_extra_config` keys nothing reads "
+            "on the target are dropped (OPD505 lists them).", ""]
+    return out
 
 
 # --- text in, text out ----------------------------------------------------------------

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from omni_pd.compile.migrate import BOOTSTRAP_ENV, NOTE, MigrateError, _Work, key_map
+from omni_pd.compile.migrate import BOOTSTRAP_ENV, NOTE, MigrateError, _before, _Work, key_map
 from omni_pd.compile.targets import Target, parse_version
 from omni_pd.diagnostics import Diagnostic, Location, Severity
 from omni_pd.io import Document, Path_
@@ -125,11 +125,6 @@ def _connector(kv: Any, at: Path_, source: Target, target: Target, w: _Work) -> 
             help="choose a connector vLLM " + target.label + " registers: " + ", ".join(sorted(target.connectors())))
 
 
-def _before(removed: str) -> str:
-    major, minor = parse_version(removed)
-    return f"{major}.{minor - 1}" if minor else removed
-
-
 def _fields(kv: Any, at: Path_, source: Target, target: Target, w: _Work) -> None:
     """Drop the fields ``target`` removed; refuse the ones it does not have yet."""
     have = target.kv_fields()
@@ -220,38 +215,3 @@ def release_text(doc: Document, source: Target, target: Target,
             break
     return text, m
 
-
-def doc_lines() -> list[str]:
-    """docs/migrate.md's "Between releases" section, generated from the release tables
-    (``vllm.yaml``, ``mooncake_bootstrap.yaml``) that :func:`migrate_release` reads."""
-    from omni_pd.compile.targets import _bootstrap_facts, _facts
-
-    f = _facts()
-    out = ["## Between releases (`--from A --to B`)", "",
-           "`omni-pd migrate FILE --from A --to B` rewrites a `stages:` file written for vLLM / vllm-omni A "
-           "into B's form, from the tables below (`presets/targets/vllm.yaml`, `mooncake_bootstrap.yaml`). "
-           "A field or connector B does not have is an error naming it; every change is one note; "
-           "`--check` exits 1 with the diff while the file is not in B's form.", "",
-           "| `kv_transfer_config` field | from vLLM | removed in | going to a release without it |",
-           "|---|---|---|---|"]
-    for name, fact in f["kv_transfer_config_fields"].items():
-        if fact.get("removed") or fact.get("since") != f["known_versions"]["first"]:
-            out.append(f"| `{name}` | {fact.get('since')} | {fact.get('removed', '-')} | "
-                       + ("dropped with a note" if fact.get("removed") and fact.get("since") == f["known_versions"]["first"]
-                          else "error: the setting would be lost") + " |")
-    out += ["", "| KV connector | registered | under the target's name |", "|---|---|---|"]
-    for name, fact in f["kv_connectors"].items():
-        if fact.get("removed"):
-            span = f"{fact.get('since')} to {_before(fact['removed'])}"
-            out.append(f"| `{name}` | {span} | " + (f"`{fact['renamed_to']}` (both ways)" if fact.get("renamed_to")
-                                                    else "none: an error") + " |")
-    out += ["", "A connector first registered after the target release is an error as well."]
-    out += ["", "| runtime | from | the Mooncake prefill's bootstrap port is read from |", "|---|---|---|"]
-    b = _bootstrap_facts()
-    for runtime, steps in b["runtimes"].items():
-        for st in steps:
-            key = f"env `{b['env']}`" if st["key"] == "env" else f"`{st['key']}`"
-            out.append(f"| {runtime} | {st['since']} | {key} (default {st['default']}) |")
-    out += ["", "The port moves to the setting the target reads; `kv_connector_extra_config` keys nothing reads "
-            "on the target are dropped (OPD505 lists them).", ""]
-    return out
