@@ -1428,7 +1428,8 @@ def render(
     if target == "kubernetes":
         files = _kubernetes_files(plan, planned.topology, doc, image, router_image, name, platform, secret)
     else:
-        files = render_scripts(plan, doc.text, _plan_placement(plan, inv, doc), source=config.name)
+        files = render_scripts(plan, doc.text, _plan_placement(plan, inv, doc), source=config.name, platform=platform,
+                               stages=_role_stages(planned.topology))
         _check_scripts(files)
     to.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
@@ -1452,12 +1453,9 @@ def _kubernetes_files(plan, topo, doc, image: str, router_image: str, name: str,
 
     from omni_pd.render.kubernetes import RenderError, render_kubernetes, validate_manifests
 
-    stages = {}
-    if topo is not None and topo.pd_pair is not None:
-        stages = {"prefill": topo.pd_pair[0].stage_id, "decode": topo.pd_pair[1].stage_id}
     try:
         files = render_kubernetes(plan, doc.text, name=name, image=image, router_image=router_image,
-                                  platform=platform, secret=secret, stages=stages)
+                                  platform=platform, secret=secret, stages=_role_stages(topo))
     except RenderError as e:
         raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR, message=f"render --target kubernetes: {e}",
                                      help=e.help)) from None
@@ -1482,6 +1480,21 @@ def _kubernetes_files(plan, topo, doc, image: str, router_image: str, name: str,
                                      help="this is a bug in omni-pd (nothing was written); please report it"),
                           exit_code=3)
     return files
+
+
+def _role_stages(topo) -> dict:
+    """Process role -> the compiled stage id it runs (``prefill``, ``decode``, ``encoder``;
+    an E -> PD instance: ``pd``), for the messages and labels of ``render``; {} without a
+    topology."""
+    if topo is None:
+        return {}
+    pair, pipe = topo.pd_pair, topo.pipeline
+    out = {"prefill": pair[0].stage_id, "decode": pair[1].stage_id} if pair is not None else {}
+    if pipe.encoder is not None:
+        out["encoder"] = pipe.encoder.stage_id
+        if pair is None and pipe.ec_consumer is not None:
+            out["pd"] = pipe.ec_consumer.stage_id  # the one stage that runs prefill and decode
+    return out
 
 
 def _plan_placement(plan, inv, doc):

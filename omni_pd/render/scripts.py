@@ -12,6 +12,19 @@ address, as resolved) and ``plan.json`` (the plan, secrets masked). Each script 
   output in ``logs/<name>.log``, in dependency order, each once its dependencies answer;
 * on exit (a child ending, Ctrl-C, SIGTERM) signals every process group it started.
 
+Devices are mapped when the script runs, not when it is rendered: a stage's ``devices`` are
+logical ids into the visibility variable the engine inherits (vllm-omni 0.30
+``stage_runtime_setup``; omni_pd/compile/devices.py), and the host's own variable (set by a
+scheduler: Slurm, a device plugin) is unknown at render time. Before starting anything the
+script maps each engine's ids through the platform's variables
+(:data:`omni_pd.compile.devices.DEVICE_VARS`; ROCm: ``CUDA_VISIBLE_DEVICES``, else
+``HIP_VISIBLE_DEVICES``): logical id ``i`` is entry ``i`` of the first one set non-empty on the
+host, the id itself when none is; an id past its last entry stops the script with a message
+naming the engine, its stage, the id and the variable. The engine starts with every variable
+of the platform set to the mapped list, as ``omni-pd launch`` does. A visible set the plan
+already fixed (the stage's own env value of the variable, or ``render --env``) is written
+as planned.
+
 Secrets are never written: an env value or a flag value whose name is a secret
 (:func:`omni_pd.launch.spec.is_secret`: ``HF_TOKEN``, ``--api-key``) is read from the
 host's environment when the script runs (``${HF_TOKEN:?...}``), and the script stops
@@ -21,9 +34,11 @@ before starting anything when it is unset.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from typing import Any, Mapping
 
+from omni_pd.compile.devices import DEVICE_ENV, DEVICE_VARS
 from omni_pd.launch.plan import for_host, hosts_of
 from omni_pd.launch.shell import secret_ref, words
 from omni_pd.launch.spec import LaunchPlan, ProcessSpec, is_secret, secret_flag
@@ -52,19 +67,77 @@ wait_healthy() {
 }
 '''
 
+#: the prelude's device mapping (only in a script with devices to map): omni_pd/compile/devices.py
+#: ``physical_ids`` for a host whose ids all lie inside its visible set, in bash
+_MAP_DEVICES = r'''# map_devices OUT WHAT IDS VAR...: set OUT to the physical ids of the logical device ids IDS
+# ("0,1"): id i is entry i of the first VAR set non-empty on this host, the id itself when none
+# is (omni_pd/compile/devices.py); an id past the variable's last entry stops the script
+map_devices() {
+  local out=$1 what=$2 ids=$3 var="" val="" name v id e
+  shift 3
+  for name in "$@"; do
+    v=${!name:-}
+    if [[ -z $var && -n ${v//[[:space:]]/} ]]; then var=$name; val=$v; fi
+  done
+  if [[ -z $var ]]; then
+    printf -v "$out" %s "$ids"
+    echo "$what: devices $ids ($* unset: the ids themselves)"
+    return 0
+  fi
+  local -a parts=() vis=() got=()
+  IFS=, read -ra parts <<< "${val//[[:space:]]/}"
+  for e in "${parts[@]}"; do
+    if [[ -n $e ]]; then vis+=("$e"); fi
+  done
+  for id in ${ids//,/ }; do
+    if (( id >= ${#vis[@]} )); then
+      echo "$what: logical device $id is outside $var=$val on this host (${#vis[@]} visible): nothing started" >&2
+      exit 1
+    fi
+    got+=("${vis[id]}")
+  done
+  local IFS=,
+  printf -v "$out" %s "${got[*]}"
+  echo "$what: devices $ids -> ${got[*]} (entries of $var=$val)"
+}
+'''
 
-def command_line(spec: ProcessSpec) -> tuple[str, tuple[str, ...]]:
+
+def command_line(spec: ProcessSpec, devices: tuple[str, tuple[str, ...]] | None = None) -> tuple[str, tuple[str, ...]]:
     """The shell words that start ``spec`` (``env K=V ... argv``, each word quoted by
     :func:`omni_pd.launch.shell.words`, the quoting ``launch --dry-run`` prints too) and the
-    names of the secret variables it reads from the host's environment. Pure."""
+    names of the secret variables it reads from the host's environment. ``devices``:
+    ``(shell variable, names)``: each variable of ``names`` in ``spec.env`` takes the value
+    of that shell variable when the command runs (``CUDA_VISIBLE_DEVICES="$dev_prefill_0"``:
+    the ids :data:`_MAP_DEVICES` mapped). Pure."""
     w = words(spec)
-    return " ".join(("env",) + w.env + w.argv), w.secrets
+    env = list(w.env)
+    if devices is not None:
+        ref, names = devices
+        env = [f'{k}="${{{ref}}}"' if k in names else word for k, word in zip(spec.env, env)]
+    return " ".join(["env"] + env + list(w.argv)), w.secrets
 
 
-def host_script(plan: LaunchPlan, host: str | None, address: str | None = None, source: str | None = None) -> str:
+def mapped_at_run_time(spec: ProcessSpec, platform: str) -> bool:
+    """True when the script maps ``spec``'s devices on its host (:data:`_MAP_DEVICES`): an
+    engine with logical devices on ``platform``'s variable whose visible set the plan left
+    to the host (no stage env value of it, no ``render --env`` one: ``visible_devices`` None)."""
+    return (spec.logical_devices is not None and spec.visible_devices is None
+            and spec.device_env is not None and spec.device_env == DEVICE_ENV.get(platform))
+
+
+def _shell_name(name: str) -> str:
+    return "dev_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
+def host_script(plan: LaunchPlan, host: str | None, address: str | None = None, source: str | None = None,
+                platform: str = "cuda", stages: Mapping[str, int] | None = None) -> str:
     """The script of ``host`` (None: the one host of a plan without placement): the
     processes of :func:`~omni_pd.launch.plan.for_host` in plan order. ``source``: the
-    compiled config's name for the header (default: ``plan.config``). Pure."""
+    compiled config's name for the header (default: ``plan.config``). ``platform``: the
+    plan's (``render --platform``), whose variables the devices are mapped through at run
+    time (:func:`mapped_at_run_time`); ``stages``: role -> compiled stage id, for the
+    messages. Pure."""
     part = for_host(plan, host) if host is not None else plan
     here = [p for p in part.processes if p.role != "peer"]
     peers = [p for p in part.processes if p.role == "peer"]
@@ -75,6 +148,18 @@ def host_script(plan: LaunchPlan, host: str | None, address: str | None = None, 
              + (f"; waits for {', '.join(f'{p.name} on {p.host}' for p in peers)}" if peers else "") + ".",
              f"# Entrypoint of the deployment: {plan.entrypoint}. Logs: logs/<process>.log next to this script.",
              _PRELUDE.rstrip("\n")]
+    names = DEVICE_VARS.get(platform, ())
+    mapped = [p for p in here if mapped_at_run_time(p, platform)]
+    maps: list[str] = []
+    if mapped:
+        lines.append(_MAP_DEVICES.rstrip("\n"))
+        maps = ["# Devices, mapped before anything starts: each engine's logical ids index this host's",
+                f"# {' (else '.join(names)}{')' * (len(names) - 1)} when set (e.g. by a scheduler), else are the "
+                "ids themselves"]
+        for p in mapped:
+            stage = (stages or {}).get(p.role)
+            what = p.name + (f" (stage {stage})" if stage is not None else "")
+            maps.append(f"map_devices {_shell_name(p.name)} {shlex.quote(what)} {p.logical_devices} {' '.join(names)}")
     bodies: list[str] = []
     secrets: list[str] = []
     healthy: set[str] = set()
@@ -88,7 +173,7 @@ def host_script(plan: LaunchPlan, host: str | None, address: str | None = None, 
             assert dep.health is not None
             block.append(f"wait_healthy {shlex.quote(d)} {shlex.quote(dep.health.url)} {int(dep.health.timeout_s)}")
             healthy.add(d)
-        cmd, sec = command_line(p)
+        cmd, sec = command_line(p, (_shell_name(p.name), names) if p in mapped else None)
         secrets += sec
         block.append(f"setsid {cmd} > logs/{p.name}.log 2>&1 &")
         block.append("pids+=($!)")
@@ -101,7 +186,7 @@ def host_script(plan: LaunchPlan, host: str | None, address: str | None = None, 
     tail.append("echo \"a process exited: stopping\" >&2")
     tail.append("exit 1")
     checks = [f": {secret_ref(s)}" for s in dict.fromkeys(secrets)]
-    return "\n".join(lines + checks + [""] + ["\n\n".join(bodies), ""] + tail) + "\n"
+    return "\n".join(lines + checks + ([""] + maps if maps else []) + [""] + ["\n\n".join(bodies), ""] + tail) + "\n"
 
 
 def placement_yaml(plan: LaunchPlan, placement: Any) -> str:
@@ -118,23 +203,25 @@ def placement_yaml(plan: LaunchPlan, placement: Any) -> str:
 
 
 def render_scripts(plan: LaunchPlan, config_text: str, placement: Any = None,
-                   source: str | None = None) -> dict[str, str]:
+                   source: str | None = None, platform: str = "cuda",
+                   stages: Mapping[str, int] | None = None) -> dict[str, str]:
     """Every file of ``render --to DIR``: ``{relative path: text}``.
 
     ``plan``: built with ``config`` = :data:`DEPLOY` (the scripts ``cd`` next to it);
     ``config_text``: the compiled config, written verbatim as ``deploy.yaml``;
     ``placement``: the :class:`~omni_pd.compile.placement.Placement` the plan was built
     with (None: one host, one ``local.sh``); ``source``: the config's file name for the
-    scripts' header. Raises ValueError when a rendered script
+    scripts' header; ``platform``, ``stages``: as :func:`host_script` takes them. Raises
+    ValueError when a rendered script
     would hold a secret value of the plan (a defect: secrets are referenced, never written).
     """
     files: dict[str, str] = {DEPLOY: config_text}
     hosts = hosts_of(plan)
     if placement is None or not hosts:
-        files["local.sh"] = host_script(plan, None, source=source)
+        files["local.sh"] = host_script(plan, None, source=source, platform=platform, stages=stages)
     else:
         for h in hosts:
-            files[f"{h}.sh"] = host_script(plan, h, placement.addresses.get(h), source)
+            files[f"{h}.sh"] = host_script(plan, h, placement.addresses.get(h), source, platform, stages)
         files["placement.yaml"] = placement_yaml(plan, placement)
     files["plan.json"] = json.dumps(plan.to_json(), indent=2) + "\n"
     secrets = _secret_values(plan)
