@@ -34,12 +34,14 @@ class RouterConfig:
     the whole prefill leg (None: none beyond ``timeout``); ``max_concurrency``: generation
     requests in flight before 503 + Retry-After; ``retries``: other instances a failed
     leg is tried on; ``balance``: ``least_outstanding`` | ``round_robin``; ``encoders``:
-    encoder-only instances (E of E->P->D, :mod:`.encode`), empty without encoder split.
+    encoder-only instances (E of E->P->D, :mod:`.encode`), empty without encoder split;
+    ``instances``: instances that run prefill and decode themselves (E -> PD, ``--instance``;
+    then ``connector`` is None and ``prefills``/``decodes`` are empty).
     """
 
     host: str
     port: int
-    connector: type[ConnectorStrategy]
+    connector: type[ConnectorStrategy] | None
     prefills: tuple[Backend, ...]
     decodes: tuple[Backend, ...]
     timeout: float = 3600.0
@@ -53,6 +55,7 @@ class RouterConfig:
     log_level: str = "INFO"
     workers: int = 1
     encoders: tuple[Backend, ...] = ()
+    instances: tuple[Backend, ...] = ()
 
 
 def _bootstrap_connectors() -> list[str]:
@@ -67,17 +70,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m omni_pd.launch.router",
         description="PD router for single-LLM pipelines: sends each request to a prefill and a "
-                    "decode vllm serve, carrying the KV connector's kv_transfer_params.")
+                    "decode vllm serve, carrying the KV connector's kv_transfer_params; or, with "
+                    "--instance (E -> PD), each request whole to an instance that runs both.")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on; 0 = any free (default 8000)")
-    p.add_argument("--connector", required=True,
-                   help=f"KV connector of the P/D engines: {', '.join(CONNECTORS)} (or {short})")
+    p.add_argument("--connector",
+                   help=f"KV connector of the P/D engines: {', '.join(CONNECTORS)} (or {short}); "
+                        "required with --prefill/--decode, none with --instance")
     p.add_argument("--prefill", action="append", nargs="+", default=[], metavar="URL",
                    help="prefill base URL, repeatable. "
                         + "; ".join(f"{n}: URL,BOOTSTRAP_PORT (or URL BOOTSTRAP_PORT; default port {port})"
                                     for n, port in boot))
     p.add_argument("--decode", action="append", default=[], metavar="URL",
                    help="decode base URL, repeatable")
+    p.add_argument("--instance", action="append", default=[], metavar="URL",
+                   help="an instance that runs prefill and decode itself (E -> PD: no KV connector, no "
+                        "--prefill/--decode): each request goes to one of them whole (repeatable)")
     p.add_argument("--encoder", action="append", default=[], metavar="URL",
                    help="encoder-only instance (E of E->P->D): media items are encoded there first (repeatable)")
     p.add_argument("--balance", default="least_outstanding", choices=BALANCE_POLICIES,
@@ -108,6 +116,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterConfig:
     and an argparse message."""
     parser = build_parser()
     ns = parser.parse_args(argv)
+    if ns.instance:
+        return _parse_instances(parser, ns)
+    if ns.connector is None:
+        parser.error("give --connector with --prefill/--decode (or --instance URL for E -> PD)")
     try:
         connector = connector_class(ns.connector)
     except ValueError as exc:
@@ -127,20 +139,36 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterConfig:
             parser.error(f"--prefill {' '.join(words)}: a bootstrap port applies to "
                          f"{' and '.join(_bootstrap_connectors())} only")
         prefills.append(backend)
-    decodes = []
-    for text in ns.decode:
-        try:
-            decodes.append(parse_backend(text))
-        except ValueError as exc:
-            parser.error(f"--decode: {exc}")
+    decodes = _backends(parser, "--decode", ns.decode)
     if not prefills or not decodes:
         parser.error("give at least one --prefill and one --decode")
-    encoders = []
-    for text in ns.encoder:
+    return _config(parser, ns, connector=connector, prefills=tuple(prefills), decodes=decodes)
+
+
+def _backends(parser: argparse.ArgumentParser, flag: str, texts: Sequence[str]) -> tuple[Backend, ...]:
+    """Each of ``texts`` parsed as a backend URL; bad usage (exit 2) naming ``flag``."""
+    out = []
+    for text in texts:
         try:
-            encoders.append(parse_backend(text))
+            out.append(parse_backend(text))
         except ValueError as exc:
-            parser.error(f"--encoder: {exc}")
+            parser.error(f"{flag}: {exc}")
+    return tuple(out)
+
+
+def _parse_instances(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> RouterConfig:
+    """The E -> PD front (``--instance``): no KV connector, no prefill/decode pools."""
+    if ns.prefill or ns.decode or ns.connector is not None:
+        parser.error("--instance runs prefill and decode in one instance: give it without --prefill, --decode "
+                     "and --connector")
+    return _config(parser, ns, connector=None, prefills=(), decodes=(),
+                   instances=_backends(parser, "--instance", ns.instance))
+
+
+def _config(parser: argparse.ArgumentParser, ns: argparse.Namespace, **backends) -> RouterConfig:
+    """The :class:`RouterConfig` of ``ns`` with ``backends`` (connector and pools), after
+    the checks every mode shares (encoders, port, timeouts, sizes)."""
+    encoders = _backends(parser, "--encoder", ns.encoder)
     if not 0 <= ns.port <= 65535:
         parser.error(f"--port {ns.port} is outside 0..65535")
     for name in ("timeout", "connect_timeout", "health_timeout", "health_interval", "prefill_timeout"):
@@ -149,12 +177,11 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterConfig:
             parser.error(f"--{name.replace('_', '-')} must be positive")
     if ns.max_concurrency < 1 or ns.retries < 0 or not 1 <= ns.workers <= 64:
         parser.error("--max-concurrency must be >= 1, --retries >= 0 and --workers 1..64")
-    return RouterConfig(host=ns.host, port=ns.port, connector=connector, prefills=tuple(prefills),
-                        decodes=tuple(decodes), timeout=ns.timeout, connect_timeout=ns.connect_timeout,
+    return RouterConfig(host=ns.host, port=ns.port, timeout=ns.timeout, connect_timeout=ns.connect_timeout,
                         health_timeout=ns.health_timeout, prefill_timeout=ns.prefill_timeout,
                         health_interval=ns.health_interval, max_concurrency=ns.max_concurrency,
                         retries=ns.retries, balance=ns.balance, log_level=ns.log_level, workers=ns.workers,
-                        encoders=tuple(encoders))
+                        encoders=encoders, **backends)
 
 
 def _pre_legs(config: RouterConfig) -> list:
@@ -171,7 +198,7 @@ def make_server(config: RouterConfig, *, discovery_interval: float = 1.0) -> Rou
     ``serve_forever()`` (or ``await serve()``); stop with ``shutdown()``, then
     ``server_close()``. ``discovery_interval``: seconds between polls while a prefill's
     Mooncake ids are unknown or an instance is down."""
-    router = PDRouter(config.prefills, config.decodes, config.connector,
+    router = PDRouter(config.prefills, config.decodes or config.instances, config.connector,
                       timeouts=Timeouts(read=config.timeout, prefill=config.prefill_timeout,
                                         connect=config.connect_timeout, health=config.health_timeout),
                       balance=config.balance, retries=config.retries,
@@ -203,6 +230,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, server.request_stop)
+        if config.connector is None:
+            log.info("listening on %s (no KV connector; balance %s; instance %s; encoder %s)", server.url,
+                     config.balance, ", ".join(i.url for i in config.instances),
+                     ", ".join(e.url for e in config.encoders) or "-")
+            return
         log.info("listening on %s (connector %s; balance %s; prefill %s; decode %s)", server.url,
                  config.connector.name, config.balance,
                  ", ".join(p.url if p.bootstrap_port is None else f"{p.url} bootstrap {p.bootstrap_port}"

@@ -24,7 +24,7 @@ import omni_pd.launch.router.codec as codec
 
 from omni_pd.launch.router.backends import Backend, Instance, Pool, _host_for_url
 from omni_pd.launch.router.protocol import (
-    ConnectorStrategy, PrefillTarget, decode_request_bytes, prefill_request_body)
+    ConnectorStrategy, NoKVStrategy, PrefillTarget, decode_request_bytes, prefill_request_body)
 
 log = logging.getLogger("omni_pd.router")
 
@@ -174,7 +174,12 @@ class PDRouter:
     """Routing state and the legs of every request (one asyncio loop).
 
     ``prefills``/``decodes``: backends in pool order (duplicates are separate instances).
-    ``connector``: a :class:`ConnectorStrategy` subclass. ``balance``:
+    ``connector``: a :class:`ConnectorStrategy` subclass, or None for a front without a
+    P/D split (E -> PD): no prefills, and ``decodes`` are instances that run prefill and
+    decode themselves (pool ``pd``); each request, after the pre-legs, goes to one of them
+    whole, as vLLM's disaggregated-encoder example proxy does with
+    ``--prefill-servers-urls disable`` (examples/online_serving/disaggregated_encoder/
+    disagg_epd_proxy.py ``maybe_prefill``). ``balance``:
     ``least_outstanding`` | ``round_robin``. ``retries``: extra instances a failed leg
     is tried on while nothing has reached the client. ``health_interval``: seconds
     between background ``/health`` polls (``discovery_interval`` while a prefill's
@@ -182,16 +187,22 @@ class PDRouter:
     """
 
     def __init__(self, prefills: Sequence[Backend], decodes: Sequence[Backend],
-                 connector: type[ConnectorStrategy], *, timeouts: Timeouts = Timeouts(),
+                 connector: type[ConnectorStrategy] | None, *, timeouts: Timeouts = Timeouts(),
                  balance: str = "least_outstanding", retries: int = 2, health_interval: float = 2.0,
                  discovery_interval: float = 1.0, pre_legs: Sequence[tuple[PreLeg, Sequence[Backend]]] = ()):
-        if not prefills or not decodes:
+        #: no P/D split: every request goes whole to the ``pd`` pool (see the class doc)
+        self.aggregated = connector is None
+        if self.aggregated and (prefills or not decodes):
+            raise ValueError("a router without a KV connector takes prefill+decode instances only, at least one")
+        if not self.aggregated and (not prefills or not decodes):
             raise ValueError("the router needs at least one prefill and one decode backend")
-        self.strategy = connector(prefills)
+        self.strategy = (connector or NoKVStrategy)(prefills)
         self.prefills = self.strategy.prefills
         self.decodes = list(decodes)
+        #: the pool whose answer reaches the client: ``decode``, or ``pd`` without a P/D split
+        self.final = "pd" if self.aggregated else "decode"
         self.pools: dict[str, Pool] = {"prefill": Pool("prefill", self.prefills, balance),
-                                       "decode": Pool("decode", self.decodes, balance)}
+                                       self.final: Pool(self.final, self.decodes, balance)}
         self.pre_legs = [leg for leg, _ in pre_legs]
         for leg, backends in pre_legs:
             self.pools[leg.role] = Pool(leg.role, backends, balance)
@@ -400,33 +411,35 @@ class PDRouter:
         return (instance, response) with D's headers read and its body unread; the
         instance's ``outstanding`` stays counted until :meth:`finish_decode`. A transport
         failure or 503 before D answered is retried on another instance (the client has
-        seen nothing yet); any other answer of D is returned as it is. Raises LegError(502)."""
+        seen nothing yet); any other answer of D is returned as it is. Raises LegError(502).
+        Without a P/D split the leg goes to the ``pd`` pool (:attr:`final`), named so."""
+        leg = self.final
         last: LegError | None = None
         for _ in range(self.retries + 1):
-            inst = self._pick("decode", tried, None, lambda u: u)
+            inst = self._pick(leg, tried, None, lambda u: u)
             if inst is None:
                 break
             tried.append(inst)
             inst.outstanding += 1
             try:
-                resp = await self._post(inst, path, body, headers, "decode")
+                resp = await self._post(inst, path, body, headers, leg)
             except TRANSPORT_ERRORS as exc:
                 inst.outstanding -= 1
-                last = self._failed(inst, "decode", exc)
-                log.warning("decode leg on %s failed (%s); retrying elsewhere", inst.describe(), last)
+                last = self._failed(inst, leg, exc)
+                log.warning("%s leg on %s failed (%s); retrying elsewhere", leg, inst.describe(), last)
                 continue
             except BaseException:
                 inst.outstanding -= 1
                 raise
-            if resp.status == 503 and len(tried) < len(self.pools["decode"]):
+            if resp.status == 503 and len(tried) < len(self.pools[leg]):
                 raw = await resp.read()
                 resp.release()
                 inst.outstanding -= 1
-                last = bad_gateway("decode", inst.backend, f"HTTP 503: {error_detail(raw)}")
+                last = bad_gateway(leg, inst.backend, f"HTTP 503: {error_detail(raw)}")
                 continue
             return inst, resp
         if last is None:
-            raise LegError(503, error_payload(503, "no decode instance available",
+            raise LegError(503, error_payload(503, f"no {leg} instance available",
                                               err_type="service_unavailable"))
         raise last
 
@@ -445,20 +458,21 @@ class PDRouter:
 
     # one request -----------------------------------------------------------------------
     def dispatch(self, path: str, body: dict[str, Any], auth: str | None, *, raw: bytes | None = None
-                 ) -> Awaitable[tuple[LegContext, PrefillTarget, Instance, aiohttp.ClientResponse]]:
+                 ) -> Awaitable[tuple[LegContext, PrefillTarget | None, Instance, aiohttp.ClientResponse]]:
         """Run the pre-legs and the P/D legs of one request. ``raw``: the client's body
         bytes ``body`` was parsed from, if known (D then gets them without re-encoding,
         :func:`~.protocol.decode_request_bytes`). Awaiting the result gives (context, prefill
-        target, decode instance, D's response with the body unread; the caller relays it and
-        calls :meth:`finish_decode`). Raises LegError (503 when the connector is not ready:
-        at the call; the legs' errors: when awaited). Cancelling the task that awaits it (the
-        client left) cancels every leg in flight and closes their connections.
+        target (None without a P/D split), decode instance, D's response with the body
+        unread; the caller relays it and calls :meth:`finish_decode`). Raises LegError (503
+        when the connector is not ready: at the call; the legs' errors: when awaited).
+        Cancelling the task that awaits it (the client left) cancels every leg in flight
+        and closes their connections.
 
         A plain function handing back the connector's leg coroutine, not a coroutine of its
         own: every resume of a leg passes through each coroutine frame above aiohttp's
         (bench/RESULTS.md, "Router CPU per request")."""
-        reason = self.strategy.not_ready_reason()
-        if reason or not self.strategy.prefill_targets():
+        reason = None if self.aggregated else self.strategy.not_ready_reason()
+        if reason or not (self.aggregated or self.strategy.prefill_targets()):
             raise LegError(503, error_payload(503, f"router not ready: {reason or 'no prefill target'}",
                                               err_type="service_unavailable"), {"Retry-After": "1"})
         rid = request_ids()
@@ -471,7 +485,16 @@ class PDRouter:
         return self._legs(ctx, body, raw)
 
     def _legs(self, ctx: LegContext, body: dict[str, Any], raw: bytes | None):
+        if self.aggregated:
+            return self._whole(ctx, body, raw)
         return (self._concurrent if self.strategy.concurrent else self._sequential)(ctx, body, raw)
+
+    async def _whole(self, ctx: LegContext, body: dict[str, Any], raw: bytes | None = None):
+        """No P/D split (E -> PD): the body (the client's bytes when no pre-leg changed it)
+        to one ``pd`` instance, retried elsewhere as :meth:`open_decode` retries; no
+        ``kv_transfer_params``. Returns :meth:`dispatch`'s tuple with no prefill target."""
+        inst, resp = await self.open_decode(ctx.path, decode_request_bytes(body, raw, None), ctx.headers, [])
+        return ctx, None, inst, resp
 
     async def _after_pre_legs(self, ctx: LegContext, body: dict[str, Any], raw: bytes | None):
         original = body
@@ -585,13 +608,13 @@ class PDRouter:
         raise last
 
     async def models(self, auth: str | None) -> tuple[int, bytes, str]:
-        """``GET /v1/models`` of a decode instance (healthy first; the next one on a
+        """``GET /v1/models`` of a decode (or ``pd``) instance (healthy first; the next one on a
         transport error). Returns (status, body, content type). Raises LegError(502)."""
         headers = {"Authorization": auth} if auth is not None else {}
         tried: list[Instance] = []
         last: LegError | None = None
-        for _ in range(len(self.pools["decode"])):
-            inst = self._pick("decode", tried, None, lambda u: u)
+        for _ in range(len(self.pools[self.final])):
+            inst = self._pick(self.final, tried, None, lambda u: u)
             if inst is None:
                 break
             tried.append(inst)
@@ -600,7 +623,7 @@ class PDRouter:
                 async with self.session.get(inst.url + "/v1/models", headers=headers, timeout=t) as resp:
                     return resp.status, await resp.read(), resp.headers.get("Content-Type", "application/json")
             except TRANSPORT_ERRORS as exc:
-                last = self._failed(inst, "decode", exc)
+                last = self._failed(inst, self.final, exc)
         assert last is not None
         raise last
 

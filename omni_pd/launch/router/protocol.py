@@ -189,6 +189,23 @@ class PullStrategy(ConnectorStrategy):
         return params if isinstance(params, dict) else None
 
 
+class NoKVStrategy(ConnectorStrategy):
+    """No KV connector: the router of an E -> PD layout, whose instances run prefill and
+    decode themselves (``PDRouter(..., connector=None)``). No prefill pool, no routing
+    fields: the body (with the encoder pre-leg's ``ec_transfer_params``) goes to one
+    instance whole, as vLLM's disaggregated-encoder example proxy forwards it when its
+    prefill cluster is ``disable`` (examples/online_serving/disaggregated_encoder/
+    disagg_epd_proxy.py ``maybe_prefill``). The KV methods are never called."""
+
+    name = "none"
+
+    def prefill_kv_params(self, request_id, target):
+        raise AssertionError("no prefill leg without a KV connector")
+
+    def decode_kv_params(self, request_id, target, prefill_response):
+        return None
+
+
 def parse_bootstrap_query(data: Any) -> dict[int, str]:
     """Engine id per DP rank from a Mooncake bootstrap ``GET /query`` answer.
 

@@ -130,7 +130,7 @@ class Front:
                 outcome = err.payload.get("error", {}).get("message", "") if err.payload else "prefill 4xx"
                 return _error_response(err)
             status = resp.status
-            out, outcome = await _relay(request, resp, rid)
+            out, outcome = await _relay(request, resp, rid, router.final)
             router.finish_decode(inst, resp, ok=outcome == "ok")
             inst = None
             return out
@@ -180,13 +180,14 @@ async def _read_json(request: web.BaseRequest) -> tuple[bytes, dict[str, Any]]:
 
 
 async def _relay(request: web.BaseRequest, resp: aiohttp.ClientResponse,
-                 request_id: str) -> tuple[web.StreamResponse, str]:
+                 request_id: str, leg: str = "decode") -> tuple[web.StreamResponse, str]:
     """Relay D's answer (its :data:`RELAYED_HEADERS` and ``X-Request-Id``): with a
     Content-Length as one block, else chunk by chunk as D produces it. Returns (response,
     outcome): "ok", "client gone" (the client's connection closed before the answer's end:
     nothing to report, the request is over), or "backend error" (D's stream cut short: the
     client's connection is closed with the stream unterminated, so it sees an error rather
-    than a clean end)."""
+    than a clean end).
+    ``leg``: the answering pool's name in errors and logs (``pd`` without a P/D split)."""
     src = resp.headers
     out_headers = {name: src[name] for name in RELAYED_HEADERS if name in src}
     out_headers["X-Request-Id"] = request_id
@@ -194,10 +195,10 @@ async def _relay(request: web.BaseRequest, resp: aiohttp.ClientResponse,
         try:
             data = await resp.read()
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-            log.warning("decode %s: body read failed: %s", resp.url.origin(), describe_exc(exc))
+            log.warning("%s %s: body read failed: %s", leg, resp.url.origin(), describe_exc(exc))
             return _json_response(502, error_payload(
-                502, f"decode backend {resp.url.origin()} failed: {describe_exc(exc)}",
-                err_type="bad_gateway", backend=str(resp.url.origin()), leg="decode")), "backend error"
+                502, f"{leg} backend {resp.url.origin()} failed: {describe_exc(exc)}",
+                err_type="bad_gateway", backend=str(resp.url.origin()), leg=leg)), "backend error"
         return web.Response(status=resp.status, body=data, headers=out_headers), "ok"
     out = web.StreamResponse(status=resp.status, headers=out_headers)
     if request.version >= aiohttp.HttpVersion11:
@@ -214,7 +215,7 @@ async def _relay(request: web.BaseRequest, resp: aiohttp.ClientResponse,
             except ConnectionError:
                 return out, "client gone"
     except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-        log.warning("decode %s: stream cut short: %s", resp.url.origin(), describe_exc(exc))
+        log.warning("%s %s: stream cut short: %s", leg, resp.url.origin(), describe_exc(exc))
         if request.transport is not None:
             request.transport.abort()
         return out, "backend error"
