@@ -1,5 +1,6 @@
-"""`omni-pd launch` of an encoder split (E -> P -> D): the plan (exact argv/env), preflight of
-the shared directory (OPD967), and the smoke check's encoder proof against a fake entrypoint."""
+"""`omni-pd launch` of an encoder split (E -> P -> D and E -> PD): the plan (exact argv/env),
+preflight of the shared directory (OPD967), and the smoke check's encoder proof against a
+fake entrypoint."""
 
 from __future__ import annotations
 
@@ -79,11 +80,114 @@ def test_plan_without_encoder_is_unchanged():
     assert "--encoder" not in plan.process("router").argv and plan.ec_storage is None
 
 
-def test_e_plus_one_instance_is_refused_with_the_way_out():
-    with pytest.raises(OmniPdError) as ei:
-        plan_of("qwen3_omni_thinker_1e1pd.yaml")
-    d = ei.value.diagnostic
-    assert d.code == "OPD966" and "encoder + one instance" in d.message and "--encoder-split 1e1p1d" in d.help
+# --- E -> PD (1e1pd): the encoder, one instance that runs prefill and decode, the router ---------
+
+EC_PRODUCER = json.dumps({"ec_connector": "ECExampleConnector", "engine_id": "omni-thinker-encoder",
+                          "ec_role": "ec_producer",
+                          "ec_connector_extra_config": {"shared_storage_path": "/tmp/omni-pd-ec"}}, separators=(",", ":"))
+EC_CONSUMER = json.dumps({"ec_connector": "ECExampleConnector", "engine_id": "omni-thinker",
+                          "ec_role": "ec_consumer",
+                          "ec_connector_extra_config": {"shared_storage_path": "/tmp/omni-pd-ec"}}, separators=(",", ":"))
+THINKER_FLAGS = ["--max-num-seqs", "4", "--max-model-len", "2048", "--enforce-eager"]
+
+
+def test_plan_e_pd_exact_argv_env_ports_and_router():
+    """As vLLM's disagg_1e1pd_example.sh: E (ec_producer) and the instance (ec_consumer, no KV
+    connector) as plain `vllm serve`, the router with --instance and --encoder, no --connector."""
+    plan = plan_of("qwen3_omni_thinker_1e1pd.yaml")
+    assert [(p.name, p.role) for p in plan.processes] == [("pd-0", "pd"), ("encoder-0", "encoder"),
+                                                          ("router", "router")]
+    pd, e, r = plan.processes
+    assert list(pd.argv) == ["/venv/bin/vllm", "serve", "/m/q3o", "--host", "127.0.0.1", "--port", "8100",
+                             "--served-model-name", "tiny", *THINKER_FLAGS, "--ec-transfer-config", EC_CONSUMER,
+                             "--dtype", "float32"]
+    assert list(e.argv) == ["/venv/bin/vllm", "serve", "/m/q3o", "--host", "127.0.0.1", "--port", "8300",
+                            "--served-model-name", "tiny", *THINKER_FLAGS, "--ec-transfer-config", EC_PRODUCER,
+                            "--dtype", "float32"]
+    assert list(r.argv) == [sys.executable, "-m", "omni_pd.launch.router", "--host", "127.0.0.1", "--port", "8000",
+                            "--workers", str(default_workers()), "--instance", "http://127.0.0.1:8100",
+                            "--encoder", "http://127.0.0.1:8300"]
+    assert not any("kv-transfer" in a or "kv_transfer" in a for p in plan.processes for a in p.argv)
+    assert [dict(p.env) for p in plan.processes] == [{"HF_HUB_OFFLINE": "1"}] * 3  # no connector env on cpu
+    assert [[(u.port, u.purpose, u.host) for u in p.ports] for p in plan.processes] == [
+        [(8100, "http", "127.0.0.1")], [(8300, "http", "127.0.0.1")], [(8000, "http", "127.0.0.1")]]
+    assert [p.health.url for p in plan.processes] == ["http://127.0.0.1:8100/health", "http://127.0.0.1:8300/health",
+                                                      "http://127.0.0.1:8000/health"]
+    assert [p.depends_on for p in plan.processes] == [(), (), ("pd-0", "encoder-0")]
+    assert [p.writable_dirs for p in plan.processes] == [("/tmp/omni-pd-ec",), ("/tmp/omni-pd-ec",), ()]
+    assert [(p.modules, p.python) for p in plan.processes] == [
+        (("vllm",), "/venv/bin/python"), (("vllm",), "/venv/bin/python"), (("aiohttp", "omni_pd"), sys.executable)]
+    assert (plan.runtime, plan.connector, plan.entrypoint, plan.ec_connector, plan.ec_storage) == (
+        "vllm", "none", "http://127.0.0.1:8000", "ECExampleConnector", "/tmp/omni-pd-ec")
+    assert plan.notes == (
+        "router: omni_pd.launch.router without a KV connector (E -> PD): each request goes whole to one pd "
+        "instance, which runs prefill and decode itself",
+        "encoder leg: one request per media item to encoder-0 first; its ECExampleConnector output reaches the pd "
+        "instance (ec_consumer)")
+
+
+def test_plan_e_pd_gives_each_engine_its_device_on_cuda():
+    plan = plan_of("qwen3_omni_thinker_1e1pd.yaml", LaunchOptions(model="m", vllm="/v/vllm", platform="cuda",
+                                                                  launcher_env={"CUDA_VISIBLE_DEVICES": "4,5"}))
+    assert [(p.name, p.env.get("CUDA_VISIBLE_DEVICES"), p.logical_devices) for p in plan.processes] == [
+        ("pd-0", "4", "0"), ("encoder-0", "5", "1"), ("router", None, None)]
+
+
+def test_plan_e_pd_of_the_llm_pipeline(tmp_path):
+    """`expand tests/fixtures/llm.yaml --pipeline llm --encoder-split 1e1pd` launches too."""
+    from omni_pd.compile.expand import expand_encoder_document
+    from omni_pd.compile.passes.encoder_split import EncoderOptions
+    from omni_pd.compile.passes.pd_split import ExpandOptions
+    from omni_pd.io import parse_text
+
+    res = expand_encoder_document(load_file(ROOT / "tests" / "fixtures" / "llm.yaml"), EncoderOptions("1e1pd"),
+                                  ExpandOptions(), pipeline="llm")
+    plan = plan_document(parse_text(res.text, "epd.yaml"), "/cfg/epd.yaml", OPTS).plan
+    pd = plan.process("pd-0")
+    assert list(pd.argv) == ["/venv/bin/vllm", "serve", "/m/q3o", "--host", "127.0.0.1", "--port", "8100",
+                             "--served-model-name", "tiny", "--max-model-len", "1024", "--enforce-eager",
+                             "--ec-transfer-config", json.dumps(
+                                 {"ec_connector": "ECExampleConnector", "engine_id": "llm", "ec_role": "ec_consumer",
+                                  "ec_connector_extra_config": {"shared_storage_path": "/tmp/omni-pd-ec"}},
+                                 separators=(",", ":")), "--dtype", "float32"]
+    assert plan.process("router").argv[-4:] == ("--instance", "http://127.0.0.1:8100",
+                                                "--encoder", "http://127.0.0.1:8300")
+
+
+def test_e_pd_smoke_target_reads_the_instances_log_and_says_why_no_kv_is_checked(tmp_path):
+    t = smoke_target(plan_of("qwen3_omni_thinker_1e1pd.yaml"), "tiny", None, str(tmp_path))
+    assert (t.entrypoint, t.metrics_url, t.ec_connector, t.ec_storage, t.ec_log, t.ec_consumer, t.not_checked) == (
+        "http://127.0.0.1:8000", None, "ECExampleConnector", "/tmp/omni-pd-ec", str(tmp_path / "pd-0.log"), "pd-0",
+        "E -> PD: pd-0 runs prefill and decode itself, so no KV moves between instances")
+
+
+def test_launch_dry_run_shows_the_e_pd_plan():
+    from typer.testing import CliRunner
+
+    from omni_pd.cli import app
+
+    r = CliRunner().invoke(app, ["launch", str(GOLDEN / "qwen3_omni_thinker_1e1pd.yaml"), "--model", "m",
+                                 "--platform", "cpu", "--dry-run", "--format", "json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert [(p["name"], p["role"]) for p in got["processes"]] == [("pd-0", "pd"), ("encoder-0", "encoder"),
+                                                                  ("router", "router")]
+    assert got["processes"][2]["argv"][3:] == ["--host", "127.0.0.1", "--port", "8000", "--workers",
+                                               str(default_workers()), "--instance", "http://127.0.0.1:8100",
+                                               "--encoder", "http://127.0.0.1:8300"]
+
+
+def test_render_kubernetes_refuses_an_encoder_split_by_name(tmp_path, capsys):
+    """Before the KV connector check: E -> PD has none, which read as "none: its router needs ..."."""
+    from omni_pd.cli import main
+
+    for name in ("qwen3_omni_thinker_1e1pd.yaml", "qwen3_omni_thinker_1e1p1d.yaml"):
+        to = tmp_path / name
+        assert main(["render", str(GOLDEN / name), "--to", str(to), "--model", "m", "--target", "kubernetes"]) == 2
+        out = capsys.readouterr()
+        assert ("error[OPD006]: render --target kubernetes: an encoder split (E->P->D, E->PD) has no Kubernetes "
+                "rendering yet") in out.out + out.err, out
+        assert not to.exists()
 
 
 def test_preflight_shared_directory(tmp_path):
@@ -154,20 +258,23 @@ def fake_entrypoint(storage: Path, log: Path, *, store: bool, debug: bool, load:
     return srv
 
 
-@pytest.mark.parametrize("store,debug,load,rc,text", [
-    (True, True, True, 0, "and prefill loaded it"),
-    (True, False, False, 0, "not visible without DEBUG logs"),
-    (True, True, False, 1, "it encoded the image itself"),
-    (False, True, True, 1, "the encoder stored nothing"),
+@pytest.mark.parametrize("store,debug,load,rc,text,consumer", [
+    (True, True, True, 0, "and prefill loaded it", "prefill"),
+    (True, False, False, 0, "not visible without DEBUG logs", "prefill"),
+    (True, True, False, 1, "it encoded the image itself", "prefill"),
+    (False, True, True, 1, "the encoder stored nothing", "prefill"),
+    (True, True, True, 0, "and pd-0 loaded it", "pd-0"),
+    (True, True, False, 1, "but pd-0's log", "pd-0"),
 ])
-def test_ec_smoke_check(tmp_path, store, debug, load, rc, text):
-    storage, log = tmp_path / "ec", tmp_path / "prefill-0.log"
+def test_ec_smoke_check(tmp_path, store, debug, load, rc, text, consumer):
+    storage, log = tmp_path / "ec", tmp_path / ("prefill-0.log" if consumer == "prefill" else f"{consumer}.log")
     storage.mkdir()
     (storage / "empty-folder-a-lookup-made").mkdir()  # not an item
     srv = fake_entrypoint(storage, log, store=store, debug=debug, load=load)
     try:
         t = SmokeTarget(f"http://127.0.0.1:{srv.server_address[1]}", "tiny", None,
-                        ec_connector="ECExampleConnector", ec_storage=str(storage), ec_log=str(log))
+                        ec_connector="ECExampleConnector", ec_storage=str(storage), ec_log=str(log),
+                        ec_consumer=consumer)
         out = io.StringIO()
         assert ec_smoke_check(t, out) == rc
         assert text in out.getvalue(), out.getvalue()

@@ -904,9 +904,10 @@ def test_the_vllm_runtime_plan_carries_host_timeouts_env_and_notes_everywhere(tm
 
 
 def test_plan_document_refusals_and_answer_exactly(tmp_path):
-    """OPD966 (an error, exact message and help) for a config that is not PD and for an
-    encoder + one instance layout; the --engine-arg flags reach validation (OPD107 stops
-    the plan); a planned document carries the validation result and the topology."""
+    """OPD966 (an error, exact message and help) for a config that is not PD (an encoder +
+    one instance layout is planned: tests/test_epd_launch.py); the --engine-arg flags reach
+    validation (OPD107 stops the plan); a planned document carries the validation result and
+    the topology."""
     from omni_pd.diagnostics import Severity
 
     with pytest.raises(OmniPdError) as e:
@@ -915,15 +916,6 @@ def test_plan_document_refusals_and_answer_exactly(tmp_path):
     assert (d.code, d.severity, d.message, d.help) == (
         "OPD966", Severity.ERROR, f"{LLM} is not a PD config (pipeline `llm`)",
         f"compile it first: `omni-pd expand {LLM} -o pd.yaml`, then launch pd.yaml")
-    epd = ROOT / "tests" / "golden" / "encoder" / "qwen3_omni_thinker_1e1pd.yaml"
-    with pytest.raises(OmniPdError) as e:
-        plan_document(load_file(epd), str(epd), LaunchOptions(model="m"))
-    d = e.value.diagnostic
-    assert (d.code, d.severity, d.message, d.help) == (
-        "OPD966", Severity.ERROR, f"{epd} is an encoder + one instance layout (pipeline "
-        "`qwen3_omni_moe_thinker_only_1e1pd`); launch starts encoder + prefill/decode layouts only",
-        "expand with `--encoder-split 1e1p1d` for a launchable E->P->D config; serve this one with two `vllm serve` "
-        "(the stages' ec_transfer_config) and an encoder-aware proxy")
     cfg = compiled(tmp_path, LLM, ExpandOptions(connector="NixlConnector"), "llm")
     bad = plan_document(load_file(cfg), str(cfg), LaunchOptions(model="m", extra_args=("--no-such-flag",)))
     assert bad.plan is None and bad.topology is None

@@ -453,24 +453,53 @@ def check_ports(plan: LaunchPlan, opts: LaunchOptions) -> LaunchPlan:
     return plan
 
 
+#: the role (and process name prefix) of an E -> PD instance: it runs prefill and decode
+PD_ROLE = "pd"
+#: :attr:`~omni_pd.launch.spec.LaunchPlan.connector` of an E -> PD plan (no KV connector)
+NO_CONNECTOR = "none"
+
+
+def e_pd_instance(topo: Topology) -> StageNode | None:
+    """The LLM stage of an E -> PD layout (``*_1e1pd``: an encoder stage E and one stage
+    that runs prefill and decode, E's ec_consumer), served by plain ``vllm serve``; None
+    for every other topology (a PD pair, no encoder, the vllm-omni runtime)."""
+    pipe = topo.pipeline
+    c = pipe.ec_consumer
+    if pipe.encoder is None or c is None or c.pd_role is not None or pipe.launcher != "vllm":
+        return None
+    return topo.node(c.stage_id)
+
+
 def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: Any = None) -> LaunchPlan:
     """The launch plan for a compiled PD topology.
 
     ``topo``: the compiled config resolved for ``opts.platform`` (its pipeline must be
-    a PD pipeline). ``config_path``: the compiled file (passed to ``--deploy-config``).
-    ``target``: the vLLM :class:`~omni_pd.compile.targets.Target` (connector port rules).
-    Raises ``ValueError`` when the topology has no prefill/decode pair.
+    a PD pipeline, or an E -> PD encoder split: :func:`e_pd_instance`). ``config_path``:
+    the compiled file (passed to ``--deploy-config``). ``target``: the vLLM
+    :class:`~omni_pd.compile.targets.Target` (connector port rules).
+
+    E -> PD (``*_1e1pd``) is planned as vLLM's own example runs it (examples/online_serving/
+    disaggregated_encoder/disagg_1e1pd_example.sh): the encoder ``encoder-0``
+    (ec_producer), one ``vllm serve`` per replica of the LLM stage (``pd-<r>``, role
+    ``pd``: its ec_consumer ``--ec-transfer-config``, no ``--kv-transfer-config``, HTTP
+    port ``--engine-port-base`` + r) and the router with ``--instance`` URLs and no
+    ``--connector``, which sends each request's media to E first and then the whole
+    request to one instance (:class:`~omni_pd.launch.router.core.PDRouter` without a
+    connector). ``connector`` is ``none``.
+    Raises ``ValueError`` when the topology has neither a prefill/decode pair nor that
+    instance.
     """
     pair = topo.pd_pair
-    if pair is None:
+    whole = e_pd_instance(topo) if pair is None else None
+    if pair is None and whole is None:
         raise ValueError("the config has no prefill/decode pair: run `omni-pd expand` first")
-    p, d = pair
+    p, d = pair if pair is not None else (whole, whole)
     where = _Where(opts)
-    conn = str((p.kv or {}).get("kv_connector", ""))
+    conn = str((p.kv or {}).get("kv_connector", "")) if pair is not None else NO_CONNECTOR
     served = opts.served_model_name or opts.model
     env_all = dict(opts.env)
     engine_py = opts.python or _python_of(opts.vllm)
-    mods = ("vllm",) + connector_modules(conn)
+    mods = ("vllm",) + (connector_modules(conn) if pair is not None else ())
     if topo.pipeline.launcher == "vllm-omni":
         omni_host = where.one_host(topo)
         opts = replace(opts, host=where.address(omni_host)) if omni_host is not None else opts
@@ -495,16 +524,17 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
     procs: list[ProcessSpec] = []
     device_notes: list[str] = []
     lease_set = False
-    urls: dict[str, list[str]] = {"prefill": [], "decode": []}
+    sides = (("prefill", p), ("decode", d)) if pair is not None else ((PD_ROLE, p),)
+    urls: dict[str, list[str]] = {role: [] for role, _ in sides}
     wide = pipeline_wide_settings(topo.config)  # top-level keys; a stage's own value wins
-    for role, node in (("prefill", p), ("decode", d)):
+    for role, node in sides:
         on = where.host(node.stage_id)
         bind = where.address(on)
         for inst in instances(node, target):
             leased = planned_lease(inst.kv, opts.platform, target)
             if leased is not None:
                 inst, lease_set = replace(inst, kv=leased), True
-            port = opts.engine_port_base + (0 if role == "prefill" else 100) + inst.replica
+            port = opts.engine_port_base + (100 if role == "decode" else 0) + inst.replica
             env = {**env_all, **_env_str(node.env), **inst.env}
             dev, note = device_fields(f"{role}-{inst.replica}", inst.devices, DEVICE_VARS.get(opts.platform),
                                       node.env, env_all, opts.launcher_env)
@@ -518,10 +548,9 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
             settings = {**wide, **node.settings}
             rpc = dp_rpc_port(settings, node.dp, port, inst.replica)
             settings, dp_flags = _dp_flags(settings, rpc)
+            kv_flag = [] if role == PD_ROLE else ["--kv-transfer-config", json.dumps(inst.kv, separators=(",", ":"))]
             argv = [opts.vllm, "serve", opts.model, "--host", bind, "--port", str(port),
-                    "--served-model-name", served,
-                    "--kv-transfer-config", json.dumps(inst.kv, separators=(",", ":")),
-                    *engine_flags(settings)]
+                    "--served-model-name", served, *kv_flag, *engine_flags(settings)]
             argv += dp_flags + list(opts.extra_args)
             procs.append(ProcessSpec(
                 name=f"{role}-{inst.replica}", role=role, argv=tuple(argv), env=env, **dev,
@@ -545,19 +574,20 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
         if note:
             device_notes.append(note)
         e_proc = replace(e_proc, host=e_on)
-        procs = [replace(x, writable_dirs=(ec_storage,)) if (x.role == "prefill" and ec_storage) else x
+        consumer = "prefill" if pair is not None else PD_ROLE  # the ec_consumer reads E's outputs
+        procs = [replace(x, writable_dirs=(ec_storage,)) if (x.role == consumer and ec_storage) else x
                  for x in procs]
         procs.append(e_proc)
         urls["encoder"] = [e_proc.health.url.rsplit("/", 1)[0]]  # type: ignore[union-attr]
     # the router runs on decode's host, as llm-d runs its routing sidecar in the decode pod
     r_on = where.host(d.stage_id)
     r_bind = where.address(r_on)
-    router_argv = [sys.executable, "-m", "omni_pd.launch.router", "--connector", conn,
-                   "--host", r_bind, "--port", str(opts.port)] + _router_workers_args(conn, opts)
-    for u in urls["prefill"]:
-        router_argv += ["--prefill", u]
-    for u in urls["decode"]:
-        router_argv += ["--decode", u]
+    router_argv = [sys.executable, "-m", "omni_pd.launch.router"] + (
+        ["--connector", conn] if pair is not None else []) + [
+        "--host", r_bind, "--port", str(opts.port)] + _router_workers_args(conn, opts)
+    for role, flag in (("prefill", "--prefill"), ("decode", "--decode"), (PD_ROLE, "--instance")):
+        for u in urls.get(role, []):
+            router_argv += [flag, u]
     for u in urls.get("encoder", []):
         router_argv += ["--encoder", u]
     procs.append(ProcessSpec(
@@ -569,10 +599,13 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
         modules=("aiohttp", "omni_pd"), python=sys.executable, host=r_on))
     return LaunchPlan(runtime="vllm", model=opts.model, connector=conn, entrypoint=f"http://{r_bind}:{opts.port}",
                       config=config_path, processes=tuple(procs),
-                      notes=("router: omni_pd.launch.router (prefill leg max_tokens=1, min_tokens/stop cleared; "
-                             f"{conn} routing fields relayed to decode)",)
+                      notes=(("router: omni_pd.launch.router (prefill leg max_tokens=1, min_tokens/stop cleared; "
+                              f"{conn} routing fields relayed to decode)",) if pair is not None else (
+                          "router: omni_pd.launch.router without a KV connector (E -> PD): each request goes "
+                          "whole to one pd instance, which runs prefill and decode itself",))
                       + ((f"encoder leg: one request per media item to encoder-0 first; its {ec_name} output "
-                          "reaches prefill (ec_consumer)",) if enc is not None else ())
+                          f"reaches {'prefill' if pair is not None else 'the pd instance'} (ec_consumer)",)
+                         if enc is not None else ())
                       + _lease_note(p.kv, opts.platform, target, lease_set) + tuple(device_notes),
                       ec_connector=ec_name, ec_storage=ec_storage)
 
@@ -747,7 +780,8 @@ def plan_document(doc: Any, config_path: str, opts: LaunchOptions, inventory: An
     and what the plan places each process by (:attr:`LaunchOptions.placement`).
 
     Validation errors leave ``plan`` None (the caller prints them). Raises
-    :class:`~omni_pd.diagnostics.OmniPdError` OPD966 when the config is not a PD config,
+    :class:`~omni_pd.diagnostics.OmniPdError` OPD966 when the config is neither a PD config
+    nor an encoder split (E -> PD or E -> P -> D),
     OPD006 when a planned port is outside 1..65535 (:func:`check_ports`).
     """
     from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
@@ -789,14 +823,7 @@ def plan_document(doc: Any, config_path: str, opts: LaunchOptions, inventory: An
         on_validated(res)
     if any(d.severity is Severity.ERROR for d in res.diagnostics):
         return Planned(None, res, None)
-    if pipe is not None and pipe.encoder is not None and not pipe.is_pd:
-        raise OmniPdError(Diagnostic(
-            code="OPD966", severity=Severity.ERROR,
-            message=f"{doc.name} is an encoder + one instance layout (pipeline `{pipe.name}`); launch starts "
-                    "encoder + prefill/decode layouts only",
-            help="expand with `--encoder-split 1e1p1d` for a launchable E->P->D config; serve this one with "
-                 "two `vllm serve` (the stages' ec_transfer_config) and an encoder-aware proxy"))
-    if pipe is None or not pipe.is_pd:
+    if pipe is None or not (pipe.is_pd or pipe.encoder is not None):  # an encoder split is E->PD or E->P->D
         named = res.pipeline_name is not None
         raise OmniPdError(Diagnostic(
             code="OPD966", severity=Severity.ERROR,

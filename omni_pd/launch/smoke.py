@@ -259,6 +259,9 @@ class SmokeTarget:
     ec_connector: str | None = None
     ec_storage: str | None = None
     ec_log: str | None = None
+    #: what the results call the ec_consumer: ``prefill`` (E -> P -> D), or the instance's
+    #: process name (``pd-0``, E -> PD)
+    ec_consumer: str = "prefill"
     not_checked: str | None = None
     #: the engines' logs read for :data:`KV_LOG_PROBLEMS` about the smoke request
     #: (prefill and decode instances, or the vllm-omni server's); () when unknown
@@ -283,18 +286,22 @@ def smoke_target(plan: Any, model: str, decode_stage_id: int | None, run_dir: st
         return SmokeTarget(plan.entrypoint, model, plan.entrypoint.rstrip("/") + "/metrics",
                            None if decode_stage_id is None else str(decode_stage_id), chat=True, kv_logs=logs)
     decode = next((p for p in plan.processes if p.role == "decode"), None)
+    whole = next((p for p in plan.processes if p.role == "pd"), None)  # E -> PD: no decode, no KV transfer
     metrics = decode.health.url.rsplit("/", 1)[0] + "/metrics" if decode and decode.health else None
     why = None
-    if decode is None:
+    if decode is None and whole is not None:
+        why = f"E -> PD: {whole.name} runs prefill and decode itself, so no KV moves between instances"
+    elif decode is None:
         why = "the plan has no decode process"
     elif metrics is None:
         why = f"{decode.name} has no health URL, so its /metrics is not known"
-    ec_log = None
+    ec_log, ec_consumer = None, "prefill" if whole is None else whole.name
     if getattr(plan, "ec_storage", None) and run_dir is not None:
-        consumer = next((p for p in plan.processes if p.role == "prefill"), None)
+        consumer = whole or next((p for p in plan.processes if p.role == "prefill"), None)
         ec_log = os.path.join(run_dir, consumer.name + ".log") if consumer else None
     return SmokeTarget(plan.entrypoint, model, metrics, ec_connector=getattr(plan, "ec_connector", None),
-                       ec_storage=getattr(plan, "ec_storage", None), ec_log=ec_log, not_checked=why, kv_logs=logs)
+                       ec_storage=getattr(plan, "ec_storage", None), ec_log=ec_log, ec_consumer=ec_consumer,
+                       not_checked=why, kv_logs=logs)
 
 
 def tiny_png(width: int = 112, height: int = 112, seed: int | None = None) -> bytes:
@@ -406,14 +413,15 @@ def ec_smoke_check(target: SmokeTarget, out: TextIO, report: dict[str, Any] | No
                    f"{target.ec_storage}: the encoder leg did not run or E is not an ec_producer there",
                    "the encoder stored nothing")
     hashes = ", ".join(sorted(res.new))
+    who = target.ec_consumer
     if res.loaded is None:
         return say(f"smoke: encoder ok in {res.seconds:.2f} s: E stored {hashes} in {target.ec_storage}; whether "
-                   "prefill loaded it is not visible without DEBUG logs (--env VLLM_LOGGING_LEVEL=DEBUG)")
+                   f"{who} loaded it is not visible without DEBUG logs (--env VLLM_LOGGING_LEVEL=DEBUG)")
     if res.loaded != res.new:
-        return say(f"smoke: FAILED: E stored {hashes} but prefill's log ({target.ec_log}) shows no load of "
+        return say(f"smoke: FAILED: E stored {hashes} but {who}'s log ({target.ec_log}) shows no load of "
                    f"{', '.join(sorted(res.new - res.loaded))}: it encoded the image itself",
-                   "prefill did not load the encoder's output")
-    return say(f"smoke: encoder ok in {res.seconds:.2f} s: E stored {hashes} and prefill loaded it "
+                   f"{who} did not load the encoder's output")
+    return say(f"smoke: encoder ok in {res.seconds:.2f} s: E stored {hashes} and {who} loaded it "
                f"({target.ec_log}); answer {res.text!r}")
 
 
@@ -642,7 +650,8 @@ def smoke_check(target: SmokeTarget, out: TextIO, *, report: str | os.PathLike[s
     no decode metrics URL on the plain-vLLM runtime, said as "KV transfer not checked:
     <why>"), 1 when a server failed or decode recomputed, :data:`EXIT_BUG` when omni-pd's
     own code raised; prints one line either way (and one for the encoder leg of an
-    E -> P -> D split, checked whether or not the KV transfer could be).
+    E -> P -> D or E -> PD split, checked whether or not the KV transfer could be; E -> PD
+    moves no KV, so its first line says the transfer was not checked and why).
 
     ``report``: also write the outcome as JSON there (``<run-dir>/smoke.json``, atomically;
     the fields of :func:`smoke_report` filled in: ``ok``, ``answer_excerpt``, ``seconds``

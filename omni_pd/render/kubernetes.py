@@ -151,6 +151,9 @@ def manifests(plan: LaunchPlan, config_text: str, *, name: str, image: str, rout
         raise RenderError("--target kubernetes renders plain-vLLM PD pairs (the llm-d shape); this config runs on "
                           "the vllm-omni runtime",
                           help="render --target scripts, or expand a thinker-only pipeline for Kubernetes")
+    if any(p.role == "encoder" for p in plan.processes):  # before the KV connector: E -> PD has none
+        raise RenderError("an encoder split (E->P->D, E->PD) has no Kubernetes rendering yet",
+                          help="render --target scripts")
     contract = connectors.get(plan.connector)
     if contract is None or contract.router_protocol != "pull":
         raise RenderError(f"{plan.connector}: its router needs each prefill pod's own address "
@@ -159,8 +162,6 @@ def manifests(plan: LaunchPlan, config_text: str, *, name: str, image: str, rout
     if platform not in RESOURCE:
         raise RenderError(f"--platform {platform}: no Kubernetes device resource known here",
                           help=f"one of {', '.join(RESOURCE)}")
-    if any(p.role == "encoder" for p in plan.processes):
-        raise RenderError("an encoder split (E->P->D) has no Kubernetes rendering yet", help="render --target scripts")
     resource = RESOURCE[platform]
     files: list[tuple[str, list[dict[str, Any]]]] = []
     cm_name = f"{name}-deploy-config"
