@@ -71,15 +71,21 @@ def stored(ec: Path) -> set[str]:
     return {p.parent.name for p in ec.glob("*/encoder_cache.safetensors")}
 
 
+def expand_split(tmp: Path, layout: str, ec: Path, *flags: str) -> Path:
+    """``omni-pd expand DEPLOY --encoder-split LAYOUT`` with E's outputs in ``ec``: the compiled file."""
+    out = tmp / f"{layout}.yaml"
+    subprocess.run([sys.executable, "-m", "omni_pd.cli", "expand", "-q", str(DEPLOY), "--encoder-split", layout,
+                    *flags, "--ec-storage-path", str(ec), "-o", str(out)], check=True)
+    return out
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, tiny_model):
     tmp = tmp_path_factory.mktemp("e2e-encoder")
     model = tiny_model("qwen3_omni")
     ec = tmp / "ec"
-    epd = tmp / "epd.yaml"
-    subprocess.run([sys.executable, "-m", "omni_pd.cli", "expand", "-q", str(DEPLOY), "--encoder-split", "1e1p1d",
-                    "--connector", "NixlConnector", "--kv-buffer-device", "cpu", "--port-base", str(SIDE),
-                    "--ec-storage-path", str(ec), "-o", str(epd)], check=True)
+    epd = expand_split(tmp, "1e1p1d", ec, "--connector", "NixlConnector", "--kv-buffer-device", "cpu",
+                       "--port-base", str(SIDE))
     return tmp, model, epd, ec, str(Path(E2E).parent / "vllm")
 
 
@@ -165,3 +171,59 @@ def test_qwen3_omni_thinker_e_p_d_on_cpu_equals_a_plain_instance_and_uses_the_en
     time.sleep(1)
     assert [p for p in tree if alive(p)] == []
     assert all(port_free(p) for p in (ROUTER, ENGINES, ENGINES + 100, ENGINES + 200, SIDE, SIDE + 1))
+
+
+# --- E -> PD (1e1pd): the encoder and one instance that runs prefill and decode ------------------
+
+E_PD_ROUTER, E_PD_ENGINES = 19610, 19710  # the instance pd-0 19710, E 19910
+
+
+def test_qwen3_omni_thinker_1e1pd_on_cpu_equals_a_plain_instance_and_uses_the_encoder(setup, plain_thinker):
+    """``expand --encoder-split 1e1pd`` + ``launch --smoke``: E (ec_producer), the instance
+    pd-0 (ec_consumer, no KV connector) and the router (``--instance``). The smoke check
+    says no KV is checked (none moves) and that E stored an item and pd-0 loaded it; the
+    module's image and audio requests through the router give the plain instance's text
+    and prompt size, each with an item E stored and pd-0's DEBUG load line for it
+    (``Success load encoder cache for hash <mm_hash>``); after SIGINT nothing is left."""
+    tmp, model, _, _, vllm = setup
+    ec = tmp / "ec-1e1pd"
+    cfg = expand_split(tmp, "1e1pd", ec)
+    prompts = {k: v for k, v in _content().items() if k in ("image", "audio")}
+    want = {name: plain_thinker.chat(c) for name, c in prompts.items()}
+    m: dict = {"e_pd": {}}
+    t0 = time.monotonic()
+    launcher = Launcher(cfg, model, vllm, tmp / "run-1e1pd", router_port=E_PD_ROUTER, engine_port_base=E_PD_ENGINES,
+                        env={**engine_env(tmp), "VLLM_LOGGING_LEVEL": "DEBUG"}, extra=("--smoke",))
+    pd_log = tmp / "run-1e1pd" / "pd-0.log"
+    try:
+        m["e_pd"]["smoke"] = launcher.wait_for("smoke: completion", 900)
+        assert ("KV transfer not checked: E -> PD: pd-0 runs prefill and decode itself, so no KV moves between "
+                "instances") in m["e_pd"]["smoke"], m["e_pd"]["smoke"]
+        m["e_pd"]["smoke_ec"] = launcher.wait_for("smoke: encoder ok", 300)
+        assert "and pd-0 loaded it" in m["e_pd"]["smoke_ec"], m["e_pd"]["smoke_ec"]
+        m["e_pd"]["ready_s"] = round(time.monotonic() - t0, 1)
+        m["e_pd"]["healthy"] = [line for line in launcher.lines if "healthy after" in line]
+        assert sorted(launcher.pids()) == ["encoder-0", "pd-0", "router"]
+        tree = launcher.descendants()
+        m["e_pd"]["latency_s"], m["e_pd"]["loaded"] = {}, {}
+        for name, content in prompts.items():
+            before = stored(ec)
+            got = chat(f"http://127.0.0.1:{E_PD_ROUTER}", content)
+            new = stored(ec) - before
+            m["e_pd"]["latency_s"][name] = round(got[2], 3)
+            assert got[:2] == want[name], (name, got, want[name])
+            assert len(new) == 1, (name, new)
+            [h] = new
+            assert wait_for_line(pd_log, f"{LOAD_LINE} {h}"), (name, h)
+            m["e_pd"]["loaded"][name] = h
+        pids = launcher.pids()
+        m["e_pd"]["rss_gib"] = {n: round(rss_bytes(descendants({p})) / 2**30, 2) for n, p in pids.items()}
+    finally:
+        launcher.proc.send_signal(signal.SIGINT)
+        rc = launcher.proc.wait(120)
+        m["e_pd"]["wall_s"] = round(time.monotonic() - t0, 1)
+        print(f"\nmeasurements (E -> PD):\n{json.dumps(m, indent=1, default=str)}")
+    assert rc == 130, launcher.report()
+    time.sleep(1)
+    assert [p for p in tree if alive(p)] == []
+    assert all(port_free(p) for p in (E_PD_ROUTER, E_PD_ENGINES, E_PD_ENGINES + 200))

@@ -82,12 +82,11 @@ def test_plan_without_encoder_is_unchanged():
 
 # --- E -> PD (1e1pd): the encoder, one instance that runs prefill and decode, the router ---------
 
+EC_DIR = {"shared_storage_path": "/tmp/omni-pd-ec"}
 EC_PRODUCER = json.dumps({"ec_connector": "ECExampleConnector", "engine_id": "omni-thinker-encoder",
-                          "ec_role": "ec_producer",
-                          "ec_connector_extra_config": {"shared_storage_path": "/tmp/omni-pd-ec"}}, separators=(",", ":"))
+                          "ec_role": "ec_producer", "ec_connector_extra_config": EC_DIR}, separators=(",", ":"))
 EC_CONSUMER = json.dumps({"ec_connector": "ECExampleConnector", "engine_id": "omni-thinker",
-                          "ec_role": "ec_consumer",
-                          "ec_connector_extra_config": {"shared_storage_path": "/tmp/omni-pd-ec"}}, separators=(",", ":"))
+                          "ec_role": "ec_consumer", "ec_connector_extra_config": EC_DIR}, separators=(",", ":"))
 THINKER_FLAGS = ["--max-num-seqs", "4", "--max-model-len", "2048", "--enforce-eager"]
 
 
