@@ -20,7 +20,10 @@ is served three ways by plain ``vllm serve`` (vLLM maps the architecture to its 
    overwritten with random values, and the full request sent to P directly (no E leg
    that could store it again) gives a different answer than the plain instance's, so P
    reads E's output rather than encoding itself;
-5. after SIGINT no process or port is left.
+5. after SIGINT no process or port is left;
+6. E -> PD (``--encoder-split 1e1pd``, its own test): E and one instance ``pd-0``
+   (ec_consumer, no KV connector) behind the router's ``--instance`` mode; the image and
+   audio answers equal the plain ones, E stored each item and pd-0 logged loading it.
 
 Measurements (time to healthy per engine, per-leg latencies, RSS) are printed (``-s``)
 and written to ``<tmp>/measurements.json``.

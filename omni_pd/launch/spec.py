@@ -133,7 +133,8 @@ class LaunchPlan:
     ``runtime``: ``vllm-omni`` (one ``vllm serve --omni`` process for the whole
     pipeline) or ``vllm`` (one ``vllm serve`` per prefill/decode instance + a router).
     ``entrypoint``: the URL clients call (router or omni server). ``connector``: the
-    KV connector name. ``config``: the compiled deploy file the plan was built from.
+    KV connector name (``none`` for E -> PD, which has no KV connector). ``config``: the
+    compiled deploy file the plan was built from.
     """
 
     runtime: str
@@ -143,7 +144,7 @@ class LaunchPlan:
     config: str
     processes: tuple[ProcessSpec, ...]
     notes: tuple[str, ...] = ()
-    #: encoder split (E->P->D): the EC connector and its shared directory (None without E)
+    #: encoder split (E->P->D, E->PD): the EC connector and its shared directory (None without E)
     ec_connector: str | None = None
     ec_storage: str | None = None
 

@@ -14,6 +14,17 @@ of a single-LLM pipeline and this router in front of them::
 too); the bootstrap port is the prefill engine's ``VLLM_MOONCAKE_BOOTSTRAP_PORT``
 (Mooncake only; default 8998, vLLM's default).
 
+An encoder split in front of one instance (E -> PD, ``expand --encoder-split 1e1pd``) has
+no P/D pair and no KV connector::
+
+    python -m omni_pd.launch.router --port 8000 \
+        --instance http://10.0.0.1:8100 --encoder http://10.0.0.1:8300
+
+Each request's media items go to E first (:mod:`.encode`), then the whole request, with
+E's ``ec_transfer_params``, to one ``--instance`` (pool ``pd``: picked, retried, health
+polled and relayed as the decode leg is), as vLLM's disaggregated-encoder example proxy
+does with ``--prefill-servers-urls disable``.
+
 Routes
 ------
 ``POST /v1/completions``, ``POST /v1/chat/completions``

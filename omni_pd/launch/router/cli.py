@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an instance that runs prefill and decode itself (E -> PD: no KV connector, no "
                         "--prefill/--decode): each request goes to one of them whole (repeatable)")
     p.add_argument("--encoder", action="append", default=[], metavar="URL",
-                   help="encoder-only instance (E of E->P->D): media items are encoded there first (repeatable)")
+                   help="encoder-only instance (E of E->P->D or E->PD): media items are encoded there first "
+                        "(repeatable)")
     p.add_argument("--balance", default="least_outstanding", choices=BALANCE_POLICIES,
                    help="how an instance is picked per leg (default least_outstanding)")
     p.add_argument("--max-concurrency", type=int, default=1024,
