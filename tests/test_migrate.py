@@ -277,6 +277,59 @@ def test_a_pipeline_omni_pd_does_not_catalogue_migrates_unchecked() -> None:
     assert any(n.startswith("stage 0: `engine_args.custom_process_next_stage_input_func` dropped") for n in got)
 
 
+# --- fixes found by the vllm-omni 0.14.0-0.22.0 wheel files (tests/test_migrate_legacy_wheels.py) ---
+
+OLDER = """modes:
+  - mode: text-to-image
+    stages: [1]
+stage_args:
+  - stage_id: 0
+    runtime:
+      devices: 0  # one GPU
+      requires_multimodal_data: true
+    engine_args:
+      model_stage: AR
+  - stage_id: 1
+    stage_type: diffusion
+    runtime:
+      devices: "0,1"
+    engine_args:
+      model_stage: dit
+"""
+
+
+def test_modes_requires_multimodal_data_and_a_numeric_device_migrate() -> None:
+    """0.18.0's hunyuan_image_3_moe.yaml (`modes`), 0.16.0's glm_image.yaml
+    (`runtime.requires_multimodal_data`) and 0.18.0's cosyvoice3.yaml (`devices: 0`, which
+    vllm-omni 0.30 refuses: OmniStageRuntimeConfig.devices is a str)."""
+    text, m = migrate_text(parse_text(OLDER, "legacy.yaml"), target("0.30"), load_catalogue())
+    assert text == """async_chunk: false
+stages:
+  - stage_id: 0
+    devices: "0"  # one GPU
+  - stage_id: 1
+    devices: "0,1"
+"""
+    assert notes(m) == [
+        (1, 1, "top-level `modes` dropped: vllm-omni 0.30 has no mode filter and runs every stage the file lists "
+               "(the legacy loader kept only the stages listed for the caller's `mode`, text-to-image when none was "
+               "passed); to serve one mode, keep only its stages (and the model_type registered for that mode, e.g. "
+               "hunyuan_image3_dit)"),
+        (4, 1, "async_chunk: false written: the legacy loader's default; the `stages:` schema defaults to true"),
+        (7, 7, 'stage 0: `runtime.devices: 0` -> `devices: "0"` (vllm-omni 0.30 refuses a number here: '
+               'OmniStageRuntimeConfig.devices is a str)'),
+        (8, 7, "stage 0: `runtime.requires_multimodal_data` dropped, not checked: vllm-omni takes it from the pipeline "
+               "registered for the model's model_type, which omni-pd does not catalogue"),
+        (10, 7, "stage 0: `engine_args.model_stage` dropped, not checked: vllm-omni takes it from the pipeline "
+                "registered for the model's model_type, which omni-pd does not catalogue"),
+        (12, 5, "stage 1: `stage_type` dropped, not checked: vllm-omni takes it from the pipeline registered for the "
+                "model's model_type, which omni-pd does not catalogue"),
+        (14, 7, "stage 1: `runtime.devices` -> `devices`"),
+        (16, 7, "stage 1: `engine_args.model_stage` dropped, not checked: vllm-omni takes it from the pipeline "
+                "registered for the model's model_type, which omni-pd does not catalogue"),
+    ]
+
+
 def test_a_pd_file_still_needs_a_catalogued_pipeline() -> None:
     text = UNCAT.replace("    final_output: false\n", "    final_output: false\n    is_prefill_only: true\n")
     with pytest.raises(MigrateError) as e:

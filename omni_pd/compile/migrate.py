@@ -424,6 +424,12 @@ def _migrate_stage(st: Any, i: int, pipe: Pipeline, target: Target, w: _Work) ->
         act = row["action"]
         if act == "move":
             to = key if row["to"] == "*" else row["to"]
+            if row.get("as") == "string" and isinstance(value, int) and not isinstance(value, bool):
+                from ruamel.yaml.scalarstring import DoubleQuotedScalarString
+
+                w.note(base + frm, f"stage {ps.stage_id}: `{where}: {value}` -> `{to}: \"{value}\"` ({row['why']})")
+                put(to, DoubleQuotedScalarString(str(value)), frm, holder, hkey)
+                return
             put(to, value, frm, holder, hkey)
             if where != to:
                 w.note(base + frm, f"stage {ps.stage_id}: `{where}` -> `{to}`")
@@ -593,7 +599,8 @@ def doc_table() -> str:
             return f"copied onto each `{r['to']}` entry (dropped when there are none)"
         if a in ("move", "kv"):
             to = r.get("to", "*")
-            return f"{words[a]} `{to}`" if to != "*" else "moves to the same key"
+            as_string = f"; a number is written as a string ({r['why']})" if r.get("as") == "string" else ""
+            return (f"{words[a]} `{to}`" if to != "*" else "moves to the same key") + as_string
         if a == "check":
             return f"{words[a]} (`{r['against']}`)"
         if a == "drop":
