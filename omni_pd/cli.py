@@ -146,6 +146,13 @@ def expand(
         "where the connector, vLLM version and runtime pair them (OPD603, OPD306)"),
     decode_tp: Optional[int] = typer.Option(None, "--decode-tp", min=1,
                                             help="decode's tensor parallel size (per instance)"),
+    dp: Optional[int] = typer.Option(None, "--dp", min=1, max=64,
+                                     help="data parallel size (data_parallel_size) of both prefill and decode"),
+    prefill_dp: Optional[int] = typer.Option(
+        None, "--prefill-dp", min=1, max=64, help="prefill's data parallel size (per instance: one engine of DP "
+        "ranks on TP x DP devices)"),
+    decode_dp: Optional[int] = typer.Option(None, "--decode-dp", min=1, max=64,
+                                            help="decode's data parallel size (per instance)"),
     prefill_devices: Optional[str] = typer.Option(None, "--prefill-devices", help='e.g. "0,1"'),
     decode_devices: Optional[str] = typer.Option(None, "--decode-devices", help='e.g. "2,3"'),
     downstream_devices: Optional[str] = typer.Option(None, "--downstream-devices",
@@ -197,7 +204,7 @@ def expand(
     """
     from omni_pd import cli_options
     from omni_pd.compile.expand import expand_document
-    from omni_pd.compile.passes.pd_split import ExpandOptions, side_tps
+    from omni_pd.compile.passes.pd_split import ExpandOptions, side_dps, side_tps
     from omni_pd.io import atomic_write, load_file
     from omni_pd.resources import preset_path
 
@@ -213,6 +220,7 @@ def expand(
         connector = connectors.canonical(connector) or connector  # unknown: OPD804 names the choices
     opts = ExpandOptions(
         connector=connector, tp=tp, prefill_tp=prefill_tp, decode_tp=decode_tp,
+        dp=dp, prefill_dp=prefill_dp, decode_dp=decode_dp,
         prefill_devices=_devices_opt(prefill_devices, "--prefill-devices"),
         decode_devices=_devices_opt(decode_devices, "--decode-devices"),
         downstream_devices=_devices_opt(downstream_devices, "--downstream-devices"),
@@ -222,6 +230,7 @@ def expand(
         platform=_npu_platform_opt(platform), npu_connector=_npu_connector_opt(npu_connector),
         npu_decode_tp=npu_decode_tp)
     side_tps(opts)  # --tp / --prefill-tp / --decode-tp / --npu-decode-tp agree (OPD006) before reading
+    side_dps(opts)  # --dp / --prefill-dp / --decode-dp agree (OPD006)
     doc = load_file(src)
     _require_deploy_config(doc, pipeline, vllm_version)
     if encoder_split is not None:

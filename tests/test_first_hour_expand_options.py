@@ -1,6 +1,6 @@
 """Expand's options are the user's: a combination that cannot work is a usage error (issue 24, item 2).
 
-The property: over the space of expand's options (TP per side, device lists, replicas,
+The property: over the space of expand's options (TP and DP per side, device lists, replicas,
 connector, KV buffer device, platform, vLLM version, port base, pipeline) on the bundled
 preset and the single-LLM fixtures, ``omni-pd expand`` either writes a file that
 ``omni-pd validate --all-platforms`` passes (exit 0), or refuses with exit 2 and an error
@@ -54,6 +54,9 @@ def expand_args(draw) -> tuple[str, list[str]]:
             ("--tp", st.integers(1, 4)),
             ("--prefill-tp", st.integers(1, 4)),
             ("--decode-tp", st.integers(1, 4)),
+            ("--dp", st.integers(1, 3)),
+            ("--prefill-dp", st.integers(1, 3)),
+            ("--decode-dp", st.integers(1, 4)),
             ("--prefill-devices", _devices()),
             ("--decode-devices", _devices()),
             ("--downstream-devices", _devices()),
@@ -106,6 +109,16 @@ def test_expand_options_either_validate_or_are_refused_as_usage(case):
      "error[OPD805]: --decode-devices lists 1 device(s); decode needs 2 (TP 2 from --tp x PP 1 x DP 1)"),
     ("llm", ["--prefill-devices", "0,1"],
      "error[OPD805]: --prefill-devices lists 2 device(s); prefill needs 1 (TP 1 from the Thinker x PP 1 x DP 1)"),
+    # DP per side (issue 26): --dp sets both, a side's own option may repeat it, not contradict it
+    ("preset", ["--dp", "2", "--decode-dp", "4"],
+     "error[OPD006]: --decode-dp 4 contradicts --dp 2 (--dp sets both prefill and decode)"),
+    ("llm", ["--decode-dp", "2", "--decode-devices", "4"],
+     "error[OPD805]: --decode-devices lists 1 device(s); decode needs 2 (TP 1 from the Thinker x PP 1 x DP 2 "
+     "from --decode-dp)"),
+    ("preset", ["--tp", "2", "--dp", "2", "--prefill-devices", "0,1"],
+     "error[OPD805]: --prefill-devices lists 2 device(s); prefill needs 4 (TP 2 from --tp x PP 1 x DP 2 from --dp)"),
+    ("llm", ["--prefill-replicas", "2", "--prefill-dp", "2", "--prefill-devices", "0,1,2"],
+     "error[OPD805]: --prefill-devices lists 3 device(s); 4 are needed (2 instance(s) x 2 device(s) each)"),
     # Talker and Code2Wav moved onto prefill's device: their memory shares sum above 1.0 (OPD404 shown above it)
     ("preset", ["--downstream-devices", "0"],
      "error[OPD805]: cannot place the stages where --downstream-devices 0 put them: the file would fail validate "

@@ -575,7 +575,8 @@ def test_overlapping_or_uneven_device_overrides_are_refused(case: Case, data) ->
 # --- xPyD with per-side TP (issue 15) ----------------------------------------------------
 #
 # A single-LLM deploy config (launched as plain `vllm serve` engines, one per instance)
-# expanded with --prefill-replicas/--decode-replicas and --prefill-tp/--decode-tp. The
+# expanded with --prefill-replicas/--decode-replicas, --prefill-tp/--decode-tp and
+# --prefill-dp/--decode-dp (issue 26). The
 # oracles below are written from the upstream facts (vllm_kv_connectors.md §3.1, §3.2 and
 # the vLLM sources it cites), never through omni-pd's connector contracts, tp_pairs table,
 # target facts or allocator.
@@ -632,7 +633,9 @@ def per_side_cases(draw) -> PerSideCase:
         lines.append(f'    devices: "{_fmt(_devices(draw, thinker_tp * dp))}"')
     tps = st.sampled_from([None, 1, 2, 3, 4])
     kvbd = "cpu" if conn == "NixlConnector" and version != "0.11" and draw(st.booleans()) else None
+    dps = st.sampled_from([None, None, 1, 2, 3])
     opts = ExpandOptions(connector=conn, prefill_tp=draw(tps), decode_tp=draw(tps), kv_buffer_device=kvbd,
+                         prefill_dp=draw(dps), decode_dp=draw(dps),
                          prefill_replicas=draw(st.integers(1, 3)), decode_replicas=draw(st.integers(1, 3)),
                          port_base=draw(st.sampled_from([None, 20000, 30011])))
     return PerSideCase("\n".join(lines) + "\n", version, opts, thinker_tp, dp)
@@ -661,10 +664,11 @@ def test_per_side_tp_xpyd_devices_ports_and_refusals(case: PerSideCase) -> None:
     assert [(x.code, x.message) for x in validate_document(out, ValidateOptions(vllm_version=case.version)).errors] == []
     topo = resolve(parse_config(out), load_catalogue().get("llm_pd"), None)
     p, d = topo.stages[0], topo.stages[1]
-    n, m, dp = o.prefill_replicas, o.decode_replicas, case.dp
+    n, m = o.prefill_replicas, o.decode_replicas
+    p_dp, d_dp = o.prefill_dp or case.dp, o.decode_dp or case.dp  # a side's option, else the Thinker's
     # devices: every instance TP x DP of its own side, the two pools disjoint
-    assert (p.tp, d.tp, p.num_replicas, d.num_replicas) == (p_tp, d_tp, n, m)
-    assert len(p.devices) == n * p_tp * dp and len(d.devices) == m * d_tp * dp
+    assert (p.tp, d.tp, p.dp, d.dp, p.num_replicas, d.num_replicas) == (p_tp, d_tp, p_dp, d_dp, n, m)
+    assert len(p.devices) == n * p_tp * p_dp and len(d.devices) == m * d_tp * d_dp
     assert not set(p.devices) & set(d.devices) and len(set(p.devices)) == len(p.devices)
     # connector ports: instance r of a side binds [base + r*per, base + (r+1)*per) on one host,
     # base from the env the engine reads (plain vllm serve: no runtime rewrites it)
@@ -675,7 +679,7 @@ def test_per_side_tp_xpyd_devices_ports_and_refusals(case: PerSideCase) -> None:
     want: dict[tuple[str, int], list[int]] = {}
     nixl_default = 5557 if version < (0, 13) else 5600
     expect = o.port_base or (nixl_default if o.connector == "NixlConnector" else 25201)
-    for side, node, reps, tp in (("prefill", p, n, p_tp), ("decode", d, m, d_tp)):
+    for side, node, reps, tp, dp in (("prefill", p, n, p_tp, p_dp), ("decode", d, m, d_tp, d_dp)):
         per = engine_ports(o.connector, version, side, tp, dp)
         if per == 0:
             assert env_key not in (node.env or {})
@@ -697,13 +701,19 @@ def test_per_side_tp_xpyd_devices_ports_and_refusals(case: PerSideCase) -> None:
     seen_devices: list[str] = []
     for proc in engines:
         side, r = proc.role, int(proc.name.rsplit("-", 1)[1])
-        tp, pool = (p_tp, p.devices) if side == "prefill" else (d_tp, d.devices)
+        tp, dp, pool = (p_tp, p_dp, p.devices) if side == "prefill" else (d_tp, d_dp, d.devices)
         devs = proc.env["CUDA_VISIBLE_DEVICES"].split(",")
         assert devs == [str(x) for x in pool[r * tp * dp:(r + 1) * tp * dp]], (proc.name, devs)
         seen_devices += devs
         assert proc.argv[proc.argv.index("--tensor-parallel-size") + 1] == str(tp)
         kv_ports = sorted(u.port for u in proc.ports if u.purpose.startswith(("NIXL", "Mooncake")))
         assert kv_ports == want.get((side, r), []), (proc.name, proc.ports)
+        # a DP engine: --data-parallel-size and its own RPC port, its HTTP port + 300 (docs/launch.md)
+        http = proc.ports[0].port
+        rpc = [u.port for u in proc.ports if u.purpose.startswith("data-parallel RPC")]
+        assert rpc == ([http + 300] if dp > 1 else []), (proc.name, proc.ports)
+        flag = proc.argv[proc.argv.index("--data-parallel-size") + 1] if "--data-parallel-size" in proc.argv else None
+        assert flag == str(dp) if dp > 1 else flag in (None, "1"), (proc.name, proc.argv)
     assert len(seen_devices) == len(set(seen_devices))
 
 

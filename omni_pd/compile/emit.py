@@ -267,6 +267,12 @@ def _pd_side(stage: CommentedMap, plan: PDSplitPlan, side: str) -> None:
     if side_tp is not None:
         _insert(_where(stage, "tensor_parallel_size"), "tensor_parallel_size", side_tp,
                 before=("devices", "env", "input_connectors", "output_connectors", "default_sampling_params"))
+    side_dp = plan.prefill_dp if side == "prefill" else plan.decode_dp
+    if side_dp is not None:
+        # a stage key vllm-omni 0.30 reads into the stage's engine args over the top-level
+        # (pipeline-wide) data_parallel_size (config/stage_config.py _build_engine_args)
+        _insert(_where(stage, "data_parallel_size"), "data_parallel_size", side_dp, after=("tensor_parallel_size",),
+                before=("devices", "env", "input_connectors", "output_connectors", "default_sampling_params"))
     env_holder = _where(stage, "env")
     env = env_holder.get("env")
     if isinstance(env, CommentedMap):

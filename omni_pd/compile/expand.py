@@ -95,37 +95,41 @@ def _thinker_only(doc: Document, pipeline: str | None, catalogue: Catalogue | No
 
 def check_device_options(topo: Topology, opts: ExpandOptions) -> None:
     """Refuse ``--prefill-devices``/``--decode-devices`` lists whose length is not the
-    side's devices per engine (TP x PP x DP; TP from ``--tp``/``--prefill-tp``/``--decode-tp``
-    or the Thinker's), before the split: the written stage would fail validate's OPD401
+    side's devices per engine (TP x PP x DP; TP from ``--tp``/``--prefill-tp``/``--decode-tp``,
+    DP from ``--dp``/``--prefill-dp``/``--decode-dp``, each else the Thinker's), before the
+    split: the written stage would fail validate's OPD401
     (vllm-omni engine/stage_init_utils.py gives each engine TP x PP x local DP devices).
     A list of ``num_replicas`` times that (the Thinker's pool mode) passes, as OPD401
     accepts it. xPyD (``--prefill-replicas``/``--decode-replicas``) lists are checked by
     :func:`~omni_pd.compile.passes.pd_split.plan_pd_split` per instance. Raises
     :class:`OmniPdError` OPD805 (exit 2) naming the options. Pure."""
-    from omni_pd.compile.passes.pd_split import side_tps
+    from omni_pd.compile.passes.pd_split import side_dps, side_tps
 
     split = topo.pipeline.split_stage
     thinker = topo.node(split.stage_id) if split is not None else None
     if thinker is None or opts.prefill_replicas is not None or opts.decode_replicas is not None:
         return
-    given = side_tps(opts)
+    given, given_dp = side_tps(opts), side_dps(opts)
     tps = (given[0] or thinker.tp, given[1] or thinker.tp)
+    dps = (given_dp[0] or thinker.dp, given_dp[1] or thinker.dp)
     flags = ("--prefill-tp" if opts.prefill_tp else "--tp",
              "--npu-decode-tp" if opts.platform == "npu" and opts.npu_decode_tp else
              "--decode-tp" if opts.decode_tp else "--tp")
+    dp_flags = ("--prefill-dp" if opts.prefill_dp else "--dp", "--decode-dp" if opts.decode_dp else "--dp")
     for k, (side, devs) in enumerate((("prefill", opts.prefill_devices), ("decode", opts.decode_devices))):
         if devs is None:
             continue
-        engine = tps[k] * thinker.pp * thinker.dp
+        engine = tps[k] * thinker.pp * dps[k]
         if len(devs) in (engine, engine * thinker.num_replicas):
             continue
         origin = f"from {flags[k]}" if given[k] else "from the Thinker"
+        dp_origin = f" from {dp_flags[k]}" if given_dp[k] else ""
         raise OmniPdError(Diagnostic(
             code="OPD805", severity=Severity.ERROR,
             message=f"--{side}-devices lists {len(devs)} device(s); {side} needs {engine} "
-                    f"(TP {tps[k]} {origin} x PP {thinker.pp} x DP {thinker.dp})",
+                    f"(TP {tps[k]} {origin} x PP {thinker.pp} x DP {dps[k]}{dp_origin})",
             help=f"give --{side}-devices {engine} device(s), e.g. \"{','.join(map(str, range(engine)))}\", "
-                 f"or a tensor parallel size that fits the list"))
+                 f"or a tensor{' or data' if given_dp[k] else ''} parallel size that fits the list"))
 
 
 def _reparse(text: str, doc: Document, pipeline: Pipeline) -> tuple[DeployConfig, Topology]:

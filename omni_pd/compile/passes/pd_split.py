@@ -40,6 +40,9 @@ class ExpandOptions:
     tp: int | None = None                 # tensor parallel size for both halves
     prefill_tp: int | None = None         # prefill's TP (xPyD per-side TP; None: tp, else the Thinker's)
     decode_tp: int | None = None          # decode's TP (None: tp, else the Thinker's); unequal where tp_pairs allows
+    dp: int | None = None                 # data parallel size (data_parallel_size) of both halves
+    prefill_dp: int | None = None         # prefill's DP per instance (None: dp, else the Thinker's)
+    decode_dp: int | None = None          # decode's DP per instance (None: dp, else the Thinker's)
     prefill_devices: tuple[int, ...] | None = None
     decode_devices: tuple[int, ...] | None = None
     downstream_devices: tuple[int, ...] | None = None
@@ -82,6 +85,9 @@ class PDSplitPlan:
     #: ``tensor_parallel_size`` to write on the prefill / decode stage (None: leave as copied)
     prefill_tp: int | None = None
     decode_tp: int | None = None
+    #: ``data_parallel_size`` to write on the prefill / decode stage (None: leave as copied)
+    prefill_dp: int | None = None
+    decode_dp: int | None = None
 
 
 #: Most devices one engine (TP x PP x DP) may take: far above any host's accelerator
@@ -199,6 +205,24 @@ def side_tps(opts: ExpandOptions) -> tuple[int | None, int | None]:
     return p_tp, d_tp
 
 
+def side_dps(opts: ExpandOptions) -> tuple[int | None, int | None]:
+    """``(prefill DP, decode DP)`` the options ask for (None: the side keeps the Thinker's
+    ``data_parallel_size``), as :func:`side_tps` reads the TPs: ``--dp`` sets both sides,
+    ``--prefill-dp``/``--decode-dp`` one each and may repeat ``--dp``'s value but not
+    contradict it. Each instance of a side is one engine of DP ranks that takes TP x PP x DP
+    devices (vLLM 0.30 ``Worker.init_device``: a rank uses device
+    ``dp_local_rank*TP*PP + pp_rank*TP + tp_rank`` of its visible devices; vllm-omni 0.30
+    engine/stage_init_utils.py ``get_stage_devices_per_replica``). Raises
+    :class:`OmniPdError` OPD006 (exit 2) naming both options for a contradiction. Pure."""
+    def one(flag: str, own: int | None) -> int | None:
+        if own is not None and opts.dp is not None and own != opts.dp:
+            raise _err("OPD006", f"{flag} {own} contradicts --dp {opts.dp} (--dp sets both prefill and decode)",
+                       None, help=f"drop --dp and give --prefill-dp and --decode-dp, or give {flag} {opts.dp}")
+        return own if own is not None else opts.dp
+
+    return one("--prefill-dp", opts.prefill_dp), one("--decode-dp", opts.decode_dp)
+
+
 def check_tp_pair(connector: str, p_tp: int, d_tp: int, target: Target, launcher: str,
                   given: tuple[int | None, int | None], loc: Location | None) -> None:
     """Refuse a prefill/decode TP pair the runtime or the connector cannot serve, with the
@@ -254,9 +278,10 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
     contradicting TP options, OPD603/OPD306 a prefill/decode TP pair the connector or the
     runtime refuses (:func:`check_tp_pair`).
 
-    Per-side TP (``opts.prefill_tp``/``decode_tp``): each instance of a side gets that
-    side's TP x PP x DP devices, its side-channel/bootstrap range is sized from its own TP
-    (the contract's ``port_span``), and its ``Endpoint`` carries its TP.
+    Per-side TP and DP (``opts.prefill_tp``/``decode_tp``, ``opts.prefill_dp``/``decode_dp``,
+    :func:`side_tps`, :func:`side_dps`): each instance of a side gets that side's TP x PP x DP
+    devices, its side-channel/bootstrap range is sized from its own TP and DP (the
+    contract's ``port_span``), and its ``Endpoint`` carries them.
     """
     check_not_pd(topo, doc)
     src = topo.pipeline
@@ -300,20 +325,23 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
     launcher = target_pipe.launcher
     tp_conn = opts.npu_connector if opts.platform == "npu" else contract.name
     check_tp_pair(tp_conn, p_tp, d_tp, target, launcher, given, conn_loc)
-    p_engine, d_engine = (x * thinker.pp * thinker.dp for x in (p_tp, d_tp))
-    world = p_engine if given[0] else (
+    given_dp = side_dps(opts)
+    p_dp, d_dp = given_dp[0] or thinker.dp, given_dp[1] or thinker.dp
+    p_engine, d_engine = (x * thinker.pp * y for x, y in ((p_tp, p_dp), (d_tp, d_dp)))
+    world = p_engine if (given[0] or given_dp[0]) else (
         len(thinker.devices) if isinstance(thinker.devices, tuple) else thinker.world_size)
     for w in (world, d_engine):
         if not 1 <= w <= MAX_ENGINE_DEVICES:
             # a parallel size from engine_args, the top level or --tp (the model bounds only
             # stage keys below by 1): refuse before split_devices builds a list that long
-            where = None if any(given) else _stage_loc(doc, thinker.index, *_PARALLEL, top=_PARALLEL[1:])
+            where = None if any(given + given_dp) else _stage_loc(doc, thinker.index, *_PARALLEL,
+                                                                   top=_PARALLEL[1:])
             raise _err("OPD805", f"cannot place prefill and decode: TP x PP x DP = {w} devices per engine"
                        + (f", more than the {MAX_ENGINE_DEVICES} omni-pd places" if w > 0 else ""),
                        where, help="parallel sizes must be at least 1 and fit the host's devices")
     layout = {s.stage_id: s.devices for s in topo.stages}
     xpyd = opts.prefill_replicas is not None or opts.decode_replicas is not None
-    d_count = d_engine if p_tp != d_tp else None
+    d_count = d_engine if (p_tp, p_dp) != (d_tp, d_dp) else None
     if xpyd:
         # xPyD: every instance gets its own devices (TP x PP x DP of its side), one contiguous
         # chunk per replica, as vllm-omni's split_devices_for_replicas reads a stage's pool
@@ -326,8 +354,8 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
                 raise _err("OPD805", f"{flag} lists {len(given_devs)} device(s); {n * engine} are needed "
                            f"({n} instance(s) x {engine} device(s) each)", None)
     elif d_count is not None and opts.decode_devices is not None and len(opts.decode_devices) != d_count:
-        raise _err("OPD805", f"--decode-devices lists {len(opts.decode_devices)} device(s); decode at TP {d_tp} "
-                   f"needs {d_count}", None)
+        raise _err("OPD805", f"--decode-devices lists {len(opts.decode_devices)} device(s); decode at TP {d_tp}"
+                   + (f" x DP {d_dp}" if d_dp != 1 else "") + f" needs {d_count}", None)
     try:
         base = split_devices(layout, t.stage_id, world, opts.prefill_devices, opts.decode_devices,
                              opts.downstream_devices, decode_count=d_count)
@@ -343,7 +371,7 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
             location=doc.loc(("stages", thinker.index)) if (doc and thinker.index is not None) else None,
             help="pass --prefill-devices/--decode-devices to choose them"))
 
-    overlay_devices = _plan_overlays(topo, t.stage_id, ids, base_devices, given)
+    overlay_devices = _plan_overlays(topo, t.stage_id, ids, base_devices, given, given_dp)
 
     # ports and connector config ----------------------------------------------------
     runtime = src.runtime
@@ -355,19 +383,20 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
     start = opts.port_base or contract.default_port_base(target)
     # a platform overlay may raise the Thinker's TP/DP/replicas: reserve the widest range
     # any platform binds, so prefill and decode ranges stay disjoint on every platform
-    span_tps, span_dp, span_rep = [p_tp, d_tp], thinker.dp, thinker.num_replicas
+    span_tps, span_dps, span_rep = [p_tp, d_tp], [p_dp, d_dp], thinker.num_replicas
     for pname in topo.config.platforms or {}:
         node = resolve(topo.config, src, pname).node(t.stage_id)
         if node is not None:
             span_tps = [max(x, node.tp) for x in span_tps]
-            span_dp = max(span_dp, node.dp)
+            span_dps = [max(x, node.dp) for x in span_dps]
             span_rep = max(span_rep, node.num_replicas)
     side_reps = (launched_replicas(opts.prefill_replicas or span_rep),
                  launched_replicas(opts.decode_replicas or span_rep))
-    # each side's range from its own TP: a NIXL engine binds one port per TP x DP rank on
-    # vLLM 0.11, a Mooncake prefill one per rank on 0.13 (the contracts' port_span)
-    spans = [contract.port_span(side, side_tp, span_dp, target, runtime=runtime, replicas=reps)
-             for side, side_tp, reps in zip(("prefill", "decode"), span_tps, side_reps)]
+    # each side's range from its own TP and DP: a NIXL engine binds one port per DP rank
+    # (per TP x DP rank on vLLM 0.11), a Mooncake prefill one per rank on 0.13 (the
+    # contracts' port_span)
+    spans = [contract.port_span(side, side_tp, side_dp, target, runtime=runtime, replicas=reps)
+             for side, side_tp, side_dp, reps in zip(("prefill", "decode"), span_tps, span_dps, side_reps)]
     bases: list[int | None] = [None, None]
     wanted = [i for i, sp in enumerate(spans) if sp > 0]
     hosts = opts.side_hosts or (opts.kv_host, opts.kv_host)
@@ -384,17 +413,18 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
                 bases[i] = port
     p_port, d_port = bases
     kvbd = opts.kv_buffer_device or (thinker.kv or {}).get("kv_buffer_device")
-    p_ep = Endpoint("prefill", p_id, hosts[0], p_tp, thinker.dp, p_port, kvbd, runtime, opts.mooncake_protocol)
-    d_ep = Endpoint("decode", d_id, hosts[1], d_tp, thinker.dp, d_port, kvbd, runtime, opts.mooncake_protocol)
+    p_ep = Endpoint("prefill", p_id, hosts[0], p_tp, p_dp, p_port, kvbd, runtime, opts.mooncake_protocol)
+    d_ep = Endpoint("decode", d_id, hosts[1], d_tp, d_dp, d_port, kvbd, runtime, opts.mooncake_protocol)
     # each side drops what its role does not read (decode: a Mooncake prefill's bootstrap port)
     p_cfg = _merge_user_kv(contract.configure(p_ep, target), thinker.kv, target,
                            contract.unread_keys(target, runtime, side="prefill"))
     d_cfg = _merge_user_kv(contract.configure(d_ep, target), thinker.kv, target,
                            contract.unread_keys(target, runtime, side="decode"))
-    for side, cfg, reps, side_tp, asked in (("prefill", p_cfg, side_reps[0], span_tps[0], opts.prefill_replicas),
-                                            ("decode", d_cfg, side_reps[1], span_tps[1], opts.decode_replicas)):
+    for side, cfg, reps, side_tp, side_dp, asked in (
+            ("prefill", p_cfg, side_reps[0], span_tps[0], span_dps[0], opts.prefill_replicas),
+            ("decode", d_cfg, side_reps[1], span_tps[1], span_dps[1], opts.decode_replicas)):
         if reps > 1:  # replicas from the command line are refused naming the option, without a location
-            check_replicas_apart(contract, side, cfg, side_tp, span_dp, target, runtime, reps,
+            check_replicas_apart(contract, side, cfg, side_tp, side_dp, target, runtime, reps,
                                   None if asked else _stage_loc(doc, thinker.index, "num_replicas"),
                                   f"--{side}-replicas" if asked else None)
 
@@ -420,7 +450,8 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
                        base_devices=base_devices, overlay_devices=overlay_devices, tp=tp,
                        prefill=p_cfg, decode=d_cfg, prefill_engine_id=p_id, decode_engine_id=d_id,
                        diagnostics=tuple(notes), prefill_replicas=opts.prefill_replicas,
-                       decode_replicas=opts.decode_replicas, prefill_tp=given[0], decode_tp=given[1])
+                       decode_replicas=opts.decode_replicas, prefill_tp=given[0], decode_tp=given[1],
+                       prefill_dp=given_dp[0], decode_dp=given_dp[1])
 
 
 def _talker_refusal(target_pipe: Pipeline, topo: Topology, doc: Document | None, target: Target) -> None:
@@ -494,14 +525,15 @@ def _merge_user_kv(cfg: SideConfig, user: dict[str, Any] | None, target: Target,
 
 
 def _plan_overlays(topo: Topology, t: int, ids: IdMap, base_new: dict[int, Devices],
-                   side_tps: tuple[int | None, int | None] = (None, None)) -> dict[str, dict[int, Devices]]:
+                   side_tps: tuple[int | None, int | None] = (None, None),
+                   side_dps: tuple[int | None, int | None] = (None, None)) -> dict[str, dict[int, Devices]]:
     """Per platform overlay that places stages: the devices each new stage must be given
     there so that prefill and decode stay disjoint and downstream stages follow.
 
-    ``side_tps``: the (prefill, decode) TPs written on the base stages (None: unchanged). A
-    side runs its TP on the platform too unless the overlay's Thinker entry sets its own
-    ``tensor_parallel_size`` (copied to both halves, so it wins there): each side then gets
-    one engine's TP x PP x DP devices (as before, an overlay places one engine per side;
+    ``side_tps``/``side_dps``: the (prefill, decode) TPs and DPs written on the base stages
+    (None: unchanged). A side runs its TP (DP) on the platform too unless the overlay's
+    Thinker entry sets its own ``tensor_parallel_size`` (``data_parallel_size``), copied to
+    both halves, so it wins there: each side then gets one engine's TP x PP x DP devices (as before, an overlay places one engine per side;
     xPyD instances share them there, and the npu pass runs one replica on npu, OPD904).
     Only entries whose devices differ from what the rewritten overlay already implies (its
     own copied ``devices``, else the new base value) are listed.
@@ -529,12 +561,14 @@ def _plan_overlays(topo: Topology, t: int, ids: IdMap, base_new: dict[int, Devic
         # as in the base split (plan_pd_split's world)
         as_is = len(t_dev) if isinstance(t_dev, tuple) else node.world_size
 
-        def world(tp: int | None) -> int:
-            if tp is None or overlay_sets("tensor_parallel_size"):
+        def world(tp: int | None, dp: int | None) -> int:
+            tp = None if overlay_sets("tensor_parallel_size") else tp
+            dp = None if overlay_sets("data_parallel_size") else dp
+            if tp is None and dp is None:
                 return as_is
-            return tp * node.pp * node.dp
+            return (tp or node.tp) * node.pp * (dp or node.dp)
 
-        p_world, d_world = world(side_tps[0]), world(side_tps[1])
+        p_world, d_world = world(side_tps[0], side_dps[0]), world(side_tps[1], side_dps[1])
         res = split_devices(layout, t, p_world, decode_count=d_world if d_world != p_world else None)
         own = {sid: e.get("devices") for sid, e in entries.items()}
         placed = [(ids.prefill, t, res.prefill), (ids.decode, t, res.decode)]
