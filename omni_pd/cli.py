@@ -599,20 +599,40 @@ def size(
 
         report.render(s, Console(highlight=False, width=max(120, Console().width)))
     if write is not None:
-        if top.prefill.dp > 1 or top.decode.dp > 1 or top.prefill.pp > 1 or top.decode.pp > 1:
-            raise _size_error(f"row {pick} uses DP/PP >1 (prefill dp{top.prefill.dp} pp{top.prefill.pp}, decode "
-                              f"dp{top.decode.dp} pp{top.decode.pp}); expand has no data-parallel option, nothing written",
-                              help="choose a DP1/PP1 runner-up with --pick N")
+        if top.prefill.pp > 1 or top.decode.pp > 1:
+            raise _size_error(f"row {pick} uses PP >1 (prefill pp{top.prefill.pp}, decode pp{top.decode.pp}); "
+                              "expand has no pipeline-parallel option, nothing written",
+                              help="choose a PP1 runner-up with --pick N")
         import inspect
 
         kw = {n: getattr(p.default, "default", p.default) for n, p in inspect.signature(expand).parameters.items()}
+        # a side's DP (attention data parallel, DP ranks of one engine) through --prefill-dp/--decode-dp;
+        # DP 1 is written only where the input's Thinker runs another data_parallel_size
+        thinker_dp = _thinker_dp(doc)
         kw.update(input=input, output=write, prefill_replicas=top.prefill.replicas, decode_replicas=top.decode.replicas,
                   prefill_tp=top.prefill.tp, decode_tp=top.decode.tp, quiet=True,
+                  prefill_dp=top.prefill.dp if top.prefill.dp != thinker_dp else None,
+                  decode_dp=top.decode.dp if top.decode.dp != thinker_dp else None,
                   prefill_devices=",".join(map(str, devs["prefill"])), decode_devices=",".join(map(str, devs["decode"])))
         if devs["downstream"]:
             kw["downstream_devices"] = ",".join(map(str, devs["downstream"]))
         expand(**kw)
         sys.stderr.write(f"wrote {write} (through expand, validated)\n")
+
+
+def _thinker_dp(doc) -> int:
+    """The ``data_parallel_size`` the Thinker (the split stage) of deploy config ``doc`` runs
+    with (its own, else the pipeline-wide top-level key, else 1); 1 when the file has no
+    Thinker (expand then refuses it with OPD801)."""
+    from omni_pd.compile.parse import parse_config
+    from omni_pd.compile.pipelines import load_catalogue
+    from omni_pd.compile.topology import resolve, select_pipeline
+
+    cfg = parse_config(doc)
+    topo = resolve(cfg, select_pipeline(cfg, load_catalogue(), doc, None), None, doc)
+    split = topo.pipeline.split_stage
+    node = topo.node(split.stage_id) if split is not None else None
+    return node.dp if node is not None else 1
 
 
 def print_table(columns: tuple[str, ...], rows: list[tuple[str, ...]], *, header: bool = True) -> None:

@@ -132,10 +132,60 @@ def test_write_sets_replicas_tp_and_devices_through_expand(capsys, tmp_path):
     assert got == [(1, 1, "8"), (1, 1, "8"), (4, 1, "0,1,2,3"), (4, 1, "4,5,6,7")], got
 
 
-def test_write_refuses_attention_dp_and_writes_nothing(capsys, tmp_path):
+def test_write_serves_the_issues_headline_row_decode_dp4(capsys, tmp_path):
+    """The issue's example, AIConfigurator's top row: 4 prefill (TP1) + 1 decode (TP1 DP4). The
+    written config has exactly that (decode: one instance, data_parallel_size 4 on 4 devices) and
+    validate passes it on every platform."""
+    from omni_pd.cli import _run
+    from omni_pd.io import load_file
+
+    top = json.loads(RESULT.read_text())["best_configs"]["disagg"][0]
+    assert (top["(p)workers"], top["(p)tp"], top["(p)dp"], top["(d)workers"], top["(d)tp"], top["(d)dp"]) == \
+        (4, 1, 1, 1, 1, 4)
     out = tmp_path / "sized.yaml"
     rc, _, err = _size(capsys, "--from-result", str(RESULT), "--write", str(out))
-    assert rc == 2 and "expand has no data-parallel option" in err and not out.exists()
+    assert rc == 0, err
+    assert err.splitlines()[-1] == f"wrote {out} (through expand, validated)"
+    stages = {s["stage_id"]: s for s in load_file(out).tree["stages"]}
+    got = {sid: (s.get("num_replicas", 1), s.get("tensor_parallel_size"), s.get("data_parallel_size"), str(s["devices"]))
+           for sid, s in stages.items()}
+    assert got == {0: (4, 1, None, "0,1,2,3"), 1: (1, 1, 4, "4,5,6,7"), 2: (1, None, None, "8"), 3: (1, None, None, "8")}
+    assert (stages[0]["kv_transfer_config"]["kv_role"], stages[1]["kv_transfer_config"]["kv_role"]) == \
+        ("kv_producer", "kv_consumer")
+    rc = _run(["validate", str(out), "--all-platforms"])
+    assert (rc, capsys.readouterr().out) == (0, f"{out}: ok (0 errors, 0 warnings, 0 info)\n")
+
+
+def test_write_gives_a_dp1_side_dp1_when_the_thinker_runs_dp2(capsys, tmp_path):
+    """AIConfigurator's DP is per side and wins over the Thinker's: a Thinker written with
+    data_parallel_size 2 gives the top row's prefill DP 1 (written, so it does not inherit 2) and
+    decode DP 4."""
+    from omni_pd.cli import _run
+    from omni_pd.io import load_file
+    from omni_pd.resources import preset_path
+
+    src = tmp_path / "dp2.yaml"
+    src.write_text("pipeline: qwen3_omni_moe\n" + preset_path("qwen3_omni_moe").read_text().replace(
+        '    devices: "0"\n', '    data_parallel_size: 2\n    devices: "0,1"\n', 1))
+    out = tmp_path / "sized.yaml"
+    rc = _run([ARGS[0], str(src), *ARGS[1:], "--from-result", str(RESULT), "--write", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    got = [(s.get("num_replicas", 1), s.get("data_parallel_size"), str(s["devices"])) for s in load_file(out).tree["stages"]]
+    assert got == [(4, 1, "0,1,2,3"), (1, 4, "4,5,6,7"), (1, None, "8"), (1, None, "8")]
+    assert _run(["validate", str(out)]) == 0, capsys.readouterr().out
+
+
+def test_write_refuses_pipeline_parallel_and_writes_nothing(capsys, tmp_path):
+    rec = json.loads(RESULT.read_text())
+    rec["best_configs"]["disagg"][0].update({"(d)dp": 2, "(d)pp": 2})
+    res = tmp_path / "pp.json"
+    res.write_text(json.dumps(rec))
+    out = tmp_path / "sized.yaml"
+    rc, _, err = _size(capsys, "--from-result", str(res), "--write", str(out))
+    assert rc == 2 and not out.exists()
+    assert "error[OPD006]: size: row 0 uses PP >1 (prefill pp1, decode pp2); expand has no pipeline-parallel " \
+           "option, nothing written" in err
 
 
 def test_a_result_recorded_for_other_traffic_is_refused(capsys):
