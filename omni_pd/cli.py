@@ -1335,7 +1335,8 @@ def launch(
     opts = LaunchOptions(model=model, vllm=vllm, host=host, port=port, engine_port_base=engine_port_base,
                          platform=platform, served_model_name=served_model_name, ready_timeout_s=ready_timeout,
                          extra_args=tuple(extra_arg or ()), env=_pairs(env, "--env"), python=python,
-                         router_workers=router_workers, launcher_env=launcher_visibility(os.environ))
+                         router_workers=router_workers, launcher_env=launcher_visibility(os.environ),
+                         local_host=on_host if on_host not in (None, "*") else None)
     # validate's findings first, rendered and counted as `omni-pd validate` does, before
     # anything is planned (issue 24 item 3); stderr under --format json (stdout is the plan)
     found_out = sys.stderr if (dry_run and fmt == "json") else sys.stdout

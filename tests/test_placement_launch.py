@@ -31,7 +31,7 @@ HOSTS_YAML = "hosts:\n  A: {address: 10.201.0.1, count: 1}\n  B: {address: 10.20
 
 
 def _plan(**kw) -> LaunchPlan:
-    opts = LaunchOptions(model="/m", platform="cpu", port=18000, engine_port_base=18100, **kw)
+    opts = LaunchOptions(**{"model": "/m", "platform": "cpu", "port": 18000, "engine_port_base": 18100, **kw})
     planned = plan_document(load_file(PD), str(PD), opts, inventory=Inventory.from_dict(HOSTS))
     assert planned.plan is not None, [d.message for d in planned.validation.diagnostics]
     return planned.plan
@@ -213,3 +213,21 @@ def test_every_accepted_placement_advertises_only_each_hosts_own_address(n_hosts
         if "--kv-transfer-config" in p.argv:
             kv = json.loads(p.argv[p.argv.index("--kv-transfer-config") + 1])
             assert kv.get("kv_ip", own) == own
+
+
+def test_the_launchers_visible_devices_apply_to_its_own_hosts_processes_only():
+    """`CUDA_VISIBLE_DEVICES=4,5 omni-pd launch --inventory ... --host A`: A's prefill maps
+    logical device 0 through A's variable (physical 4); B's decode keeps logical 0, an index
+    into B's own variable when it starts there. Before, every host's engines were mapped
+    through this machine's variable."""
+    def dev(plan, name):
+        return plan.process(name).env.get("CUDA_VISIBLE_DEVICES")
+
+    on_a = _plan(platform="cuda", launcher_env={"CUDA_VISIBLE_DEVICES": "4,5"}, local_host="A")
+    assert (dev(on_a, "prefill-0"), dev(on_a, "decode-0")) == ("4", "0")
+    on_b = _plan(platform="cuda", launcher_env={"CUDA_VISIBLE_DEVICES": "4,5"}, local_host="B")
+    assert (dev(on_b, "prefill-0"), dev(on_b, "decode-0")) == ("0", "4")
+    every = _plan(platform="cuda", launcher_env={"CUDA_VISIBLE_DEVICES": "4,5"})  # dry-run of every host
+    assert (dev(every, "prefill-0"), dev(every, "decode-0")) == ("0", "0")
+    alone = _plan(platform="cuda")
+    assert (dev(alone, "prefill-0"), dev(alone, "decode-0")) == ("0", "0")

@@ -206,6 +206,22 @@ class LaunchOptions:
     #: (:func:`map_devices`). {}: none set, logical == physical. Passed in by the caller;
     #: the plan never reads ``os.environ``
     launcher_env: dict[str, str] = field(default_factory=dict)
+    #: the inventory host this launch runs on (``launch --host NAME``); None: one host, or a
+    #: dry-run of every host. With a placement, :attr:`launcher_env` applies to that host's
+    #: processes only (:func:`launcher_env_on`)
+    local_host: str | None = None
+
+
+def launcher_env_on(opts: LaunchOptions, host: str | None) -> Mapping[str, str]:
+    """The launcher's visibility variables as they apply to a process placed on ``host``:
+    all of :attr:`LaunchOptions.launcher_env` without a placement or on the launcher's own
+    host (:attr:`LaunchOptions.local_host`); ``{}`` for a process on another host, whose
+    logical devices index that host's own variable (unknown here: vllm-omni 0.30
+    ``stage_runtime_setup`` reads the variable of the process it starts in), and for every
+    process of a dry-run of all hosts."""
+    if opts.placement is None or host is None:
+        return opts.launcher_env
+    return opts.launcher_env if host == opts.local_host else {}
 
 
 def _router_workers_args(conn: str, opts: LaunchOptions) -> list[str]:
@@ -537,7 +553,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
             port = opts.engine_port_base + (100 if role == "decode" else 0) + inst.replica
             env = {**env_all, **_env_str(node.env), **inst.env}
             dev, note = device_fields(f"{role}-{inst.replica}", inst.devices, DEVICE_VARS.get(opts.platform),
-                                      node.env, env_all, opts.launcher_env)
+                                      node.env, env_all, launcher_env_on(opts, on))
             env.update(device_env_values(opts.platform, dev))
             if note:
                 device_notes.append(note)
