@@ -212,7 +212,14 @@ def expand(
     cli_options.host(kv_host, "--kv-host")
     cli_options.port(port_base, "--port-base")
     cli_options.encoder_split(encoder_split, ec_connector=ec_connector, storage=ec_storage_path,
-                              devices=encoder_devices)
+                              devices=encoder_devices, pd_options=(
+        ("--connector", connector), ("--tp", tp), ("--prefill-tp", prefill_tp), ("--decode-tp", decode_tp),
+        ("--dp", dp), ("--prefill-dp", prefill_dp), ("--decode-dp", decode_dp),
+        ("--prefill-devices", prefill_devices), ("--decode-devices", decode_devices),
+        ("--downstream-devices", downstream_devices), ("--kv-buffer-device", kv_buffer_device),
+        ("--mooncake-protocol", mooncake_protocol), ("--port-base", port_base),
+        ("--prefill-replicas", prefill_replicas), ("--decode-replicas", decode_replicas),
+        ("--kv-host", kv_host if kv_host != "127.0.0.1" else None), ("--npu-decode-tp", npu_decode_tp)))
     src = input if input is not None else preset_path("qwen3_omni_moe")
     if connector is not None:  # `nixl`, `mooncake`: the spellings the router accepts too
         from omni_pd.compile import connectors

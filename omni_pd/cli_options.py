@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from typing import Any
 
 from omni_pd.compile.targets import Target
 from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
@@ -129,15 +130,25 @@ def port(value: int | None, option: str) -> int | None:
 
 
 def encoder_split(layout: str | None, *, ec_connector: str | None, storage: str | None,
-                  devices: str | None) -> None:
+                  devices: str | None, pd_options: tuple[tuple[str, Any], ...] = ()) -> None:
     """``--encoder-split`` must be ``1e1pd`` or ``1e1p1d`` (omni_pd.compile.pipelines
     ``ENCODER_SPLITS``), and the encoder options (``--ec-connector``, ``--ec-storage-path``,
-    ``--encoder-devices``) mean nothing without it. Raises OPD006 (exit 2)."""
+    ``--encoder-devices``) mean nothing without it. ``pd_options``: the given (flag, value)
+    pairs of the prefill/decode options (connector, TP/DP per side, replicas, side devices,
+    connector ports and host); ``1e1pd`` has no prefill/decode pair, so any of them there is
+    refused rather than dropped. Raises OPD006 (exit 2)."""
     from omni_pd.compile.pipelines import ENCODER_SPLITS
 
     if layout is not None and layout not in ENCODER_SPLITS:
         raise _bad("--encoder-split", layout, "not an encoder layout",
                    "use 1e1pd (encoder + one instance) or 1e1p1d (encoder + prefill/decode pair)")
+    if layout == "1e1pd":
+        for opt, val in pd_options:
+            if val is not None:
+                raise _bad(opt, val, "has no prefill/decode pair to apply to: --encoder-split 1e1pd is "
+                           "an encoder and one instance that runs prefill and decode itself",
+                           "use --encoder-split 1e1p1d for a prefill/decode pair, or drop the option "
+                           "(the instance keeps the input stage's own settings)")
     if layout is None:
         for opt, val in (("--ec-connector", ec_connector), ("--ec-storage-path", storage),
                          ("--encoder-devices", devices)):

@@ -207,3 +207,26 @@ def test_wheel_thinker_only_config_splits_clean(omni_wheel_deploy_dir, layout, c
 def test_encoder_options_are_checked_before_reading(args, msg, capsys):
     rc, out, err = run_cli(["expand", "tests/fixtures/llm.yaml", "--pipeline", "llm", *args], capsys)
     assert rc == 2 and out == "" and err.splitlines()[0] == msg
+
+
+@pytest.mark.parametrize("option", [
+    ["--tp", "2"], ["--decode-tp", "2"], ["--prefill-dp", "2"], ["--prefill-replicas", "2"],
+    ["--connector", "NixlConnector"], ["--prefill-devices", "3"], ["--downstream-devices", "3"],
+    ["--kv-host", "10.0.0.1"], ["--port-base", "30000"], ["--mooncake-protocol", "tcp"],
+    ["--kv-buffer-device", "cpu"]])
+def test_1e1pd_refuses_the_prefill_decode_options_it_used_to_drop(option, capsys):
+    """E -> PD has no prefill/decode pair: each of these options was dropped without a word
+    (the output was byte for byte the one without it); now a usage error naming it."""
+    rc, out, err = run_cli(["expand", "tests/fixtures/llm.yaml", "--pipeline", "llm", "--encoder-split", "1e1pd",
+                            *option], capsys)
+    assert (rc, out) == (2, "")
+    assert err.splitlines()[0] == (f"error[OPD006]: {option[0]} {option[1]}: has no prefill/decode pair to apply to: "
+                                   "--encoder-split 1e1pd is an encoder and one instance that runs prefill and "
+                                   "decode itself")
+
+
+def test_1e1p1d_still_takes_the_pair_options(capsys):
+    rc, out, err = run_cli(["expand", "tests/fixtures/llm.yaml", "--pipeline", "llm", "--encoder-split", "1e1p1d",
+                            "--tp", "2", "-q"], capsys)
+    assert rc == 0, err
+    assert out.count("tensor_parallel_size: 2") == 2
