@@ -466,6 +466,26 @@ def test_instance_exit_after_readiness_restarts_it_while_another_serves(tmp_path
     assert not any(alive(pid) for pid in pids)
 
 
+def test_an_e_to_pd_instance_that_exits_is_restarted_while_another_serves(tmp_path: Path) -> None:
+    """E -> PD (role ``pd``, the router's single-instance pool): the same rule as xPyD's
+    prefill and decode instances; before, a ``pd`` instance's exit tore everything down."""
+    ports = [free_port() for _ in range(2)]
+    p = plan(replace_role(child("pd-0", port=ports[0]), "pd"),
+             replace_role(child("pd-1", "--exit-after", 1.5, "--exit-code", 3, port=ports[1]), "pd"),
+             replace_role(child("router", depends_on=("pd-0", "pd-1")), "router"))
+    out = io.StringIO()
+    with Supervisor(p, tmp_path, out=out, live=False, grace_s=2, max_restarts=1) as sup:
+        assert sup.start_and_wait_healthy()
+        t = _supervise(sup)
+        assert wait_for(lambda: "left out" in out.getvalue(), 15), out.getvalue()
+        assert sup.failure is None and t.is_alive()  # still serving on pd-0
+        sup.request_stop(signal.SIGTERM)
+        t.join(5)
+    text = out.getvalue()
+    assert "pd-1 exited with exit code 3 after it became healthy; out of rotation, restarting (1/1)" in text
+    assert "pd-1 exited with exit code 3 after 1 restart(s); left out (the router routes around it)" in text
+
+
 def test_restarted_instance_gets_a_fresh_kv_engine_id(tmp_path: Path) -> None:
     # vLLM's NIXL decode caches a prefill's agents by engine_id; with the old id every request
     # routed to a restarted prefill failed on decode (NIXL_ERR_REMOTE_DISCONNECT, 500)

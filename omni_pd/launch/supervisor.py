@@ -715,8 +715,9 @@ class Supervisor:
         return False
 
     def _others_serving(self, p: _Proc) -> bool:
-        """Another instance of ``p``'s role (prefill or decode) is running and healthy."""
-        return p.spec.role in ("prefill", "decode") and any(
+        """Another instance of ``p``'s role (prefill, decode, or E -> PD's ``pd`` instances,
+        which the router's pool routes around as it does decode's) is running and healthy."""
+        return p.spec.role in ("prefill", "decode", "pd") and any(
             q is not p and q.spec.role == p.spec.role and q.returncode is None and q.healthy and not q.out
             for q in self._procs)
 
