@@ -230,3 +230,42 @@ def test_1e1p1d_still_takes_the_pair_options(capsys):
                             "--tp", "2", "-q"], capsys)
     assert rc == 0, err
     assert out.count("tensor_parallel_size: 2") == 2
+
+
+def test_thinker_only_encoder_split_of_a_full_file_narrows_first(tmp_path, capsys):
+    """OPD806's help for the three-stage pipelines says to serve `*_thinker_only` with
+    --encoder-split; on a full file that ended in OPD000 (exit 3): the encoder path did not
+    take the Thinker out first (OPD202 on stage 2) as the PD path does (OPD905)."""
+    from ruamel.yaml import YAML
+
+    yaml = YAML()
+    tree = yaml.load((ROOT / "presets" / "qwen3_omni_moe.yaml").read_text())
+    del tree["platforms"]
+    full = tmp_path / "q3o.yaml"
+    with full.open("w") as f:
+        yaml.dump(tree, f)
+    for layout, stages in (("1e1pd", 2), ("1e1p1d", 3)):
+        out = tmp_path / f"{layout}.yaml"
+        rc, _, err = run_cli(["expand", str(full), "--pipeline", "qwen3_omni_moe_thinker_only", "--encoder-split",
+                              layout, "-o", str(out)], capsys)
+        assert rc == 0, err
+        assert "info[OPD905]" in err
+        doc = load_file(out)
+        assert [s["stage_id"] for s in doc.tree["stages"]] == list(range(stages))
+        assert doc.tree["pipeline"] == f"qwen3_omni_moe_thinker_only_{layout}"
+        assert "# Thinker only (--pipeline qwen3_omni_moe_thinker_only): the input's other stages are left out.\n" \
+            in out.read_text()
+        rc, vout, verr = run_cli(["validate", str(out)], capsys)
+        assert rc == 0, vout + verr
+
+
+def test_an_encoder_split_refuses_overlays_of_the_split_stage(capsys):
+    """The bundled preset's platforms.cuda/npu/xpu override the Thinker; E's devices and the
+    split's ports are allocated on the base only, so the overlays would collide (OPD404 on
+    xpu, OPD501 on npu: an internal error before). A usage error now."""
+    rc, out, err = run_cli(["expand", "--pipeline", "qwen3_omni_moe_thinker_only", "--encoder-split", "1e1pd"],
+                           capsys)
+    assert (rc, out) == (2, "")
+    assert err.splitlines()[0] == ("error[OPD806]: --encoder-split does not rewrite platform overlays yet: "
+                                   "platforms.cuda, platforms.npu, platforms.xpu override stage 0 (thinker)")
+    assert "= help: remove the `platforms:` entries of this stage" in err

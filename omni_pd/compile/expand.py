@@ -357,6 +357,8 @@ def expand_encoder_document(doc: Document, eopts: "EncoderOptions", opts: Expand
     from omni_pd.compile.emit_encoder import apply_encoder_split
     from omni_pd.compile.passes.encoder_split import plan_encoder_split
 
+    doc, migrated = migrate_first(doc, vllm_version, pipeline, catalogue)
+    doc, narrowed = _thinker_only(doc, pipeline, catalogue)  # `--pipeline *_thinker_only` on a full file
     cat, tgt, topo = _front(doc, vllm_version, pipeline, catalogue)
     plan = plan_encoder_split(topo, cat, tgt, eopts, opts, doc)
     tree = apply_encoder_split(doc.tree, plan)
@@ -368,6 +370,9 @@ def expand_encoder_document(doc: Document, eopts: "EncoderOptions", opts: Expand
         + (f" (shared directory {plan.storage})" if plan.storage else "")
         + (f", KV connector: {plan.pd.connector}" if plan.pd else "") + f", vLLM {tgt.label}.",
     ]
+    if narrowed:  # the input's own comments still describe its three stages
+        header.append(f"Thinker only (--pipeline {plan.source.name}): the input's other stages are left out.")
     text = render(tree, schema_ref=schema_ref, header=header)
     out_cfg, out_topo = _reparse(text, doc, plan.target_pipeline)
-    return EncoderExpandResult(text=text, config=out_cfg, topology=out_topo, plan=plan, diagnostics=plan.diagnostics)
+    return EncoderExpandResult(text=text, config=out_cfg, topology=out_topo, plan=plan,
+                               diagnostics=migrated + narrowed + tuple(plan.diagnostics))

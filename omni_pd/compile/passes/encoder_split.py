@@ -100,6 +100,15 @@ def _used_devices(topo: Topology, pd: PDSplitPlan | None) -> set[int]:
     return out
 
 
+def _overlays_of(topo: Topology, stage_id: int) -> tuple[str, ...]:
+    """The ``platforms.<p>`` overlays of ``topo``'s config with an entry for ``stage_id``, sorted."""
+    out = []
+    for name, ov in (topo.config.platforms or {}).items():
+        if ov is not None and any(getattr(st, "stage_id", None) == stage_id for st in (ov.stages or [])):
+            out.append(str(name))
+    return tuple(sorted(out))
+
+
 def plan_encoder_split(topo: Topology, catalogue: Catalogue, target: Target, eopts: EncoderOptions,
                        opts: ExpandOptions = ExpandOptions(), doc: Document | None = None) -> EncoderSplitPlan:
     """Decide the encoder split of ``topo`` (resolved without a platform overlay).
@@ -140,6 +149,16 @@ def plan_encoder_split(topo: Topology, catalogue: Catalogue, target: Target, eop
                    help="omni-pd can emit: " + ", ".join(ec_connectors.names()))
     llm = topo.node(t.stage_id)
     assert llm is not None
+    overlays = _overlays_of(topo, t.stage_id)
+    if overlays:
+        # E's devices and the split's ports are allocated on the base stages only; an overlay's
+        # own devices/TP for this stage would land on E's device (OPD404) or share its ports
+        names = ", ".join(f"platforms.{p}" for p in overlays)
+        raise _err("OPD806", f"--encoder-split does not rewrite platform overlays yet: {names} "
+                   f"override{'s' if len(overlays) == 1 else ''} stage {t.stage_id} ({t.role})",
+                   doc.loc(("platforms",)) if doc and doc.exists(("platforms",)) else root,
+                   help="remove the `platforms:` entries of this stage (the split then runs on the base platform, "
+                        "CUDA), or expand without --encoder-split")
     notes: list[Diagnostic] = []
     # the split pipeline is served by plain `vllm serve` engines (runtime "vllm"): the PD pair's
     # connector settings must be the ones that runtime reads (e.g. Mooncake's bootstrap port
