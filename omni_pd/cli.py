@@ -436,7 +436,29 @@ def migrate(
         atomic_write(output, text, protect=[str(input)])
         if not quiet:
             sys.stderr.write(f"wrote {output}{wrote}\n")
-    sys.stderr.write(f"serve with: {serve_command(str(output or 'FILE.yaml'), tgt, tree=written.tree)}\n")
+    line = serve_command(str(output or 'FILE.yaml'), tgt, tree=written.tree)
+    found = _migrated_findings(written, tgt) if changed else []
+    if found:  # migrate kept the file's settings: what was wrong in it is wrong in its rewrite
+        errors = sum(d.severity is Severity.ERROR for d in found)
+        warnings = len(found) - errors
+        counts = ", ".join(f"{n} {w}{'s' if n != 1 else ''}" for n, w in ((errors, "error"), (warnings, "warning")) if n)
+        sys.stderr.write(f"{output or 'the migrated file'}: validate finds {counts} (settings the input had):\n")
+        for d in found:
+            loc = d.location
+            where = f"{output}:{loc.line}:{loc.column}" if output and loc and loc.line else str(output or "<stdout>")
+            sys.stderr.write(f"  {d.severity.value}[{d.code}] {where}: {d.message}\n")
+        sys.stderr.write(f"fix them (`omni-pd validate {output or 'FILE.yaml'}` explains each), then serve with: "
+                         f"{line}\n" if errors else f"serve with: {line}\n")
+        return
+    sys.stderr.write(f"serve with: {line}\n")
+
+
+def _migrated_findings(doc, tgt) -> list:
+    """Validate's errors and warnings on the migrated ``doc`` (for the target release)."""
+    from omni_pd.check.validate import ValidateOptions, validate_document
+
+    res = validate_document(doc, ValidateOptions(vllm_version=tgt.label))
+    return [d for d in res.diagnostics if d.severity in (Severity.ERROR, Severity.WARNING)]
 
 
 def _file_runtime(doc, pipeline: Optional[str]) -> str:

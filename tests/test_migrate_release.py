@@ -262,3 +262,19 @@ def test_the_serve_line_trusts_remote_code_only_when_a_stage_does():
     assert serve_command("f.yaml", t, tree=legacy) == "vllm serve MODEL --omni --trust-remote-code --deploy-config f.yaml"
     assert serve_command("f.yaml", t, tree=plain) == "vllm serve MODEL --omni --deploy-config f.yaml"
     assert serve_command("f.yaml", target("0.18"), tree=plain) == "vllm serve MODEL --omni --stage-configs-path f.yaml"
+
+
+def test_migrate_says_what_validate_finds_in_what_it_wrote(tmp_path):
+    """vllm-omni's own legacy PD recipe puts the Talker and Code2Wav on GPU 2 with vLLM's
+    default 0.9 each: migrate keeps the settings, so its rewrite is just as unservable. The
+    walkthrough's new user got a serve line and a file validate rejects; now migrate says so."""
+    out = tmp_path / "m.yaml"
+    r = omni_pd("migrate", str(LEGACY), "-q", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == [
+        f"{out}: validate finds 1 error, 1 warning (settings the input had):",
+        f"  warning[OPD702] {out}:22:5: prefill stage 0 has no engine_id: vllm-omni cannot send remote_engine_id to decode",
+        f"  error[OPD404] {out}:60:5: physical GPU 2: 0.9 (vLLM default) (stage 2) + 0.9 (vLLM default) (stage 3) "
+        "= 1.80 > 1.0",
+        f"fix them (`omni-pd validate {out}` explains each), then serve with: vllm serve MODEL --omni "
+        f"--trust-remote-code --deploy-config {out}"]
