@@ -290,6 +290,9 @@ def _require_deploy_config(doc, pipeline: Optional[str], vllm_version: Optional[
     from omni_pd.check.validate import ValidateOptions, validate_document
 
     schema = tuple(c for c in registry() if c.startswith("OPD1"))
+    named = doc.tree.get("pipeline") if isinstance(doc.tree, dict) else None
+    if pipeline and named and pipeline == f"{named}_thinker_only":
+        pipeline = None  # the Thinker of the file's own pipeline: expand narrows it (OPD905), no conflict
     res = validate_document(doc, ValidateOptions(rules=schema, pipeline=pipeline, vllm_version=vllm_version))
     gate = next((d for d in res.diagnostics if d.code == "OPD007"), None)
     errors = [d for d in res.errors if d.code != "OPD007"]

@@ -138,3 +138,23 @@ def test_option_combinations_that_cannot_work_are_usage_errors(src, args, messag
 def test_kv_buffer_device_accepted_on_every_overlay_is_written():
     """``cpu`` (host staging) is accepted on cuda and xpu alike: the preset's split validates."""
     check_expand("preset", ["--connector", "NixlConnector", "--kv-buffer-device", "cpu"])
+
+
+def test_the_text_route_takes_a_file_that_names_its_full_pipeline(tmp_path):
+    """OPD704's help: `omni-pd expand <three-stage file> --pipeline qwen3_omni_moe_thinker_only`.
+    On a file whose `pipeline:` key says `qwen3_omni_moe` that was OPD006 ('the file names
+    pipeline qwen3_omni_moe'), so the user had to edit the file (new-user walkthrough). The
+    Thinker of the file's own pipeline is what it asks for; another pipeline is still refused."""
+    import subprocess
+    import sys
+
+    src = ROOT / "tests" / "fixtures" / "qwen3_omni_moe_cpu.yaml"
+    out = tmp_path / "text.yaml"
+    r = subprocess.run([sys.executable, "-m", "omni_pd.cli", "expand", str(src), "--pipeline",
+                        "qwen3_omni_moe_thinker_only", "-q", "-o", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "\npipeline: qwen3_omni_moe_thinker_only_pd\n" in out.read_text()
+    other = subprocess.run([sys.executable, "-m", "omni_pd.cli", "expand", str(src), "--pipeline", "qwen2_5_omni"],
+                           capture_output=True, text=True)
+    assert other.returncode == 2
+    assert other.stderr.splitlines()[0] == "error[OPD006]: --pipeline qwen2_5_omni: the file names pipeline `qwen3_omni_moe`"

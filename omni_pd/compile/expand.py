@@ -69,7 +69,10 @@ def _thinker_only(doc: Document, pipeline: str | None, catalogue: Catalogue | No
     from omni_pd.io import build_source_map, copy_tree
 
     tree = doc.tree
-    if not pipeline or not isinstance(tree, dict) or tree.get("pipeline") not in (None, pipeline):
+    # a file naming F takes `--pipeline F_thinker_only` too: the Thinker of F is what it asks
+    # for (OPD704's text route), not another pipeline (topology.pipeline_conflict)
+    if not pipeline or not isinstance(tree, dict) or tree.get("pipeline") not in (
+            None, pipeline, pipeline.removesuffix("_thinker_only")):
         return doc, ()
     cat = catalogue or load_catalogue()
     wanted = cat.get(pipeline)
@@ -84,6 +87,8 @@ def _thinker_only(doc: Document, pipeline: str | None, catalogue: Catalogue | No
         return doc, ()
     narrowed = copy_tree(tree)
     narrow_tree(narrowed, {s.stage_id for s in wanted.stages})
+    if "pipeline" in narrowed:
+        narrowed["pipeline"] = wanted.name
     left = ", ".join(f"{sid} ({role})" for sid, role in nar.dropped)
     note = Diagnostic(
         code="OPD905", severity=Severity.INFO, location=doc.loc(("stages",)),
