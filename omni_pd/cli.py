@@ -1184,6 +1184,13 @@ def diff_cmd(
 
     a_doc = load_file(before)
     b_doc = load_stream(sys.stdin.buffer, "<stdin>") if after == "-" else load_file(after)
+    if is_legacy(b_doc.tree) and not is_legacy(a_doc.tree):  # `diff MIGRATED LEGACY`
+        _emit_diags([Diagnostic(
+            code="OPD008", severity=Severity.ERROR, location=b_doc.loc(()),
+            message=f"the arguments are swapped: {b_doc.name} is a legacy `stage_args` file and {a_doc.name} is not",
+            help=f"give the legacy file first and its rewrite second: `omni-pd diff {b_doc.name} {a_doc.name}`")],
+            {a_doc.name: a_doc, b_doc.name: b_doc})
+        raise SystemExit(2)
     if is_legacy(a_doc.tree):
         _diff_migration(a_doc, b_doc, pipeline, fmt, vllm_omni_version)
         return

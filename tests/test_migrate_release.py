@@ -278,3 +278,26 @@ def test_migrate_says_what_validate_finds_in_what_it_wrote(tmp_path):
         "= 1.80 > 1.0",
         f"fix them (`omni-pd validate {out}` explains each), then serve with: vllm serve MODEL --omni "
         f"--trust-remote-code --deploy-config {out}"]
+
+
+def test_diff_with_a_legacy_pair_swapped_says_so(tmp_path):
+    new = tmp_path / "new.yaml"
+    assert omni_pd("migrate", str(LEGACY), "-q", "-o", str(new)).returncode == 0
+    r = omni_pd("diff", str(new), str(LEGACY))
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr.splitlines()[0] == (f"error[OPD008]: the arguments are swapped: {LEGACY} is a legacy "
+                                        f"`stage_args` file and {new} is not")
+    assert f"= help: give the legacy file first and its rewrite second: `omni-pd diff {LEGACY} {new}`" in r.stderr
+
+
+def test_expand_of_a_legacy_pd_recipe_points_at_migrate():
+    """It said 'already prefill/decode split ... run `omni-pd validate` on it instead' at a
+    position in the migrated text, and validate then said to run migrate (walkthrough)."""
+    r = omni_pd("expand", str(LEGACY))
+    assert (r.returncode, r.stdout) == (2, "")
+    lines = r.stderr.splitlines()
+    assert lines[0] == ("error[OPD803]: this legacy `stage_args` file is already prefill/decode split "
+                        "(qwen3_omni_moe_pd); refusing to split it twice")
+    assert lines[1].endswith("legacy_seed_pd_recipe.yaml:6:1")
+    assert lines[-1] == (f"  = help: rewrite it with `omni-pd migrate {LEGACY} -o new.yaml`, then validate or "
+                         "launch new.yaml")

@@ -279,6 +279,12 @@ def migrate_first(doc: Document, vllm_version: str | None, pipeline: str | None,
             notes=[f"{d.location}: {d.message}" for d in e.diagnostics],
             help="fix the keys named (`omni-pd migrate` lists them), then expand again")) from None
     assert m is not None
+    if m.pipeline.is_pd:  # a legacy PD recipe: nothing to split, the rewrite is what it needs
+        raise OmniPdError(Diagnostic(
+            code="OPD803", severity=Severity.ERROR, location=doc.loc(("stage_args",)),
+            message=f"this legacy `stage_args` file is already prefill/decode split ({m.pipeline.name}); "
+                    "refusing to split it twice",
+            help=f"rewrite it with `omni-pd migrate {doc.name} -o new.yaml`, then validate or launch new.yaml"))
     note = Diagnostic(code=NOTE, severity=Severity.INFO, location=doc.loc(("stage_args",)),
                       message=f"legacy `stage_args` file migrated to the `stages:` schema first ({m.pipeline.name}, "
                               f"{len(m.notes)} changes)",
