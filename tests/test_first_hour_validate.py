@@ -60,3 +60,22 @@ def test_a_file_with_infos_only_is_ok_with_its_counts(tmp_path, capsys):
         "c.yaml: ok (0 errors, 0 warnings, 0 info)",
         "validate: 2 files, 2 ok, 0 failed (0 errors, 0 warnings, 1 info)",
     ]
+
+
+def test_a_typo_on_a_pipeline_named_llm_on_the_command_line_says_what_vllm_does(tmp_path):
+    """`validate FILE --pipeline llm`: the file runs as plain `vllm serve` engines, so the
+    typo's effect is vLLM's, not 'vllm-omni 0.30 refuses to start' (new-user walkthrough);
+    without --pipeline a one-stage file may be a vllm-omni deploy, and says so."""
+    import subprocess
+    import sys
+
+    f = tmp_path / "llm.yaml"
+    f.write_text("stages:\n  - stage_id: 0\n    max_modle_len: 1024\n    devices: \"0\"\n")
+    named = subprocess.run([sys.executable, "-m", "omni_pd.cli", "validate", str(f), "--pipeline", "llm"],
+                           capture_output=True, text=True)
+    assert named.stdout.splitlines()[0] == ("error[OPD103]: unknown stage key `max_modle_len`: it becomes "
+                                            "`--max-modle-len` on the engine's `vllm serve` command line, which "
+                                            "vLLM rejects")
+    unnamed = subprocess.run([sys.executable, "-m", "omni_pd.cli", "validate", str(f)], capture_output=True, text=True)
+    assert unnamed.stdout.splitlines()[0] == ("error[OPD103]: unknown stage key `max_modle_len`: vllm-omni 0.30 "
+                                              "refuses to start (\"no structured config owner\")")

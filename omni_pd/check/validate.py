@@ -475,7 +475,8 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
             continue
         ctx = Context(doc=locator, config=cfg, topology=topo, target=tgt, platform=plat,
                       inventory=opts.inventory, model=opts.model, env=dict(opts.env), cli=dict(cli),
-                      raw=merged, parse_diagnostics=parse_diags if first else [], platform_first=first)
+                      raw=merged, parse_diagnostics=parse_diags if first else [], platform_first=first,
+                      pipeline_given=opts.pipeline is not None)
         found = run_rules(ctx, rules)
         if opts.platform is not None and opts.platform != overlay:
             found += _run_platform_findings(ctx, opts.platform, rules)

@@ -196,6 +196,8 @@ class Context:
     #: False for the second and later platforms of --all-platforms (platform-independent
     #: rules run once)
     platform_first: bool = True
+    #: the pipeline was named on the command line (``--pipeline``), not only guessed
+    pipeline_given: bool = False
 
     # --- locating -------------------------------------------------------------------
     def exists(self, path: tuple) -> bool:

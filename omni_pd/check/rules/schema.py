@@ -560,11 +560,11 @@ PARALLEL_CONFIG_KEYS = frozenset({
 def _launcher(ctx: Context) -> str:
     """``vllm-omni`` (one ``vllm serve --omni``) or ``vllm`` (one ``vllm serve`` per engine).
 
-    Only a file that names its pipeline (``pipeline: llm_pd``) is taken to be launched
-    as plain ``vllm serve`` engines; a one-stage file without ``pipeline:`` (checked as
-    ``llm``) may well be a vllm-omni diffusion or TTS deploy."""
+    Only a file whose pipeline is named (its ``pipeline: llm_pd`` key, or ``--pipeline llm``)
+    is taken to be launched as plain ``vllm serve`` engines; a one-stage file without
+    either (checked as ``llm``) may well be a vllm-omni diffusion or TTS deploy."""
     topo = ctx.topology
-    if topo is None or ctx.config is None or not ctx.config.pipeline:
+    if topo is None or ctx.config is None or not (ctx.config.pipeline or ctx.pipeline_given):
         return "vllm-omni"
     return str(getattr(topo.pipeline, "launcher", None) or topo.pipeline.runtime)
 
