@@ -1423,7 +1423,8 @@ def launch(
         # and kept in the run directory
         on_ready = lambda out: smoke_check(target, out, report=Path(rd) / "smoke.json",  # noqa: E731
                                            runtime=plan.runtime)
-    sys.stdout.write(f"omni-pd launch: {plan.runtime} runtime, {len(plan.processes)} processes, "
+    n = len(plan.processes)
+    sys.stdout.write(f"omni-pd launch: {plan.runtime} runtime, {n} process{'es' if n != 1 else ''}, "
                      f"entrypoint {plan.entrypoint}, run dir {rd}\n")
     sys.stdout.flush()
     raise SystemExit(run(plan, rd, on_ready=on_ready, stay=not once, grace_s=grace, fail_fast=fail_fast))

@@ -670,3 +670,10 @@ def test_opd304_a_multiconnector_prefill_whose_handoff_child_is_decodes_connecto
     # a MultiConnector without decode's connector as a child moves nothing to it
     mc_lmc = "{kv_connector: MooncakeConnector, kv_role: kv_producer}, {kv_connector: LMCacheMPConnector, kv_role: kv_producer}"
     assert [h[1] for h in hits(text("llm_pd", mc_lmc), "OPD304")] == ["prefill and decode use different KV connectors"]
+
+
+def test_opd306_help_says_one_device_not_one_devices() -> None:
+    """Prefill TP 1, decode TP 2: 'give it 1 devices' before (new-user walkthrough)."""
+    one = PD.replace('    devices: "0"\n', '    devices: "0"\n    tensor_parallel_size: 1\n').replace(
+        '    devices: "1"\n', '    devices: "1,2"\n    tensor_parallel_size: 2\n')
+    assert [h[3] for h in hits(one, "OPD306")] == ["set `tensor_parallel_size: 1` on decode (and give it 1 device)"]

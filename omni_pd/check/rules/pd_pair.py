@@ -248,7 +248,7 @@ def tp_unequal(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     yield r.diag(f"tensor_parallel_size differs: prefill {ptp}, decode {dtp}; vllm-omni's PD validator requires them equal",
                  ctx.sloc(d, "tensor_parallel_size", value=True),
                  related=[ctx.sloc(p, "tensor_parallel_size", value=True, label=f"prefill TP {ptp}")],
-                 help=f"set `tensor_parallel_size: {ptp}` on decode (and give it {ptp} devices)",
+                 help=f"set `tensor_parallel_size: {ptp}` on decode (and give it {ptp} device{'s' if ptp != 1 else ''})",
                  reads=ctx.reads(p, "tensor_parallel_size") + ctx.reads(d, "tensor_parallel_size"))
 
 
