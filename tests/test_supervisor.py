@@ -445,45 +445,37 @@ def _supervise(sup: Supervisor) -> "threading.Thread":
     return t
 
 
-def test_instance_exit_after_readiness_restarts_it_while_another_serves(tmp_path: Path) -> None:
-    p, _ = _xpyd_plan(tmp_path, p1_args=("--exit-after", 1.5, "--exit-code", 3))
+def _pd_plan(tmp_path: Path) -> tuple[LaunchPlan, list[int]]:
+    """E -> PD's two instances (role ``pd``, the router's single-instance pool), pd-1 exiting."""
+    ports = [free_port() for _ in range(2)]
+    return plan(replace_role(child("pd-0", port=ports[0]), "pd"),
+                replace_role(child("pd-1", "--exit-after", 1.5, "--exit-code", 3, port=ports[1]), "pd"),
+                replace_role(child("router", depends_on=("pd-0", "pd-1")), "router")), ports
+
+
+@pytest.mark.parametrize("layout, dying", [("xpyd", "prefill-1"), ("e_to_pd", "pd-1")])
+def test_instance_exit_after_readiness_restarts_it_while_another_serves(tmp_path: Path, layout, dying) -> None:
+    """xPyD's prefill/decode instances and E -> PD's ``pd`` instances (a ``pd`` exit used
+    to tear everything down): restarted while another of the role serves, then left out."""
+    p, _ = (_xpyd_plan(tmp_path, p1_args=("--exit-after", 1.5, "--exit-code", 3)) if layout == "xpyd"
+            else _pd_plan(tmp_path))
     out = io.StringIO()
     with Supervisor(p, tmp_path, out=out, live=False, grace_s=2, max_restarts=1) as sup:
         assert sup.start_and_wait_healthy()
         t = _supervise(sup)
         assert wait_for(lambda: "left out" in out.getvalue(), 15), out.getvalue()
-        assert sup.failure is None and t.is_alive()  # still serving on prefill-0
+        assert sup.failure is None and t.is_alive()  # still serving on the other instance
         sup.request_stop(signal.SIGTERM)
         t.join(5)
     text = out.getvalue()
-    assert ("prefill-1 exited with exit code 3 after it became healthy; out of rotation, restarting (1/1)"
+    assert (f"{dying} exited with exit code 3 after it became healthy; out of rotation, restarting (1/1)"
             in text)
-    assert text.count("started prefill-1") == 2 and text.count("prefill-1 healthy after") == 2
-    assert "prefill-1 exited with exit code 3 after 1 restart(s); left out (the router routes around it)" in text
-    log = (tmp_path / "prefill-1.log").read_text()
+    assert text.count(f"started {dying}") == 2 and text.count(f"{dying} healthy after") == 2
+    assert f"{dying} exited with exit code 3 after 1 restart(s); left out (the router routes around it)" in text
+    log = (tmp_path / f"{dying}.log").read_text()
     assert log.count("exiting with 3") == 2  # the restart appended to the log
     pids = [int(ln.split()[0]) for ln in (tmp_path / "pids").read_text().splitlines()]
     assert not any(alive(pid) for pid in pids)
-
-
-def test_an_e_to_pd_instance_that_exits_is_restarted_while_another_serves(tmp_path: Path) -> None:
-    """E -> PD (role ``pd``, the router's single-instance pool): the same rule as xPyD's
-    prefill and decode instances; before, a ``pd`` instance's exit tore everything down."""
-    ports = [free_port() for _ in range(2)]
-    p = plan(replace_role(child("pd-0", port=ports[0]), "pd"),
-             replace_role(child("pd-1", "--exit-after", 1.5, "--exit-code", 3, port=ports[1]), "pd"),
-             replace_role(child("router", depends_on=("pd-0", "pd-1")), "router"))
-    out = io.StringIO()
-    with Supervisor(p, tmp_path, out=out, live=False, grace_s=2, max_restarts=1) as sup:
-        assert sup.start_and_wait_healthy()
-        t = _supervise(sup)
-        assert wait_for(lambda: "left out" in out.getvalue(), 15), out.getvalue()
-        assert sup.failure is None and t.is_alive()  # still serving on pd-0
-        sup.request_stop(signal.SIGTERM)
-        t.join(5)
-    text = out.getvalue()
-    assert "pd-1 exited with exit code 3 after it became healthy; out of rotation, restarting (1/1)" in text
-    assert "pd-1 exited with exit code 3 after 1 restart(s); left out (the router routes around it)" in text
 
 
 def test_restarted_instance_gets_a_fresh_kv_engine_id(tmp_path: Path) -> None:
