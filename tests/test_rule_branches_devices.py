@@ -399,3 +399,18 @@ def test_opd401_checks_the_device_list_a_platform_overlay_sets() -> None:
     got = [(d.message, d.location.line, d.location.column, list(d.notes))
            for d in validate_text(text, "t.yaml", ValidateOptions(all_platforms=True)).diagnostics if d.code == "OPD401"]
     assert got == [(msg, 7, 32, ["found with the `platforms.rocm` overlay applied"])]
+
+
+def test_opd403_counts_only_the_devices_a_rank_uses() -> None:
+    """Prefill TP 2 on "0,1,2,3" uses 0 and 1 (OPD401 reports the rest): decode on "2,3"
+    shares nothing. It said 'share GPU 2, 3' (new-user walkthrough), as OPD404 did before
+    item 10; a real overlap is still found."""
+    text = ("pipeline: qwen3_omni_moe_thinker_only_pd\nstages:\n"
+            "  - {stage_id: 0, devices: \"0,1,2,3\", tensor_parallel_size: 2, gpu_memory_utilization: 0.4,\n"
+            "     kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}}\n"
+            "  - {stage_id: 1, devices: \"2,3\", tensor_parallel_size: 2, gpu_memory_utilization: 0.4,\n"
+            "     kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}}\n")
+    assert found(text, "OPD403") == []
+    overlap = text.replace('devices: "2,3"', 'devices: "1,2"')
+    assert [h[1] for h in found(overlap, "OPD403")] == [
+        "prefill (stage 0) and decode (stage 1) share GPU 1; disaggregation gives no isolation"]

@@ -222,9 +222,21 @@ def _pair_shared(ctx: Context) -> tuple[set, "StageNode", "StageNode"] | None:
     p, d = pair
     if not (isinstance(p.devices, tuple) and isinstance(d.devices, tuple)) or ctx.host_of(p) != ctx.host_of(d):
         return None
-    shared = ({x for x in _physicals(ctx, p) if x is not None}
-              & {x for x in _physicals(ctx, d) if x is not None})
+    shared = _used_physicals(ctx, p) & _used_physicals(ctx, d)
     return (shared, p, d) if shared else None
+
+
+def _used_physicals(ctx: Context, n: "StageNode") -> set[str]:
+    """The physical devices some rank of stage ``n`` runs on: its entries in order up to
+    TP x PP x DP per replica (an entry past the world size is used by no worker, OPD401),
+    without those vllm-omni drops (outside the visible set, OPD402). Every entry of a
+    stage whose engine kind omni-pd does not know."""
+    p = ctx.parallel(n)
+    tp, pp, dp = (max(1, p[k]) for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"))
+    ranks = rank_names(len(n.devices), tp, pp, dp, max(1, ctx.world_size(n)[0]), n.num_replicas)
+    known = ctx.stage_kind_known(n)
+    return {phys for k, phys in enumerate(_physicals(ctx, n))
+            if phys is not None and (ranks[k] is not None or not known)}
 
 
 @rule("OPD403", "pd-shared-device", Severity.WARNING,
