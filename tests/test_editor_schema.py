@@ -290,6 +290,12 @@ BROKEN = [
      _one_edit("qwen3_omni_moe_pd_nixl.yaml", _set("stages", 0, "kv_transfer_config", "kv_rol", "kv_producer")), {},
      "OPD609", ("stages", 0, "kv_transfer_config", "kv_rol"),
      "$.stages[0].kv_transfer_config: Additional properties are not allowed ('kv_rol' was unexpected)"),
+    # a misspelt stage key of a catalogued pipeline (the new-user walkthrough's first-hour typo): vllm-omni
+    # refuses it ("no structured config owner"), validate says OPD103, and the editor now says so too
+    ("golden-stage-key", "the PD golden with decode's `gpu_memory_utilisation: 0.9` (a British spelling)",
+     _one_edit("qwen3_omni_moe_pd.yaml", _set("stages", 1, "gpu_memory_utilisation", 0.9)), {},
+     "OPD103", ("stages", 1, "gpu_memory_utilisation"),
+     "$.stages[1]: 'gpu_memory_utilisation' does not match any of the regexes: '^x-'"),
 ]
 
 

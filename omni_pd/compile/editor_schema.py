@@ -178,6 +178,50 @@ def _stage(d: dict[str, Any]) -> None:
     _env(p["env"])
 
 
+def stage_key_names(target: Target) -> frozenset[str] | None:
+    """The keys an LLM stage entry (vllm-omni ``LLM_AR``/``LLM_GENERATION``; plain vLLM
+    engines) may carry for ``target``, when omni-pd has them for that release (None: stage
+    keys stay open): vllm-omni's StageDeployConfig fields and the engine arguments it can
+    place (``presets/targets/vllm_omni_stage_keys.yaml``, from vllm-omni 0.30.0; any other
+    key raises "no structured config owner": omni-pd OPD111/OPD103), and every ``vllm
+    serve`` flag of that vLLM release as a key (``serve_flags.yaml``: what a plain-vLLM
+    stage's keys become, ``--max-model-len`` -> ``max_model_len``)."""
+    from omni_pd.resources import data_dir, load_data
+
+    keys = load_data(data_dir("presets") / "targets" / "vllm_omni_stage_keys.yaml")
+    if str(keys["vllm_omni"]) != target.label:
+        return None
+    flags = load_data(data_dir("presets") / "targets" / "serve_flags.yaml")["releases"].get(target.label) or {}
+    names = {f[2:].replace("-", "_") for f in flags.get("serve", []) if f.startswith("--")}
+    names |= {n[3:] for n in names if n.startswith("no_")}
+    return frozenset(keys["deploy"]) | frozenset(keys["owned"]) | frozenset(names)
+
+
+def _catalogued_stage_keys(s: dict[str, Any], defs: dict[str, Any], target: Target) -> None:
+    """A file whose ``pipeline:`` names a catalogued pipeline (every one runs LLM stages:
+    the omni Thinker/Talker/Code2Wav, plain LLMs, their PD and encoder splits) gets its
+    stage entries (and its overlays' entries) closed to :func:`stage_key_names`: a
+    misspelt key (``gpu_memory_utilisation``) is an editor error where vllm-omni refuses to
+    start (OPD103/OPD111). Files that name no pipeline, or another one, stay open: a
+    diffusion stage has other keys (``model_config``, ``engine_backend``), and the schema
+    cannot tell a stage's kind otherwise."""
+    from omni_pd.compile.pipelines import load_catalogue
+
+    known = stage_key_names(target)
+    if known is None:
+        return
+    names = sorted(known | set(defs["StageDeploy"]["properties"]) | set(defs["StageOverlay"]["properties"]))
+    closed = {"properties": {k: True for k in names}, "patternProperties": {"^x-": True},
+              "additionalProperties": False}
+    s["allOf"] = [*s.get("allOf", []), {
+        "if": {"required": ["pipeline"], "properties": {"pipeline": {"enum": sorted(load_catalogue().names())}}},
+        "then": {"properties": {
+            "stages": {"items": closed},
+            "platforms": {"additionalProperties": {"properties": {"stages": {"items": closed}}}}}},
+        "description": f"stage keys of a catalogued pipeline: vllm-omni {target.label}'s stage fields, the engine "
+                       "arguments it places, or `vllm serve` flags as keys (omni-pd OPD103/OPD111)"}]
+
+
 def _env(prop: dict[str, Any]) -> None:
     """``*_PORT`` variables of an ``env:`` mapping hold ports (VLLM_NIXL_SIDE_CHANNEL_PORT,
     VLLM_MOONCAKE_BOOTSTRAP_PORT, ...; omni-pd OPD504); other variables stay free."""
@@ -247,6 +291,7 @@ def tighten(schema: dict[str, Any], target: Target) -> dict[str, Any]:
         "description": "vllm-omni applies the overlay of the platform it runs on only (vllm-omni 0.30.0 "
                        "config/stage_config.py _apply_platform_overrides; omni-pd OPD103)"}
     _connectors(s)
+    _catalogued_stage_keys(s, defs, target)
     s["additionalProperties"] = False
     s["patternProperties"] = {"^x-": {"description": "extension keys (case harnesses, tools): omni-pd skips them"}}
     s["description"] += (" vllm-omni 0.30.0 reads only these top-level keys (config/stage_config.py "
