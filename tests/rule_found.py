@@ -34,18 +34,26 @@ def col(text: str, needle: str, nth: int = 0) -> tuple[int, int]:
     return before.count("\n") + 1, len(before) - before.rfind("\n")
 
 
-def validate_cli(tmp_path, capsys, name: str, text: str, *args: str) -> tuple[int, str]:
-    """``omni-pd validate [args] NAME`` run in-process from ``tmp_path`` on ``text`` written
-    there as ``NAME`` (so diagnostics print the bare name): (exit status, stdout)."""
+def cli_in(cwd, capsys, *args: str) -> tuple[int, str, str]:
+    """``omni-pd ARGS`` run in-process with ``cwd`` as the working directory (so
+    diagnostics print paths relative to it): (exit status, stdout, stderr)."""
     import os
 
     from omni_pd.cli import main
 
-    (tmp_path / name).write_text(text)
     old = os.getcwd()
-    os.chdir(tmp_path)
+    os.chdir(cwd)
     try:
-        rc = main(["validate", *args, name])
+        rc = main(list(args))
     finally:
         os.chdir(old)
-    return rc, capsys.readouterr().out
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def validate_cli(tmp_path, capsys, name: str, text: str, *args: str) -> tuple[int, str]:
+    """``omni-pd validate [args] NAME`` run in-process from ``tmp_path`` on ``text`` written
+    there as ``NAME`` (so diagnostics print the bare name): (exit status, stdout)."""
+    (tmp_path / name).write_text(text)
+    rc, out, _ = cli_in(tmp_path, capsys, "validate", *args, name)
+    return rc, out

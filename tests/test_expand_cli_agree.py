@@ -15,12 +15,12 @@ comment of the LLM entry it is built from.
 
 from __future__ import annotations
 
-import os
+from rule_found import cli_in  # tests/rule_found.py
+
 from pathlib import Path
 
 from ruamel.yaml import YAML
 
-from omni_pd.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "presets" / "qwen3_omni_moe.yaml"
@@ -31,13 +31,8 @@ MID = ('pipeline: llm\nstages:\n  - stage_id: 0\n    max_model_len: 1024  # ctx\
 
 
 def _cli(tmp_path: Path, capsys, *args: str) -> tuple[int, str]:
-    old = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        rc = main(list(args))
-    finally:
-        os.chdir(old)
-    return rc, capsys.readouterr().out
+    rc, out, _ = cli_in(tmp_path, capsys, *args)
+    return rc, out
 
 
 def test_expand_platform_npu_writes_what_validate_all_platforms_accepts(tmp_path, capsys) -> None:

@@ -10,12 +10,12 @@ would write it.
 
 from __future__ import annotations
 
-import os
+from rule_found import cli_in  # tests/rule_found.py
+
 from pathlib import Path
 
 import pytest
 
-from omni_pd.cli import main
 from omni_pd.compile.expand import expand_document
 from omni_pd.compile.passes.pd_split import ExpandOptions
 from omni_pd.io import parse_text
@@ -35,14 +35,7 @@ def _config(tmp_path: Path, comment: str = "") -> Path:
 
 
 def _run(capsys, cwd: Path, *args: str) -> tuple[int, str, str]:
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        rc = main(list(args))
-    finally:
-        os.chdir(old)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+    return cli_in(cwd, capsys, *args)
 
 
 def _launch(capsys, cfg: Path, *extra: str) -> tuple[int, str, str]:

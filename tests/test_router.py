@@ -376,10 +376,7 @@ def test_streaming_relays_sse_chunks_as_they_come(fakes, router, connector):
     d: Fake
 
     def d_stream(h, seen):
-        h.send_response(200)
-        h.send_header("Content-Type", "text/event-stream")
-        h.send_header("Transfer-Encoding", "chunked")
-        h.end_headers()
+        open_stream(h)
         for i, ev in enumerate(events):
             h.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
             h.wfile.flush()
@@ -582,6 +579,18 @@ def test_module_runs_and_stops_on_sigterm(fakes):
 # --- serving under load and faults (issue 15) -------------------------------------------------
 
 
+def open_stream(h: BaseHTTPRequestHandler, first: bytes | None = None) -> None:
+    """Answer a fake backend's request with a chunked ``text/event-stream`` (200), and send
+    ``first`` as its first chunk when given."""
+    h.send_response(200)
+    h.send_header("Content-Type", "text/event-stream")
+    h.send_header("Transfer-Encoding", "chunked")
+    h.end_headers()
+    if first is not None:
+        h.wfile.write(b"%x\r\n%s\r\n" % (len(first), first))
+        h.wfile.flush()
+
+
 def wait_disconnect(h: BaseHTTPRequestHandler, timeout: float) -> bool:
     """True once the peer of handler ``h`` closed its connection (within ``timeout`` s)."""
     import select
@@ -681,13 +690,7 @@ def test_client_leaving_mid_stream_cancels_the_decode_leg(fakes, router):
     gone = threading.Event()
 
     def d_stream(h, seen):
-        h.send_response(200)
-        h.send_header("Content-Type", "text/event-stream")
-        h.send_header("Transfer-Encoding", "chunked")
-        h.end_headers()
-        ev = b"data: {}\n\n"
-        h.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
-        h.wfile.flush()
+        open_stream(h, b"data: {}\n\n")
         started.set()
         if wait_disconnect(h, 5):
             gone.set()
@@ -756,10 +759,7 @@ def test_client_leaving_as_the_stream_ends_is_not_a_router_error(fakes, router, 
     send_end, end_sent = threading.Event(), threading.Event()
 
     def d_stream(h, seen):
-        h.send_response(200)
-        h.send_header("Content-Type", "text/event-stream")
-        h.send_header("Transfer-Encoding", "chunked")
-        h.end_headers()
+        open_stream(h)
         h.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
         h.wfile.flush()
         send_end.wait(5)
@@ -807,13 +807,7 @@ def test_a_client_that_disconnects_gets_no_traceback_on_the_routers_stderr(fakes
             busy["d"].set()
             wait_disconnect(h, 5)
             return
-        h.send_response(200)
-        h.send_header("Content-Type", "text/event-stream")
-        h.send_header("Transfer-Encoding", "chunked")
-        h.end_headers()
-        ev = b"data: {}\n\n"
-        h.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
-        h.wfile.flush()
+        open_stream(h, b"data: {}\n\n")
         busy["stream"].set()
         wait_disconnect(h, 5)
 
