@@ -1251,8 +1251,8 @@ def _diff_migration(a_doc, b_doc, pipeline: Optional[str], fmt: str, version: Op
     after = to_plain(b_doc.tree)
     d = migration_diff(to_plain(a_doc.tree), after, titles)
     want = {s.get("stage_id"): layout_settings(s) for s in to_plain(m.tree)["stages"]}
-    off = [(sid, c) for s in after["stages"] if isinstance(s, dict)
-           for sid in [s.get("stage_id")] for c in changes(want.get(sid, {}), layout_settings(s))]
+    off = [(s.get("stage_id"), c) for s in after["stages"] if isinstance(s, dict)
+           for c in changes(want.get(s.get("stage_id"), {}), layout_settings(s))]
     if fmt == "json":
         out = diff_json(d) + [{"not_as_migrate_writes": [
             {"stage_id": sid, "kind": c.kind, "key": c.key, "migrate": c.before, "after": c.after} for sid, c in off]}]
