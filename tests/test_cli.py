@@ -807,3 +807,20 @@ def test_flatten_and_changes():
     assert flatten({"a": {"b": 1, "c": {}}, "d": [1]}) == {"a.b": 1, "a.c": {}, "d": [1]}
     assert changes({"x": 1, "y": 2, "z": None}, {"y": 3, "w": 4}) == (
         Change("~", "y", 2, 3), Change("+", "w", None, 4), Change("-", "x", 1, None))
+
+
+def test_explain_says_which_runtime_a_rule_models_and_lists_its_examples(capsys):
+    """`omni-pd explain` prints what Rule.explain() has: the Runtime line (OPD306 models
+    vllm-omni's PD validator only) and the rule's further examples, one per line."""
+    assert main(["explain", "OPD306"]) == 0
+    out = capsys.readouterr().out
+    assert out.split("\n\n")[2] == (
+        "Runtime: vllm-omni only (`vllm serve --omni`; not checked for pipelines launched as plain "
+        "`vllm serve` engines)")
+    assert out.endswith(
+        "More examples (each is a test):\n"
+        "  passes: llm_pd under plain vllm serve: OPD603's table decides, not vllm-omni's validator\n"
+        "  passes: thinker-only pipelines launch plain vllm serve engines too\n"
+        "  fires: Qwen2.5-Omni PD under vllm-omni\n")
+    assert main(["explain", "OPD304"]) == 0
+    assert "Runtime:" not in capsys.readouterr().out  # a rule of both runtimes says none

@@ -102,12 +102,19 @@ def _ctx(ctx: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in ctx.items()) or "none"
 
 
+#: the heading of a rule's further examples, one ``fires|passes: name`` a line
+EXAMPLES = "More examples (each is a test)"
+
+
 def sections(entry: Any) -> list[tuple[str, str, bool]]:
     """The parts of an explanation as ``(heading, body, is_yaml)``; heading "" for the
     title, summary and doc. ``entry`` is a :class:`~omni_pd.check.rules.Rule` or a
     :class:`~omni_pd.check.codes.CodeDoc`."""
     title = f"{entry.code} {entry.name} ({entry.severity.value}, {entry.family})"
-    out = [("", title, False), ("", entry.summary, False), ("", inspect.cleandoc(entry.doc), False)]
+    out = [("", title, False), ("", entry.summary, False)]
+    if getattr(entry, "runtime_scope", None):
+        out.append(("Runtime", entry.runtime_scope, False))
+    out.append(("", inspect.cleandoc(entry.doc), False))
     if isinstance(entry, CodeDoc):
         out.append(("Emitted by", entry.emitted_by, False))
         if entry.exit is not None:
@@ -118,6 +125,9 @@ def sections(entry: Any) -> list[tuple[str, str, bool]]:
         out.append(("Context of the failing example", _ctx(entry.example_context), False))
     if entry.pass_context is not None:
         out.append(("Context of the passing example", _ctx(entry.pass_context), False))
+    if entry.examples:
+        out.append((EXAMPLES, "\n".join(
+            f"{'fires' if e.fires else 'passes'}: {e.name}" for e in entry.examples), False))
     return out
 
 
@@ -129,6 +139,8 @@ def explain_text(entry: Any) -> str:
             lines += [plain_literals(body), ""]
         elif yaml:
             lines += [f"{head}:", "", _indent(body), ""]
+        elif head == EXAMPLES:
+            lines += [f"{head}:"] + [f"  {plain_literals(x)}" for x in body.splitlines()] + [""]
         else:
             lines += [f"{head}: {plain_literals(body)}", ""]
     return "\n".join(lines).rstrip("\n") + "\n"
@@ -147,6 +159,8 @@ def print_rich(entry: Any, console: Any) -> None:
         elif yaml:
             console.print(f"[bold]{head}:[/]")
             console.print(Syntax(body, "yaml", theme="ansi_dark", background_color="default", padding=(0, 4)))
+        elif head == EXAMPLES:
+            console.print(f"[bold]{head}:[/]\n" + "\n".join(f"  {rich_literals(x)}" for x in body.splitlines()))
         else:
             console.print(f"[bold]{head}:[/] {rich_literals(body)}")
         console.print()

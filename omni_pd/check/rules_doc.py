@@ -18,7 +18,7 @@ import re
 import sys
 from typing import Any, Sequence
 
-from omni_pd.check.explain import plain_literals, sections
+from omni_pd.check.explain import EXAMPLES, plain_literals, sections
 
 #: the command that writes docs/rules.md (quoted in its header and in the drift test)
 REGENERATE = "python -m omni_pd.check.rules_doc -o docs/rules.md"
@@ -50,10 +50,14 @@ def _entry_markdown(entry: Any) -> list[str]:
     out = [f"## {entry.code} {entry.name}", "",
            f"{entry.severity.value}, {entry.family}" + (f"; runtime: {runtime}" if runtime else ""), ""]
     for head, body, is_yaml in parts[1:]:  # parts[0] is the title, the heading here
+        if head == "Runtime":
+            continue  # said on the severity line
         if not head:
             out += [_prose(body), ""]
         elif is_yaml:
             out += [f"{head}:", "", "```yaml", body, "```", ""]
+        elif head == EXAMPLES:  # one item a line: a list
+            out += [f"{head}:", ""] + [f"- {_prose(line)}" for line in body.splitlines()] + [""]
         else:
             out += [f"{head}: {_prose(body)}", ""]
     return out

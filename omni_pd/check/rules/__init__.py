@@ -93,14 +93,21 @@ class Rule:
     def family(self) -> str:
         return FAMILIES.get(self.code[3], "other")
 
+    @property
+    def runtime_scope(self) -> str | None:
+        """What ``explain`` says after ``Runtime:`` (None for a rule of both runtimes)."""
+        if not self.runtime:
+            return None
+        return f"{self.runtime} only (" + (
+            "`vllm serve --omni`; not checked for pipelines launched as plain `vllm serve` engines)"
+            if self.runtime == "vllm-omni" else "plain `vllm serve` engines)")
+
     def explain(self) -> str:
         """The text ``omni-pd explain CODE`` prints."""
         out = [f"{self.code} {self.name} ({self.severity.value}, {self.family})", "",
                self.summary, ""]
         if self.runtime:
-            out += [f"Runtime: {self.runtime} only ("
-                    + ("`vllm serve --omni`; not checked for pipelines launched as plain `vllm serve` engines)"
-                       if self.runtime == "vllm-omni" else "plain `vllm serve` engines)"), ""]
+            out += [f"Runtime: {self.runtime_scope}", ""]
         out += [self.doc.strip(), "", "Fails:", "",
                _indent(self.fail.strip()), "", "Passes:", "", _indent(self.passing.strip())]
         if self.example_context:
