@@ -316,8 +316,8 @@ def test_secrets_are_masked_in_logs_output_and_plan(tmp_path: Path, monkeypatch:
 
 
 def test_log_files_hold_raw_lines_per_process(tmp_path: Path) -> None:
-    # the children print before they serve /health: healthy means printed
-    p = plan(child("prefill-0", "--lines", 3, "--stderr", "to stderr [x]", port=free_port()),
+    # the children print before they serve /health: healthy means printed; colours are dropped
+    p = plan(child("prefill-0", "--lines", 3, "--stderr", "to \x1b[1;31mstderr\x1b[0m [x]", port=free_port()),
              child("decode-0", "--lines", 2, port=free_port()))
     out = io.StringIO()
     assert run(p, tmp_path, out=out, live=False, stay=False, grace_s=1, handle_signals=False) == 0

@@ -17,7 +17,9 @@ The supervisor is the side-effecting end of ``omni-pd launch``::
   pause between probes starts at ``interval_s`` and doubles up to ``max_interval_s``.
   No 200 within ``timeout_s`` of the process start is a failure.
 * **Logs.** One reader thread per child (stdout and stderr merged) writes every line to
-  ``<run_dir>/<name>.log`` (the raw line) and streams it as ``[name] line``. Secret
+  ``<run_dir>/<name>.log`` (the raw line less terminal escape sequences: colours a child
+  prints for a terminal, e.g. a library that forces them, do not reach a log file or the
+  plain view) and streams it as ``[name] line``. Secret
   values (env values whose name :func:`~omni_pd.launch.spec.is_secret`, from the plan
   and from the launcher's own environment, 4 characters or longer) are replaced by
   ``***`` in both, and in ``<run_dir>/plan.json``.
@@ -86,6 +88,8 @@ PROBE_TIMEOUT_S = 2.0
 KILL_WAIT_S = 5.0
 #: secret values shorter than this are not masked (masking "0" would mangle every line)
 MIN_SECRET_LEN = 4
+#: an ECMA-48 escape sequence (CSI ``ESC [ ... final``, e.g. colours, and two-byte ``ESC x``)
+ANSI_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
 _TICK_S = 0.05
 #: seconds between looks for new processes of the launch during the grace period
 LOOK_S = 0.25
@@ -841,7 +845,7 @@ class Supervisor:
         assert popen.stdout is not None
         try:
             for raw in iter(popen.stdout.readline, b""):
-                line = self.mask(raw.decode("utf-8", "replace").rstrip("\r\n"))
+                line = self.mask(ANSI_ESCAPE.sub("", raw.decode("utf-8", "replace").rstrip("\r\n")))
                 p.tail.append(line)
                 with contextlib.suppress(OSError, ValueError):
                     log.write(line + "\n")
