@@ -536,7 +536,11 @@ def size(
     model_info: Path = typer.Option(..., "--model-info", help="the model's config.json (Qwen3-Omni: the Thinker's "
                                     "text_config is what PD splits; talker/code2wav sub-configs size the rest)"),
     system: str = typer.Option(..., "--system", help="AIConfigurator GPU system, e.g. h200_sxm, h100_sxm, b200_sxm"),
-    total_devices: int = typer.Option(..., "--total-devices", min=1, help="devices for the whole pipeline"),
+    total_devices: Optional[int] = typer.Option(None, "--total-devices", min=1,
+                                                help="devices for the whole pipeline (or --request-rate)"),
+    request_rate: Optional[float] = typer.Option(
+        None, "--request-rate", help="target requests/s instead of --total-devices: instances per side from "
+        "AIConfigurator's per-instance throughput (docs/sizing.md)"),
     backend: str = typer.Option("vllm", "--backend", help="AIConfigurator backend database (vllm, sglang, trtllm)"),
     text_tokens: int = typer.Option(..., "--text-tokens", min=0, help="prompt text tokens per request"),
     audio_seconds: Optional[list[float]] = typer.Option(None, "--audio-seconds", help="one audio clip (seconds), repeatable"),
@@ -557,8 +561,14 @@ def size(
     from omni_pd.compile.parse import parse_config
     from omni_pd.io import atomic_write, load_file
     from omni_pd.resources import preset_path
-    from omni_pd.sizing import aic, model_map, plan, report, traffic
+    from omni_pd.sizing import aic, model_map, plan, rate, report, traffic
 
+    if (total_devices is None) == (request_rate is None):
+        raise _size_error("give --total-devices N or --request-rate R" if total_devices is None else
+                          "give --total-devices or --request-rate, not both",
+                          help="--request-rate derives the device count; --total-devices sizes for a fixed count")
+    if request_rate is not None and not (request_rate > 0 and request_rate != float("inf")):
+        raise _size_error(f"--request-rate must be a positive number of requests per second, not {request_rate:g}")
     try:
         cfg = json.loads(model_info.read_text(encoding="utf-8"))
         imgs = tuple(tuple(int(x) for x in s.lower().split("x", 1)) for s in (image or ()))
@@ -596,11 +606,12 @@ def size(
                               + ", ".join(f"{k} {a} vs {b}" for k, (a, b) in match.differs.items()))
     down = plan.downstream_stages(cfg, utils)
     need = len(plan.place_downstream(down, len(down), device_bytes)) if down else 0
-    if total_devices - need < 2:
+    if total_devices is not None and total_devices - need < 2:
         raise _size_error(f"{total_devices} device(s) leave {total_devices - need} for the Thinker; PD needs 2")
     if from_result is None:
-        req = aic.AicRequest(match.model, system, backend, total_devices - need, isl, output_tokens, ttft, tpot)
         try:
+            budget = total_devices - need if total_devices is not None else aic.gpus_per_node(system)
+            req = aic.AicRequest(match.model, system, backend, budget, isl, output_tokens, ttft, tpot)
             recorded = aic.run(req)
         except aic.AicMissing:
             raise _size_error("AIConfigurator is not installed", help="pip install aiconfigurator==0.12.0 (the sizing extra of omni-pd)") from None
@@ -615,6 +626,15 @@ def size(
         raise _size_error(f"--pick {pick}: AIConfigurator returned {len(rows)} disagg rows")
     rows = [rows[pick]] + [r for i, r in enumerate(rows) if i != pick]
     top = rows[0]
+    fit = None
+    if request_rate is not None:  # the picked row's instances scaled to the rate; the devices follow
+        raw = recorded["best_configs"]["disagg"][pick]
+        try:
+            fit = rate.fit(raw, request_rate)
+        except ValueError as e:
+            raise _size_error(str(e)) from None
+        top = rows[0] = rate.scaled(top, raw, fit, output_tokens)
+        total_devices = top.devices + need
     try:
         placed = plan.place_downstream(down, total_devices - top.devices, device_bytes) if down else []
     except plan.NoFit as e:
@@ -623,7 +643,7 @@ def size(
     note = (f"same shape as {where}" if match.exact else "recorded") + (
         f" of {model_info.name}" if from_result is None else f" in {from_result.name}")
     s = report.summary(recorded, rows, {"model": match.model, "note": note},
-                       {"isl": isl, "breakdown": shape.breakdown()}, placed, devs)
+                       {"isl": isl, "breakdown": shape.breakdown()}, placed, devs, fit)
     if fmt == "json":
         sys.stdout.write(json.dumps(s, indent=1) + "\n")
     else:

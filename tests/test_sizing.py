@@ -203,3 +203,92 @@ def test_missing_aiconfigurator_is_exit_2(capsys):
         pass
     rc, _, err = _size(capsys)
     assert rc == 2 and "AIConfigurator is not installed" in err and "aiconfigurator==0.12.0" in err
+
+
+# --- --request-rate: instances per side from AIConfigurator's per-instance throughput ------------
+Q8 = FIX / "aic_qwen3_8b_h100_vllm.json"
+
+
+@pytest.mark.parametrize("fixture", [RESULT, Q8])
+def test_aiconfigurators_rate_matching_reproduces_every_recorded_row(fixture):
+    """The formula omni_pd.sizing.rate inverts is AIConfigurator's: each recorded disagg row's seq/s
+    is min(P x (p)seq/s/worker x 0.9, D x (d)seq/s/worker x 0.92), to its 3 decimals."""
+    from omni_pd.sizing import rate
+
+    rows = json.loads(fixture.read_text())["best_configs"]["disagg"]
+    assert len(rows) >= 2
+    for r in rows:
+        assert round(rate.served(r, r["(p)workers"], r["(d)workers"]), 3) == pytest.approx(r["seq/s"], abs=1e-3)
+        # at the row's own rate: no more instances than the row's (AIConfigurator fills its fixed GPU
+        # budget, e.g. row 3 of the 30B run: 4 prefill where 3 x 12.109 serve its 36.226 req/s), still serving it
+        f = rate.fit(r, r["seq/s"])
+        assert f.prefill_replicas <= r["(p)workers"] and f.decode_replicas <= r["(d)workers"]
+        assert f.served >= r["seq/s"] - rate.ROUNDING
+    top = rate.fit(rows[0], rows[0]["seq/s"])
+    assert (top.prefill_replicas, top.decode_replicas) == (rows[0]["(p)workers"], rows[0]["(d)workers"])
+
+
+def test_fit_rounds_each_side_up_separately():
+    from omni_pd.sizing import rate
+
+    top = json.loads(RESULT.read_text())["best_configs"]["disagg"][0]  # 13.454 / 43.657 req/s per instance
+    f = rate.fit(top, 100)  # 100 / (0.9 x 13.454) = 8.26 -> 9; 100 / (0.92 x 43.657) = 2.49 -> 3
+    assert f == rate.RateFit(100, 9, 3, 108.977, 13.454, 43.657)  # min(9 x 12.109, 3 x 40.164)
+    assert (rate.fit(top, 0.01).prefill_replicas, rate.fit(top, 0.01).decode_replicas) == (1, 1)
+    with pytest.raises(ValueError, match="positive"):
+        rate.fit(top, 0)
+
+
+def test_request_rate_sizes_the_headline_row_for_100_req_s(capsys, tmp_path):
+    """ISL 4000 / OSL 500 at 100 req/s: 9 prefill (TP1) + 3 decode (TP1 DP4) = 21 Thinker devices,
+    + 1 for Talker and Code2Wav; written through expand and validated."""
+    from omni_pd.cli import _run
+    from omni_pd.io import load_file
+
+    args = [a for a in ARGS if a not in ("--total-devices", "9")] + ["--request-rate", "100", "--from-result", str(RESULT)]
+    assert _run(args + ["--format", "json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    th = s["thinker"]
+    assert (th["prefill"]["replicas"], th["prefill"]["tp"], th["decode"]["replicas"], th["decode"]["dp"]) == (9, 1, 3, 4)
+    assert s["request_rate"]["served"] == 108.977 and s["total_devices"] == 22
+    assert s["devices"] == {"prefill": list(range(9)), "decode": list(range(9, 21)), "downstream": [21]}
+    assert th["tokens_per_s_gpu"] == round(108.977 * 500 / 21, 3) and th["concurrency"] == 3 * 640
+    assert (th["ttft_ms"], th["tpot_ms"]) == (133.79, 29.378)  # per instance: unchanged by the count
+    out = tmp_path / "sized.yaml"
+    assert _run(args + ["--write", str(out)]) == 0, capsys.readouterr().err
+    got = [(st.get("num_replicas", 1), st.get("data_parallel_size"), str(st["devices"])) for st in load_file(out).tree["stages"]]
+    assert got == [(9, None, "0,1,2,3,4,5,6,7,8"), (3, 4, ",".join(map(str, range(9, 21)))),
+                   (1, None, "21"), (1, None, "21")]
+    capsys.readouterr()
+    assert _run(["validate", str(out)]) == 0, capsys.readouterr().out
+
+
+def test_request_rate_on_the_qwen3_8b_recording(capsys, tmp_path):
+    """Qwen3-8B on h100 (ISL 2000 / OSL 300): 20.905 / 20.695 req/s per instance; 50 req/s ->
+    ceil(50 / 18.81) = 3 prefill, ceil(50 / 19.04) = 3 decode, 6 devices, serving 56.444 req/s."""
+    from omni_pd.cli import _run
+
+    src = tmp_path / "llm.yaml"
+    src.write_text('stages:\n  - stage_id: 0\n    devices: "0"\n')
+    mi = tmp_path / "config.json"
+    mi.write_text(json.dumps({"hidden_size": 4096}))
+    rc = _run(["size", str(src), "--model-info", str(mi), "--system", "h100_sxm", "--request-rate", "50",
+               "--text-tokens", "2000", "--output-tokens", "300", "--ttft", "800", "--tpot", "25",
+               "--from-result", str(Q8), "--format", "json"])
+    s = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert (s["thinker"]["prefill"]["replicas"], s["thinker"]["decode"]["replicas"], s["total_devices"]) == (3, 3, 6)
+    assert s["request_rate"]["served"] == round(min(3 * 20.905 * 0.9, 3 * 20.695 * 0.92), 3) == 56.444
+
+
+@pytest.mark.parametrize("extra,msg", [
+    ([], "error[OPD006]: size: give --total-devices N or --request-rate R"),
+    (["--total-devices", "9", "--request-rate", "10"], "error[OPD006]: size: give --total-devices or --request-rate, not both"),
+    (["--request-rate", "-1"], "error[OPD006]: size: --request-rate must be a positive number of requests per second, not -1"),
+])
+def test_request_rate_xor_total_devices(capsys, extra, msg):
+    from omni_pd.cli import _run
+
+    args = [a for a in ARGS if a not in ("--total-devices", "9")] + extra + ["--from-result", str(RESULT)]
+    assert _run(args) == 2
+    assert capsys.readouterr().err.splitlines()[0] == msg

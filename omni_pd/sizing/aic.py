@@ -104,6 +104,21 @@ def gpu_memory_bytes(system: str) -> int:
     return int(YAML(typ="safe").load(f.read_text(encoding="utf-8"))["gpu"]["mem_capacity"])
 
 
+def gpus_per_node(system: str) -> int:
+    """``node.num_gpus_per_node`` of AIConfigurator's ``systems/<system>.yaml``: the GPU budget
+    ``cli_recommend`` (aiconfigurator 0.12.0 ``cli/api.py``) sweeps per-instance configurations
+    with, and the one ``omni-pd size --request-rate`` gives ``cli_default``. Raises as
+    :func:`gpu_memory_bytes`."""
+    gpu_memory_bytes(system)  # the same refusal for an unknown system
+    import aiconfigurator_core
+    from pathlib import Path
+
+    from ruamel.yaml import YAML
+
+    f = Path(aiconfigurator_core.__file__).parent / "systems" / f"{system}.yaml"
+    return int(YAML(typ="safe").load(f.read_text(encoding="utf-8"))["node"]["num_gpus_per_node"])
+
+
 def run(req: AicRequest) -> dict:
     """Run ``cli_default`` for ``req`` and return its recorded form (see :func:`record`).
 

@@ -6,15 +6,19 @@ from dataclasses import asdict
 from typing import Any, Mapping
 
 from omni_pd.sizing.plan import ThinkerChoice, slo_margins
+from omni_pd.sizing.rate import RateFit
 
 
 def summary(recorded: Mapping[str, Any], chosen: list[ThinkerChoice], mapping: Mapping[str, Any],
-            traffic: Mapping[str, Any], downstream: list[list[str]], devices: Mapping[str, list[int]]) -> dict:
+            traffic: Mapping[str, Any], downstream: list[list[str]], devices: Mapping[str, list[int]],
+            fit: RateFit | None = None) -> dict:
     """The ``--format json`` document: inputs, AIConfigurator version and perf database, the chosen
-    Thinker split with SLO margins, the runners-up, agg vs disagg, and the downstream placement."""
+    Thinker split with SLO margins, the runners-up, agg vs disagg, and the downstream placement;
+    with ``fit`` (``--request-rate``) also ``request_rate``: the target, the per-instance req/s
+    it was scaled from and what the scaled split serves (:mod:`omni_pd.sizing.rate`)."""
     req = recorded["request"]
     top = chosen[0]
-    return {
+    out = {
         "aiconfigurator": recorded.get("aiconfigurator"),
         "perf_database": top.prefill.version,
         "request": dict(req),
@@ -32,6 +36,14 @@ def summary(recorded: Mapping[str, Any], chosen: list[ThinkerChoice], mapping: M
         "downstream": downstream,
         "devices": {k: list(v) for k, v in devices.items()},
     }
+    if fit is not None:
+        out["request_rate"] = {"target": fit.target, "served": fit.served,
+                               "prefill_per_instance": fit.prefill_per_instance,
+                               "decode_per_instance": fit.decode_per_instance,
+                               "formula": "instances = ceil(R / (0.9 x (p)seq/s/worker)) prefill, "
+                                          "ceil(R / (0.92 x (d)seq/s/worker)) decode (AIConfigurator's rate matching)"}
+    out["total_devices"] = sum(len(v) for v in devices.values())
+    return out
 
 
 def render(s: Mapping[str, Any], console) -> None:
@@ -39,8 +51,10 @@ def render(s: Mapping[str, Any], console) -> None:
     from rich.table import Table
 
     req, th = s["request"], s["thinker"]
-    console.print(f"Thinker LLM = {s['model_map']['model']} ({s['model_map']['note']}); "
-                  f"{req['system']} x{req['total_gpus']} for the Thinker, {req['backend']}, "
+    rr = s.get("request_rate")
+    budget = (f"{req['system']} (AIConfigurator ran with {req['total_gpus']} GPUs)" if rr else
+              f"{req['system']} x{req['total_gpus']} for the Thinker")
+    console.print(f"Thinker LLM = {s['model_map']['model']} ({s['model_map']['note']}); {budget}, {req['backend']}, "
                   f"ISL {req['isl']} ({s['traffic']['breakdown']}) / OSL {req['osl']}")
     t = Table(title=f"Thinker PD split (AIConfigurator {s['aiconfigurator']}, perf database {s['perf_database']})")
     for col in ("side", "instances", "TP", "DP", "devices", "SLO", "target ms", "predicted ms", "headroom", "bound"):
@@ -51,6 +65,11 @@ def render(s: Mapping[str, Any], console) -> None:
                   m["slo"], f"{m['target_ms']:g}", f"{m['predicted_ms']:.1f}",
                   f"{m['headroom_ms']:.1f} ms ({m['headroom']:.0%})", "yes" if m["binding"] else "")
     console.print(t)
+    if rr:
+        console.print(f"request rate {rr['target']:g} req/s: prefill {rr['prefill_per_instance']:g} and decode "
+                      f"{rr['decode_per_instance']:g} req/s per instance (x0.9 / x0.92, AIConfigurator's rate "
+                      f"matching) -> {th['prefill']['replicas']} prefill + {th['decode']['replicas']} decode "
+                      f"instances, serving {rr['served']:g} req/s on {s['total_devices']} devices")
     agg = s["agg_vs_disagg"]
     ratio = (f", {agg['disagg'] / agg['agg']:.2f}x the best aggregated ({agg['agg']:.0f})"
              if agg.get("agg") and agg.get("disagg") else "")
