@@ -608,6 +608,10 @@ def size(
     need = len(plan.place_downstream(down, len(down), device_bytes)) if down else 0
     if total_devices is not None and total_devices - need < 2:
         raise _size_error(f"{total_devices} device(s) leave {total_devices - need} for the Thinker; PD needs 2")
+    if from_result is not None and total_devices is not None and recorded["request"]["total_gpus"] != total_devices - need:
+        raise _size_error(f"--from-result {from_result} was recorded for {recorded['request']['total_gpus']} Thinker "
+                          f"GPUs; --total-devices {total_devices} leaves {total_devices - need} (after {need} for the "
+                          "stages downstream)", help="re-run without --from-result, or give the recorded count")
     if from_result is None:
         try:
             budget = total_devices - need if total_devices is not None else aic.gpus_per_node(system)

@@ -195,6 +195,18 @@ def test_a_result_recorded_for_other_traffic_is_refused(capsys):
     assert rc == 2 and "was recorded for" in capsys.readouterr().err
 
 
+def test_a_result_recorded_for_another_device_count_is_refused(capsys):
+    """The recording ran AIConfigurator with 8 GPUs for the Thinker: --total-devices 12 (11 after the
+    Talker's device) would size 12 devices from an 8-GPU sweep."""
+    from omni_pd.cli import _run
+
+    rc = _run([a if a != "9" else "12" for a in ARGS] + ["--from-result", str(RESULT)])
+    assert rc == 2
+    assert capsys.readouterr().err.splitlines()[0] == (
+        f"error[OPD006]: size: --from-result {RESULT} was recorded for 8 Thinker GPUs; --total-devices 12 leaves 11 "
+        "(after 1 for the stages downstream)")
+
+
 def test_missing_aiconfigurator_is_exit_2(capsys):
     try:
         import aiconfigurator  # noqa: F401
