@@ -1470,6 +1470,12 @@ def render(
     name: str = typer.Option("omni-pd", "--name", help="kubernetes: name prefix of every object"),
     secret: str = typer.Option("omni-pd-secrets", "--secret",
                                help="kubernetes: the Secret that holds secret env values (HF_TOKEN, API keys)"),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=1,
+                                                help="kubernetes: devices one node offers; an instance with more "
+                                                     "becomes a LeaderWorkerSet across nodes (default: each fits one)"),
+    disaggregated_set: bool = typer.Option(False, "--disaggregated-set",
+                                           help="kubernetes: both roles in one LWS DisaggregatedSet (lws v0.9.0 or "
+                                                "later) instead of a workload per role"),
     vllm: str = typer.Option("vllm", "--vllm", help="the `vllm` executable on the hosts"),
     port: int = typer.Option(8000, "--port", help="client port: the PD router, or the vllm-omni server"),
     engine_port_base: int = typer.Option(8100, "--engine-port-base", help="prefill HTTP port (decode: +100)"),
@@ -1504,6 +1510,10 @@ def render(
         raise OmniPdError(Diagnostic(code="OPD005", severity=Severity.ERROR,
                                      message=f"--to {to}: exists and is not an empty directory",
                                      help="pass a new directory (render never writes over files)"))
+    if target != "kubernetes" and (gpus_per_node is not None or disaggregated_set):
+        raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                     message="--gpus-per-node and --disaggregated-set shape Kubernetes workloads",
+                                     help="add --target kubernetes, or drop them for scripts"))
     inv = _inventory_opt(inventory)
     kept, hidden = _plan_suppression(config, select, ignore)  # before the config is read, as launch
     doc = load_file(config)
@@ -1520,7 +1530,8 @@ def render(
     from omni_pd.launch.plan import hosts_of
 
     if target == "kubernetes":
-        files = _kubernetes_files(plan, planned.topology, doc, image, router_image, name, platform, secret)
+        files = _kubernetes_files(plan, planned.topology, doc, image, router_image, name, platform, secret,
+                                  gpus_per_node, disaggregated_set)
     else:
         files = render_scripts(plan, doc.text, _plan_placement(plan, inv, doc), source=config.name, platform=platform,
                                stages=_role_stages(planned.topology))
@@ -1535,10 +1546,12 @@ def render(
     sys.stderr.write(f"wrote {to}: {', '.join(files)}" + (f" ({'; '.join(said)})" if said else "") + "\n")
 
 
-def _kubernetes_files(plan, topo, doc, image: str, router_image: str, name: str, platform: str, secret: str) -> dict:
+def _kubernetes_files(plan, topo, doc, image: str, router_image: str, name: str, platform: str, secret: str,
+                      gpus_per_node: Optional[int] = None, disaggregated_set: bool = False) -> dict:
     """``render --target kubernetes``: the manifests (:mod:`omni_pd.render.kubernetes`),
-    validated before anything is written: every object with the kubernetes-validate
-    package's schemas (strict), and ``kubectl kustomize`` where kubectl is installed. A
+    validated before anything is written: every core object with the kubernetes-validate
+    package's schemas (strict), LeaderWorkerSet and DisaggregatedSet with their bundled CRD
+    schemas (:mod:`omni_pd.render.crd_schema`), and ``kubectl kustomize`` where kubectl is installed. A
     plan without a Kubernetes rendering is OPD006 (exit 2); an object that does not
     validate is a bug (OPD000, exit 3)."""
     import shutil
@@ -1549,10 +1562,15 @@ def _kubernetes_files(plan, topo, doc, image: str, router_image: str, name: str,
 
     try:
         files = render_kubernetes(plan, doc.text, name=name, image=image, router_image=router_image,
-                                  platform=platform, secret=secret, stages=_role_stages(topo))
+                                  platform=platform, secret=secret, stages=_role_stages(topo),
+                                  gpus_per_node=gpus_per_node, disaggregated_set=disaggregated_set)
     except RenderError as e:
         raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR, message=f"render --target kubernetes: {e}",
                                      help=e.help)) from None
+    except ValueError as e:  # a manifest would carry a secret value
+        raise OmniPdError(Diagnostic(code="OPD000", severity=Severity.ERROR, message=f"internal error: {e}",
+                                     help="this is a bug in omni-pd (nothing was written); please report it"),
+                          exit_code=3) from None
     try:
         problems = validate_manifests(files)
     except ImportError:

@@ -1,36 +1,72 @@
 """Kubernetes manifests for a plain-vLLM PD pair (``omni-pd render --target kubernetes``).
 
 The llm-d shape (llm-d's Kustomize guide ``guides/pd-disaggregation``,
-https://github.com/llm-d/llm-d): per role a Deployment (one pod per prefill or decode
-instance, ``replicas`` = the stage's ``num_replicas``) and a Service, the PD router as its
+https://github.com/llm-d/llm-d): per role a workload and a Service, the PD router as its
 own Deployment and Service in front (the entrypoint), the compiled deploy config as a
-ConfigMap, and a ``kustomization.yaml`` so ``kubectl apply -k DIR`` applies it all. Per
-pod:
+ConfigMap, and a ``kustomization.yaml`` so ``kubectl apply -k DIR`` applies it all.
+
+Workloads, per role (``replicas`` = the stage's ``num_replicas``, one group per instance):
+
+* **Deployment**, one pod per instance, when the instance's world size (TP x PP x DP
+  devices) fits one node: ``gpus_per_node`` (``render --gpus-per-node``) unset, or at
+  least the world size;
+* **LeaderWorkerSet** (kubernetes-sigs/lws ``leaderworkerset.x-k8s.io/v1``) when it does
+  not: ``leaderWorkerTemplate.size`` = world / ``gpus_per_node`` pods, each asking for
+  ``gpus_per_node`` devices. vLLM 0.30's own multi-node launch, no Ray: the leader runs
+  ``vllm serve ... --nnodes N --node-rank 0 --master-addr $(POD_IP)`` (the API server,
+  the engine core and its local workers; it binds the torch.distributed store and a DP
+  head on its own address), each worker ``vllm serve ... --nnodes N --node-rank
+  $(LWS_WORKER_INDEX) --master-addr $(LWS_LEADER_ADDRESS) --headless`` (no API server;
+  vllm/entrypoints/cli/serve.py ``run_headless``). vLLM requires ``--nnodes`` to divide
+  the world size (vllm/engine/arg_utils.py ``create_engine_config``), so a world size that
+  is not a multiple of ``gpus_per_node`` is refused here. ``VLLM_HOST_IP`` = the pod IP on
+  every pod of the group: the address vLLM advertises for its cross-node message queues
+  (vllm/utils/network_utils.py ``get_ip``). ``startupPolicy: LeaderCreated``: the leader
+  is ready only once its workers joined, so ``LeaderReady`` would never start them;
+  ``restartPolicy: RecreateGroupOnPodRestart``: one lost rank stops the whole instance;
+* **DisaggregatedSet** (``disaggregatedset.x-k8s.io/v1``, lws v0.9.0 and later;
+  ``disaggregated_set=True``, ``render --disaggregated-set``): both roles in one object,
+  each role's spec a LeaderWorkerSet spec as above (size 1 when it fits one node), so the
+  controller rolls prefill and decode together.
+
+A role's Service selects its serving pods only (a LeaderWorkerSet's leaders:
+``leaderworkerset.sigs.k8s.io/worker-index: "0"``, which LWS sets on every pod). Per pod:
 
 * ``--host $(POD_IP)`` and ``VLLM_NIXL_SIDE_CHANNEL_HOST`` from the pod IP (downward API
   ``status.podIP``): every listener binds and advertises the pod's own address;
-* accelerator requests and limits = the instance's world size (TP x PP x DP devices:
-  a decode at DP 4 asks for four GPUs), ``nvidia.com/gpu`` on cuda, ``amd.com/gpu`` on rocm;
-* no ``engine_id``: replicas of one Deployment share their arguments, so each engine takes
+* accelerator requests and limits: the devices of that pod (a pod per instance: its world
+  size, a decode at DP 4 asks for four GPUs), ``nvidia.com/gpu`` on cuda, ``amd.com/gpu``
+  on rocm;
+* no ``engine_id``: replicas of one workload share their arguments, so each engine takes
   vLLM's per-engine default (a fresh uuid4: vllm/config/kv_transfer.py ``KVTransferConfig``);
-* probes: startup and liveness on ``/health``, readiness on ``/v1/models``;
+* probes on a serving pod: startup and liveness on ``/health``, readiness on
+  ``/v1/models``. An engine with an API key (``--api-key``, ``VLLM_API_KEY``) answers
+  ``/v1/*`` with 401 without it (vLLM's ``AuthenticationMiddleware`` guards ``/v1``,
+  ``/health`` stays open: vllm/entrypoints/serve/middleware/authenticate.py), and an
+  ``httpGet`` probe's headers are literal, so its readiness probe is an ``exec`` probe that
+  sends ``Authorization: Bearer`` from the container's own (Secret-fed) variable. A
+  headless worker serves no HTTP and has no probes;
 * labels: ``app.kubernetes.io/{name,instance,component}``, ``llm-d.ai/role`` and
   ``omni-pd.io/stage``;
-* secrets (``HF_TOKEN``, ``--api-key``) from a Kubernetes Secret (``secretKeyRef``), never
-  written into a manifest.
+* secrets (``HF_TOKEN``, ``--api-key``, ``VLLM_API_KEY``) from a Kubernetes Secret
+  (``secretKeyRef``), never written into a manifest; the router, which reads none of them
+  (it relays the client's ``Authorization``: omni_pd/launch/router/__init__.py), gets none.
 
 Connectors whose router needs each prefill's own address (``router_protocol``
 ``bootstrap``: Mooncake) are refused: a Service hides the pods. Pure: :func:`render_kubernetes`
-returns ``{file name: YAML text}``; :func:`validate_manifests` checks the objects with the
-``kubernetes-validate`` package's schemas (no cluster).
+returns ``{file name: YAML text}``; :func:`validate_manifests` checks the objects offline
+(core kinds with the ``kubernetes-validate`` package's schemas, LeaderWorkerSet and
+DisaggregatedSet with their CRD schemas: :mod:`omni_pd.render.crd_schema`).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Iterable
 
-from omni_pd.launch.spec import LaunchPlan, ProcessSpec, is_secret
+from omni_pd.launch.shell import flag_var
+from omni_pd.launch.spec import LaunchPlan, ProcessSpec, is_secret, secret_flag
 
 #: accelerator resource per platform (device plugins: NVIDIA k8s-device-plugin, ROCm k8s-device-plugin)
 RESOURCE = {"cuda": "nvidia.com/gpu", "rocm": "amd.com/gpu", "cpu": None}
@@ -38,6 +74,14 @@ RESOURCE = {"cuda": "nvidia.com/gpu", "rocm": "amd.com/gpu", "cpu": None}
 K8S_VERSION = "1.33"
 #: env vars the launcher sets that a pod must not carry (the device plugin picks devices)
 _DROP_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+#: vLLM 0.30's torch.distributed port of a multi-node instance (vllm/config/parallel.py ``master_port``)
+MASTER_PORT = 29501
+#: the label LWS puts on every pod of a group, "0" on the leader (lws api/leaderworkerset/v1)
+WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_API = "leaderworkerset.x-k8s.io/v1"
+DS_API = "disaggregatedset.x-k8s.io/v1"
+#: flags of the API server only: a headless worker takes none of them
+_SERVER_FLAGS = ("--host", "--port", "--api-key")
 
 
 class RenderError(ValueError):
@@ -64,7 +108,8 @@ def _port_of(spec: ProcessSpec) -> int:
 
 def _args(spec: ProcessSpec, secret_vars: list[str]) -> list[str]:
     """``spec.argv[1:]`` with ``--host`` = ``$(POD_IP)``, no ``engine_id`` in
-    ``--kv-transfer-config``, and a secret flag's value as ``$(VAR)`` (from the Secret)."""
+    ``--kv-transfer-config``, and a secret flag's value (``--api-key K``, ``--api-key=K``)
+    as ``$(VAR)`` (from the Secret; :func:`omni_pd.launch.shell.flag_var` names it)."""
     argv = list(spec.argv)
     out: list[str] = []
     i = 1
@@ -81,18 +126,26 @@ def _args(spec: ProcessSpec, secret_vars: list[str]) -> list[str]:
             out += [a, json.dumps(kv, separators=(",", ":"))]
             i += 2
             continue
-        if a.startswith("--") and "=" not in a and nxt is not None and is_secret(a[2:].replace("-", "_")):
-            var = a[2:].replace("-", "_").upper()
-            secret_vars.append(var)
-            out += [a, f"$({var})"]
+        flag = secret_flag(a, nxt) if nxt is not None else None
+        if flag is not None and flag == a:  # --api-key VALUE
+            secret_vars.append(flag_var(flag))
+            out += [a, f"$({flag_var(flag)})"]
             i += 2
+            continue
+        flag = secret_flag("", a)
+        if flag is not None:  # --api-key=VALUE
+            secret_vars.append(flag_var(flag))
+            out.append(f"{flag}$({flag_var(flag)})")
+            i += 1
             continue
         out.append(a)
         i += 1
     return out
 
 
-def _env(spec: ProcessSpec, secret: str, secret_vars: Iterable[str]) -> list[dict[str, Any]]:
+def _env(spec: ProcessSpec, secret: str, secret_vars: Iterable[str], *, secrets: bool = True) -> list[dict[str, Any]]:
+    """The container env of ``spec``: ``POD_IP`` first (downward API), the side-channel
+    host as ``$(POD_IP)``, secret values as ``secretKeyRef`` (``secrets`` False: none)."""
     env: list[dict[str, Any]] = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
     for k, v in spec.env.items():
         if k in _DROP_ENV or k == "POD_IP":
@@ -100,7 +153,8 @@ def _env(spec: ProcessSpec, secret: str, secret_vars: Iterable[str]) -> list[dic
         if k == "VLLM_NIXL_SIDE_CHANNEL_HOST":
             env.append({"name": k, "value": "$(POD_IP)"})
         elif is_secret(k):
-            env.append({"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": k}}})
+            if secrets:
+                env.append({"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": k}}})
         else:
             env.append({"name": k, "value": str(v)})
     for var in secret_vars:
@@ -109,42 +163,179 @@ def _env(spec: ProcessSpec, secret: str, secret_vars: Iterable[str]) -> list[dic
     return env
 
 
-def _probes(port: int, startup_s: float) -> dict[str, Any]:
+def _api_key_var(args: list[str], env: list[dict[str, Any]]) -> str | None:
+    """The variable an engine's API key is in: ``--api-key``'s (``API_KEY``), else
+    ``VLLM_API_KEY`` when the container has it (vllm/entrypoints/serve/middleware/register.py:
+    the flag wins over the variable); None: the engine takes no key."""
+    for a in args:
+        if a == "--api-key" or a.startswith("--api-key="):
+            return flag_var("--api-key")
+    return "VLLM_API_KEY" if any(e["name"] == "VLLM_API_KEY" for e in env) else None
+
+
+def _probes(port: int, startup_s: float, api_key_var: str | None) -> dict[str, Any]:
     def get(path: str) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": "http"}}
 
+    if api_key_var is None:
+        ready: dict[str, Any] = get("/v1/models")
+    else:  # GET /v1/models with the key, from the container's own variable (no key in the manifest)
+        code = ("import os, urllib.request as u; u.build_opener(u.ProxyHandler({})).open(u.Request("
+                f"'http://%s:{port}/v1/models' % os.environ['POD_IP'], headers={{'Authorization': "
+                f"'Bearer ' + os.environ['{api_key_var}']}}), timeout=5)")
+        ready = {"exec": {"command": ["python3", "-c", code]}, "timeoutSeconds": 10}
     return {
         "startupProbe": {**get("/health"), "periodSeconds": 10, "failureThreshold": max(1, int(startup_s // 10))},
         "livenessProbe": {**get("/health"), "periodSeconds": 10, "failureThreshold": 3},
-        "readinessProbe": {**get("/v1/models"), "periodSeconds": 5, "failureThreshold": 3},
+        "readinessProbe": {**ready, "periodSeconds": 5, "failureThreshold": 3},
     }
 
 
-def _deployment(name: str, component: str, replicas: int, container: dict[str, Any], stage: int | None,
-                volumes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    labels = _labels(name, component, stage)
+def _port_name(purpose: str, i: int) -> str:
+    from omni_pd.launch.plan import DP_RPC
+
+    return "dp-rpc" if purpose == DP_RPC else f"kv-{i}"
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    for i, a in enumerate(args[:-1]):
+        if a == flag:
+            return args[i + 1]
+    return None
+
+
+def _drop_flags(args: list[str], flags: tuple[str, ...]) -> list[str]:
+    """``args`` without each of ``flags`` and its value (``--flag V`` or ``--flag=V``)."""
+    out: list[str] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a in flags:
+            skip = True
+            continue
+        if a.split("=", 1)[0] in flags and "=" in a:
+            continue
+        out.append(a)
+    return out
+
+
+@dataclass(frozen=True)
+class Role:
+    """One engine role's rendering: its pod templates and Service.
+
+    ``leader``: the serving pod's template (the only one of a one-node instance);
+    ``worker``: a headless worker's template (None: one node); ``size``: pods per instance;
+    ``replicas``: instances."""
+
+    role: str
+    replicas: int
+    size: int
+    leader: dict[str, Any]
+    worker: dict[str, Any] | None
+    service: dict[str, Any]
+    url: str
+
+
+def nodes_of(role: str, world: int, gpus_per_node: int | None) -> int:
+    """Pods (nodes) one instance of ``world`` devices spans with ``gpus_per_node`` devices
+    per node: 1 when it fits (or the node size is unknown), else world / gpus_per_node.
+    Raises :class:`RenderError` when the world size is not a multiple of the node size
+    (vLLM 0.30 splits the world evenly over ``--nnodes``: vllm/engine/arg_utils.py)."""
+    if gpus_per_node is None or world <= gpus_per_node:
+        return 1
+    if world % gpus_per_node:
+        raise RenderError(f"{role}: an instance of {world} devices does not split evenly into nodes of "
+                          f"{gpus_per_node} (vLLM 0.30 needs --nnodes to divide the world size)",
+                          help=f"pass a --gpus-per-node that divides {world}, or size {role} to a multiple of "
+                               f"{gpus_per_node}")
+    return world // gpus_per_node
+
+
+def _role(name: str, role: str, insts: list[ProcessSpec], *, image: str, secret: str, resource: str | None,
+          stage: int | None, cm_name: str, gpus_per_node: int | None) -> Role:
+    first = insts[0]
+    port = _port_of(first)
+    secret_vars: list[str] = []
+    args = _args(first, secret_vars)
+    world = len(first.devices.split(",")) if first.devices else 1
+    size = nodes_of(role, world, gpus_per_node)
+    env = _env(first, secret, secret_vars)
+    kv_ports = [{"name": _port_name(u.purpose, i), "containerPort": u.port} for i, u in enumerate(first.ports[1:])]
+    command = [first.argv[0].rsplit("/", 1)[-1]]
+    labels = _labels(name, role, stage)
+    mount = [{"name": "deploy-config", "mountPath": "/etc/omni-pd", "readOnly": True}]
+    volumes = [{"name": "deploy-config", "configMap": {"name": cm_name}}]
+    resources = ({"resources": {"requests": {resource: world // size}, "limits": {resource: world // size}}}
+                 if resource is not None else {})
+    worker_c: dict[str, Any] | None = None
+    extra_ports: list[dict[str, Any]] = []
+    if size > 1:
+        master = int(_flag_value(args, "--master-port") or MASTER_PORT)
+        nodes = ["--nnodes", str(size)]
+        env = env + [{"name": "VLLM_HOST_IP", "value": "$(POD_IP)"}]
+        key_var = _api_key_var(args, env)  # a worker serves no API: no key
+        # a worker runs engine cores (and their KV side channels) only for data-parallel ranks
+        dp = int(_flag_value(args, "--data-parallel-size") or 1)
+        worker_ports = [p for p in kv_ports if p["name"] != "dp-rpc"] if dp > 1 else []
+        worker_c = {"name": "vllm", "image": image, "command": command,
+                    "args": _drop_flags(args, _SERVER_FLAGS) + nodes + [
+                        "--node-rank", "$(LWS_WORKER_INDEX)", "--master-addr", "$(LWS_LEADER_ADDRESS)", "--headless"],
+                    "env": [e for e in env if e["name"] not in (key_var, "VLLM_API_KEY")],
+                    **({"ports": worker_ports} if worker_ports else {}), "volumeMounts": mount, **resources}
+        args = args + nodes + ["--node-rank", "0", "--master-addr", "$(POD_IP)"]
+        extra_ports = [{"name": "dist", "containerPort": master}]
+    leader_c: dict[str, Any] = {
+        "name": "vllm", "image": image, "command": command, "args": args, "env": env,
+        "ports": [{"name": "http", "containerPort": port}] + kv_ports + extra_ports,
+        **_probes(port, first.health.timeout_s if first.health else 1200.0, _api_key_var(args, env)),
+        "volumeMounts": mount, **resources,
+    }
+    tmpl = lambda c: {"metadata": {"labels": dict(labels)}, "spec": {"containers": [c], "volumes": volumes}}  # noqa: E731
+    return Role(role=role, replicas=len(insts), size=size, leader=tmpl(leader_c),
+                worker=tmpl(worker_c) if worker_c is not None else None,
+                service=_service(name, role, port, leaders_only=size > 1), url=f"http://{name}-{role}:{port}")
+
+
+def _deployment(name: str, component: str, replicas: int, template: dict[str, Any],
+                labels: dict[str, str]) -> dict[str, Any]:
     selector = {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}
-    spec: dict[str, Any] = {"containers": [container]}
-    if volumes:
-        spec["volumes"] = volumes
     return {"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": f"{name}-{component}", "labels": dict(labels)},  # copies: no YAML anchors
-            "spec": {"replicas": replicas, "selector": {"matchLabels": selector},
-                     "template": {"metadata": {"labels": dict(labels)}, "spec": spec}}}
+            "spec": {"replicas": replicas, "selector": {"matchLabels": selector}, "template": template}}
 
 
-def _service(name: str, component: str, port: int, *, full_name: str | None = None) -> dict[str, Any]:
+def _lws_spec(r: Role) -> dict[str, Any]:
+    """A LeaderWorkerSet ``spec`` for ``r`` (see the module docstring). A one-node role
+    (size 1) has only a ``workerTemplate``, which LWS then uses for the leader."""
+    lwt: dict[str, Any] = {"size": r.size, "restartPolicy": "RecreateGroupOnPodRestart"}
+    if r.worker is not None:
+        lwt["leaderTemplate"] = r.leader
+        lwt["workerTemplate"] = r.worker
+    else:
+        lwt["workerTemplate"] = r.leader
+    return {"replicas": r.replicas, "startupPolicy": "LeaderCreated", "leaderWorkerTemplate": lwt}
+
+
+def _service(name: str, component: str, port: int, *, full_name: str | None = None,
+             leaders_only: bool = False) -> dict[str, Any]:
     labels = _labels(name, component)
     selector = {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}
+    if leaders_only:
+        selector[WORKER_INDEX_LABEL] = "0"
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": {"name": full_name or f"{name}-{component}", "labels": labels},
             "spec": {"selector": selector, "ports": [{"name": "http", "port": port, "targetPort": "http"}]}}
 
 
 def manifests(plan: LaunchPlan, config_text: str, *, name: str, image: str, router_image: str,
-              platform: str, secret: str, stages: dict[str, int]) -> list[tuple[str, list[dict[str, Any]]]]:
+              platform: str, secret: str, stages: dict[str, int], gpus_per_node: int | None = None,
+              disaggregated_set: bool = False) -> list[tuple[str, list[dict[str, Any]]]]:
     """The objects of :func:`render_kubernetes`, grouped by file. ``stages``: role ->
-    compiled stage id (labels). Raises :class:`RenderError` for a plan it cannot render."""
+    compiled stage id (labels); ``gpus_per_node``: devices one node offers (None: every
+    instance fits one); ``disaggregated_set``: both roles in one DisaggregatedSet. Raises
+    :class:`RenderError` for a plan it cannot render."""
     from omni_pd.compile import connectors
 
     if plan.runtime != "vllm":
@@ -162,34 +353,33 @@ def manifests(plan: LaunchPlan, config_text: str, *, name: str, image: str, rout
     if platform not in RESOURCE:
         raise RenderError(f"--platform {platform}: no Kubernetes device resource known here",
                           help=f"one of {', '.join(RESOURCE)}")
-    resource = RESOURCE[platform]
+    if gpus_per_node is not None and gpus_per_node < 1:
+        raise RenderError(f"--gpus-per-node {gpus_per_node}: a node has at least one device")
     files: list[tuple[str, list[dict[str, Any]]]] = []
     cm_name = f"{name}-deploy-config"
     files.append(("configmap.yaml", [{"apiVersion": "v1", "kind": "ConfigMap",
                                       "metadata": {"name": cm_name, "labels": _labels(name, "config")},
                                       "data": {"deploy.yaml": config_text}}]))
-    urls: dict[str, str] = {}
-    for role in ("prefill", "decode"):
-        insts = [p for p in plan.processes if p.role == role]
-        first = insts[0]
-        port = _port_of(first)
-        secret_vars: list[str] = []
-        args = _args(first, secret_vars)
-        world = len(first.devices.split(",")) if first.devices else 1
-        container: dict[str, Any] = {
-            "name": "vllm", "image": image, "command": [first.argv[0].rsplit("/", 1)[-1]], "args": args,
-            "env": _env(first, secret, secret_vars),
-            "ports": [{"name": "http", "containerPort": port}]
-                     + [{"name": f"kv-{i}", "containerPort": u.port} for i, u in enumerate(first.ports[1:])],
-            **_probes(port, first.health.timeout_s if first.health else 1200.0),
-            "volumeMounts": [{"name": "deploy-config", "mountPath": "/etc/omni-pd", "readOnly": True}],
-        }
-        if resource is not None:
-            container["resources"] = {"requests": {resource: world}, "limits": {resource: world}}
-        dep = _deployment(name, role, len(insts), container, stages.get(role),
-                          volumes=[{"name": "deploy-config", "configMap": {"name": cm_name}}])
-        files.append((f"{role}.yaml", [dep, _service(name, role, port)]))
-        urls[role] = f"http://{name}-{role}:{port}"
+    roles = [_role(name, role, [p for p in plan.processes if p.role == role], image=image, secret=secret,
+                   resource=RESOURCE[platform], stage=stages.get(role), cm_name=cm_name, gpus_per_node=gpus_per_node)
+             for role in ("prefill", "decode")]
+    if disaggregated_set:
+        ds = {"apiVersion": DS_API, "kind": "DisaggregatedSet",
+              "metadata": {"name": name, "labels": _labels(name, "engines")},
+              "spec": {"roles": [{"name": r.role, "spec": _lws_spec(r)} for r in roles]}}
+        # every role is a LeaderWorkerSet here: its Service picks the leaders
+        files.append(("disaggregatedset.yaml", [ds] + [_service(name, r.role, int(r.url.rsplit(":", 1)[1]),
+                                                                leaders_only=True) for r in roles]))
+    else:
+        for r in roles:
+            labels = _labels(name, r.role, stages.get(r.role))
+            if r.worker is None:
+                obj = _deployment(name, r.role, r.replicas, r.leader, labels)
+            else:
+                obj = {"apiVersion": LWS_API, "kind": "LeaderWorkerSet",
+                       "metadata": {"name": f"{name}-{r.role}", "labels": dict(labels)}, "spec": _lws_spec(r)}
+            files.append((f"{r.role}.yaml", [obj, r.service]))
+    urls = {r.role: r.url for r in roles}
     router = plan.process("router")
     r_args = _args(router, [])
     for role in ("prefill", "decode"):
@@ -204,58 +394,104 @@ def manifests(plan: LaunchPlan, config_text: str, *, name: str, image: str, rout
     r_port = _port_of(router)
     r_container: dict[str, Any] = {
         "name": "router", "image": router_image, "command": ["python"], "args": r_args,
-        "env": _env(router, secret, []), "ports": [{"name": "http", "containerPort": r_port}],
+        "env": _env(router, secret, [], secrets=False), "ports": [{"name": "http", "containerPort": r_port}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5},
         "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
     }
-    files.append(("router.yaml", [_deployment(name, "router", 1, r_container, None),
+    r_labels = _labels(name, "router")
+    files.append(("router.yaml", [_deployment(name, "router", 1, {"metadata": {"labels": dict(r_labels)},
+                                                                  "spec": {"containers": [r_container]}}, r_labels),
                                   _service(name, "router", r_port, full_name=name)]))
     return files
 
 
 def render_kubernetes(plan: LaunchPlan, config_text: str, *, name: str = "omni-pd", image: str,
                       router_image: str, platform: str, secret: str = "omni-pd-secrets",
-                      stages: dict[str, int] | None = None) -> dict[str, str]:
+                      stages: dict[str, int] | None = None, gpus_per_node: int | None = None,
+                      disaggregated_set: bool = False) -> dict[str, str]:
     """``{file name: YAML}``: :func:`manifests` as YAML documents, plus a
-    ``kustomization.yaml`` listing them. Raises :class:`RenderError`. Pure."""
+    ``kustomization.yaml`` listing them. Raises :class:`RenderError` (also when the
+    compiled config itself holds a secret value: its ConfigMap would carry it), and
+    ValueError when a manifest would hold one (a defect: secrets are Secret references).
+    Pure."""
     import io
 
     from ruamel.yaml import YAML
+
+    from omni_pd.render.scripts import secret_values
 
     yaml = YAML()
     yaml.default_flow_style = False
     yaml.width = 4096
     out: dict[str, str] = {}
     files = manifests(plan, config_text, name=name, image=image, router_image=router_image, platform=platform,
-                      secret=secret, stages=stages or {})
+                      secret=secret, stages=stages or {}, gpus_per_node=gpus_per_node,
+                      disaggregated_set=disaggregated_set)
     for fname, objs in files:
         buf = io.StringIO()
-        yaml.dump_all(objs, buf)
+        yaml.dump_all(json.loads(json.dumps(objs)), buf)  # no shared objects: no YAML anchors
         out[fname] = buf.getvalue()
     buf = io.StringIO()
     yaml.dump({"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
                "resources": [f for f, _ in files]}, buf)
     out["kustomization.yaml"] = buf.getvalue()
+    leaked = secret_values(plan)
+    if any(v in config_text for v in leaked):
+        raise RenderError("the compiled config holds a secret value (a secret env value of a stage), which its "
+                          "ConfigMap would carry",
+                          help="take it out of the config and pass it with --env NAME=VALUE: the manifests then "
+                               "read it from the Secret")
+    for fname, text in out.items():
+        if any(v in text for v in leaked):
+            raise ValueError(f"{fname} would contain a secret value")
     return out
 
 
 def validate_manifests(files: dict[str, str], version: str = K8S_VERSION) -> list[str]:
-    """Problems of the rendered objects against Kubernetes ``version``'s schemas
-    (the ``kubernetes-validate`` package, strict: unknown fields are errors); [] when all
-    validate. The kustomization is not a cluster object and is skipped. Raises
-    ImportError when kubernetes-validate is not installed."""
+    """Problems of the rendered objects, offline; [] when all validate. Core kinds against
+    Kubernetes ``version``'s schemas (the ``kubernetes-validate`` package, strict: unknown
+    fields are errors); LeaderWorkerSet and DisaggregatedSet against their bundled CRD
+    schemas (:func:`omni_pd.render.crd_schema.validate_custom`), and each pod template in
+    them as a core ``PodTemplate`` too. The kustomization is not a cluster object and is
+    skipped. Raises ImportError when kubernetes-validate is not installed."""
     import kubernetes_validate
     from ruamel.yaml import YAML
 
+    from omni_pd.render.crd_schema import FILES, validate_custom
+
     yaml = YAML(typ="safe")
     problems: list[str] = []
+
+    def core(obj: dict[str, Any], where: str, under: str = "") -> None:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            path = "/".join(str(p) for p in e.path)
+            problems.append(f"{where}: {path.removeprefix(under)}: {e.message}")
+
     for fname, text in files.items():
         if fname == "kustomization.yaml":
             continue
         for obj in yaml.load_all(text):
-            try:
-                kubernetes_validate.validate(obj, version, strict=True)
-            except kubernetes_validate.ValidationError as e:
-                where = "/".join(str(p) for p in e.path)
-                problems.append(f"{fname}: {obj.get('kind')} {obj['metadata']['name']}: {where}: {e.message}")
+            where = f"{fname}: {obj.get('kind')} {obj['metadata']['name']}"
+            if obj.get("kind") not in FILES:
+                core(obj, where)
+                continue
+            problems += [f"{where}: {p}" for p in validate_custom(obj)]
+            for path, tmpl in pod_templates(obj):
+                core({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": tmpl},
+                     f"{where}: {path}", under="template/")
     return problems
+
+
+def pod_templates(obj: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(path, pod template) of every pod template in a LeaderWorkerSet or DisaggregatedSet."""
+    specs = ([("spec", obj.get("spec", {}))] if obj.get("kind") == "LeaderWorkerSet" else
+             [(f"spec/roles/{i}/spec", r.get("spec", {})) for i, r in enumerate(obj.get("spec", {}).get("roles", []))])
+    out = []
+    for path, spec in specs:
+        lwt = spec.get("leaderWorkerTemplate", {})
+        for key in ("leaderTemplate", "workerTemplate"):
+            if key in lwt:
+                out.append((f"{path}/leaderWorkerTemplate/{key}", lwt[key]))
+    return out

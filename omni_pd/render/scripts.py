@@ -224,14 +224,14 @@ def render_scripts(plan: LaunchPlan, config_text: str, placement: Any = None,
             files[f"{h}.sh"] = host_script(plan, h, placement.addresses.get(h), source, platform, stages)
         files["placement.yaml"] = placement_yaml(plan, placement)
     files["plan.json"] = json.dumps(plan.to_json(), indent=2) + "\n"
-    secrets = _secret_values(plan)
+    secrets = secret_values(plan)
     for name, text in files.items():
         if name.endswith(".sh") and any(v in text for v in secrets):
             raise ValueError(f"{name} would contain a secret value")
     return files
 
 
-def _secret_values(plan: LaunchPlan) -> set[str]:
+def secret_values(plan: LaunchPlan) -> set[str]:
     """The secret values in ``plan`` (env and flags), 4 characters or longer."""
     out: set[str] = set()
     for p in plan.processes:
