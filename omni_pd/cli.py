@@ -1463,7 +1463,7 @@ def render(
                                              "script per host"),
     target: Literal["scripts", "kubernetes"] = typer.Option(
         "scripts", "--target", help="what to render: scripts (one bash script per host) or kubernetes (llm-d-shaped "
-        "manifests and a kustomization.yaml, plain-vLLM NIXL pairs)"),
+        "manifests and a Kustomization, plain-vLLM NIXL pairs)"),
     image: str = typer.Option("vllm/vllm-openai:v0.30.0", "--image", help="kubernetes: the engines' container image"),
     router_image: str = typer.Option("omni-pd:latest", "--router-image",
                                      help="kubernetes: an image with omni-pd installed (the PD router)"),

@@ -5,7 +5,7 @@ render_k8s_2p1d/ (a Deployment and Service per role), render_k8s_tp_across_nodes
 (prefill TP 4 and decode DP 4 on nodes of 2 GPUs: a LeaderWorkerSet per role, leader and
 headless worker, an API key) and render_k8s_disaggregatedset/ (the same pair as one
 DisaggregatedSet); each with the router in front, the config as a ConfigMap and a
-kustomization.yaml. Every object validates offline before it is written (core kinds with
+Kustomization (so both ``kubectl apply -k DIR`` and ``-f DIR`` apply it). Every object validates offline before it is written (core kinds with
 kubernetes-validate, strict; LWS kinds with their CRD schemas); the GPUs of an instance's
 pods add up to its world size; replicas equal the stage's instances; every listener binds
 and every advertised address is the pod's own IP; no engine_id is shared by replicas;
@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden"
 LLM = ROOT / "tests" / "fixtures" / "llm.yaml"
 UPDATE = os.environ.get("OMNI_PD_UPDATE_GOLDEN") == "1"
-FILES = ["configmap.yaml", "decode.yaml", "kustomization.yaml", "prefill.yaml", "router.yaml"]
-DS_FILES = ["configmap.yaml", "disaggregatedset.yaml", "kustomization.yaml", "router.yaml"]
+FILES = ["Kustomization", "configmap.yaml", "decode.yaml", "prefill.yaml", "router.yaml"]
+DS_FILES = ["Kustomization", "configmap.yaml", "disaggregatedset.yaml", "router.yaml"]
 KEY = "sk-not-a-real-key-0123"
 HAS_KUBECTL = subprocess.run(["which", "kubectl"], capture_output=True).returncode == 0
 
@@ -57,7 +57,7 @@ def _render(tmp_path: Path, capsys, *expand_args: str, render_args: tuple[str, .
 
 def _objects(to: Path) -> dict[str, dict]:
     y = YAML(typ="safe")
-    return {f"{o['kind']}/{o['metadata']['name']}": o for f in sorted(os.listdir(to)) if f != "kustomization.yaml"
+    return {f"{o['kind']}/{o['metadata']['name']}": o for f in sorted(os.listdir(to)) if f != "Kustomization"
             for o in y.load_all((to / f).read_text())}
 
 
@@ -114,6 +114,11 @@ def test_manifests_match_goldens_and_validate(tmp_path, capsys, golden):
     texts = {f: (to / f).read_text() for f in files}
     assert validate_manifests(texts) == []
     assert all("hf_not_a_real_token" not in t and KEY not in t for t in texts.values())
+    # `kubectl apply -f DIR` reads every .yaml/.yml/.json file of DIR as objects: each is one
+    y = YAML(typ="safe")
+    read_by_f = [f for f in files if f.rsplit(".", 1)[-1] in ("yaml", "yml", "json")]
+    assert read_by_f == [f for f in files if f != "Kustomization"]
+    assert all({"apiVersion", "kind", "metadata"} <= set(o) for f in read_by_f for o in y.load_all(texts[f]))
 
 
 def test_deployments_one_pod_per_instance(tmp_path, capsys):

@@ -3,7 +3,10 @@
 The llm-d shape (llm-d's Kustomize guide ``guides/pd-disaggregation``,
 https://github.com/llm-d/llm-d): per role a workload and a Service, the PD router as its
 own Deployment and Service in front (the entrypoint), the compiled deploy config as a
-ConfigMap, and a ``kustomization.yaml`` so ``kubectl apply -k DIR`` applies it all.
+ConfigMap, and a kustomization named :data:`KUSTOMIZATION` so ``kubectl apply -k DIR`` applies it
+all; ``kubectl apply -f DIR`` does too, since it reads only ``.yaml``/``.yml``/``.json`` files of a
+directory and ``Kustomization`` is none (a ``kustomization.yaml`` there fails ``-f`` with "no
+matches for kind Kustomization").
 
 Workloads, per role (``replicas`` = the stage's ``num_replicas``, one group per instance):
 
@@ -80,6 +83,8 @@ MASTER_PORT = 29501
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 DS_API = "disaggregatedset.x-k8s.io/v1"
+#: the kustomization's file name: one of the three kustomize reads, and not one ``kubectl apply -f DIR`` reads
+KUSTOMIZATION = "Kustomization"
 #: flags of the API server only: a headless worker takes none of them
 _SERVER_FLAGS = ("--host", "--port", "--api-key")
 
@@ -410,7 +415,7 @@ def render_kubernetes(plan: LaunchPlan, config_text: str, *, name: str = "omni-p
                       stages: dict[str, int] | None = None, gpus_per_node: int | None = None,
                       disaggregated_set: bool = False) -> dict[str, str]:
     """``{file name: YAML}``: :func:`manifests` as YAML documents, plus a
-    ``kustomization.yaml`` listing them. Raises :class:`RenderError` (also when the
+    kustomization (:data:`KUSTOMIZATION`) listing them. Raises :class:`RenderError` (also when the
     compiled config itself holds a secret value: its ConfigMap would carry it), and
     ValueError when a manifest would hold one (a defect: secrets are Secret references).
     Pure."""
@@ -434,7 +439,7 @@ def render_kubernetes(plan: LaunchPlan, config_text: str, *, name: str = "omni-p
     buf = io.StringIO()
     yaml.dump({"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
                "resources": [f for f, _ in files]}, buf)
-    out["kustomization.yaml"] = buf.getvalue()
+    out[KUSTOMIZATION] = buf.getvalue()
     leaked = secret_values(plan)
     if any(v in config_text for v in leaked):
         raise RenderError("the compiled config holds a secret value (a secret env value of a stage), which its "
@@ -470,7 +475,7 @@ def validate_manifests(files: dict[str, str], version: str = K8S_VERSION) -> lis
             problems.append(f"{where}: {path.removeprefix(under)}: {e.message}")
 
     for fname, text in files.items():
-        if fname == "kustomization.yaml":
+        if fname == KUSTOMIZATION:
             continue
         for obj in yaml.load_all(text):
             where = f"{fname}: {obj.get('kind')} {obj['metadata']['name']}"
