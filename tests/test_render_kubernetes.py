@@ -424,3 +424,21 @@ def test_kubectl_kustomize_builds_the_directory(golden, deployments, kinds):
     assert r.stdout.count("\nkind: Deployment\n") == deployments and r.stdout.count("\nkind: Service\n") == 3
     for kind, n in kinds.items():
         assert r.stdout.count(f"\nkind: {kind}\n") == n
+
+
+def test_an_ascend_pair_asks_for_npus_and_advertises_the_pod_ip(tmp_path, capsys):
+    pd = tmp_path / "pd.yaml"
+    assert main(["expand", "-q", str(LLM), "--pipeline", "llm", "--platform", "npu", "-o", str(pd)]) == 0
+    to = tmp_path / "k8s"
+    rc = main(["render", str(pd), "--to", str(to), "--target", "kubernetes", "--model", "m", "--platform", "npu"])
+    assert rc == 0, capsys.readouterr()
+    objs = _objects(to)
+    for role, hccl in (("prefill", "61000"), ("decode", "61016")):
+        c = objs[f"Deployment/omni-pd-{role}"]["spec"]["template"]["spec"]["containers"][0]
+        assert c["resources"] == {"requests": {"huawei.com/Ascend910": 1}, "limits": {"huawei.com/Ascend910": 1}}
+        env = _env(c)
+        assert "ASCEND_RT_VISIBLE_DEVICES" not in env  # the device plugin picks the NPU
+        # vllm-ascend's MooncakeConnectorV1 advertises vLLM's get_ip(): VLLM_HOST_IP
+        assert env["VLLM_HOST_IP"]["value"] == "$(POD_IP)" and env["HCCL_IF_BASE_PORT"]["value"] == hccl
+        assert '"kv_connector":"MooncakeConnectorV1"' in _arg(c, "--kv-transfer-config")
+    assert validate_manifests({f: (to / f).read_text() for f in os.listdir(to)}) == []

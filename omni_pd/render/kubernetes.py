@@ -22,9 +22,7 @@ Workloads, per role (``replicas`` = the stage's ``num_replicas``, one group per 
   $(LWS_WORKER_INDEX) --master-addr $(LWS_LEADER_ADDRESS) --headless`` (no API server;
   vllm/entrypoints/cli/serve.py ``run_headless``). vLLM requires ``--nnodes`` to divide
   the world size (vllm/engine/arg_utils.py ``create_engine_config``), so a world size that
-  is not a multiple of ``gpus_per_node`` is refused here. ``VLLM_HOST_IP`` = the pod IP on
-  every pod of the group: the address vLLM advertises for its cross-node message queues
-  (vllm/utils/network_utils.py ``get_ip``). ``startupPolicy: LeaderCreated``: the leader
+  is not a multiple of ``gpus_per_node`` is refused here. ``startupPolicy: LeaderCreated``: the leader
   is ready only once its workers joined, so ``LeaderReady`` would never start them;
   ``restartPolicy: RecreateGroupOnPodRestart``: one lost rank stops the whole instance;
 * **DisaggregatedSet** (``disaggregatedset.x-k8s.io/v1``, lws v0.9.0 and later;
@@ -35,11 +33,13 @@ Workloads, per role (``replicas`` = the stage's ``num_replicas``, one group per 
 A role's Service selects its serving pods only (a LeaderWorkerSet's leaders:
 ``leaderworkerset.sigs.k8s.io/worker-index: "0"``, which LWS sets on every pod). Per pod:
 
-* ``--host $(POD_IP)`` and ``VLLM_NIXL_SIDE_CHANNEL_HOST`` from the pod IP (downward API
-  ``status.podIP``): every listener binds and advertises the pod's own address;
+* ``--host $(POD_IP)``, ``VLLM_NIXL_SIDE_CHANNEL_HOST`` and ``VLLM_HOST_IP`` from the pod IP
+  (downward API ``status.podIP``): every listener binds and advertises the pod's own address
+  (``VLLM_HOST_IP`` is vLLM's ``get_ip``, vllm/utils/network_utils.py: the address of a
+  multi-node instance's message queues and of vllm-ascend's Mooncake side channel); no
+  visibility variable (``CUDA_VISIBLE_DEVICES``, ``ASCEND_RT_VISIBLE_DEVICES``, ...);
 * accelerator requests and limits: the devices of that pod (a pod per instance: its world
-  size, a decode at DP 4 asks for four GPUs), ``nvidia.com/gpu`` on cuda, ``amd.com/gpu``
-  on rocm;
+  size, a decode at DP 4 asks for four GPUs), :data:`RESOURCE` of the platform;
 * no ``engine_id``: replicas of one workload share their arguments, so each engine takes
   vLLM's per-engine default (a fresh uuid4: vllm/config/kv_transfer.py ``KVTransferConfig``);
 * probes on a serving pod: startup and liveness on ``/health``, readiness on
@@ -68,15 +68,18 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from omni_pd.compile.devices import VISIBILITY_VARS
 from omni_pd.launch.shell import flag_var
 from omni_pd.launch.spec import LaunchPlan, ProcessSpec, is_secret, secret_flag
 
-#: accelerator resource per platform (device plugins: NVIDIA k8s-device-plugin, ROCm k8s-device-plugin)
-RESOURCE = {"cuda": "nvidia.com/gpu", "rocm": "amd.com/gpu", "cpu": None}
+#: accelerator resource per platform (device plugins: NVIDIA k8s-device-plugin, ROCm k8s-device-plugin,
+#: Ascend's ascend-device-plugin, whose resource for the Atlas 800 A2/A3 910 series is ``huawei.com/Ascend910``)
+RESOURCE = {"cuda": "nvidia.com/gpu", "rocm": "amd.com/gpu", "npu": "huawei.com/Ascend910", "cpu": None}
 #: the Kubernetes release whose schemas :func:`validate_manifests` uses by default
 K8S_VERSION = "1.33"
-#: env vars the launcher sets that a pod must not carry (the device plugin picks devices)
-_DROP_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+#: env vars the launcher sets that a pod must not carry: every platform's visibility variable
+#: (omni_pd/compile/devices.py); the device plugin gives the container its devices, seen as 0..n-1
+_DROP_ENV = VISIBILITY_VARS
 #: vLLM 0.30's torch.distributed port of a multi-node instance (vllm/config/parallel.py ``master_port``)
 MASTER_PORT = 29501
 #: the label LWS puts on every pod of a group, "0" on the leader (lws api/leaderworkerset/v1)
@@ -266,7 +269,10 @@ def _role(name: str, role: str, insts: list[ProcessSpec], *, image: str, secret:
     args = _args(first, secret_vars)
     world = len(first.devices.split(",")) if first.devices else 1
     size = nodes_of(role, world, gpus_per_node)
-    env = _env(first, secret, secret_vars)
+    # vLLM's own address (vllm/utils/network_utils.py get_ip): what vllm-ascend's Mooncake connector
+    # advertises as its side channel, and a multi-node instance's message-queue address
+    env = [e for e in _env(first, secret, secret_vars) if e["name"] != "VLLM_HOST_IP"] + [
+        {"name": "VLLM_HOST_IP", "value": "$(POD_IP)"}]
     kv_ports = [{"name": _port_name(u.purpose, i), "containerPort": u.port} for i, u in enumerate(first.ports[1:])]
     command = [first.argv[0].rsplit("/", 1)[-1]]
     labels = _labels(name, role, stage)
@@ -279,7 +285,6 @@ def _role(name: str, role: str, insts: list[ProcessSpec], *, image: str, secret:
     if size > 1:
         master = int(_flag_value(args, "--master-port") or MASTER_PORT)
         nodes = ["--nnodes", str(size)]
-        env = env + [{"name": "VLLM_HOST_IP", "value": "$(POD_IP)"}]
         key_var = _api_key_var(args, env)  # a worker serves no API: no key
         # a worker runs engine cores (and their KV side channels) only for data-parallel ranks
         dp = int(_flag_value(args, "--data-parallel-size") or 1)
