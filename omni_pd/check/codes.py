@@ -185,6 +185,17 @@ CODES: tuple[CodeDoc, ...] = (
             follow decode, whose output feeds them, so those edges stay on one host). Write the
             placement into the inventory, so validate and launch read the same one.""",
             "omni_pd/compile/placement.py resolve_placement()"),
+    CodeDoc("OPD907", "cross-host-stage-edges", _I, "expand", "expand gave the stage edges a cross-host omni connector",
+            """``expand --inventory`` with a stage edge whose two stages are on different hosts (the
+            prefill -> decode edge aside: it carries no payload, the KV connector moves prefill's
+            KV): vllm-omni 0.30's default ``SharedMemoryConnector`` reaches one host only
+            (vllm_omni/distributed/omni_connectors/connectors/shm_connector.py), so every stage
+            edge is written with ``NixlConnector``, each edge's ``host`` the address of the host
+            of the stage that sends on it. Every edge, not only the crossing one: a middle stage
+            (Thinker decode, Talker) sends through its incoming edge's connector, and only
+            NixlConnector serves both directions (engine/stage_init_utils.py
+            ``get_stage_connector_spec``).""",
+            "omni_pd/compile/stage_edges.py cross_host_plan()"),
     CodeDoc("OPD903", "encoder-shares-devices", _I, "expand", "the encoder instance shares devices with the LLM",
             """``--encoder-devices`` names a device the prefill/decode engines already use; fine for
             a small encoder, but both processes then compete for its memory.""",
@@ -251,7 +262,11 @@ CODES: tuple[CodeDoc, ...] = (
             the key.""",
             "omni_pd/compile/migrate.py migrate_document()", exit=2),
     CodeDoc("OPD966", "not-pd", _E, "launch", "launch was given a config that is not prefill/decode split",
-            """``launch`` starts a compiled PD config; compile it first with ``omni-pd expand``.""",
+            """``launch`` starts a compiled PD config; compile it first with ``omni-pd expand``. A
+            vllm-omni pipeline across hosts is started as vllm-omni's head (``vllm serve MODEL
+            --omni --stage-id N --omni-master-address ...``) and one headless process per other
+            stage (``--headless``); launch refuses the placements that form has not been run
+            for (a stage with ``num_replicas`` > 1 across hosts).""",
             "omni_pd/launch/plan.py plan_document()", exit=2),
 )
 

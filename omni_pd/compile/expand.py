@@ -197,6 +197,9 @@ def expand_document(doc: Document, opts: ExpandOptions = ExpandOptions(), *, vll
         plan = _place(plan, where, inventory)
         plan = replace(plan, diagnostics=tuple(plan.diagnostics) + placed)
     tree = apply_pd_split(doc.tree, plan)
+    edge_notes: tuple[Diagnostic, ...] = ()
+    if inventory is not None:
+        edge_notes = _cross_host_edges(tree, plan, opts, tgt, where)
     npu_notes = _npu_pass(tree, plan, opts, tgt, doc)
     dropped = drop_foreign_overlays(tree) if opts.platform == "npu" else ()
     header = header_lines(doc, plan, tgt, npu_connector=opts.npu_connector if opts.platform == "npu" else None,
@@ -210,7 +213,43 @@ def expand_document(doc: Document, opts: ExpandOptions = ExpandOptions(), *, vll
         text = text.rstrip("\n") + "\n"
     out_cfg, out_topo = _reparse(text, doc, plan.target_pipeline)
     return ExpandResult(text=text, config=out_cfg, topology=out_topo, plan=plan,
-                        diagnostics=migrated + narrowed + tuple(plan.diagnostics) + npu_notes)
+                        diagnostics=migrated + narrowed + tuple(plan.diagnostics) + edge_notes + npu_notes)
+
+
+def _cross_host_edges(tree, plan: PDSplitPlan, opts: ExpandOptions, tgt: Target,
+                      where: "Placement") -> tuple[Diagnostic, ...]:
+    """Give the stage edges of ``tree`` a cross-host omni connector when one of them
+    crosses hosts under ``where`` (:func:`omni_pd.compile.stage_edges.cross_host_plan`:
+    NixlConnector on every edge, each edge's ``host`` its sender's address, ``zmq_port``
+    the connector port base + 64), and the OPD907 info that says so; () when every payload
+    edge stays on one host. Raises :class:`OmniPdError` OPD805 when a sending host has no
+    address."""
+    from omni_pd.compile import connectors
+    from omni_pd.compile.emit_edges import apply_edges
+    from omni_pd.compile.stage_edges import PAYLOAD_PORT_OFFSET, cross_host_plan, crossing, payload_edges
+
+    roles = {s.pd_role: s.stage_id for s in plan.target_pipeline.stages if s.pd_role}
+    pair = (roles["prefill"], roles["decode"]) if "prefill" in roles and "decode" in roles else None
+    edges = payload_edges(tree)
+    contract = connectors.get(plan.connector)
+    base = opts.port_base or (contract.default_port_base(tgt) if contract is not None else 20000)
+    try:
+        rewrites = cross_host_plan(edges, where.stage_host, where.addresses, pair, base)
+    except ValueError as e:
+        raise OmniPdError(Diagnostic(code="OPD805", severity=Severity.ERROR, message=f"cannot place the stages: {e}",
+                                     help="set the address of every host that runs a stage")) from None
+    if not rewrites:
+        return ()
+    apply_edges(tree, rewrites)
+    cross = ", ".join(f"{e.src} -> {e.dst} ({where.host_of(e.src)} -> {where.host_of(e.dst)})"
+                      for e in crossing(edges, where.stage_host, pair))
+    return (Diagnostic(
+        code="OPD907", severity=Severity.INFO,
+        message=f"stage edge {cross} crosses hosts: every stage edge now uses NixlConnector "
+                f"(zmq_port {base + PAYLOAD_PORT_OFFSET}, each edge's host its sender's address), as "
+                "SharedMemoryConnector reaches one host only",
+        help="vllm-omni 0.30 gives a middle stage its incoming edge's connector, and only NixlConnector sends "
+             "through it (omni_pd/compile/stage_edges.py)"),)
 
 
 def _placement_options(topo: Topology, cat: Catalogue, opts: ExpandOptions, inventory: "InventoryLike"
