@@ -517,6 +517,8 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
     engine_py = opts.python or _python_of(opts.vllm)
     mods = ("vllm",) + (connector_modules(conn) if pair is not None else ())
     if topo.pipeline.launcher == "vllm-omni":
+        if where.across_hosts(topo):
+            return _omni_across_hosts(topo, config_path, opts, target, where, served, env_all, engine_py, mods, p.kv)
         omni_host = where.one_host(topo)
         opts = replace(opts, host=where.address(omni_host)) if omni_host is not None else opts
         ports = [PortUse(opts.port, "http", opts.host)]
@@ -674,24 +676,81 @@ class _Where:
             return self.fallback
         return self.placement.addresses.get(host, self.fallback)
 
+    def hosts(self, topo: Topology) -> list[str]:
+        """The hosts the stages of ``topo`` are on, sorted ([] without a placement)."""
+        if self.placement is None:
+            return []
+        return sorted({self.placement.host_of(s.stage_id) for s in topo.stages})
+
+    def across_hosts(self, topo: Topology) -> bool:
+        """True when the stages of ``topo`` are on more than one host."""
+        return len(self.hosts(topo)) > 1
+
     def one_host(self, topo: Topology) -> str | None:
         """The one host every stage of ``topo`` is on (vllm-omni runtime), None without a
-        placement. Raises OmniPdError OPD966: omni-pd does not start vllm-omni's headless
-        stages on other hosts (``--stage-id N --headless --omni-master-address``) yet."""
-        if self.placement is None:
-            return None
-        hosts = sorted({self.placement.host_of(s.stage_id) for s in topo.stages})
-        if len(hosts) == 1:
-            return hosts[0]
+        placement or with stages on several hosts (:func:`_omni_across_hosts` plans those)."""
+        hosts = self.hosts(topo)
+        return hosts[0] if len(hosts) == 1 else None
+
+
+def _omni_across_hosts(topo: Topology, config_path: str, opts: LaunchOptions, target: Any, where: "_Where",
+                       served: str, env_all: dict[str, str], engine_py: str | None, mods: tuple[str, ...],
+                       prefill_kv: dict[str, Any] | None) -> LaunchPlan:
+    """The plan of a vllm-omni pipeline whose stages are on several hosts: vllm-omni's head
+    (the first stage, the API server, the orchestrator) on that stage's host and one
+    headless process per other stage on its own host (:mod:`omni_pd.launch.omni_hosts`).
+    The head's ``--omni-master-port`` is ``opts.engine_port_base`` +
+    :data:`~omni_pd.launch.omni_hosts.MASTER_PORT_OFFSET`. Raises OmniPdError OPD966 for
+    what has not been run that way (:func:`~omni_pd.launch.omni_hosts.unsupported`)."""
+    from omni_pd.launch import omni_hosts
+
+    why = omni_hosts.unsupported(topo.stages)
+    if why is not None:
         from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
 
         raise OmniPdError(Diagnostic(
             code="OPD966", severity=Severity.ERROR,
-            message=f"the stages of this vllm-omni pipeline are placed on {', '.join(hosts)}: omni-pd launches a "
-                    "vllm-omni pipeline on one host only",
-            help="place every stage on one host, or start the remote stages by hand with vllm-omni's "
-                 "`vllm serve MODEL --omni --stage-id N --headless --omni-master-address HEAD` "
-                 "(vllm_omni/entrypoints/cli/serve.py)"))
+            message=f"the stages of this vllm-omni pipeline are placed on {', '.join(where.hosts(topo))}: {why}",
+            help="place every stage on one host, or set num_replicas: 1 on every stage"))
+    payload = _payload_ports(topo)
+
+    def ports_of(sid: int, bind: str) -> tuple[PortUse, ...]:
+        node = topo.node(sid)
+        kv = _connector_ports(node, target, bind, "vllm-omni") if node is not None and node.pd_role else ()
+        return tuple(kv) + tuple(PortUse(port, purpose, bind) for port, purpose in payload.get(sid, ()))
+
+    master = opts.engine_port_base + omni_hosts.MASTER_PORT_OFFSET
+    stage_host = {s.stage_id: where.host(s.stage_id) for s in topo.stages}
+    procs = omni_hosts.omni_processes(
+        vllm=opts.vllm, model=opts.model, config_path=config_path, served=served,
+        stage_host=stage_host, address=where.address, http_port=opts.port, master_port=master,  # type: ignore[arg-type]
+        extra_args=opts.extra_args, env=env_all, ports_of=ports_of, modules=mods + ("vllm_omni", "omni_pd"),
+        python=engine_py, ready_timeout_s=opts.ready_timeout_s)
+    head = procs[0]
+    notes = (f"vllm-omni head on {head.host}: the API server, the orchestrator and stage "
+             f"{omni_hosts.head_stage(sorted(stage_host))}; registration on {where.address(head.host)}:{master} "
+             "(the stage control sockets are the head's, at ephemeral ports)",
+             "headless stages: " + ", ".join(f"{p.name} on {p.host}" for p in procs[1:])
+             + "; each registers with the head, which answers /health once every stage is attached")
+    return LaunchPlan(runtime="vllm-omni", model=opts.model, connector=str((prefill_kv or {}).get("kv_connector", "")),
+                      entrypoint=head.health.url.rsplit("/", 1)[0], config=config_path,  # type: ignore[union-attr]
+                      processes=procs, notes=notes + _lease_note(prefill_kv, opts.platform, target, False))
+
+
+def _payload_ports(topo: Topology) -> dict[int, list[tuple[int, str]]]:
+    """Stage id -> the (port, purpose) of the omni connector listener its worker binds
+    for a stage edge it sends on: NixlConnector and the transfer-engine connectors with a
+    ``zmq_port`` (:func:`omni_pd.compile.stage_edges.sender_port`); SharedMemoryConnector
+    binds none."""
+    from omni_pd.compile.stage_edges import payload_edges, sender_port
+
+    tree = topo.config.model_dump(by_alias=True, exclude_unset=True) if topo.config is not None else {}
+    out: dict[int, list[tuple[int, str]]] = {}
+    for e in payload_edges(tree):
+        port = (e.extra or {}).get("zmq_port")
+        if e.connector in ("NixlConnector", "MooncakeTransferEngineConnector") and isinstance(port, int):
+            out.setdefault(e.src, []).append((sender_port(port, e.src), f"omni connector {e.src}->{e.dst}"))
+    return out
 
 
 def hosts_of(plan: LaunchPlan) -> tuple[str, ...]:
@@ -708,13 +767,20 @@ def for_host(plan: LaunchPlan, host: str) -> LaunchPlan:
     ``host``, plus a ``peer`` entry (no argv, never started, same name and health check)
     for each process on another host that one of them depends on, so the supervisor
     health-gates on it over that host's address (the router on decode's host waits for
-    prefill's ``/health`` on prefill's host). Pure. Raises KeyError for a host no process
-    runs on."""
+    prefill's ``/health`` on prefill's host). A vllm-omni pipeline across hosts: a host
+    without the head gets the head as a peer (its headless stages start at once, nothing
+    waits for it, and the launch is ready when the head's ``/health`` answers, which it
+    does once every stage registered: :mod:`omni_pd.launch.omni_hosts`). Pure. Raises
+    KeyError for a host no process runs on."""
+    from omni_pd.launch.omni_hosts import HEAD_ROLE, STAGE_ROLE
+
     mine = [p for p in plan.processes if p.host == host]
     if not mine:
         raise KeyError(host)
     names = {p.name for p in mine}
     needed = {d for p in mine for d in p.depends_on if d not in names}
+    if any(p.role == STAGE_ROLE for p in mine):
+        needed |= {p.name for p in plan.processes if p.role == HEAD_ROLE and p.name not in names}
     peers = [replace(p, argv=(), role="peer", env={}, ports=(), depends_on=(), modules=(), python=None,
                      devices=None, device_env=None, logical_devices=None, visible_devices=None, writable_dirs=())
              for p in plan.processes if p.name in needed]

@@ -179,8 +179,9 @@ def host_script(plan: LaunchPlan, host: str | None, address: str | None = None, 
         block.append("pids+=($!)")
         block.append(f"echo \"started {p.name} (pid $!)\"")
         bodies.append("\n".join(block))
+    # a peer no process here depends on (vllm-omni's head, for a host of headless stages) gates readiness
     tail = [f"wait_healthy {shlex.quote(p.name)} {shlex.quote(p.health.url)} {int(p.health.timeout_s)}"
-            for p in here if p.health is not None and p.name not in healthy]
+            for p in here + peers if p.health is not None and p.name not in healthy]
     tail.append(f"echo \"{where}: all {len(here)} process(es) healthy\"")
     tail.append("wait -n")
     tail.append("echo \"a process exited: stopping\" >&2")
