@@ -365,19 +365,24 @@ PROPERTY_EXAMPLES = 200 if HYPOTHESIS_PROFILE == "long" else 10
 @settings(max_examples=PROPERTY_EXAMPLES, deadline=None)
 @given(ptp=st.sampled_from([1, 2, 4]), dtp=st.sampled_from([1, 2]), ddp=st.sampled_from([1, 2, 4]),
        prep=st.integers(1, 2), drep=st.integers(1, 2), gpn=st.sampled_from([None, 1, 2, 4, 8]),
-       ds=st.booleans(), key=st.booleans())
+       ds=st.booleans(), key=st.booleans(), placement=st.sampled_from([None, "{0: A, 1: B}", "{all: A}", "{0: B}"]))
 def test_every_accepted_split_renders_manifests_that_validate(tmp_path_factory, ptp, dtp, ddp, prep, drep, gpn, ds,
-                                                              key):
+                                                              key, placement):
     tmp = tmp_path_factory.mktemp("k8s")
     pd = tmp / "pd.yaml"
+    inv: list[str] = []
+    if placement is not None:  # an inventory placement: its host addresses must not reach a pod
+        (tmp / "hosts.yaml").write_text("hosts:\n  A: {address: 10.201.0.1, count: 32}\n"
+                                        f"  B: {{address: 10.201.0.2, count: 32}}\nplacement: {placement}\n")
+        inv = ["--inventory", str(tmp / "hosts.yaml")]
     if main(["expand", "-q", str(LLM), "--pipeline", "llm", "--connector", "NixlConnector",
              "--prefill-tp", str(ptp), "--decode-tp", str(dtp), "--decode-dp", str(ddp),
-             "--prefill-replicas", str(prep), "--decode-replicas", str(drep), "-o", str(pd)]) != 0:
+             "--prefill-replicas", str(prep), "--decode-replicas", str(drep), *inv, "-o", str(pd)]) != 0:
         return  # a split expand refuses is not a placement omni-pd accepts
     to = tmp / "out"
     extra = (["--gpus-per-node", str(gpn)] if gpn else []) + (["--disaggregated-set"] if ds else []) + (
         ["--engine-arg=--api-key", f"--engine-arg={KEY}"] if key else [])
-    rc = main(["render", str(pd), "--to", str(to), "--target", "kubernetes", "--model", "m", *extra])
+    rc = main(["render", str(pd), "--to", str(to), "--target", "kubernetes", "--model", "m", *inv, *extra])
     worlds = {"prefill": ptp, "decode": dtp * ddp}
     if gpn is not None and any(w > gpn and w % gpn for w in worlds.values()):
         assert rc == 2 and not to.exists()  # vLLM cannot split that world over the nodes
@@ -386,6 +391,8 @@ def test_every_accepted_split_renders_manifests_that_validate(tmp_path_factory, 
     texts = {f: (to / f).read_text() for f in os.listdir(to)}
     assert validate_manifests(texts) == []
     assert all(KEY not in t for t in texts.values())
+    # the compiled config (the ConfigMap's data) keeps its hosts; no pod reads them
+    assert all("10.201.0." not in t for f, t in texts.items() if f != "configmap.yaml")
     objs = _objects(to)
     if ds:
         roles = {r["name"]: {"kind": "LeaderWorkerSet", "spec": r["spec"]}

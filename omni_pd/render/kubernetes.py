@@ -20,7 +20,8 @@ Workloads, per role (``replicas`` = the stage's ``num_replicas``, one group per 
   the engine core and its local workers; it binds the torch.distributed store and a DP
   head on its own address), each worker ``vllm serve ... --nnodes N --node-rank
   $(LWS_WORKER_INDEX) --master-addr $(LWS_LEADER_ADDRESS) --headless`` (no API server;
-  vllm/entrypoints/cli/serve.py ``run_headless``). vLLM requires ``--nnodes`` to divide
+  vllm/entrypoints/cli/serve.py ``run_headless``; ``LWS_WORKER_INDEX`` is set by lws v0.6.0
+  and later, ``LWS_LEADER_ADDRESS`` by every release). vLLM requires ``--nnodes`` to divide
   the world size (vllm/engine/arg_utils.py ``create_engine_config``), so a world size that
   is not a multiple of ``gpus_per_node`` is refused here. ``startupPolicy: LeaderCreated``: the leader
   is ready only once its workers joined, so ``LeaderReady`` would never start them;
