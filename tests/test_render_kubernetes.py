@@ -145,6 +145,9 @@ def test_deployments_one_pod_per_instance(tmp_path, capsys):
             assert "CUDA_VISIBLE_DEVICES" not in env
             assert c["readinessProbe"]["httpGet"]["path"] == "/v1/models"
             assert c["startupProbe"]["httpGet"]["path"] == "/health"
+            # /dev/shm memory-backed (vLLM's workers share tensors through it; the runtime gives 64 MiB)
+            assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+            assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in dep["spec"]["template"]["spec"]["volumes"]
             assert objs[f"Service/omni-pd-{role}"]["spec"]["selector"] == {
                 "app.kubernetes.io/instance": "omni-pd", "app.kubernetes.io/component": role}
         r = objs["Deployment/omni-pd-router"]["spec"]["template"]["spec"]["containers"][0]
@@ -183,6 +186,8 @@ def test_instances_wider_than_a_node_are_leader_worker_groups(golden):
         assert worker["args"][:-7] == [a for a in leader["args"][:-6] if a not in (
             "--host", "$(POD_IP)", "--port", "8100", "8200", "--api-key", "$(API_KEY)")]  # the engine's own args
         assert "readinessProbe" not in worker and "startupProbe" not in worker
+        for k in ("leaderTemplate", "workerTemplate"):
+            assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in lwt[k]["spec"]["volumes"]
         for c in (leader, worker):
             assert _env(c)["VLLM_HOST_IP"]["value"] == "$(POD_IP)"
             assert _env(c)["VLLM_NIXL_SIDE_CHANNEL_HOST"]["value"] == "$(POD_IP)"

@@ -50,6 +50,7 @@ A role's Service selects its serving pods only (a LeaderWorkerSet's leaders:
   ``httpGet`` probe's headers are literal, so its readiness probe is an ``exec`` probe that
   sends ``Authorization: Bearer`` from the container's own (Secret-fed) variable. A
   headless worker serves no HTTP and has no probes;
+* ``/dev/shm`` a memory-backed ``emptyDir`` (:data:`DSHM`);
 * labels: ``app.kubernetes.io/{name,instance,component}``, ``llm-d.ai/role`` and
   ``omni-pd.io/stage``;
 * secrets (``HF_TOKEN``, ``--api-key``, ``VLLM_API_KEY``) from a Kubernetes Secret
@@ -87,6 +88,11 @@ MASTER_PORT = 29501
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 DS_API = "disaggregatedset.x-k8s.io/v1"
+#: /dev/shm of an engine pod: memory-backed, not the container runtime's 64 MiB default. vLLM's
+#: workers share tensors through it (PyTorch shared memory, NCCL, vLLM's shared-memory message
+#: queue), which is why vLLM's Docker guide asks for --ipc=host or --shm-size, and the LWS vLLM
+#: example mounts an emptyDir of medium Memory there
+DSHM = {"name": "dshm", "emptyDir": {"medium": "Memory"}}
 #: the kustomization's file name: one of the three kustomize reads, and not one ``kubectl apply -f DIR`` reads
 KUSTOMIZATION = "Kustomization"
 #: flags of the API server only: a headless worker takes none of them
@@ -277,8 +283,9 @@ def _role(name: str, role: str, insts: list[ProcessSpec], *, image: str, secret:
     kv_ports = [{"name": _port_name(u.purpose, i), "containerPort": u.port} for i, u in enumerate(first.ports[1:])]
     command = [first.argv[0].rsplit("/", 1)[-1]]
     labels = _labels(name, role, stage)
-    mount = [{"name": "deploy-config", "mountPath": "/etc/omni-pd", "readOnly": True}]
-    volumes = [{"name": "deploy-config", "configMap": {"name": cm_name}}]
+    mount = [{"name": "deploy-config", "mountPath": "/etc/omni-pd", "readOnly": True},
+             {"name": "dshm", "mountPath": "/dev/shm"}]
+    volumes = [{"name": "deploy-config", "configMap": {"name": cm_name}}, DSHM]
     resources = ({"resources": {"requests": {resource: world // size}, "limits": {resource: world // size}}}
                  if resource is not None else {})
     worker_c: dict[str, Any] | None = None
