@@ -3,8 +3,9 @@ stage-to-stage edge when ``expand --inventory`` places a stage edge across hosts
 validate's OPD508 / OPD509 on a same-host-only connector or a localhost listener across
 hosts (facts: omni_pd/compile/stage_edges.py).
 
-Golden: the CPU shape of the bundled Qwen3-Omni preset (tests/fixtures/qwen3_omni_moe_cpu.yaml) with prefill and the Talker + Code2Wav on A and decode
-on B (edge 1 -> 2 runs B -> A): every edge NixlConnector, each edge's ``host`` its sender's.
+Golden: the CPU shape of the bundled Qwen3-Omni preset (tests/fixtures/qwen3_omni_moe_cpu.yaml)
+with prefill and the Talker + Code2Wav on A and decode on B (edge 1 -> 2 runs B -> A): every
+edge NixlConnector, each edge's ``host`` its sender's.
 """
 
 from __future__ import annotations

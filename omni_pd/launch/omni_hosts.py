@@ -89,8 +89,8 @@ def omni_processes(*, vllm: str, model: str, config_path: str, served: str, stag
     address that host binds and advertises; ``http_port``: the head's API port;
     ``master_port``: its ``--omni-master-port``; ``extra_args``: launch's ``--engine-arg``
     flags, given to every process (a headless stage applies its own command line's flags
-    to its stage: serve.py ``run_headless`` ``cli_overrides``); ``env``: every process's env; ``ports_of(stage, bind)``: the connector
-    ports that stage's engine binds (preflight). The head's health check is its
+    to its stage: serve.py ``run_headless`` ``cli_overrides``); ``env``: every process's env;
+    ``ports_of(stage, bind)``: the connector ports that stage's engine binds (preflight). The head's health check is its
     ``/health``; the headless stages have none (they open no HTTP port) and nothing waits
     for them: the head answers ``/health`` once they registered. Pure."""
     head_sid = head_stage(sorted(stage_host))

@@ -15,7 +15,7 @@ from typing import Iterable
 
 from omni_pd.check.rules import Context, Example, Rule, rule
 from omni_pd.compile.advertised import LOCAL
-from omni_pd.compile.stage_edges import AUTO_CONNECTOR, SAME_HOST_ONLY, crossing, payload_edges
+from omni_pd.compile.stage_edges import SAME_HOST_ONLY, crossing, payload_edges
 from omni_pd.diagnostics import Diagnostic, Severity
 
 #: omni connectors whose sender advertises ``extra.host`` (``sender_host`` on a receiver)
@@ -90,8 +90,9 @@ def same_host_connector_across_hosts(ctx: Context, r: Rule) -> Iterable[Diagnost
     goes through POSIX shared memory of one host, so the receiving stage waits for a
     payload that never arrives. Sources: vllm-omni 0.30
     vllm_omni/distributed/omni_connectors/connectors/shm_connector.py; the
-    auto-configuration: utils/initialization.py ``load_omni_transfer_config``. ``expand --inventory`` writes NixlConnector on every
-    edge instead (OPD907; why NIXL: omni_pd/compile/stage_edges.py)."""
+    auto-configuration: utils/initialization.py ``load_omni_transfer_config``.
+    ``expand --inventory`` writes NixlConnector on every edge instead (OPD907; why NIXL:
+    omni_pd/compile/stage_edges.py)."""
     hosts, pair, edges = _edges(ctx)
     if hosts is None:
         return
@@ -124,7 +125,8 @@ def stage_edge_localhost(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     the orchestrator hands the receiver as ``payload_sender_info``) or ``sender_host`` a
     loopback or wildcard address: the receiver dials its own host and the payload never
     arrives. Sources: vllm-omni 0.30
-    vllm_omni/distributed/omni_connectors/connectors/nixl_connector.py handshake bind; engine/stage_engine_core_client.py ``_resolve_sender_host_from_config``;
+    vllm_omni/distributed/omni_connectors/connectors/nixl_connector.py handshake bind;
+    engine/stage_engine_core_client.py ``_resolve_sender_host_from_config``;
     utils/initialization.py ``resolve_connector_spec``: a receiver's ``sender_host``
     defaults to the edge's ``host``. ``auto`` is not flagged: vllm-omni probes a
     route for it."""
@@ -142,8 +144,9 @@ def stage_edge_localhost(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             path = ("connectors", e.ref, "extra", key) if e.ref else None
             loc = ctx.loc(path, value=True) if path and ctx.exists(path) else _edge_loc(ctx, dst, e.src, e.ref, True)
             addr = ctx.inventory.host(hosts[e.src]) if ctx.inventory is not None else None
+            own = (addr.address if addr is not None else None) or f"the routable address of {hosts[e.src]}"
             yield r.diag(f"stage edge {e.src} -> {e.dst} ({e.connector}): stage {e.src} on {hosts[e.src]} advertises "
                          f"{str(v)!r} as its {key}; stage {e.dst} on {hosts[e.dst]} cannot reach it", loc,
                          notes=["source: vllm_omni/engine/stage_engine_core_client.py _build_payload_sender_info"],
-                         help=f"set {key}: {(addr.address if addr is not None and addr.address else None) or 'the routable address of ' + hosts[e.src]}")
+                         help=f"set {key}: {own}")
             break
