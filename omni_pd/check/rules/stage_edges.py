@@ -14,12 +14,16 @@ from __future__ import annotations
 from typing import Iterable
 
 from omni_pd.check.rules import Context, Example, Rule, rule
-from omni_pd.compile.advertised import LOCAL
 from omni_pd.compile.stage_edges import SAME_HOST_ONLY, crossing, payload_edges
 from omni_pd.diagnostics import Diagnostic, Severity
 
 #: omni connectors whose sender advertises ``extra.host`` (``sender_host`` on a receiver)
 #: to a receiver that dials it (connectors/nixl_connector.py, mooncake_transfer_engine_connector.py)
+#: the addresses OPD509 flags: loopback. Not the wildcards: a NIXL sender binds a route-probed
+#: address for ``""``/``0.0.0.0``/``auto`` (nixl_connector.py ``_get_local_ip``) and the orchestrator
+#: then advertises the replica's registered host (stage_engine_core_client.py
+#: ``_resolve_sender_host_from_config``), while a loopback value is advertised as written
+LOOPBACK = ("localhost", "127.0.0.1", "::1")
 _ADVERTISING = frozenset({"NixlConnector", "MooncakeTransferEngineConnector", "MoriTransferEngineConnector",
                           "YuanrongTransferEngineConnector"})
 
@@ -117,19 +121,25 @@ def same_host_connector_across_hosts(ctx: Context, r: Rule) -> Iterable[Diagnost
           Example("every stage on one host: localhost is reachable", _nixl(host_1="127.0.0.1"), False,
                   {"inventory": {"hosts": {"host-a": {}}, "placement": {"all": "host-a"}}}),
           Example("an edge within one host may name localhost", _nixl(host_2="localhost"), False, _INV),
+          Example("a wildcard host: the orchestrator advertises the host the stage registered from",
+                  _nixl(host_1="0.0.0.0"), False, _INV),
+          Example("sender_host localhost on the receiving side", _nixl().replace(
+              "host: 10.0.0.2, zmq_port", "host: 10.0.0.2, sender_host: localhost, zmq_port"), True, _INV,
+                  contains="as its sender_host"),
       ))
 def stage_edge_localhost(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """A cross-host omni connector (NixlConnector, Mooncake/Mori/Yuanrong transfer
     engine) on a stage edge whose receiving stage runs on another host than the sending
     one, with the edge's ``host`` (where the sender binds its handshake listener and what
     the orchestrator hands the receiver as ``payload_sender_info``) or ``sender_host`` a
-    loopback or wildcard address: the receiver dials its own host and the payload never
-    arrives. Sources: vllm-omni 0.30
+    loopback address (localhost, 127.0.0.1, ::1): the orchestrator hands that value to the
+    receiver as written, which dials its own host, and the payload never arrives. Sources: vllm-omni 0.30
     vllm_omni/distributed/omni_connectors/connectors/nixl_connector.py handshake bind;
     engine/stage_engine_core_client.py ``_resolve_sender_host_from_config``;
     utils/initialization.py ``resolve_connector_spec``: a receiver's ``sender_host``
-    defaults to the edge's ``host``. ``auto`` is not flagged: vllm-omni probes a
-    route for it."""
+    defaults to the edge's ``host``. ``auto``, ``0.0.0.0`` and ``""`` are not
+    flagged: the sender binds a route-probed address and the orchestrator advertises the
+    host the stage registered from instead."""
     hosts, pair, edges = _edges(ctx)
     if hosts is None:
         return
@@ -138,7 +148,7 @@ def stage_edge_localhost(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             continue
         for key in ("host", "sender_host"):
             v = (e.extra or {}).get(key)
-            if v is None or str(v).strip() not in LOCAL:
+            if v is None or str(v).strip() not in LOOPBACK:
                 continue
             dst = ctx.topology.node(e.dst) if ctx.topology is not None else None
             path = ("connectors", e.ref, "extra", key) if e.ref else None
