@@ -1463,8 +1463,10 @@ def render(
                                              "script per host"),
     target: Literal["scripts", "kubernetes"] = typer.Option(
         "scripts", "--target", help="what to render: scripts (one bash script per host) or kubernetes (llm-d-shaped "
-        "manifests and a Kustomization, plain-vLLM NIXL pairs)"),
-    image: str = typer.Option("vllm/vllm-openai:v0.30.0", "--image", help="kubernetes: the engines' container image"),
+        "manifests and a Kustomization: plain-vLLM NIXL pairs, vllm-omni pipelines one pod per host)"),
+    image: Optional[str] = typer.Option(None, "--image", help="kubernetes: the engines' container image (default "
+                                        "vllm/vllm-openai:v0.30.0; a vllm-omni pipeline needs one with vllm-omni "
+                                        "and omni-pd)"),
     router_image: str = typer.Option("omni-pd:latest", "--router-image",
                                      help="kubernetes: an image with omni-pd installed (the PD router)"),
     name: str = typer.Option("omni-pd", "--name", help="kubernetes: name prefix of every object"),
@@ -1530,8 +1532,10 @@ def render(
     from omni_pd.launch.plan import hosts_of
 
     if target == "kubernetes":
+        where = _plan_placement(plan, inv, doc)
         files = _kubernetes_files(plan, planned.topology, doc, image, router_image, name, platform, secret,
-                                  gpus_per_node, disaggregated_set)
+                                  gpus_per_node, disaggregated_set,
+                                  tuple(where.addresses.values()) if where is not None else ())
     else:
         files = render_scripts(plan, doc.text, _plan_placement(plan, inv, doc), source=config.name, platform=platform,
                                stages=_role_stages(planned.topology))
@@ -1546,8 +1550,9 @@ def render(
     sys.stderr.write(f"wrote {to}: {', '.join(files)}" + (f" ({'; '.join(said)})" if said else "") + "\n")
 
 
-def _kubernetes_files(plan, topo, doc, image: str, router_image: str, name: str, platform: str, secret: str,
-                      gpus_per_node: Optional[int] = None, disaggregated_set: bool = False) -> dict:
+def _kubernetes_files(plan, topo, doc, image: Optional[str], router_image: str, name: str, platform: str,
+                      secret: str, gpus_per_node: Optional[int] = None, disaggregated_set: bool = False,
+                      addresses: tuple = ()) -> dict:
     """``render --target kubernetes``: the manifests (:mod:`omni_pd.render.kubernetes`),
     validated before anything is written: every core object with the kubernetes-validate
     package's schemas (strict), LeaderWorkerSet and DisaggregatedSet with their bundled CRD
@@ -1563,7 +1568,9 @@ def _kubernetes_files(plan, topo, doc, image: str, router_image: str, name: str,
     try:
         files = render_kubernetes(plan, doc.text, name=name, image=image, router_image=router_image,
                                   platform=platform, secret=secret, stages=_role_stages(topo),
-                                  gpus_per_node=gpus_per_node, disaggregated_set=disaggregated_set)
+                                  gpus_per_node=gpus_per_node, disaggregated_set=disaggregated_set,
+                                  stage_devices={s.stage_id: s.devices for s in topo.stages} if topo else {},
+                                  addresses=addresses)
     except RenderError as e:
         raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR, message=f"render --target kubernetes: {e}",
                                      help=e.help)) from None

@@ -454,3 +454,142 @@ def test_an_ascend_pair_asks_for_npus_and_advertises_the_pod_ip(tmp_path, capsys
         assert env["VLLM_HOST_IP"]["value"] == "$(POD_IP)" and env["HCCL_IF_BASE_PORT"]["value"] == hccl
         assert '"kv_connector":"MooncakeConnectorV1"' in _arg(c, "--kv-transfer-config")
     assert validate_manifests({f: (to / f).read_text() for f in os.listdir(to)}) == []
+
+
+# --- vllm-omni pipelines: one pod per host of the placement ------------------------------------------
+
+OMNI = ROOT / "presets" / "qwen3_omni_moe.yaml"
+OMNI_FILES = ["Kustomization", "configmap.yaml", "omni.yaml"]
+HOSTS = {"A": "10.201.0.1", "B": "10.201.0.2", "C": "10.201.0.3"}
+IMAGE = "registry.example/omni-pd-engine:0.30"
+
+
+def _omni_render(tmp: Path, placement: str | None, *extra: str) -> tuple[int, Path]:
+    inv: list[str] = []
+    if placement is not None:
+        (tmp / "hosts.yaml").write_text("hosts:\n" + "".join(f"  {h}: {{address: {a}, count: 8}}\n"
+                                                             for h, a in HOSTS.items()) + placement)
+        inv = ["--inventory", str(tmp / "hosts.yaml")]
+    pd = tmp / "omni.yaml"
+    if main(["expand", "-q", str(OMNI), *inv, "-o", str(pd)]) != 0:
+        return -1, tmp
+    to = tmp / "k8s"
+    return main(["render", str(pd), "--to", str(to), "--target", "kubernetes", "--model", "Qwen/Qwen3-Omni",
+                 *inv, *extra]), to
+
+
+@pytest.mark.parametrize("golden, placement", [("render_k8s_omni_one_pod", None),
+                                               ("render_k8s_omni_two_hosts", "")])
+def test_omni_manifests_match_goldens_and_validate(tmp_path, capsys, golden, placement):
+    rc, to = _omni_render(tmp_path, placement, "--image", IMAGE)
+    assert rc == 0, capsys.readouterr()
+    assert sorted(p.name for p in to.iterdir()) == OMNI_FILES
+    for f in OMNI_FILES:
+        text = (to / f).read_text().replace(str(tmp_path), "TMP")
+        if UPDATE:
+            (GOLDEN / golden).mkdir(exist_ok=True)
+            (GOLDEN / golden / f).write_text(text)
+        assert text == (GOLDEN / golden / f).read_text(), f
+    texts = {f: (to / f).read_text() for f in OMNI_FILES}
+    assert validate_manifests(texts) == []
+    assert all(a not in t for a in HOSTS.values() for t in texts.values())  # no host address, the ConfigMap's too
+
+
+def test_one_host_omni_pipeline_is_one_pod_with_every_stage_device():
+    objs = _objects(GOLDEN / "render_k8s_omni_one_pod")
+    assert sorted(objs) == ["ConfigMap/omni-pd-deploy-config", "Deployment/omni-pd-head", "Service/omni-pd"]
+    dep = objs["Deployment/omni-pd-head"]
+    assert dep["spec"]["strategy"] == {"type": "Recreate"} and dep["spec"]["replicas"] == 1
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"] == ["vllm"] and c["args"][:5] == ["serve", "Qwen/Qwen3-Omni", "--omni", "--deploy-config",
+                                                          "/etc/omni-pd/deploy.yaml"]
+    assert _arg(c, "--host") == "$(POD_IP)"
+    # Thinker prefill on 0, decode on 1, Talker and Code2Wav sharing 2: devices 0..2
+    assert c["resources"]["requests"] == {"nvidia.com/gpu": 3}
+    assert dep["spec"]["template"]["metadata"]["labels"]["omni-pd.io/stages"] == "0-1-2-3"
+    assert "initContainers" not in dep["spec"]["template"]["spec"]  # one pod: the config's 127.0.0.1 is its own
+    assert c["readinessProbe"]["httpGet"]["path"] == "/v1/models"
+
+
+def test_omni_pipeline_across_hosts_is_a_head_pod_and_a_pod_per_other_host():
+    objs = _objects(GOLDEN / "render_k8s_omni_two_hosts")
+    assert sorted(objs) == ["ConfigMap/omni-pd-deploy-config", "Deployment/omni-pd-head", "Deployment/omni-pd-host-b",
+                            "Service/omni-pd", "Service/omni-pd-head"]
+    head = objs["Deployment/omni-pd-head"]["spec"]["template"]["spec"]
+    hc = head["containers"][0]
+    assert _arg(hc, "--omni-master-address") == "$(POD_IP)" and _arg(hc, "--host") == "$(POD_IP)"
+    assert _arg(hc, "--stage-id") == "0" and _arg(hc, "--deploy-config") == "/run/omni-pd/deploy.yaml"
+    assert hc["resources"]["requests"] == {"nvidia.com/gpu": 1}
+    assert [p["name"] for p in hc["ports"]] == ["http", "omni-master", "kv-0"]
+    b = objs["Deployment/omni-pd-host-b"]["spec"]["template"]["spec"]
+    bc = b["containers"][0]
+    assert bc["command"][:2] == ["bash", "-c"] and "readinessProbe" not in bc and "ports" not in bc
+    lines = [ln for ln in bc["command"][2].splitlines() if ln.startswith("vllm serve")]
+    assert [ln.split("--stage-id ")[1].split()[0] for ln in lines] == ["1", "2", "3"]
+    for ln in lines:
+        assert ("--omni-master-address omni-pd-head --omni-master-port 8400" in ln
+                and "--headless --omni-replica-address '$(POD_IP)' &" in ln)
+    assert bc["resources"]["requests"] == {"nvidia.com/gpu": 2}  # decode on 0, Talker + Code2Wav share 1
+    for spec in (head, b):
+        [init] = spec["initContainers"]
+        assert init["command"] == ["sh", "-c", 'sed "s/__OMNI_PD_POD_IP__/$POD_IP/g" /etc/omni-pd/deploy.yaml '
+                                                "> /run/omni-pd/deploy.yaml"]
+        assert _env(spec["containers"][0])["VLLM_HOST_IP"]["value"] == "$(POD_IP)"
+    reg = objs["Service/omni-pd-head"]["spec"]
+    assert reg["clusterIP"] == "None" and reg["publishNotReadyAddresses"] is True
+    assert reg["ports"] == [{"name": "omni-master", "port": 8400, "targetPort": "omni-master"}]
+    assert objs["Service/omni-pd"]["spec"]["ports"][0]["port"] == 8000
+    cm = YAML(typ="safe").load(objs["ConfigMap/omni-pd-deploy-config"]["data"]["deploy.yaml"])
+    assert [s["kv_transfer_config"]["kv_ip"] for s in cm["stages"][:2]] == ["__OMNI_PD_POD_IP__"] * 2
+
+
+def test_omni_pipelines_need_an_image_and_no_lws_options(tmp_path, capsys):
+    rc, to = _omni_render(tmp_path, None)
+    out = capsys.readouterr()
+    assert rc == 2 and not to.exists()
+    assert ("error[OPD006]: render --target kubernetes: a vllm-omni pipeline needs an engine image with vllm-omni "
+            "0.30 and omni-pd installed (the default vllm/vllm-openai:v0.30.0 has neither)") in out.out + out.err
+    (tmp_path / "b").mkdir()
+    rc, to = _omni_render(tmp_path / "b", None, "--image", IMAGE, "--gpus-per-node", "2")
+    out = capsys.readouterr()
+    assert rc == 2 and "--gpus-per-node and --disaggregated-set shape plain-vLLM PD pairs" in out.out + out.err
+
+
+def test_omni_pod_config_keeps_comments_and_rewrites_only_host_addresses():
+    from omni_pd.render.kubernetes_omni import POD_IP_PLACEHOLDER, pod_config
+
+    text = ("# top\nconnectors:\n  c: {name: NixlConnector, extra: {host: 10.201.0.1, zmq_port: 5}}\nstages:\n"
+            "  - stage_id: 0  # keep\n    env: {VLLM_NIXL_SIDE_CHANNEL_HOST: \"10.201.0.1\", X: 10.201.0.10}\n"
+            "    kv_transfer_config: {kv_ip: \"10.201.0.2\"}\n")
+    out = pod_config(text, ["10.201.0.1", "10.201.0.2"])
+    tree = YAML(typ="safe").load(out)
+    assert tree["connectors"]["c"]["extra"]["host"] == "auto"
+    assert tree["stages"][0]["env"] == {"VLLM_NIXL_SIDE_CHANNEL_HOST": POD_IP_PLACEHOLDER, "X": "10.201.0.10"}
+    assert tree["stages"][0]["kv_transfer_config"]["kv_ip"] == POD_IP_PLACEHOLDER
+    assert "# top" in out and "# keep" in out
+    assert pod_config(text, []) == text and pod_config(text, ["10.9.9.9"]) == text
+
+
+@settings(max_examples=4 if HYPOTHESIS_PROFILE != "long" else 60, deadline=None)
+@given(hosts=st.lists(st.sampled_from(sorted(HOSTS)), min_size=4, max_size=4))
+def test_every_accepted_omni_placement_renders_manifests_that_validate(tmp_path_factory, hosts):
+    tmp = tmp_path_factory.mktemp("omni")
+    rc, to = _omni_render(tmp, "placement: {" + ", ".join(f"{i}: {h}" for i, h in enumerate(hosts)) + "}\n",
+                          "--image", IMAGE)
+    if rc == -1:
+        return  # expand refuses the placement: not one omni-pd accepts
+    assert rc == 0
+    texts = {f: (to / f).read_text() for f in os.listdir(to)}
+    assert validate_manifests(texts) == []
+    assert all(a not in t for a in HOSTS.values() for t in texts.values())
+    objs = _objects(to)
+    deps = [o for o in objs.values() if o["kind"] == "Deployment"]
+    assert len(deps) == len(set(hosts))  # one pod per host
+    for d in deps:
+        c = d["spec"]["template"]["spec"]["containers"][0]
+        words = " ".join(c.get("args", []) + c["command"]).split()
+        for flag in ("--host", "--omni-replica-address"):
+            assert all(words[i + 1].strip("'") == OWN for i, w in enumerate(words) if w == flag)
+        on_head = d["metadata"]["name"] == "omni-pd-head"
+        assert all(words[i + 1] == (OWN if on_head else "omni-pd-head")
+                   for i, w in enumerate(words) if w == "--omni-master-address")

@@ -68,142 +68,25 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Mapping, Sequence
 
-from omni_pd.compile.devices import VISIBILITY_VARS
-from omni_pd.launch.shell import flag_var
-from omni_pd.launch.spec import LaunchPlan, ProcessSpec, is_secret, secret_flag
+from omni_pd.launch.spec import LaunchPlan, ProcessSpec
+from omni_pd.render.k8s_parts import (DSHM, RESOURCE, RenderError, api_key_var as _api_key_var,  # noqa: F401
+                                     args_of as _args, env_of as _env, labels as _labels, port_of as _port_of,
+                                     probes as _probes, service as _service)
 
-#: accelerator resource per platform (device plugins: NVIDIA k8s-device-plugin, ROCm k8s-device-plugin,
-#: Ascend's ascend-device-plugin, whose resource for the Atlas 800 A2/A3 910 series is ``huawei.com/Ascend910``)
-RESOURCE = {"cuda": "nvidia.com/gpu", "rocm": "amd.com/gpu", "npu": "huawei.com/Ascend910", "cpu": None}
+#: the engines' image of a plain-vLLM pair when ``render --image`` is not given
+VLLM_IMAGE = "vllm/vllm-openai:v0.30.0"
 #: the Kubernetes release whose schemas :func:`validate_manifests` uses by default
 K8S_VERSION = "1.33"
-#: env vars the launcher sets that a pod must not carry: every platform's visibility variable
-#: (omni_pd/compile/devices.py); the device plugin gives the container its devices, seen as 0..n-1
-_DROP_ENV = VISIBILITY_VARS
 #: vLLM 0.30's torch.distributed port of a multi-node instance (vllm/config/parallel.py ``master_port``)
 MASTER_PORT = 29501
-#: the label LWS puts on every pod of a group, "0" on the leader (lws api/leaderworkerset/v1)
-WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 DS_API = "disaggregatedset.x-k8s.io/v1"
-#: /dev/shm of an engine pod: memory-backed, not the container runtime's 64 MiB default. vLLM's
-#: workers share tensors through it (PyTorch shared memory, NCCL, vLLM's shared-memory message
-#: queue), which is why vLLM's Docker guide asks for --ipc=host or --shm-size, and the LWS vLLM
-#: example mounts an emptyDir of medium Memory there
-DSHM = {"name": "dshm", "emptyDir": {"medium": "Memory"}}
 #: the kustomization's file name: one of the three kustomize reads, and not one ``kubectl apply -f DIR`` reads
 KUSTOMIZATION = "Kustomization"
 #: flags of the API server only: a headless worker takes none of them
 _SERVER_FLAGS = ("--host", "--port", "--api-key")
-
-
-class RenderError(ValueError):
-    """The plan has no Kubernetes rendering here. ``help``: what to do instead."""
-
-    def __init__(self, message: str, help: str | None = None) -> None:
-        super().__init__(message)
-        self.help = help
-
-
-def _labels(name: str, component: str, stage: int | None = None) -> dict[str, str]:
-    out = {"app.kubernetes.io/name": "omni-pd", "app.kubernetes.io/instance": name,
-           "app.kubernetes.io/component": component}
-    if component in ("prefill", "decode"):
-        out["llm-d.ai/role"] = component
-    if stage is not None:
-        out["omni-pd.io/stage"] = str(stage)
-    return out
-
-
-def _port_of(spec: ProcessSpec) -> int:
-    return spec.ports[0].port
-
-
-def _args(spec: ProcessSpec, secret_vars: list[str]) -> list[str]:
-    """``spec.argv[1:]`` with ``--host`` = ``$(POD_IP)``, no ``engine_id`` in
-    ``--kv-transfer-config``, and a secret flag's value (``--api-key K``, ``--api-key=K``)
-    as ``$(VAR)`` (from the Secret; :func:`omni_pd.launch.shell.flag_var` names it)."""
-    argv = list(spec.argv)
-    out: list[str] = []
-    i = 1
-    while i < len(argv):
-        a = argv[i]
-        nxt = argv[i + 1] if i + 1 < len(argv) else None
-        if a == "--host" and nxt is not None:
-            out += [a, "$(POD_IP)"]
-            i += 2
-            continue
-        if a == "--kv-transfer-config" and nxt is not None:
-            kv = json.loads(nxt)
-            kv.pop("engine_id", None)
-            out += [a, json.dumps(kv, separators=(",", ":"))]
-            i += 2
-            continue
-        flag = secret_flag(a, nxt) if nxt is not None else None
-        if flag is not None and flag == a:  # --api-key VALUE
-            secret_vars.append(flag_var(flag))
-            out += [a, f"$({flag_var(flag)})"]
-            i += 2
-            continue
-        flag = secret_flag("", a)
-        if flag is not None:  # --api-key=VALUE
-            secret_vars.append(flag_var(flag))
-            out.append(f"{flag}$({flag_var(flag)})")
-            i += 1
-            continue
-        out.append(a)
-        i += 1
-    return out
-
-
-def _env(spec: ProcessSpec, secret: str, secret_vars: Iterable[str], *, secrets: bool = True) -> list[dict[str, Any]]:
-    """The container env of ``spec``: ``POD_IP`` first (downward API), the side-channel
-    host as ``$(POD_IP)``, secret values as ``secretKeyRef`` (``secrets`` False: none)."""
-    env: list[dict[str, Any]] = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
-    for k, v in spec.env.items():
-        if k in _DROP_ENV or k == "POD_IP":
-            continue
-        if k == "VLLM_NIXL_SIDE_CHANNEL_HOST":
-            env.append({"name": k, "value": "$(POD_IP)"})
-        elif is_secret(k):
-            if secrets:
-                env.append({"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": k}}})
-        else:
-            env.append({"name": k, "value": str(v)})
-    for var in secret_vars:
-        if not any(e["name"] == var for e in env):
-            env.append({"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": var}}})
-    return env
-
-
-def _api_key_var(args: list[str], env: list[dict[str, Any]]) -> str | None:
-    """The variable an engine's API key is in: ``--api-key``'s (``API_KEY``), else
-    ``VLLM_API_KEY`` when the container has it (vllm/entrypoints/serve/middleware/register.py:
-    the flag wins over the variable); None: the engine takes no key."""
-    for a in args:
-        if a == "--api-key" or a.startswith("--api-key="):
-            return flag_var("--api-key")
-    return "VLLM_API_KEY" if any(e["name"] == "VLLM_API_KEY" for e in env) else None
-
-
-def _probes(port: int, startup_s: float, api_key_var: str | None) -> dict[str, Any]:
-    def get(path: str) -> dict[str, Any]:
-        return {"httpGet": {"path": path, "port": "http"}}
-
-    if api_key_var is None:
-        ready: dict[str, Any] = get("/v1/models")
-    else:  # GET /v1/models with the key, from the container's own variable (no key in the manifest)
-        code = ("import os, urllib.request as u; u.build_opener(u.ProxyHandler({})).open(u.Request("
-                f"'http://%s:{port}/v1/models' % os.environ['POD_IP'], headers={{'Authorization': "
-                f"'Bearer ' + os.environ['{api_key_var}']}}), timeout=5)")
-        ready = {"exec": {"command": ["python3", "-c", code]}, "timeoutSeconds": 10}
-    return {
-        "startupProbe": {**get("/health"), "periodSeconds": 10, "failureThreshold": max(1, int(startup_s // 10))},
-        "livenessProbe": {**get("/health"), "periodSeconds": 10, "failureThreshold": 3},
-        "readinessProbe": {**ready, "periodSeconds": 5, "failureThreshold": 3},
-    }
 
 
 def _port_name(purpose: str, i: int) -> str:
@@ -336,30 +219,35 @@ def _lws_spec(r: Role) -> dict[str, Any]:
     return {"replicas": r.replicas, "startupPolicy": "LeaderCreated", "leaderWorkerTemplate": lwt}
 
 
-def _service(name: str, component: str, port: int, *, full_name: str | None = None,
-             leaders_only: bool = False) -> dict[str, Any]:
-    labels = _labels(name, component)
-    selector = {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}
-    if leaders_only:
-        selector[WORKER_INDEX_LABEL] = "0"
-    return {"apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": full_name or f"{name}-{component}", "labels": labels},
-            "spec": {"selector": selector, "ports": [{"name": "http", "port": port, "targetPort": "http"}]}}
-
-
-def manifests(plan: LaunchPlan, config_text: str, *, name: str, image: str, router_image: str,
+def manifests(plan: LaunchPlan, config_text: str, *, name: str, image: str | None, router_image: str,
               platform: str, secret: str, stages: dict[str, int], gpus_per_node: int | None = None,
-              disaggregated_set: bool = False) -> list[tuple[str, list[dict[str, Any]]]]:
+              disaggregated_set: bool = False, stage_devices: Mapping[int, Any] | None = None,
+              addresses: Sequence[str] = ()) -> list[tuple[str, list[dict[str, Any]]]]:
     """The objects of :func:`render_kubernetes`, grouped by file. ``stages``: role ->
-    compiled stage id (labels); ``gpus_per_node``: devices one node offers (None: every
-    instance fits one); ``disaggregated_set``: both roles in one DisaggregatedSet. Raises
+    compiled stage id (labels); ``image``: the engines' image (None: :data:`VLLM_IMAGE`
+    for plain vLLM; a vllm-omni pipeline needs one with vllm-omni and omni-pd);
+    ``gpus_per_node``: devices one node offers (None: every instance fits one);
+    ``disaggregated_set``: both roles in one DisaggregatedSet. A vllm-omni plan is
+    :func:`omni_pd.render.kubernetes_omni.omni_manifests`'s, with ``stage_devices``
+    (stage id -> devices) and ``addresses`` (the inventory hosts'). Raises
     :class:`RenderError` for a plan it cannot render."""
     from omni_pd.compile import connectors
 
+    if plan.runtime == "vllm-omni":
+        from omni_pd.render.kubernetes_omni import omni_manifests
+
+        if gpus_per_node is not None or disaggregated_set:
+            raise RenderError("--gpus-per-node and --disaggregated-set shape plain-vLLM PD pairs; a vllm-omni "
+                              "pipeline is one pod per host of its placement",
+                              help="drop them, or expand a thinker-only pipeline (plain vLLM) for LeaderWorkerSets")
+        if image is None:
+            raise RenderError("a vllm-omni pipeline needs an engine image with vllm-omni 0.30 and omni-pd installed "
+                              f"(the default {VLLM_IMAGE} has neither)", help="pass --image IMAGE")
+        return omni_manifests(plan, config_text, name=name, image=image, platform=platform, secret=secret,
+                              stage_devices=stage_devices or {}, addresses=addresses)
+    image = image or VLLM_IMAGE
     if plan.runtime != "vllm":
-        raise RenderError("--target kubernetes renders plain-vLLM PD pairs (the llm-d shape); this config runs on "
-                          "the vllm-omni runtime",
-                          help="render --target scripts, or expand a thinker-only pipeline for Kubernetes")
+        raise RenderError(f"--target kubernetes has no rendering for the {plan.runtime} runtime")
     if any(p.role == "encoder" for p in plan.processes):  # before the KV connector: E -> PD has none
         raise RenderError("an encoder split (E->P->D, E->PD) has no Kubernetes rendering yet",
                           help="render --target scripts")
@@ -423,10 +311,11 @@ def manifests(plan: LaunchPlan, config_text: str, *, name: str, image: str, rout
     return files
 
 
-def render_kubernetes(plan: LaunchPlan, config_text: str, *, name: str = "omni-pd", image: str,
+def render_kubernetes(plan: LaunchPlan, config_text: str, *, name: str = "omni-pd", image: str | None = None,
                       router_image: str, platform: str, secret: str = "omni-pd-secrets",
                       stages: dict[str, int] | None = None, gpus_per_node: int | None = None,
-                      disaggregated_set: bool = False) -> dict[str, str]:
+                      disaggregated_set: bool = False, stage_devices: Mapping[int, Any] | None = None,
+                      addresses: Sequence[str] = ()) -> dict[str, str]:
     """``{file name: YAML}``: :func:`manifests` as YAML documents, plus a
     kustomization (:data:`KUSTOMIZATION`) listing them. Raises :class:`RenderError` (also when the
     compiled config itself holds a secret value: its ConfigMap would carry it), and
@@ -444,7 +333,7 @@ def render_kubernetes(plan: LaunchPlan, config_text: str, *, name: str = "omni-p
     out: dict[str, str] = {}
     files = manifests(plan, config_text, name=name, image=image, router_image=router_image, platform=platform,
                       secret=secret, stages=stages or {}, gpus_per_node=gpus_per_node,
-                      disaggregated_set=disaggregated_set)
+                      disaggregated_set=disaggregated_set, stage_devices=stage_devices, addresses=addresses)
     for fname, objs in files:
         buf = io.StringIO()
         yaml.dump_all(json.loads(json.dumps(objs)), buf)  # no shared objects: no YAML anchors
