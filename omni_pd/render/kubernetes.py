@@ -1,4 +1,5 @@
-"""Kubernetes manifests for a plain-vLLM PD pair (``omni-pd render --target kubernetes``).
+"""Kubernetes manifests for a plain-vLLM PD pair (``omni-pd render --target kubernetes``); a
+vllm-omni pipeline's are :mod:`omni_pd.render.kubernetes_omni`'s (:func:`manifests` dispatches).
 
 The llm-d shape (llm-d's Kustomize guide ``guides/pd-disaggregation``,
 https://github.com/llm-d/llm-d): per role a workload and a Service, the PD router as its
@@ -17,8 +18,9 @@ Workloads, per role (``replicas`` = the stage's ``num_replicas``, one group per 
   not: ``leaderWorkerTemplate.size`` = world / ``gpus_per_node`` pods, each asking for
   ``gpus_per_node`` devices. vLLM 0.30's own multi-node launch, no Ray: the leader runs
   ``vllm serve ... --nnodes N --node-rank 0 --master-addr $(POD_IP)`` (the API server,
-  the engine core and its local workers; it binds the torch.distributed store and a DP
-  head on its own address), each worker ``vllm serve ... --nnodes N --node-rank
+  the engine core and its local workers; a DP head binds on that address; the
+  torch.distributed store is torch's TCPStore, which listens on every interface of the pod,
+  the one listener here not bound to the pod IP), each worker ``vllm serve ... --nnodes N --node-rank
   $(LWS_WORKER_INDEX) --master-addr $(LWS_LEADER_ADDRESS) --headless`` (no API server;
   vllm/entrypoints/cli/serve.py ``run_headless``; ``LWS_WORKER_INDEX`` is set by lws v0.6.0
   and later, ``LWS_LEADER_ADDRESS`` by every release). vLLM requires ``--nnodes`` to divide
