@@ -78,11 +78,13 @@ def _inventories() -> dict[str, list[str]]:
     inventory places nothing, and the placement render resolved from it."""
     sys.path.insert(0, str(Path(__file__).parent))
     from test_placement import OMNI_PROPOSED_PLACEMENT, OMNI_TWO_HOSTS, TWO_HOSTS
+    from test_stage_edges import DECODE_ON_B
 
     return {
         "placement_llm_nixl_two_hosts.yaml": [
             TWO_HOSTS, (GOLDEN / "render_scripts_two_hosts" / "placement.yaml").read_text(encoding="utf-8")],
         "placement_qwen3_omni_mooncake_two_hosts.yaml": [OMNI_TWO_HOSTS + OMNI_PROPOSED_PLACEMENT],
+        "placement_qwen3_omni_decode_on_b_nixl_edges.yaml": [DECODE_ON_B],
     }
 
 
