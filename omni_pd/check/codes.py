@@ -193,7 +193,7 @@ CODES: tuple[CodeDoc, ...] = (
             edge is written with ``NixlConnector``, each edge's ``host`` the address of the host
             of the stage that sends on it. Every edge, not only the crossing one: a middle stage
             (Thinker decode, Talker) sends through its incoming edge's connector, and only
-            NixlConnector serves both directions (engine/stage_init_utils.py
+            NixlConnector serves both directions (vllm_omni/engine/stage_init_utils.py
             ``get_stage_connector_spec``).""",
             "omni_pd/compile/stage_edges.py cross_host_plan()"),
     CodeDoc("OPD903", "encoder-shares-devices", _I, "expand", "the encoder instance shares devices with the LLM",

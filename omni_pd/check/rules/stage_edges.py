@@ -18,10 +18,11 @@ from omni_pd.compile.stage_edges import SAME_HOST_ONLY, crossing, payload_edges
 from omni_pd.diagnostics import Diagnostic, Severity
 
 #: omni connectors whose sender advertises ``extra.host`` (``sender_host`` on a receiver)
-#: to a receiver that dials it (connectors/nixl_connector.py, mooncake_transfer_engine_connector.py)
+#: to a receiver that dials it (vllm-omni 0.30 vllm_omni/distributed/omni_connectors/connectors/
+#: nixl_connector.py, mooncake_transfer_engine_connector.py)
 #: the addresses OPD509 flags: loopback. Not the wildcards: a NIXL sender binds a route-probed
-#: address for ``""``/``0.0.0.0``/``auto`` (nixl_connector.py ``_get_local_ip``) and the orchestrator
-#: then advertises the replica's registered host (stage_engine_core_client.py
+#: address for ``""``/``0.0.0.0``/``auto`` (vllm-omni's nixl_connector.py ``_get_local_ip``) and the orchestrator
+#: then advertises the replica's registered host (vllm-omni's stage_engine_core_client.py
 #: ``_resolve_sender_host_from_config``), while a loopback value is advertised as written
 LOOPBACK = ("localhost", "127.0.0.1", "::1")
 _ADVERTISING = frozenset({"NixlConnector", "MooncakeTransferEngineConnector", "MoriTransferEngineConnector",
