@@ -137,32 +137,28 @@ def _stage_sources(metrics_text: str, stage: str) -> dict[str, float]:
     return out
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_model, hosts):
-    """The one-host reference answer, then the two-host run; what the tests assert on."""
-    tmp = tmp_path_factory.mktemp("e2e-omni-two-hosts")
-    model = tiny_model("qwen3_omni_full")
-    vllm = str(Path(E2E).parent / "vllm")
-    omni_env = {k: v for k, v in engine_env(tmp).items() if k != "VLLM_PLUGINS"}  # vllm-omni needs its plugins
-    out: dict = {}
-
-    # 1. the one-host pipeline without PD: the reference answer; stopped before the next run
-    flags = ("--omni", "--deploy-config", str(DEPLOY))
-    with PlainInstance(vllm, model, PLAIN, omni_env, tmp / "plain.log", flags=flags, ready_timeout=900) as plain:
-        out["plain"] = {"ready_s": plain.healthy_s, **_answer(post_json(plain.url + "/v1/chat/completions", _body(),
-                                                                          timeout=300))}
-
-    # 2. the PD pipeline across the two namespaces
-    inv, pd = tmp / "hosts.yaml", tmp / "pd.yaml"
-    inv.write_text(HOSTS_YAML)
+def _two_host_run(tmp: Path, name: str, hosts: dict[str, str], placement: str, model: Path, vllm: str,
+                  omni_env: dict[str, str], nixl_edges: bool = False) -> dict:
+    """Expand the fixture for ``placement`` (an inventory ``placement:`` line), start
+    ``launch --host A`` in namespace A and ``--host B`` in B, send the one request inside
+    A, stop both; the answer, decode's counter deltas, exit codes, logs and pids.
+    ``nixl_edges``: the placement puts a stage edge across the hosts (UCX restricted to TCP
+    on each host's own end of the veth pair, as tests/test_e2e_two_hosts.py runs NIXL)."""
+    run = tmp / name
+    run.mkdir()
+    inv, pd = run / "hosts.yaml", run / "pd.yaml"
+    inv.write_text(HOSTS_YAML.replace("placement: {0: A, 1: B, 2: B, 3: B}\n", placement))
     subprocess.run([sys.executable, "-m", "omni_pd.cli", "expand", "-q", str(DEPLOY), "--mooncake-protocol", "tcp",
                     "--port-base", str(BOOTSTRAP), "--inventory", str(inv), "-o", str(pd)], check=True)
     # VLLM_HOST_IP: the address vLLM's Mooncake worker gives its Transfer Engine (get_ip()), its host's own
     env = {h: {**omni_env, "VLLM_HOST_IP": ADDR[h]} for h in ("A", "B")}
-    launchers = {h: Launcher(pd, model, vllm, tmp / f"run{h}", router_port=HTTP, engine_port_base=ENGINES, env=env[h],
+    if nixl_edges:
+        env = {h: {**e, "UCX_TLS": "tcp", "UCX_NET_DEVICES": f"{hosts[h][:-1]}v{h.lower()}"} for h, e in env.items()}
+    launchers = {h: Launcher(pd, model, vllm, run / f"run{h}", router_port=HTTP, engine_port_base=ENGINES, env=env[h],
                              extra=("--inventory", str(inv), "--host", h, "--ready-timeout", "1200"),
                              prefix=("ip", "netns", "exec", hosts[h]))
                  for h in ("A", "B")}
+    out: dict = {"pd": pd.read_text()}
     t0 = time.monotonic()
     try:
         launchers["A"].wait_for("process healthy after", 1200)
@@ -174,37 +170,79 @@ def runs(tmp_path_factory, tiny_model, hosts):
         assert r.returncode == 0, r.stderr[-3000:] + launchers["A"].report()
         got = json.loads(r.stdout)
         before, after = _stage_sources(got["before"], DECODE_STAGE), _stage_sources(got["after"], DECODE_STAGE)
-        out["two_hosts"] = {**_answer(got["reply"]), "seconds": got["seconds"],
-                            "by_source_delta": {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}}
+        out["answer"] = {**_answer(got["reply"]), "seconds": got["seconds"],
+                         "by_source_delta": {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}}
     finally:
         out["rc"] = {h: launchers[h].stop() for h in ("B", "A")}
-        log = tmp / "runA" / "omni.log"
-        out["head_log"] = log.read_text(errors="replace") if log.is_file() else ""
+        out["logs"] = {p.name: p.read_text(errors="replace")
+                       for h in ("A", "B") for p in (run / f"run{h}").glob("*.log")}
         out["lines"] = {h: launchers[h].lines for h in ("A", "B")}
-        out["pids"] = {h: [ln.split()[1] for ln in (tmp / f"run{h}" / "pids").read_text().splitlines()]
-                       if (tmp / f"run{h}" / "pids").is_file() else [] for h in ("A", "B")}
-    shown = {k: v for k, v in out.items() if k not in ("head_log", "lines")}
-    print(f"\ntwo-host omni pipeline ({tmp}): {json.dumps(shown, indent=1)}")
+        out["pids"] = {h: [ln.split()[1] for ln in (run / f"run{h}" / "pids").read_text().splitlines()]
+                       if (run / f"run{h}" / "pids").is_file() else [] for h in ("A", "B")}
+    shown = {k: v for k, v in out.items() if k not in ("logs", "lines", "pd")}
+    print(f"\ntwo-host omni pipeline, {name} ({run}): {json.dumps(shown, indent=1)}")
     return out
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tiny_model, hosts):
+    """The one-host reference answer (started and stopped first) and what a two-host run needs."""
+    tmp = tmp_path_factory.mktemp("e2e-omni-two-hosts")
+    model = tiny_model("qwen3_omni_full")
+    vllm = str(Path(E2E).parent / "vllm")
+    omni_env = {k: v for k, v in engine_env(tmp).items() if k != "VLLM_PLUGINS"}  # vllm-omni needs its plugins
+    flags = ("--omni", "--deploy-config", str(DEPLOY))
+    with PlainInstance(vllm, model, PLAIN, omni_env, tmp / "plain.log", flags=flags, ready_timeout=900) as plain:
+        answer = _answer(post_json(plain.url + "/v1/chat/completions", _body(), timeout=300))
+        ready_s = plain.healthy_s
+    print(f"\none-host reference: ready after {ready_s} s, {json.dumps(answer)}")
+    return {"tmp": tmp, "model": model, "vllm": vllm, "omni_env": omni_env, "plain": answer}
+
+
+@pytest.fixture(scope="module")
+def runs(setup, hosts):
+    """Prefill (the head) on A; decode, Talker and Code2Wav headless on B."""
+    return _two_host_run(setup["tmp"], "decode-talker-code2wav-on-b", hosts, "placement: {0: A, 1: B, 2: B, 3: B}\n",
+                         setup["model"], setup["vllm"], setup["omni_env"])
 
 
 def test_head_on_a_and_the_headless_stages_on_b_started_and_stopped_cleanly(runs):
     assert runs["pids"] == {"A": ["omni"], "B": ["stage-1", "stage-2", "stage-3"]}
     # B started its stages and waited for the head on A; A started the head alone
     assert any(f"waiting for omni on A (GET http://{ADDR['A']}:{HTTP}/health)" in ln for ln in runs["lines"]["B"])
-    assert "PD disaggregation detected" in runs["head_log"]
-    assert f"Stage 1 replica 0 registered from host {ADDR['B']}" in runs["head_log"]
+    assert "PD disaggregation detected" in runs["logs"]["omni.log"]
+    assert f"Stage 1 replica 0 registered from host {ADDR['B']}" in runs["logs"]["omni.log"]
+    assert "SharedMemoryConnector" in runs["pd"] and "NixlConnector" not in runs["pd"]  # B's edges stay on B
     assert runs["rc"] == {"A": 130, "B": 130}, "\n".join(runs["lines"]["A"][-20:] + runs["lines"]["B"][-20:])
 
 
-def test_the_answer_across_hosts_equals_the_one_host_answer(runs):
-    plain, got = runs["plain"], runs["two_hosts"]
+def test_the_answer_across_hosts_equals_the_one_host_answer(setup, runs):
+    plain, got = setup["plain"], runs["answer"]
     assert plain["text"] and plain["wav_bytes"] > 44, plain  # a WAV with samples
     assert (got["text"], got["prompt_tokens"], got["wav_sha256"]) == (
         plain["text"], plain["prompt_tokens"], plain["wav_sha256"])
 
 
 def test_decode_on_b_continued_from_prefills_kv_on_a(runs):
-    delta = runs["two_hosts"]["by_source_delta"]
+    delta = runs["answer"]["by_source_delta"]
     assert delta.get("external_kv_transfer", 0) > 0, delta
     assert delta.get("local_compute", 0) == 0, delta
+
+
+@pytest.mark.skipif(os.environ.get("OMNI_PD_E2E_LONG") != "1",
+                    reason="the NIXL stage-edge run is one more pipeline start (OMNI_PD_E2E_LONG=1)")
+def test_decode_on_b_feeding_the_talker_on_a_over_nixl_stage_edges_gives_the_same_answer(setup, hosts):
+    """Decode alone on B, the Talker and Code2Wav headless on A: the decode -> Talker edge
+    crosses B -> A, so expand writes NixlConnector on every stage edge (OPD907), and the
+    payload moves over NIXL (UCX over TCP) from decode's listener on B to the Talker on A."""
+    got = _two_host_run(setup["tmp"], "talker-on-a-nixl-edges", hosts, "placement: {0: A, 1: B, 2: A, 3: A}\n",
+                        setup["model"], setup["vllm"], setup["omni_env"], nixl_edges=True)
+    assert got["rc"] == {"A": 130, "B": 130}, "\n".join(got["lines"]["A"][-20:] + got["lines"]["B"][-20:])
+    assert got["pids"] == {"A": ["omni", "stage-2", "stage-3"], "B": ["stage-1"]}
+    assert "connector_of_nixl_1_2" in got["pd"] and "SharedMemoryConnector" not in got["pd"]
+    # decode's NIXL listener on B, at zmq_port + its stage id (expand's --port-base + 64 + 1)
+    assert f"NixlConnector handshake listener bound on {ADDR['B']}:{BOOTSTRAP + 65}" in got["logs"]["stage-1.log"]
+    plain, answer = setup["plain"], got["answer"]
+    assert (answer["text"], answer["prompt_tokens"], answer["wav_sha256"]) == (
+        plain["text"], plain["prompt_tokens"], plain["wav_sha256"])
+    assert answer["by_source_delta"].get("external_kv_transfer", 0) > 0, answer["by_source_delta"]
