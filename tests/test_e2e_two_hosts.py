@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -30,21 +29,16 @@ from pathlib import Path
 import pytest
 from e2e.baselines import LONG, SHORT
 from e2e.harness import Launcher, engine_env
+from e2e.netns import netns_works, two_hosts, veth
 
 ROOT = Path(__file__).resolve().parents[1]
 E2E = os.environ.get("OMNI_PD_E2E_PYTHON")
 
 
-def _netns_works() -> bool:
-    if shutil.which("ip") is None or os.geteuid() != 0:
-        return False
-    return subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
-
-
 #: the engine run's conditions (the refusal test needs neither)
 needs_hosts = [
     pytest.mark.skipif(not E2E, reason="OMNI_PD_E2E_PYTHON not set (build it with .ci/e2e_venv.sh)"),
-    pytest.mark.skipif(not _netns_works(), reason="needs root and `ip netns` (iproute2)"),
+    pytest.mark.skipif(not netns_works(), reason="needs root and `ip netns` (iproute2)"),
 ]
 
 #: the /30 between the namespaces (RFC 1918; it exists only on the veth pair)
@@ -55,31 +49,12 @@ HOSTS_YAML = (f"hosts:\n  A: {{address: {ADDR['A']}, count: 1}}\n  B: {{address:
               "placement: {0: A, 1: B}\n")
 
 
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
-
-
 @pytest.fixture
 def hosts():
     """``{"A": netns name, "B": netns name}``: two namespaces joined by a veth pair, each
     with loopback up and its address of :data:`NET`/30; removed afterwards whatever happened."""
-    tag = f"opd{os.getpid() % 100000}"
-    ns = {"A": f"{tag}a", "B": f"{tag}b"}
-    probe = _ip("netns", "add", ns["A"], check=False)
-    if probe.returncode != 0:  # e.g. a container without CAP_SYS_ADMIN
-        pytest.skip(f"cannot create a network namespace here: {probe.stderr.strip()}")
-    try:
-        _ip("netns", "add", ns["B"])
-        _ip("link", "add", f"{tag}va", "type", "veth", "peer", "name", f"{tag}vb")
-        for h, dev in (("A", f"{tag}va"), ("B", f"{tag}vb")):
-            _ip("link", "set", dev, "netns", ns[h])
-            _ip("-n", ns[h], "addr", "add", f"{ADDR[h]}/30", "dev", dev)
-            _ip("-n", ns[h], "link", "set", "lo", "up")
-            _ip("-n", ns[h], "link", "set", dev, "up")
+    with two_hosts(f"opd{os.getpid() % 100000}", ADDR) as ns:
         yield ns
-    finally:
-        for n in ns.values():
-            _ip("netns", "del", n, check=False)  # takes its end of the veth pair with it
 
 
 def _in(ns: str, code: str, *args: str, timeout: float = 600) -> str:
@@ -153,8 +128,8 @@ def test_prefill_on_a_and_decode_on_b_equal_a_plain_instance_and_kv_crosses(tmp_
     pd = _expand(tmp_path, inv)
     base_env = engine_env(tmp_path)
     # per host: its own address for vLLM's get_ip(), UCX over TCP on the veth only
-    env = {h: {**base_env, "VLLM_HOST_IP": ADDR[h], "UCX_TLS": "tcp", "UCX_NET_DEVICES": dev}
-           for h, dev in (("A", f"{hosts['A'][:-1]}va"), ("B", f"{hosts['B'][:-1]}vb"))}
+    env = {h: {**base_env, "VLLM_HOST_IP": ADDR[h], "UCX_TLS": "tcp", "UCX_NET_DEVICES": veth(hosts[h])}
+           for h in ("A", "B")}
     t0 = time.monotonic()
     a = _host_launcher(hosts["A"], "A", pd, inv, model, vllm, tmp_path / "runA", env["A"])
     b = _host_launcher(hosts["B"], "B", pd, inv, model, vllm, tmp_path / "runB", env["B"])

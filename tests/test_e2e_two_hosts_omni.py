@@ -31,7 +31,6 @@ import base64
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -39,22 +38,17 @@ from pathlib import Path
 
 import pytest
 from e2e.baselines import cases
-from e2e.harness import Launcher, PlainInstance, engine_env, post_json
+from e2e.harness import Launcher, PlainInstance, engine_env, post_json, prompt_tokens_by_source
+from e2e.netns import netns_works, two_hosts, veth
 
 ROOT = Path(__file__).resolve().parents[1]
 E2E = os.environ.get("OMNI_PD_E2E_PYTHON")
 DEPLOY = ROOT / "tests" / "fixtures" / "qwen3_omni_moe_cpu.yaml"
 
 
-def _netns_works() -> bool:
-    if shutil.which("ip") is None or os.geteuid() != 0:
-        return False
-    return subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
-
-
 pytestmark = [
     pytest.mark.skipif(not E2E, reason="OMNI_PD_E2E_PYTHON not set (build it with .ci/e2e_venv.sh)"),
-    pytest.mark.skipif(not _netns_works(), reason="needs root and `ip netns` (iproute2)"),
+    pytest.mark.skipif(not netns_works(), reason="needs root and `ip netns` (iproute2)"),
 ]
 
 #: the /30 between the namespaces (RFC 1918; it exists only on the veth pair)
@@ -63,38 +57,18 @@ ADDR = {"A": f"{NET}.1", "B": f"{NET}.2"}
 #: the one-host reference (main namespace, loopback), the head's API port, launch's
 #: --engine-port-base (the head's registration port is + 300), expand's --port-base (Mooncake bootstrap)
 PLAIN, HTTP, ENGINES, BOOTSTRAP = 19480, 19490, 19100, 19460
-HOSTS_YAML = (f"hosts:\n  A: {{address: {ADDR['A']}, count: 2}}\n  B: {{address: {ADDR['B']}, count: 2}}\n"
-              "placement: {0: A, 1: B, 2: B, 3: B}\n")
+HOSTS_YAML = f"hosts:\n  A: {{address: {ADDR['A']}, count: 2}}\n  B: {{address: {ADDR['B']}, count: 2}}\n"
 #: the one request: longer than one CPU KV block (whole blocks cross the hosts)
 PROMPT = "text-long"
 DECODE_STAGE = "1"
-
-
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
 
 
 @pytest.fixture(scope="module")
 def hosts():
     """``{"A": netns name, "B": netns name}``: two namespaces joined by a veth pair, each
     with loopback up and its address of :data:`NET`/30; removed afterwards whatever happened."""
-    tag = f"opdo{os.getpid() % 10000}"
-    ns = {"A": f"{tag}a", "B": f"{tag}b"}
-    probe = _ip("netns", "add", ns["A"], check=False)
-    if probe.returncode != 0:  # e.g. a container without CAP_SYS_ADMIN
-        pytest.skip(f"cannot create a network namespace here: {probe.stderr.strip()}")
-    try:
-        _ip("netns", "add", ns["B"])
-        _ip("link", "add", f"{tag}va", "type", "veth", "peer", "name", f"{tag}vb")
-        for h, dev in (("A", f"{tag}va"), ("B", f"{tag}vb")):
-            _ip("link", "set", dev, "netns", ns[h])
-            _ip("-n", ns[h], "addr", "add", f"{ADDR[h]}/30", "dev", dev)
-            _ip("-n", ns[h], "link", "set", "lo", "up")
-            _ip("-n", ns[h], "link", "set", dev, "up")
+    with two_hosts(f"opdo{os.getpid() % 10000}", ADDR) as ns:
         yield ns
-    finally:
-        for n in ns.values():
-            _ip("netns", "del", n, check=False)  # takes its end of the veth pair with it
 
 
 def _body() -> dict:
@@ -127,33 +101,23 @@ print(json.dumps({"reply": reply, "seconds": round(time.monotonic() - t0, 2), "b
 '''
 
 
-def _stage_sources(metrics_text: str, stage: str) -> dict[str, float]:
-    from omni_pd.launch.smoke import samples
-
-    out: dict[str, float] = {}
-    for name, labels, value in samples(metrics_text):
-        if name == "vllm:prompt_tokens_by_source_total" and labels.get("stage") == stage:
-            out[labels["source"]] = out.get(labels["source"], 0.0) + value
-    return out
-
-
-def _two_host_run(tmp: Path, name: str, hosts: dict[str, str], placement: str, model: Path, vllm: str,
-                  omni_env: dict[str, str], nixl_edges: bool = False) -> dict:
-    """Expand the fixture for ``placement`` (an inventory ``placement:`` line), start
+def _two_host_run(setup: dict, hosts: dict[str, str], name: str, placement: str, nixl_edges: bool = False) -> dict:
+    """Expand the fixture for ``placement`` (the inventory's ``placement:`` flow map), start
     ``launch --host A`` in namespace A and ``--host B`` in B, send the one request inside
     A, stop both; the answer, decode's counter deltas, exit codes, logs and pids.
     ``nixl_edges``: the placement puts a stage edge across the hosts (UCX restricted to TCP
     on each host's own end of the veth pair, as tests/test_e2e_two_hosts.py runs NIXL)."""
-    run = tmp / name
+    model, vllm, omni_env = setup["model"], setup["vllm"], setup["omni_env"]
+    run = setup["tmp"] / name
     run.mkdir()
     inv, pd = run / "hosts.yaml", run / "pd.yaml"
-    inv.write_text(HOSTS_YAML.replace("placement: {0: A, 1: B, 2: B, 3: B}\n", placement))
+    inv.write_text(f"{HOSTS_YAML}placement: {placement}\n")
     subprocess.run([sys.executable, "-m", "omni_pd.cli", "expand", "-q", str(DEPLOY), "--mooncake-protocol", "tcp",
                     "--port-base", str(BOOTSTRAP), "--inventory", str(inv), "-o", str(pd)], check=True)
     # VLLM_HOST_IP: the address vLLM's Mooncake worker gives its Transfer Engine (get_ip()), its host's own
     env = {h: {**omni_env, "VLLM_HOST_IP": ADDR[h]} for h in ("A", "B")}
     if nixl_edges:
-        env = {h: {**e, "UCX_TLS": "tcp", "UCX_NET_DEVICES": f"{hosts[h][:-1]}v{h.lower()}"} for h, e in env.items()}
+        env = {h: {**e, "UCX_TLS": "tcp", "UCX_NET_DEVICES": veth(hosts[h])} for h, e in env.items()}
     launchers = {h: Launcher(pd, model, vllm, run / f"run{h}", router_port=HTTP, engine_port_base=ENGINES, env=env[h],
                              extra=("--inventory", str(inv), "--host", h, "--ready-timeout", "1200"),
                              prefix=("ip", "netns", "exec", hosts[h]))
@@ -169,7 +133,7 @@ def _two_host_run(tmp: Path, name: str, hosts: dict[str, str], placement: str, m
                            timeout=900)
         assert r.returncode == 0, r.stderr[-3000:] + launchers["A"].report()
         got = json.loads(r.stdout)
-        before, after = _stage_sources(got["before"], DECODE_STAGE), _stage_sources(got["after"], DECODE_STAGE)
+        before, after = (prompt_tokens_by_source(got[k], DECODE_STAGE) for k in ("before", "after"))
         out["answer"] = {**_answer(got["reply"]), "seconds": got["seconds"],
                          "by_source_delta": {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}}
     finally:
@@ -202,8 +166,7 @@ def setup(tmp_path_factory, tiny_model, hosts):
 @pytest.fixture(scope="module")
 def runs(setup, hosts):
     """Prefill (the head) on A; decode, Talker and Code2Wav headless on B."""
-    return _two_host_run(setup["tmp"], "decode-talker-code2wav-on-b", hosts, "placement: {0: A, 1: B, 2: B, 3: B}\n",
-                         setup["model"], setup["vllm"], setup["omni_env"])
+    return _two_host_run(setup, hosts, "decode-talker-code2wav-on-b", "{0: A, 1: B, 2: B, 3: B}")
 
 
 def test_head_on_a_and_the_headless_stages_on_b_started_and_stopped_cleanly(runs):
@@ -235,8 +198,7 @@ def test_decode_on_b_feeding_the_talker_on_a_over_nixl_stage_edges_gives_the_sam
     """Decode alone on B, the Talker and Code2Wav headless on A: the decode -> Talker edge
     crosses B -> A, so expand writes NixlConnector on every stage edge (OPD907), and the
     payload moves over NIXL (UCX over TCP) from decode's listener on B to the Talker on A."""
-    got = _two_host_run(setup["tmp"], "talker-on-a-nixl-edges", hosts, "placement: {0: A, 1: B, 2: A, 3: A}\n",
-                        setup["model"], setup["vllm"], setup["omni_env"], nixl_edges=True)
+    got = _two_host_run(setup, hosts, "talker-on-a-nixl-edges", "{0: A, 1: B, 2: A, 3: A}", nixl_edges=True)
     assert got["rc"] == {"A": 130, "B": 130}, "\n".join(got["lines"]["A"][-20:] + got["lines"]["B"][-20:])
     assert got["pids"] == {"A": ["omni", "stage-2", "stage-3"], "B": ["stage-1"]}
     assert "connector_of_nixl_1_2" in got["pd"] and "SharedMemoryConnector" not in got["pd"]
