@@ -67,7 +67,8 @@ import wave
 from pathlib import Path
 
 import pytest
-from e2e.harness import Launcher, PlainInstance, alive, descendants, engine_env, get, port_free, post_json, rss_bytes
+from e2e.harness import (Launcher, PlainInstance, alive, descendants, engine_env, get, port_free, post_json,
+                         prompt_tokens_by_source, rss_bytes)
 
 from e2e.baselines import BLOCK, cases
 
@@ -118,18 +119,6 @@ def wav_info(blob: bytes) -> dict:
         a = array.array("h", frames)
         rms = (sum(x * x for x in a) / len(a)) ** 0.5 / 32768
     return {"rate": rate, "frames": n, "rms": round(rms, 4), "sha256": hashlib.sha256(blob).hexdigest()[:16]}
-
-
-def stage_sources(metrics_text: str, stage: str) -> dict[str, float]:
-    """``{source: tokens}`` of ``vllm:prompt_tokens_by_source_total`` for one vllm-omni stage
-    (``OmniPrometheusStatLogger`` labels each series ``stage`` + ``replica``)."""
-    from omni_pd.launch.smoke import samples
-
-    out: dict[str, float] = {}
-    for name, labels, value in samples(metrics_text):
-        if name == "vllm:prompt_tokens_by_source_total" and labels.get("stage") == stage:
-            out[labels["source"]] = out.get(labels["source"], 0.0) + value
-    return out
 
 
 class PeakRss:
@@ -237,17 +226,17 @@ def runs(tmp_path_factory, tiny_model):
     #    audio for every prompt at once
     def mooncake_requests(base: str, r: dict) -> None:
         text_only(base, r)
-        before = stage_sources(get(base + "/metrics"), DECODE_STAGE)
+        before = prompt_tokens_by_source(get(base + "/metrics"), DECODE_STAGE)
         r["concurrent"] = concurrently(base, prompts)
-        after = stage_sources(get(base + "/metrics"), DECODE_STAGE)
+        after = prompt_tokens_by_source(get(base + "/metrics"), DECODE_STAGE)
         r["by_source_delta"] = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
 
     def text_only(base: str, r: dict) -> None:
         r["text"], r["text_by_source_delta"] = {}, {}
         for name, content in prompts.items():
-            before = stage_sources(get(base + "/metrics"), DECODE_STAGE)
+            before = prompt_tokens_by_source(get(base + "/metrics"), DECODE_STAGE)
             r["text"][name] = chat(base, content, audio=False)
-            after = stage_sources(get(base + "/metrics"), DECODE_STAGE)
+            after = prompt_tokens_by_source(get(base + "/metrics"), DECODE_STAGE)
             r["text_by_source_delta"][name] = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
 
     # VLLM_HOST_IP: the address vLLM's Mooncake worker gives its Transfer Engine (get_ip());

@@ -151,16 +151,18 @@ def wait_for_line(path: Path, needle: str, timeout: float = 60) -> bool:
 
 # --- metrics ---------------------------------------------------------------------------
 
-_BY_SOURCE = re.compile(r'^vllm:prompt_tokens_by_source_total\{[^}]*source="([a-z_]+)"[^}]*\}\s+(\S+)', re.M)
-
-
-def prompt_tokens_by_source(metrics_text: str) -> dict[str, float]:
+def prompt_tokens_by_source(metrics_text: str, stage: str | None = None) -> dict[str, float]:
     """``{source: tokens}`` from vLLM's ``vllm:prompt_tokens_by_source_total`` counter
     (vllm/v1/metrics/loggers.py; sources ``local_compute``, ``local_cache_hit``,
-    ``external_kv_transfer``), summed over engines."""
+    ``external_kv_transfer``), summed over engines. ``stage``: only the series of that
+    vllm-omni stage (vllm-omni's ``OmniPrometheusStatLogger`` labels each series ``stage`` +
+    ``replica``; one server page holds every stage's); None: every series."""
+    from omni_pd.launch.smoke import samples
+
     out: dict[str, float] = {}
-    for source, value in _BY_SOURCE.findall(metrics_text):
-        out[source] = out.get(source, 0.0) + float(value)
+    for name, labels, value in samples(metrics_text):
+        if name == "vllm:prompt_tokens_by_source_total" and (stage is None or labels.get("stage") == stage):
+            out[labels["source"]] = out.get(labels["source"], 0.0) + value
     return out
 
 
