@@ -800,13 +800,9 @@ def _placed_inventory(inv, topo):
     """``inv`` with every stage of ``topo`` placed (:func:`omni_pd.compile.placement.
     resolve_placement`: the inventory's placement, else omni-pd's proposal), so validate and
     launch read the placement expand compiled for; None stays None."""
-    if inv is None or topo is None or not inv.hosts:
-        return inv
-    from dataclasses import replace
+    from omni_pd.check.validate import placed_inventory
 
-    from omni_pd.compile.placement import resolve_placement
-
-    return replace(inv, placement=dict(resolve_placement(topo.pipeline.stages, inv).stage_host))
+    return placed_inventory(inv, topo.pipeline if topo is not None else None)
 
 
 def _pairs(items: Optional[list[str]], name: str) -> dict[str, str]:

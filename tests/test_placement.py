@@ -86,6 +86,21 @@ def test_omni_preset_on_two_hosts_with_the_proposed_placement_matches_golden(tmp
     assert [s["kv_transfer_config"].get("kv_ip") for s in stages[:2]] == ["10.0.0.1", "10.0.0.2"]
 
 
+@pytest.mark.parametrize("placement", ["", "placement: {0: A, 1: B}\n"])
+def test_validate_places_the_stages_an_inventory_leaves_unplaced_as_expand_did(tmp_path, capsys, placement):
+    # expand proposes a host for every stage the inventory does not place (Talker and Code2Wav
+    # follow decode to B, so their edges keep SharedMemoryConnector); validate with the same
+    # inventory judges that placement, not "localhost" (it said OPD508 "from B to localhost")
+    inv = _inv(tmp_path, OMNI_TWO_HOSTS + placement)
+    out = tmp_path / "pd.yaml"
+    rc, _, err = _run(capsys, "expand", "-q", "--inventory", inv, "-o", out)
+    assert rc == 0, err
+    assert "SharedMemoryConnector" in out.read_text() and "NixlConnector" not in out.read_text()
+    rc, vout, _ = _run(capsys, "validate", out, "--inventory", inv)
+    assert rc == 0 and vout.endswith(f"{out}: ok (0 errors, 0 warnings, 1 info)\n"), vout
+    assert "OPD508" not in vout
+
+
 def test_one_host_inventory_keeps_prefill_and_decode_apart(tmp_path, capsys):
     inv = _inv(tmp_path, "hosts:\n  A: {address: 10.0.0.1, count: 2}\n")
     out = tmp_path / "pd.yaml"

@@ -100,11 +100,16 @@ def test_opd601_a_vllm_ascend_connector_off_npu_and_the_platform_from_the_invent
         _both("error", ASCEND_ON_CUDA, "on rocm use NixlConnector")
     one = Inventory.from_dict({"hosts": {"a": {"accelerator": "npu"}}})
     assert found(text, "OPD601", opts=ValidateOptions(inventory=one)) == []
-    # a host that names no accelerator, or a stage placed on no host of two: cuda
+    # a host that names no accelerator: cuda
     bare = Inventory.from_dict({"hosts": {"a": {}}})
     assert len(found(text, "OPD601", opts=ValidateOptions(inventory=bare))) == 2
+    # stages the inventory does not place are where expand and launch place them (prefill on
+    # the first host, decode on the second): both npu here
     unplaced = Inventory.from_dict({"hosts": {"a": {"accelerator": "npu"}, "b": {"accelerator": "npu"}}})
-    assert len(found(text, "OPD601", opts=ValidateOptions(inventory=unplaced))) == 2
+    assert found(text, "OPD601", opts=ValidateOptions(inventory=unplaced)) == []
+    half = Inventory.from_dict({"hosts": {"a": {"accelerator": "npu"}, "b": {"accelerator": "cuda"}}})
+    assert found(text, "OPD601", opts=ValidateOptions(inventory=half)) == \
+        _both("error", ASCEND_ON_CUDA, "on cuda use MooncakeConnector or NixlConnector")[1:]
 
 
 def _every_ascend_release() -> list:

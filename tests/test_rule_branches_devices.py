@@ -138,9 +138,14 @@ def test_opd402_a_platform_overlay_that_moves_the_stage_is_named() -> None:
 
 
 def test_opd402_an_unknown_count_is_not_checked() -> None:
-    # two hosts and no placement: the stage's host is unknown
+    # two hosts and no placement: the stage is where expand and launch place it (the proposal,
+    # omni_pd/compile/placement.py: a stage that is not prefill goes to the second host)
     assert found("stages:\n  - {stage_id: 0, devices: \"7\"}\n", "OPD402",
-                 {"inventory": {"hosts": {"h": {"count": 1}, "g": {"count": 1}}}}) == []
+                 {"inventory": {"hosts": {"h": {"count": 1}, "g": {"count": 1}}}}) == [(
+        "error", "stage 0 uses device 7, but only 1 GPU is visible (host g has 1)", (2, 28),
+        "use device indices 0..0, or run on a host with more GPUs", [])]
+    assert found("stages:\n  - {stage_id: 0, devices: \"7\"}\n", "OPD402",
+                 {"inventory": {"hosts": {"h": {"count": 1}, "g": {}}}}) == []
     assert found("stages:\n  - {stage_id: 0, devices: \"7\"}\n", "OPD402", {"inventory": {"hosts": {"h": {}}}}) == []
 
 
@@ -334,9 +339,9 @@ def test_opd401_a_stage_without_devices_or_with_the_right_count_does_not_end_the
 
 
 def test_opd402_a_stage_without_devices_or_on_a_host_of_unknown_size_does_not_end_the_scan() -> None:
-    # stage 1 has no host (two hosts, placed neither by `all` nor by id): its count is unknown
+    # stage 1 is on a host whose count the inventory does not give
     text = ("stages:\n  - {stage_id: 0}\n  - {stage_id: 1, devices: \"5\"}\n  - {stage_id: 2, devices: \"1\"}\n")
-    ctx = {"inventory": {"hosts": {"a": {"count": 8}, "b": {"count": 1}}, "placement": {"2": "b"}}}
+    ctx = {"inventory": {"hosts": {"a": {}, "b": {"count": 1}}, "placement": {"1": "a", "2": "b"}}}
     assert [(h[1], h[2]) for h in found(text, "OPD402", ctx)] == [(
         "stage 2 uses device 1, but only 1 GPU is visible (host b has 1)", (4, 28))]
 

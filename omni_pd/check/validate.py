@@ -460,6 +460,7 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
         return ValidateResult(_finish(diags + run_rules(ctx, rules)), locator.docs())
     pipe, pdiags = choose_pipeline(cfg, locator, cat, opts, base_name=plain.get("base_config"))
     diags += pdiags
+    inventory = placed_inventory(opts.inventory, pipe)
     platforms: list[str | None]
     if opts.all_platforms:
         base = _base_platform(cfg, pipe)
@@ -474,7 +475,7 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
             diags.append(e.diagnostic)
             continue
         ctx = Context(doc=locator, config=cfg, topology=topo, target=tgt, platform=plat,
-                      inventory=opts.inventory, model=opts.model, env=dict(opts.env), cli=dict(cli),
+                      inventory=inventory, model=opts.model, env=dict(opts.env), cli=dict(cli),
                       raw=merged, parse_diagnostics=parse_diags if first else [], platform_first=first,
                       pipeline_given=opts.pipeline is not None)
         found = run_rules(ctx, rules)
@@ -485,6 +486,24 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
         diags += found
         first = False
     return ValidateResult(_finish(diags), locator.docs(), pipe.name if cat.get(pipe.name) else None)
+
+
+def placed_inventory(inventory: Inventory | None, pipeline: Any) -> Inventory | None:
+    """``inventory`` with every stage of ``pipeline`` (a :class:`~omni_pd.compile.pipelines.
+    Pipeline`) placed as ``expand --inventory`` and ``launch`` place it
+    (:func:`omni_pd.compile.placement.resolve_placement`: the inventory's ``placement``, then
+    ``all``, then omni-pd's proposal: prefill on the first host, every other stage on the
+    second), so validate judges the placement expand compiled for. Without it a stage the
+    inventory leaves unplaced was on ``localhost`` here only (OPD508 "from B to localhost" on
+    a config expand wrote for SharedMemoryConnector edges on B). None, an inventory without
+    hosts, or a pipeline without stages: returned unchanged. Pure."""
+    if inventory is None or not inventory.hosts or not getattr(pipeline, "stages", None):
+        return inventory
+    from dataclasses import replace
+
+    from omni_pd.compile.placement import resolve_placement
+
+    return replace(inventory, placement=dict(resolve_placement(pipeline.stages, inventory).stage_host))
 
 
 class MigratedLocator(Locator):
