@@ -68,6 +68,8 @@ NOT_CONFIGS = {
                                                "inventory): validates placement_llm_nixl_two_hosts.yaml below",
     "render_scripts_2p1d_two_hosts/placement.yaml": "the placement `omni-pd render` resolved for the 2P1D "
                                                     "scripts golden (an inventory, not a deploy config)",
+    "render_scripts_tp_across_nodes/placement.yaml": "the placement `omni-pd render` resolved for the TP-across-"
+                                                      "nodes scripts golden (an inventory, not a deploy config)",
     "migrate_seed_vs_expand.yaml": "a comparison fixture of `omni-pd migrate` (stage-key paths), not a deploy config",
     "migrate_seed_pd_recipe.yaml": "`omni-pd migrate` keeps the legacy seed recipe as written (Talker and Code2Wav "
                                    "on GPU 2 at vLLM's default 0.9 each): its findings are the recipe's",

@@ -7,7 +7,7 @@ Inventory file (``--inventory FILE``, YAML)::
       host-b: {accelerator: cuda, count: 8, memory_gib: 80, address: 10.0.0.2}
     placement:          # stage id -> host; `all` = every stage not listed
       all: host-a
-      1: host-b
+      1: host-b         # a list ([host-b, host-c]): one instance spanning these hosts
     router:             # optional: the PD router/proxy in front of the pair
       kind: vllm-router # omni-pd | vllm-router | llm-d | dynamo | relay | none (OPD705)
       protocols: [pull, bootstrap]   # optional: what it is run to speak (default: its kind's)
@@ -62,6 +62,10 @@ class Inventory:
     default_host: str | None = None
     router: dict[str, Any] | None = None
     allow_shared_devices: bool = False
+    #: stage id -> the hosts one instance of it spans, node rank order (``placement: {0: [A, B]}``;
+    #: vLLM's multi-node launch, ``--nnodes``/``--node-rank``); ``placement`` holds the first
+    #: (node rank 0: the API server, the scheduler and every listener a peer dials)
+    spans: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     def host_of(self, stage_id: int) -> str:
         if stage_id in self.placement:
@@ -123,20 +127,35 @@ class Inventory:
                 gen = str(gen)
             hosts[str(name)] = Host(str(name), acc, count, mem, h.get("address"), gen)
         placement: dict[int, str] = {}
+        spans: dict[int, tuple[str, ...]] = {}
         default = None
         for k, v in raw_placement.items():
             if str(k) == "all":
+                if isinstance(v, list):
+                    raise ValueError("placement.all must be one host name (a list spans one stage's instance over "
+                                     "hosts: write it under that stage's id)")
                 default = str(v)
+                continue
+            try:
+                sid = int(k)
+            except (TypeError, ValueError):
+                raise ValueError(f"placement key {k!r} must be a stage id or `all`") from None
+            if isinstance(v, list):
+                names = tuple(str(h) for h in v)
+                if not names or len(set(names)) != len(names):
+                    raise ValueError(f"placement.{sid} must list distinct host names (one per node of the "
+                                     f"instance), found {v!r}")
+                placement[sid] = names[0]
+                if len(names) > 1:
+                    spans[sid] = names
             else:
-                try:
-                    placement[int(k)] = str(v)
-                except (TypeError, ValueError):
-                    raise ValueError(f"placement key {k!r} must be a stage id or `all`") from None
-        for h in list(placement.values()) + ([default] if default else []):
+                placement[sid] = str(v)
+        named = list(placement.values()) + [h for hs in spans.values() for h in hs] + ([default] if default else [])
+        for h in named:
             if hosts and h not in hosts:
                 raise ValueError(f"placement names host {h!r}, which is not under hosts:")
         return cls(hosts=hosts, placement=placement, default_host=default,
-                   router=d.get("router"), allow_shared_devices=bool(shared))
+                   router=d.get("router"), allow_shared_devices=bool(shared), spans=spans)
 
 
 def generations() -> dict[str, list[str]]:

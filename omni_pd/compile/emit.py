@@ -273,6 +273,13 @@ def _pd_side(stage: CommentedMap, plan: PDSplitPlan, side: str) -> None:
         # (pipeline-wide) data_parallel_size (config/stage_config.py _build_engine_args)
         _insert(_where(stage, "data_parallel_size"), "data_parallel_size", side_dp, after=("tensor_parallel_size",),
                 before=("devices", "env", "input_connectors", "output_connectors", "default_sampling_params"))
+    side_nodes = plan.prefill_nnodes if side == "prefill" else plan.decode_nnodes
+    if side_nodes is not None:
+        # vLLM's multi-node launch of one instance (vllm/engine/arg_utils.py nnodes): launch and
+        # render add --node-rank and --master-addr/--master-port per host
+        _insert(_where(stage, "nnodes"), "nnodes", side_nodes,
+                after=("tensor_parallel_size", "data_parallel_size"),
+                before=("devices", "env", "input_connectors", "output_connectors", "default_sampling_params"))
     env_holder = _where(stage, "env")
     env = env_holder.get("env")
     if isinstance(env, CommentedMap):

@@ -282,13 +282,48 @@ def _place(plan: PDSplitPlan, where: "Placement", inventory: "InventoryLike") ->
     place_devices`), after checking each host holds its stages (OPD805)."""
     from omni_pd.compile.placement import PlacementError, check_capacity, place_devices
 
-    base, overlays = place_devices(plan.base_devices, plan.overlay_devices, where)
     try:
+        plan = _span(plan, where)
+        base, overlays = place_devices(plan.base_devices, plan.overlay_devices, where)
         check_capacity(base, where, inventory)
     except PlacementError as e:
         raise OmniPdError(Diagnostic(code="OPD805", severity=Severity.ERROR, message=f"cannot place the stages: {e}",
                                      help=e.help)) from None
     return replace(plan, base_devices=base, overlay_devices=overlays)
+
+
+def _span(plan: PDSplitPlan, where: "Placement") -> PDSplitPlan:
+    """``plan`` with each stage whose one instance spans hosts (``where.spans``) given the
+    devices of one host (:func:`~omni_pd.compile.placement.span_devices`) and ``nnodes``.
+    Raises :class:`~omni_pd.compile.placement.PlacementError` for a span omni-pd does not
+    compile: a stage that is not prefill or decode of a pipeline ``omni-pd launch`` serves
+    with ``vllm serve`` per engine (a vllm-omni stage's engine is started by vllm-omni, which
+    has no multi-node launch of one stage: vllm_omni/entrypoints/cli/serve.py), an xPyD side
+    (``num_replicas`` > 1), or a world size the host count does not divide."""
+    from omni_pd.compile.placement import PlacementError, span_devices
+
+    if not where.spans:
+        return plan
+    roles = {s.stage_id: s.pd_role for s in plan.target_pipeline.stages}
+    out = plan
+    for sid, hosts in sorted(where.spans.items()):
+        role = roles.get(sid)
+        if role not in ("prefill", "decode") or plan.target_pipeline.launcher != "vllm":
+            raise PlacementError(
+                f"stage {sid} is placed on {len(hosts)} hosts ({', '.join(hosts)}): omni-pd spans only the prefill "
+                "or decode instance of a pair it launches with `vllm serve` (the llm and thinker-only pipelines)",
+                help=f"place stage {sid} on one host")
+        reps = plan.prefill_replicas if role == "prefill" else plan.decode_replicas
+        if (reps or 1) > 1:
+            raise PlacementError(f"stage {sid} spans {len(hosts)} hosts and has {reps} replicas: omni-pd places one "
+                                 "instance across hosts", help=f"drop --{role}-replicas, or place stage {sid} on one host")
+        base = dict(out.base_devices)
+        base[sid] = span_devices(base.get(sid), len(hosts), sid)
+        overlays = {p: ({**m, sid: span_devices(m[sid], len(hosts), sid)} if sid in m else dict(m))
+                    for p, m in out.overlay_devices.items()}
+        out = replace(out, base_devices=base, overlay_devices=overlays,
+                      **{f"{role}_nnodes": len(hosts)})
+    return out
 
 
 def migrate_first(doc: Document, vllm_version: str | None, pipeline: str | None,

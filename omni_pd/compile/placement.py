@@ -24,6 +24,13 @@ Rules (each applied by :func:`place_split` / :func:`resolve_placement`):
 * **Ports per host.** prefill and decode on different hosts each get their connector range
   from the port base on their own host (pd_split's allocation, ``ExpandOptions.side_hosts``);
   on one host they stay disjoint.
+* **An instance spanning hosts.** ``placement: {0: [A, B]}`` runs one instance of stage 0
+  over hosts A and B, vLLM's own multi-node launch (``--nnodes 2``, ``--node-rank``,
+  ``--master-addr`` the first host's address; vllm/engine/arg_utils.py, no Ray): the first
+  host (node rank 0) holds the API server, the scheduler and every listener a peer dials, so
+  the rules below read it as the stage's host. Each host runs ``world / nnodes`` of its ranks
+  on the same local device ids (:func:`span_devices`; vLLM needs ``--nnodes`` to divide the
+  world size), counted on every host it spans (:func:`host_devices`, :func:`check_capacity`).
 * **Advertised addresses.** prefill and decode advertise their own host's ``address`` (NIXL
   ``VLLM_NIXL_SIDE_CHANNEL_HOST``, Mooncake ``kv_ip`` where the runtime reads it: the
   connector contract's ``configure`` with the host as the :class:`~omni_pd.compile.
@@ -33,7 +40,7 @@ Rules (each applied by :func:`place_split` / :func:`resolve_placement`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
 from omni_pd.compile.topology import Devices
@@ -55,6 +62,8 @@ class InventoryLike(Protocol):
     hosts: Mapping[str, HostLike]
     placement: Mapping[int, str]
     default_host: str | None
+    #: stage id -> the hosts one instance spans, node rank order (read with ``getattr``: absent = none)
+    spans: Mapping[int, tuple[str, ...]]
 
 
 class PlacementError(ValueError):
@@ -71,25 +80,35 @@ class Placement:
 
     ``stage_host``: compiled stage id -> host name; ``addresses``: host name -> address
     (hosts without one are absent); ``hosts``: every inventory host, in file order;
-    ``proposed``: the stage ids omni-pd placed itself (the inventory did not say).
+    ``proposed``: the stage ids omni-pd placed itself (the inventory did not say);
+    ``spans``: stage id -> every host one instance of it spans, node rank order (the first is
+    its ``stage_host``); a stage absent runs on its one host.
     """
 
     stage_host: Mapping[int, str]
     addresses: Mapping[str, str]
     hosts: tuple[str, ...]
     proposed: tuple[int, ...] = ()
+    spans: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
 
     def host_of(self, stage_id: int) -> str:
-        """The host of ``stage_id`` (KeyError for a stage the placement does not know)."""
+        """The host of ``stage_id`` (its node rank 0 when it spans hosts; KeyError for a
+        stage the placement does not know)."""
         return self.stage_host[stage_id]
 
+    def nodes_of(self, stage_id: int) -> tuple[str, ...]:
+        """Every host one instance of ``stage_id`` runs on, node rank order: its span, else
+        its one host. KeyError for a stage the placement does not know."""
+        return tuple(self.spans.get(stage_id) or (self.stage_host[stage_id],))
+
     def stages_on(self, host: str) -> tuple[int, ...]:
-        """The stage ids placed on ``host``, ascending."""
-        return tuple(sorted(s for s, h in self.stage_host.items() if h == host))
+        """The stage ids with ranks on ``host`` (placed there or spanning it), ascending."""
+        return tuple(sorted(s for s in self.stage_host if host in self.nodes_of(s)))
 
     def describe(self) -> str:
-        """``"stage 0 -> A, stage 1 -> B"``: the placement as one line (the note expand prints)."""
-        return ", ".join(f"stage {s} -> {h}" for s, h in sorted(self.stage_host.items()))
+        """``"stage 0 -> A, stage 1 -> B"``: the placement as one line (the note expand prints);
+        a stage spanning hosts: ``stage 0 -> A + B``."""
+        return ", ".join(f"stage {s} -> {' + '.join(self.nodes_of(s))}" for s in sorted(self.stage_host))
 
 
 def resolve_placement(stages: Sequence[Any], inventory: InventoryLike) -> Placement:
@@ -113,24 +132,60 @@ def resolve_placement(stages: Sequence[Any], inventory: InventoryLike) -> Placem
             out[sid] = names[0] if (len(names) == 1 or sid == prefill) else names[1]
             proposed.append(sid)
     addresses = {n: str(h.address) for n, h in inventory.hosts.items() if h.address}
-    return Placement(out, addresses, names, tuple(proposed))
+    spans = {sid: tuple(hs) for sid, hs in (getattr(inventory, "spans", None) or {}).items() if sid in out}
+    return Placement(out, addresses, names, tuple(proposed), spans)
 
 
-def host_devices(layout: Mapping[int, Devices], stage_host: Mapping[int, str]) -> dict[int, Devices]:
+def span_devices(devices: Devices, nodes: int, stage_id: int) -> Devices:
+    """The devices each host of a stage spanning ``nodes`` hosts uses: the first
+    ``len(devices) / nodes`` of its one-host list (every host uses the same local ids).
+    ``devices`` "cpu" or None, or ``nodes`` 1: unchanged. Raises :class:`PlacementError`
+    when ``nodes`` does not divide the world size (vLLM 0.30: "`--nnodes` must evenly divide
+    the total world size", vllm/engine/arg_utils.py ``create_engine_config``)."""
+    if nodes <= 1 or not isinstance(devices, tuple):
+        return devices
+    if len(devices) % nodes:
+        raise PlacementError(
+            f"stage {stage_id} spans {nodes} hosts but its world size is {len(devices)}: vLLM needs --nnodes to "
+            "divide the world size (TP x PP x DP)",
+            help=f"list {nodes} hosts whose count divides {len(devices)}, or change the stage's parallel sizes")
+    return devices[:len(devices) // nodes]
+
+
+def host_devices(layout: Mapping[int, Devices], stage_host: Mapping[int, str],
+                 spans: Mapping[int, tuple[str, ...]] | None = None) -> dict[int, Devices]:
     """``layout`` (stage id -> devices, one host's numbering) renumbered per host: on each
     host the device ids its stages use map in ascending order onto 0, 1, ...; ``"cpu"`` and
     None are kept. ``{0: (0,), 1: (1,)}`` with stages 0 on A, 1 on B -> ``{0: (0,), 1: (0,)}``;
     ``{1: (1,), 2: (2,), 3: (2,)}`` all on B -> ``{1: (0,), 2: (1,), 3: (1,)}``. Stages
-    absent from ``stage_host`` keep their devices. Pure."""
-    used: dict[str, set[int]] = {}
+    absent from ``stage_host`` keep their devices.
+
+    ``spans``: stage id -> the hosts one instance spans (its ``layout`` entry: the devices of
+    one host, :func:`span_devices`). A spanning stage uses the same local ids on every host
+    it spans, so on each host its ids are numbered first (0, 1, ...) and the other stages'
+    after them. Raises :class:`PlacementError` when two spanning stages share a host but
+    not every host (their ids could not be the same on each). Pure."""
+    spans = {sid: hs for sid, hs in (spans or {}).items() if len(hs) > 1 and isinstance(layout.get(sid), tuple)}
+    members: dict[str, list[int]] = {}
     for sid, devs in layout.items():
         if isinstance(devs, tuple) and sid in stage_host:
-            used.setdefault(stage_host[sid], set()).update(devs)
-    maps = {h: {d: i for i, d in enumerate(sorted(ids))} for h, ids in used.items()}
+            for h in spans.get(sid, (stage_host[sid],)):
+                members.setdefault(h, []).append(sid)
+    maps: dict[str, dict[int, int]] = {}
+    for h, sids in members.items():
+        first = [d for sid in sorted(s for s in sids if s in spans) for d in layout[sid]]  # type: ignore[union-attr]
+        rest = sorted({d for sid in sids if sid not in spans for d in layout[sid]} - set(first))  # type: ignore[union-attr]
+        maps[h] = {d: i for i, d in enumerate(dict.fromkeys(first + rest))}
     out: dict[int, Devices] = {}
     for sid, devs in layout.items():
         if isinstance(devs, tuple) and sid in stage_host:
-            out[sid] = tuple(maps[stage_host[sid]][d] for d in devs)
+            per_host = {tuple(maps[h][d] for d in devs) for h in spans.get(sid, (stage_host[sid],))}
+            if len(per_host) > 1:
+                raise PlacementError(
+                    f"stage {sid} spans hosts {', '.join(spans[sid])} but its local device ids differ between them "
+                    "(another spanning stage shares some of those hosts)",
+                    help="give the spanning stages disjoint hosts, or the same list of hosts")
+            out[sid] = per_host.pop()
         else:
             out[sid] = devs
     return out
@@ -170,9 +225,9 @@ def place_devices(base: Mapping[int, Devices], overlays: Mapping[str, Mapping[in
     """:func:`host_devices` of the base device map and of every platform overlay's map
     (each overlay renumbered together with the base entries it does not override; only
     its own entries are returned). Pure."""
-    new_base = host_devices(base, placement.stage_host)
+    new_base = host_devices(base, placement.stage_host, placement.spans)
     new_over: dict[str, dict[int, Devices]] = {}
     for pname, over in overlays.items():
-        merged = host_devices({**base, **over}, placement.stage_host)
+        merged = host_devices({**base, **over}, placement.stage_host, placement.spans)
         new_over[pname] = {sid: merged[sid] for sid in over}
     return new_base, new_over

@@ -579,6 +579,10 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
                 health=HealthCheck(f"http://{bind}:{port}/health", timeout_s=opts.ready_timeout_s),
                 modules=mods, python=engine_py,
                 memory_fraction=float(node.settings.get("gpu_memory_utilization") or 0.9), host=on))
+            nodes = _span_nodes(node, where, role)
+            if len(nodes) > 1:
+                leader, workers = _span_processes(procs.pop(), nodes, where, opts, port, role, node.env)
+                procs += [leader, *workers]
             url = f"http://{bind}:{port}"
             if role == "prefill" and inst.bootstrap_port is not None:
                 url += f",{inst.bootstrap_port}"
@@ -612,7 +616,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
         name="router", role="router", argv=tuple(router_argv), env=env_all,
         ports=(PortUse(opts.port, "http", r_bind),),
         health=HealthCheck(f"http://{r_bind}:{opts.port}/health", timeout_s=60.0),
-        depends_on=tuple(x.name for x in procs),
+        depends_on=tuple(x.name for x in procs if x.ready_with is None),  # a worker: its leader gates it
         # the router runs under omni-pd's own interpreter: preflight checks its HTTP stack there
         modules=("aiohttp", "omni_pd"), python=sys.executable, host=r_on))
     return LaunchPlan(runtime="vllm", model=opts.model, connector=conn, entrypoint=f"http://{r_bind}:{opts.port}",
@@ -626,6 +630,95 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
                          if enc is not None else ())
                       + _lease_note(p.kv, opts.platform, target, lease_set) + tuple(device_notes),
                       ec_connector=ec_name, ec_storage=ec_storage)
+
+
+#: ``--master-port`` of an instance spanning hosts: its HTTP port + this (prefill 8100 -> 8500,
+#: decode 8200 -> 8600), so two spanning instances with a leader on one host do not collide
+#: (vLLM's own default is 29501 for every instance: vllm/config/parallel.py ``master_port``)
+SPAN_MASTER_PORT_OFFSET = 400
+#: flags of the API server only: a headless worker takes none of them
+SERVER_FLAGS = ("--host", "--port", "--api-key", "--served-model-name")
+#: role suffix of a headless worker of an instance spanning hosts (``prefill-worker``)
+WORKER_SUFFIX = "-worker"
+#: the :class:`PortUse` purpose of a spanning instance's ``--master-port`` on node rank 0
+MASTER_PURPOSE = "torch.distributed store (--master-port)"
+
+
+def _span_nodes(node: StageNode, where: "_Where", role: str) -> tuple[str, ...]:
+    """The hosts one instance of ``node`` spans, node rank order (one entry: it does not
+    span). Raises OmniPdError OPD966 when the stage's ``nnodes`` and the placement disagree:
+    ``nnodes`` N > 1 needs a placement listing N hosts for it (``placement: {sid: [A, B]}``),
+    a spanning placement needs the compiled ``nnodes`` (``omni-pd expand --inventory``)."""
+    from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
+
+    try:
+        want = max(1, int(node.settings.get("nnodes") or 1))
+    except (TypeError, ValueError):
+        want = 1
+    nodes = where.placement.nodes_of(node.stage_id) if where.placement is not None else (None,)
+    if want == len(nodes):
+        return tuple(h for h in nodes if h is not None)
+    have = (f"the inventory places it on {len(nodes)} host{'s' if len(nodes) > 1 else ''} ({', '.join(nodes)})"
+            if where.placement is not None else "there is no --inventory to say which hosts")
+    raise OmniPdError(Diagnostic(
+        code="OPD966", severity=Severity.ERROR,
+        message=f"stage {node.stage_id} ({role}) spans nnodes {want} hosts, but {have}",
+        help=f"list {want} hosts for it in the inventory (placement: {{{node.stage_id}: [HOST_A, HOST_B]}}) and pass "
+             "--inventory; or re-run `omni-pd expand --inventory` with that placement"))
+
+
+def _span_processes(leader: ProcessSpec, nodes: tuple[str, ...], where: "_Where", opts: LaunchOptions,
+                    http_port: int, role: str, stage_env: Mapping[str, Any] | None = None,
+                    ) -> tuple[ProcessSpec, list[ProcessSpec]]:
+    """One instance spanning ``nodes`` (vLLM 0.30's multi-node launch, no Ray): ``leader``
+    (node rank 0, on ``nodes[0]``: the API server, the engine core, its local workers, the
+    torch.distributed store on ``--master-port``) gains ``--node-rank 0 --master-addr
+    <its address> --master-port P``; each other host runs ``vllm serve ... --node-rank i
+    --master-addr <leader's address> --master-port P --headless`` (vllm/entrypoints/cli/serve.py
+    ``run_headless``: the workers of that node only, no API server), without the API
+    server's flags (:data:`SERVER_FLAGS`), its ``ready_with`` the leader. ``--nnodes`` comes
+    from the stage's ``nnodes`` key (:func:`engine_flags`). Every process sets
+    ``VLLM_HOST_IP`` (vLLM's ``get_ip``, the address of the instance's message queues) and
+    a NIXL side-channel host to its own host's address; a worker's devices are the leader's
+    logical ids mapped on its own host (``stage_env``: the stage's env, whose visibility
+    value wins as on the leader). Pure."""
+    master = http_port + SPAN_MASTER_PORT_OFFSET
+    addr0 = where.address(nodes[0])
+    rank = ("--master-addr", addr0, "--master-port", str(master))
+
+    def own(env: Mapping[str, str], addr: str) -> dict[str, str]:
+        out = {**env, "VLLM_HOST_IP": addr}
+        if "VLLM_NIXL_SIDE_CHANNEL_HOST" in out:
+            out["VLLM_NIXL_SIDE_CHANNEL_HOST"] = addr
+        return out
+
+    lead = replace(leader, argv=leader.argv + ("--node-rank", "0") + rank, env=own(leader.env, addr0),
+                   ports=leader.ports + (PortUse(master, MASTER_PURPOSE, addr0),))
+    body: list[str] = []
+    skip = False
+    for a in leader.argv[3:]:  # vllm serve MODEL ...
+        if skip:
+            skip = False
+            continue
+        if a in SERVER_FLAGS:
+            skip = True
+            continue
+        if a.split("=", 1)[0] in SERVER_FLAGS:
+            continue
+        body.append(a)
+    workers = []
+    for i, h in enumerate(nodes[1:], start=1):
+        addr = where.address(h)
+        dev, _ = device_fields(f"{leader.name}-node{i}", leader.logical_devices or leader.devices,
+                               DEVICE_VARS.get(opts.platform), stage_env, opts.env, launcher_env_on(opts, h))
+        env = {k: v for k, v in leader.env.items() if k not in DEVICE_VARS.get(opts.platform, ())}
+        env = own({**env, **device_env_values(opts.platform, dev)}, addr)
+        env.pop("VLLM_API_KEY", None)
+        workers.append(replace(
+            leader, name=f"{leader.name}-node{i}", role=role + WORKER_SUFFIX,
+            argv=tuple(leader.argv[:3]) + tuple(body) + ("--node-rank", str(i)) + rank + ("--headless",),
+            env=env, **dev, ports=(), health=None, depends_on=(), host=h, ready_with=leader.name))
+    return lead, workers
 
 
 def _lease_findings(doc: Any, topo: Topology, platform: str) -> list[Any]:
@@ -779,6 +872,8 @@ def for_host(plan: LaunchPlan, host: str) -> LaunchPlan:
         raise KeyError(host)
     names = {p.name for p in mine}
     needed = {d for p in mine for d in p.depends_on if d not in names}
+    # a headless worker of an instance spanning hosts is up when its leader's /health answers
+    needed |= {p.ready_with for p in mine if p.ready_with is not None and p.ready_with not in names}
     if any(p.role == STAGE_ROLE for p in mine):
         needed |= {p.name for p in plan.processes if p.role == HEAD_ROLE and p.name not in names}
     peers = [replace(p, argv=(), role="peer", env={}, ports=(), depends_on=(), modules=(), python=None,

@@ -112,6 +112,10 @@ class ProcessSpec:
     #: A ``role == "peer"`` process runs on another host: it has no ``argv``, is never started
     #: and only health-gated (:func:`omni_pd.launch.plan.for_host`)
     host: str | None = None
+    #: a headless worker of an instance spanning hosts (vLLM's ``--nnodes``): the process (its
+    #: node rank 0) whose ``health`` says the whole instance is up; on another host it is a
+    #: peer there (:func:`omni_pd.launch.plan.for_host`). None: the process stands alone
+    ready_with: str | None = None
 
     def masked_env(self) -> dict[str, str]:
         """``env`` with secret values replaced by ``***``."""

@@ -87,7 +87,8 @@ LWS_API = "leaderworkerset.x-k8s.io/v1"
 DS_API = "disaggregatedset.x-k8s.io/v1"
 #: the kustomization's file name: one of the three kustomize reads, and not one ``kubectl apply -f DIR`` reads
 KUSTOMIZATION = "Kustomization"
-#: flags of the API server only: a headless worker takes none of them
+#: flags of the API server only: a headless worker takes none of them (launch's own list
+#: also drops --served-model-name; here the worker keeps the leader's arguments otherwise)
 _SERVER_FLAGS = ("--host", "--port", "--api-key")
 
 
@@ -160,12 +161,21 @@ def _role(name: str, role: str, insts: list[ProcessSpec], *, image: str, secret:
     secret_vars: list[str] = []
     args = _args(first, secret_vars)
     world = len(first.devices.split(",")) if first.devices else 1
-    size = nodes_of(role, world, gpus_per_node)
+    # a compiled instance spanning hosts (its stage's nnodes, launch's --node-rank/--master-addr):
+    # its devices are one node's; the pods of its LeaderWorkerSet take the place of the hosts
+    spanned = int(_flag_value(args, "--nnodes") or 1)
+    if spanned > 1:
+        world *= spanned
+        args = _drop_flags(args, ("--nnodes", "--node-rank", "--master-addr"))
+    size = spanned if spanned > 1 and gpus_per_node is None else nodes_of(role, world, gpus_per_node)
     # vLLM's own address (vllm/utils/network_utils.py get_ip): what vllm-ascend's Mooncake connector
     # advertises as its side channel, and a multi-node instance's message-queue address
     env = [e for e in _env(first, secret, secret_vars) if e["name"] != "VLLM_HOST_IP"] + [
         {"name": "VLLM_HOST_IP", "value": "$(POD_IP)"}]
-    kv_ports = [{"name": _port_name(u.purpose, i), "containerPort": u.port} for i, u in enumerate(first.ports[1:])]
+    from omni_pd.launch.plan import MASTER_PURPOSE
+
+    kv_ports = [{"name": _port_name(u.purpose, i), "containerPort": u.port}
+                for i, u in enumerate(u for u in first.ports[1:] if u.purpose != MASTER_PURPOSE)]
     command = [first.argv[0].rsplit("/", 1)[-1]]
     labels = _labels(name, role, stage)
     mount = [{"name": "deploy-config", "mountPath": "/etc/omni-pd", "readOnly": True},

@@ -10,7 +10,10 @@ address, as resolved) and ``plan.json`` (the plan, secrets masked). Each script 
   address, with the plan's timeout);
 * starts each process in its own session (``setsid``) with the plan's argv and env, its
   output in ``logs/<name>.log``, in dependency order, each once its dependencies answer;
-* on exit (a child ending, Ctrl-C, SIGTERM) signals every process group it started.
+* on exit (a child ending, Ctrl-C, SIGTERM) signals every process group it started;
+* for an instance spanning hosts (``placement: {0: [A, B]}``), node rank 0's host starts the
+  instance with the API server, each other host its headless workers
+  (``--node-rank i --headless``), which are ready when node rank 0's ``/health`` answers.
 
 Devices are mapped when the script runs, not when it is rendered: a stage's ``devices`` are
 logical ids into the visibility variable the engine inherits (vllm-omni 0.30
@@ -39,7 +42,7 @@ import shlex
 from typing import Any, Mapping
 
 from omni_pd.compile.devices import DEVICE_ENV, DEVICE_VARS
-from omni_pd.launch.plan import for_host, hosts_of
+from omni_pd.launch.plan import WORKER_SUFFIX, for_host, hosts_of
 from omni_pd.launch.shell import secret_ref, words
 from omni_pd.launch.spec import LaunchPlan, ProcessSpec, is_secret, secret_flag
 
@@ -157,7 +160,7 @@ def host_script(plan: LaunchPlan, host: str | None, address: str | None = None, 
                 f"# {' (else '.join(names)}{')' * (len(names) - 1)} when set (e.g. by a scheduler), else are the "
                 "ids themselves"]
         for p in mapped:
-            stage = (stages or {}).get(p.role)
+            stage = (stages or {}).get(p.role.removesuffix(WORKER_SUFFIX))  # a worker: its leader's stage
             what = p.name + (f" (stage {stage})" if stage is not None else "")
             maps.append(f"map_devices {_shell_name(p.name)} {shlex.quote(what)} {p.logical_devices} {' '.join(names)}")
     bodies: list[str] = []
@@ -198,8 +201,9 @@ def placement_yaml(plan: LaunchPlan, placement: Any) -> str:
         procs = ", ".join(p.name for p in plan.processes if p.host == h)
         lines.append(f"  {h}: {{address: {json.dumps(addr)}, processes: [{procs}]}}")
     lines.append("placement:")
-    for sid, h in sorted(placement.stage_host.items()):
-        lines.append(f"  {sid}: {h}")
+    for sid in sorted(placement.stage_host):
+        nodes = placement.nodes_of(sid)
+        lines.append(f"  {sid}: " + (f"[{', '.join(nodes)}]" if len(nodes) > 1 else nodes[0]))
     return "\n".join(lines) + "\n"
 
 

@@ -10,7 +10,7 @@ indices map to physical ones through the visibility variable (``CUDA_VISIBLE_DEV
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Location, Severity
 from omni_pd.check.rules import PARALLEL_SIZE_KEYS, Context, Example, Rule, rule
@@ -112,6 +112,11 @@ def _accel_word(ctx: Context, node: "StageNode") -> str:
                   "stages:\n  - {stage_id: 0, devices: \"0\"}\n", True, {"cli": {"tensor_parallel_size": 2}}),
           Example("pool mode: world x num_replicas",
                   "stages:\n  - {stage_id: 0, devices: \"0,1,2,3\", num_replicas: 2, tensor_parallel_size: 2}\n", False),
+          Example("an instance spanning nodes lists one node's devices",
+                  "stages:\n  - {stage_id: 0, devices: \"0,1\", tensor_parallel_size: 4, nnodes: 2}\n", False),
+          Example("nnodes must divide the world size",
+                  "stages:\n  - {stage_id: 0, devices: \"0\", tensor_parallel_size: 3, nnodes: 2}\n", True,
+                  contains="nnodes 2 does not divide"),
       ))
 def world_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``len(devices)`` must equal the stage's local world size (x ``num_replicas`` in
@@ -124,7 +129,11 @@ def world_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     adjusted local rank 1 is out of bounds for 1 devices" or "Stage 0 requires 8
     device(s) based on parallel_config". Sources: vllm-omni 0.30.0
     engine/stage_init_utils.py, config/omni_config.py ``_build_parallel_config``,
-    ``OmniStageDiffusionParallelConfig``; https://github.com/vllm-project/vllm-omni/issues/5003,
+    ``OmniStageDiffusionParallelConfig``. An instance spanning ``nnodes`` hosts (vLLM's
+    multi-node launch) lists the devices of one host: world / ``nnodes``, and ``nnodes``
+    must divide the world (vLLM 0.30 vllm/engine/arg_utils.py ``create_engine_config``:
+    "`--nnodes` must evenly divide the total world size");
+    https://github.com/vllm-project/vllm-omni/issues/5003,
     https://github.com/vllm-project/vllm-omni/issues/3911,
     https://github.com/vllm-project/vllm-omni/issues/7778."""
     if ctx.topology is None:
@@ -136,6 +145,22 @@ def world_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         tp, pp, dp = par["tensor_parallel_size"], par["pipeline_parallel_size"], par["data_parallel_size"]
         world, how = ctx.world_size(n)
         have = len(n.devices)
+        nodes = _nnodes(ctx, n)
+        if nodes > 1:
+            if world % nodes:
+                yield r.diag(f"stage {n.stage_id}: nnodes {nodes} does not divide its world size, {_devices(world)} "
+                             f"({how}): vLLM refuses to start it", ctx.sloc(n, "nnodes", value=True),
+                             help=f"set nnodes to a divisor of {world}, or change the parallel sizes",
+                             reads=ctx.reads(n, "nnodes", "parallel_config", *PARALLEL_SIZE_KEYS))
+                continue
+            if have == world // nodes:
+                continue
+            yield r.diag(f"stage {n.stage_id}: {_devices(world)} ({how}) over nnodes {nodes} hosts is "
+                         f"{_devices(world // nodes)} on each host, but {'devices has ' + str(have)} "
+                         f"entr{'y' if have == 1 else 'ies'}", ctx.sloc(n, "devices", value=True),
+                         help=_world_help(world // nodes).replace(" here", " here (one host's)"),
+                         reads=ctx.reads(n, "devices", "nnodes", "parallel_config", *PARALLEL_SIZE_KEYS))
+            continue
         if have == world or (n.num_replicas > 1 and have == world * n.num_replicas):
             continue
         if have > world and not ctx.stage_kind_known(n):
@@ -151,6 +176,20 @@ def world_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                    f"= {_devices(world)}{src}, but {entries}")
         yield r.diag(msg, ctx.sloc(n, "devices", value=True), help=_world_help(world) if world != have else None,
                      reads=ctx.reads(n, "devices", "num_replicas", "parallel_config", *PARALLEL_SIZE_KEYS))
+
+
+def _nnodes(ctx: Context, n: Any) -> int:
+    """The hosts one instance of stage ``n`` spans: its ``nnodes`` (nested ``parallel_config``
+    first, as vllm-omni merges it; then the flat key; then ``--nnodes``), 1 when unset or bad."""
+    nested = n.settings.get("parallel_config")
+    for v in ((nested or {}).get("nnodes") if isinstance(nested, dict) else None, n.settings.get("nnodes"),
+              ctx.cli.get("nnodes")):
+        if v is not None:
+            try:
+                return max(1, int(v))
+            except (TypeError, ValueError):
+                return 1
+    return 1
 
 
 def _devices(count: int) -> str:

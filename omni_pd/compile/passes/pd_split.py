@@ -88,6 +88,10 @@ class PDSplitPlan:
     #: ``data_parallel_size`` to write on the prefill / decode stage (None: leave as copied)
     prefill_dp: int | None = None
     decode_dp: int | None = None
+    #: ``nnodes`` to write on the prefill / decode stage: the hosts one instance spans
+    #: (a placement ``{sid: [A, B]}``, omni_pd/compile/placement.py); None: one host
+    prefill_nnodes: int | None = None
+    decode_nnodes: int | None = None
 
 
 #: Most devices one engine (TP x PP x DP) may take: far above any host's accelerator
