@@ -796,6 +796,15 @@ def _inventory_opt(path: Optional[Path]):
                                      help="see `omni-pd explain OPD402` for the inventory format")) from None
 
 
+def _served_model_facts(model: str):
+    """The :class:`~omni_pd.check.context.ModelInfo` of ``--model`` when it is a local
+    checkpoint directory (its ``config.json``), else None: launch and render judge the
+    model-dependent rules as ``validate --model-info`` does."""
+    from omni_pd.check.context import ModelInfo
+
+    return ModelInfo.from_model_dir(model)
+
+
 def _placed_inventory(inv, topo):
     """``inv`` with every stage of ``topo`` placed (:func:`omni_pd.compile.placement.
     resolve_placement`: the inventory's placement, else omni-pd's proposal), so validate and
@@ -1400,7 +1409,7 @@ def launch(
     # anything is planned (issue 24 item 3); stderr under --format json (stdout is the plan)
     found_out = sys.stderr if (dry_run and fmt == "json") else sys.stdout
     planned = plan_document(doc, str(config.resolve()), opts, inventory=inv, suppress=kept,
-                            on_validated=lambda r: _say_launch_findings(r, doc.name, found_out, hidden[0]))
+                            model=_served_model_facts(model), on_validated=lambda r: _say_launch_findings(r, doc.name, found_out, hidden[0]))
     res, topo, plan = planned.validation, planned.topology, planned.plan
     shown = list(res.diagnostics)  # every finding this run printed: the "not launched" counts
     if plan is None or topo is None:
@@ -1518,7 +1527,7 @@ def render(
     opts = LaunchOptions(model=model, vllm=vllm, port=port, engine_port_base=engine_port_base, platform=platform,
                          served_model_name=served_model_name, ready_timeout_s=ready_timeout,
                          extra_args=tuple(extra_arg or ()), env=_pairs(env, "--env"), router_workers=router_workers)
-    planned = plan_document(doc, DEPLOY, opts, inventory=inv, suppress=kept)
+    planned = plan_document(doc, DEPLOY, opts, inventory=inv, suppress=kept, model=_served_model_facts(model))
     res, plan = planned.validation, planned.plan
     problems = [d for d in res.diagnostics if d.severity is Severity.ERROR] if plan is None else plan_checks(plan)
     if problems:

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from e2e.baselines import LONG, SHORT
 from e2e.harness import Launcher, engine_env
-from e2e.netns import netns_works, two_hosts, veth
+from e2e.netns import COMPLETIONS_CLIENT, netns_works, run_in, two_hosts, veth
 
 ROOT = Path(__file__).resolve().parents[1]
 E2E = os.environ.get("OMNI_PD_E2E_PYTHON")
@@ -55,30 +55,6 @@ def hosts():
     with loopback up and its address of :data:`NET`/30; removed afterwards whatever happened."""
     with two_hosts(f"opd{os.getpid() % 100000}", ADDR) as ns:
         yield ns
-
-
-def _in(ns: str, code: str, *args: str, timeout: float = 600) -> str:
-    """Run Python ``code`` inside namespace ``ns`` (stdlib only); its stdout."""
-    r = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code, *args], capture_output=True,
-                       text=True, timeout=timeout)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r.stdout
-
-
-_CLIENT = r'''
-import json, sys, urllib.request as u
-op = u.build_opener(u.ProxyHandler({}))
-base, metrics, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-def get(url):
-    with op.open(url, timeout=30) as r: return r.read().decode()
-before = get(metrics)
-texts = []
-for p in prompts:
-    body = {"model": "tiny", "prompt": p, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
-    req = u.Request(base + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with op.open(req, timeout=300) as r: texts.append(json.loads(r.read())["choices"][0]["text"])
-print(json.dumps({"texts": texts, "before": before, "after": get(metrics)}))
-'''
 
 
 def _host_launcher(ns: str, host: str, pd: Path, inv: Path, model: Path, vllm: str, run_dir: Path,
@@ -142,7 +118,7 @@ def test_prefill_on_a_and_decode_on_b_equal_a_plain_instance_and_kv_crosses(tmp_
         assert not any("started decode-0" in ln or "started router" in ln for ln in a.lines)
         assert [ln.split()[1] for ln in (tmp_path / "runB" / "pids").read_text().splitlines()] == ["decode-0", "router"]
         # the router on B: through B's namespace only (A's address is not reachable from the test's host)
-        got = json.loads(_in(hosts["B"], _CLIENT, f"http://{ADDR['B']}:{ROUTER}",
+        got = json.loads(run_in(hosts["B"], COMPLETIONS_CLIENT, f"http://{ADDR['B']}:{ROUTER}",
                              f"http://{ADDR['B']}:{ENGINES + 100}/metrics", json.dumps([LONG, SHORT])))
         want = [plain_llm.completion(p, 24) for p in (LONG, SHORT)]
         assert got["texts"] == want

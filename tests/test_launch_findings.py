@@ -99,3 +99,26 @@ def test_a_real_launch_counts_validates_warning_in_its_preflight_summary(preset_
     last = out.rstrip().splitlines()[-1]
     assert last.startswith("preflight: not launched (") and ", 1 warning, " in last, last
     assert not run.exists()  # nothing started
+
+
+def test_launch_and_render_read_a_local_checkpoints_config_json(tmp_path, capsys):
+    # the model facts of `--model DIR` (its config.json) judge the launch as `validate
+    # --model-info` does: prefill TP 2 over one KV head with decode at TP 1 fails vLLM 0.30's
+    # NIXL handshake ("handshake_setup_failed" in decode, seen on CPU across two hosts)
+    from omni_pd.check.context import ModelInfo
+
+    pd = _compiled(tmp_path, LLM, pipeline="llm", connector="NixlConnector", prefill_tp=2)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen2", "num_key_value_heads": 1}))
+    opd603 = ("error[OPD603]: prefill TP 2 > num_key_value_heads 1 with the other side at TP 1: KV heads are "
+              "replicated and the heterogeneous-TP shape check fails")
+    rc, out, _ = _run(capsys, "launch", pd, "--model", ckpt, "--dry-run")
+    assert rc == 1 and opd603 in out
+    rc, out, err = _run(capsys, "render", pd, "--model", ckpt, "--to", tmp_path / "out")
+    assert rc == 1 and opd603 in out + err and not (tmp_path / "out").exists()
+    # a hub id, a directory without config.json, or one that is not JSON: no facts, no finding
+    assert _run(capsys, "launch", pd, "--model", "Qwen/Qwen2-0.5B", "--dry-run")[0] == 0
+    (ckpt / "config.json").write_text("{not json")
+    assert ModelInfo.from_model_dir(str(ckpt)) is None and ModelInfo.from_model_dir(str(tmp_path / "none")) is None
+    assert _run(capsys, "launch", pd, "--model", ckpt, "--dry-run")[0] == 0

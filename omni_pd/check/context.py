@@ -214,6 +214,21 @@ class ModelInfo:
         return (self.attention or "").lower() == "hybrid"
 
     @classmethod
+    def from_model_dir(cls, model: str) -> "ModelInfo | None":
+        """The facts of ``model`` when it is a local checkpoint directory with a readable
+        ``config.json`` (what ``vllm serve DIR`` loads), else None (a hub id, a file, a
+        config that is not JSON or not a mapping: nothing is known). Reads the file."""
+        import json
+        from pathlib import Path
+
+        path = Path(model) / "config.json"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+            return cls.from_config_json(data) if isinstance(data, dict) else None
+        except (OSError, ValueError, TypeError):
+            return None
+
+    @classmethod
     def from_config_json(cls, d: dict[str, Any]) -> "ModelInfo":
         """Read a Hugging Face config.json mapping (multimodal sub-configs included)."""
         subs = frozenset(k for k, v in d.items() if k.endswith("_config") and isinstance(v, dict)

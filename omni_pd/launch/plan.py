@@ -937,7 +937,7 @@ class Planned:
 
 def plan_document(doc: Any, config_path: str, opts: LaunchOptions, inventory: Any = None,
                   on_validated: Callable[[Any], None] | None = None,
-                  suppress: Callable[[Any], list[Any]] | None = None) -> Planned:
+                  suppress: Callable[[Any], list[Any]] | None = None, model: Any = None) -> Planned:
     """Validate ``doc`` (a loaded compiled config) for ``opts.platform`` and build its plan.
 
     ``on_validated(result)``: called with the validation result (every finding, errors,
@@ -950,6 +950,12 @@ def plan_document(doc: Any, config_path: str, opts: LaunchOptions, inventory: An
     ``[tool.omni-pd]``; the CLI passes validate's own, omni_pd/check/suppress.py ``apply``);
     ``result.diagnostics`` is set to them before ``on_validated``, so a suppressed error
     neither shows nor stops the plan. None: every finding counts.
+
+    ``model``: the :class:`~omni_pd.check.context.ModelInfo` of the served checkpoint (the
+    CLI reads ``--model DIR``'s ``config.json``: :meth:`~omni_pd.check.context.ModelInfo.
+    from_model_dir`), so the model-dependent rules judge the launch as ``validate
+    --model-info`` would (OPD603: a prefill TP above ``num_key_value_heads`` over NIXL with
+    a smaller decode TP); None: unknown, those rules stay silent.
 
     ``inventory``: the :class:`~omni_pd.check.context.Inventory` of ``--inventory``; its
     placement, completed by :func:`omni_pd.compile.placement.resolve_placement` as expand
@@ -988,7 +994,7 @@ def plan_document(doc: Any, config_path: str, opts: LaunchOptions, inventory: An
     hit = visible_value(DEVICE_VARS.get(opts.platform, ()), opts.env, opts.launcher_env)
     seen = {hit[1]: hit[2]} if hit is not None else {}
     res = validate_document(doc, ValidateOptions(platform=overlay, cli=parse_argv(opts.extra_args),
-                                                 inventory=inventory, env=seen))
+                                                 inventory=inventory, env=seen, model=model))
     pipe = load_catalogue().get(res.pipeline_name or "")
     kept = suppress or (lambda r: list(r.diagnostics))
     if not any(d.severity is Severity.ERROR for d in kept(res)) and pipe is not None and pipe.is_pd:

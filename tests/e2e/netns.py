@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -57,3 +58,31 @@ def two_hosts(tag: str, addr: dict[str, str]) -> Iterator[dict[str, str]]:
     finally:
         for n in ns.values():
             _ip("netns", "del", n, check=False)
+
+
+def run_in(ns: str, code: str, *args: str, timeout: float = 600) -> str:
+    """Run Python ``code`` inside namespace ``ns`` (stdlib only); its stdout. AssertionError
+    with the end of its stderr when it fails."""
+    r = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code, *args], capture_output=True,
+                       text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout
+
+
+#: a client run with :func:`run_in` on one simulated host: ``BASE METRICS_URL PROMPTS_JSON``;
+#: greedy completions of 24 tokens (model ``tiny``) through BASE, and the metrics page before
+#: and after, as one JSON line ``{"texts", "before", "after"}``
+COMPLETIONS_CLIENT = r'''
+import json, sys, urllib.request as u
+op = u.build_opener(u.ProxyHandler({}))
+base, metrics, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+def get(url):
+    with op.open(url, timeout=30) as r: return r.read().decode()
+before = get(metrics)
+texts = []
+for p in prompts:
+    body = {"model": "tiny", "prompt": p, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    req = u.Request(base + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with op.open(req, timeout=300) as r: texts.append(json.loads(r.read())["choices"][0]["text"])
+print(json.dumps({"texts": texts, "before": before, "after": get(metrics)}))
+'''
