@@ -133,6 +133,20 @@ class StageNode:
         """Devices one replica needs: TP x PP x local DP (vllm-omni stage_init_utils)."""
         return self.tp * self.pp * self.dp
 
+    @property
+    def nnodes(self) -> int:
+        """Hosts one instance spans (vLLM's ``nnodes``, vllm/config/parallel.py): the nested
+        ``parallel_config`` value first, as vllm-omni merges it, then the stage key; 1 when
+        unset or not a positive integer (OPD401 judges the value)."""
+        nested = self.settings.get("parallel_config")
+        for v in ((nested or {}).get("nnodes") if isinstance(nested, dict) else None, self.settings.get("nnodes")):
+            if v is not None:
+                try:
+                    return max(1, int(v))
+                except (TypeError, ValueError):
+                    return 1
+        return 1
+
 
 @dataclass(frozen=True)
 class Topology:

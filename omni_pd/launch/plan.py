@@ -27,7 +27,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from omni_pd.check.serve_flags import DEPLOY_ONLY_KEYS
 from omni_pd.compile import devices as _devices
@@ -644,6 +644,20 @@ WORKER_SUFFIX = "-worker"
 MASTER_PURPOSE = "torch.distributed store (--master-port)"
 
 
+def drop_flags(args: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """``args`` without each of ``flags`` and its value (``--flag V`` or ``--flag=V``). Pure."""
+    out: list[str] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in flags:
+            skip = True
+        elif "=" not in a or a.split("=", 1)[0] not in flags:
+            out.append(a)
+    return out
+
+
 def _span_nodes(node: StageNode, where: "_Where", role: str) -> tuple[str, ...]:
     """The hosts one instance of ``node`` spans, node rank order (one entry: it does not
     span). Raises OmniPdError OPD966 when the stage's ``nnodes`` and the placement disagree:
@@ -651,10 +665,7 @@ def _span_nodes(node: StageNode, where: "_Where", role: str) -> tuple[str, ...]:
     a spanning placement needs the compiled ``nnodes`` (``omni-pd expand --inventory``)."""
     from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
 
-    try:
-        want = max(1, int(node.settings.get("nnodes") or 1))
-    except (TypeError, ValueError):
-        want = 1
+    want = node.nnodes
     nodes = where.placement.nodes_of(node.stage_id) if where.placement is not None else (None,)
     if want == len(nodes):
         return tuple(h for h in nodes if h is not None)
@@ -694,18 +705,7 @@ def _span_processes(leader: ProcessSpec, nodes: tuple[str, ...], where: "_Where"
 
     lead = replace(leader, argv=leader.argv + ("--node-rank", "0") + rank, env=own(leader.env, addr0),
                    ports=leader.ports + (PortUse(master, MASTER_PURPOSE, addr0),))
-    body: list[str] = []
-    skip = False
-    for a in leader.argv[3:]:  # vllm serve MODEL ...
-        if skip:
-            skip = False
-            continue
-        if a in SERVER_FLAGS:
-            skip = True
-            continue
-        if a.split("=", 1)[0] in SERVER_FLAGS:
-            continue
-        body.append(a)
+    body = drop_flags(leader.argv[3:], SERVER_FLAGS)  # vllm serve MODEL ...
     workers = []
     for i, h in enumerate(nodes[1:], start=1):
         addr = where.address(h)

@@ -72,6 +72,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from omni_pd.launch.plan import DP_RPC, MASTER_PURPOSE, drop_flags
 from omni_pd.launch.spec import LaunchPlan, ProcessSpec
 from omni_pd.render.k8s_parts import (DSHM, RESOURCE, RenderError, api_key_var as _api_key_var,  # noqa: F401
                                      args_of as _args, env_of as _env, labels as _labels, port_of as _port_of,
@@ -93,8 +94,6 @@ _SERVER_FLAGS = ("--host", "--port", "--api-key")
 
 
 def _port_name(purpose: str, i: int) -> str:
-    from omni_pd.launch.plan import DP_RPC
-
     return "dp-rpc" if purpose == DP_RPC else f"kv-{i}"
 
 
@@ -103,23 +102,6 @@ def _flag_value(args: list[str], flag: str) -> str | None:
         if a == flag:
             return args[i + 1]
     return None
-
-
-def _drop_flags(args: list[str], flags: tuple[str, ...]) -> list[str]:
-    """``args`` without each of ``flags`` and its value (``--flag V`` or ``--flag=V``)."""
-    out: list[str] = []
-    skip = False
-    for a in args:
-        if skip:
-            skip = False
-            continue
-        if a in flags:
-            skip = True
-            continue
-        if a.split("=", 1)[0] in flags and "=" in a:
-            continue
-        out.append(a)
-    return out
 
 
 @dataclass(frozen=True)
@@ -166,14 +148,12 @@ def _role(name: str, role: str, insts: list[ProcessSpec], *, image: str, secret:
     spanned = int(_flag_value(args, "--nnodes") or 1)
     if spanned > 1:
         world *= spanned
-        args = _drop_flags(args, ("--nnodes", "--node-rank", "--master-addr"))
+        args = drop_flags(args, ("--nnodes", "--node-rank", "--master-addr"))
     size = spanned if spanned > 1 and gpus_per_node is None else nodes_of(role, world, gpus_per_node)
     # vLLM's own address (vllm/utils/network_utils.py get_ip): what vllm-ascend's Mooncake connector
     # advertises as its side channel, and a multi-node instance's message-queue address
     env = [e for e in _env(first, secret, secret_vars) if e["name"] != "VLLM_HOST_IP"] + [
         {"name": "VLLM_HOST_IP", "value": "$(POD_IP)"}]
-    from omni_pd.launch.plan import MASTER_PURPOSE
-
     kv_ports = [{"name": _port_name(u.purpose, i), "containerPort": u.port}
                 for i, u in enumerate(u for u in first.ports[1:] if u.purpose != MASTER_PURPOSE)]
     command = [first.argv[0].rsplit("/", 1)[-1]]
@@ -193,7 +173,7 @@ def _role(name: str, role: str, insts: list[ProcessSpec], *, image: str, secret:
         dp = int(_flag_value(args, "--data-parallel-size") or 1)
         worker_ports = [p for p in kv_ports if p["name"] != "dp-rpc"] if dp > 1 else []
         worker_c = {"name": "vllm", "image": image, "command": command,
-                    "args": _drop_flags(args, _SERVER_FLAGS) + nodes + [
+                    "args": drop_flags(args, _SERVER_FLAGS) + nodes + [
                         "--node-rank", "$(LWS_WORKER_INDEX)", "--master-addr", "$(LWS_LEADER_ADDRESS)", "--headless"],
                     "env": [e for e in env if e["name"] not in (key_var, "VLLM_API_KEY")],
                     **({"ports": worker_ports} if worker_ports else {}), "volumeMounts": mount, **resources}

@@ -179,17 +179,14 @@ def world_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
 
 
 def _nnodes(ctx: Context, n: Any) -> int:
-    """The hosts one instance of stage ``n`` spans: its ``nnodes`` (nested ``parallel_config``
-    first, as vllm-omni merges it; then the flat key; then ``--nnodes``), 1 when unset or bad."""
-    nested = n.settings.get("parallel_config")
-    for v in ((nested or {}).get("nnodes") if isinstance(nested, dict) else None, n.settings.get("nnodes"),
-              ctx.cli.get("nnodes")):
-        if v is not None:
-            try:
-                return max(1, int(v))
-            except (TypeError, ValueError):
-                return 1
-    return 1
+    """The hosts one instance of stage ``n`` spans: the stage's own value
+    (:attr:`~omni_pd.compile.topology.StageNode.nnodes`), else a global ``--nnodes``."""
+    if n.nnodes > 1 or ctx.cli.get("nnodes") is None:
+        return n.nnodes
+    try:
+        return max(1, int(ctx.cli["nnodes"]))
+    except (TypeError, ValueError):
+        return 1
 
 
 def _devices(count: int) -> str:
