@@ -116,7 +116,8 @@ CASES = ("short", "long", "one")
 def test_the_probe_installed_every_patch_of_the_layer(probe):
     assert probe["install"] == {"status": "patched", "patched": [
         "pd_detect", "pd_validate", "pd_connector_info", "engine_bootstrap_addr", "decode_kv_params",
-        "pd_prefill_rows", "talker_prefill_rows", "talker_prefill_merge"]}
+        "pd_prefill_rows", "talker_prefill_rows", "talker_prefill_merge",
+        "stream_async_chunk_ok", "stream_decode_request", "stream_chunk0", "pd_request_params"]}
 
 
 def test_orchestrator_drops_prefills_rows_without_the_layer_and_keeps_them_with_it(probe):

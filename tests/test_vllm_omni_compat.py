@@ -32,7 +32,8 @@ PROBE = ROOT / "tests" / "oracle" / "compat_probe.py"
 pytestmark = pytest.mark.skipif(not ORACLE, reason="OMNI_PD_ORACLE_PYTHON not set (build it with .ci/oracle_venv.sh)")
 
 PATCHES = ("pd_detect", "pd_validate", "pd_connector_info", "engine_bootstrap_addr", "decode_kv_params",
-           "pd_prefill_rows", "talker_prefill_rows", "talker_prefill_merge")
+           "pd_prefill_rows", "talker_prefill_rows", "talker_prefill_merge",
+           "stream_async_chunk_ok", "stream_decode_request", "stream_chunk0", "pd_request_params")
 NONE_PATCHED = dict.fromkeys(PATCHES, False)
 ALL_PATCHED = dict.fromkeys(PATCHES, True)
 ON_LINE = (
@@ -48,7 +49,12 @@ ON_LINE = (
     "orchestrator reads RequestOutput.multimodal_output, always None)); thinker2talker_token_only (the Talker "
     "request carries no prompt rows under PD); Qwen3OmniMoeForConditionalGeneration.talker_preprocess_prefill "
     "(the Talker raises a size mismatch (answer shorter than the prompt) or is conditioned on the wrong rows "
-    "under PD)")
+    "under PD); _validate_async_chunk_support (vllm-omni refuses to start a PD pair with async_chunk on); "
+    "build_engine_core_request_from_tokens (decode's engine has no prompt rows for the Talker's first chunk under "
+    "PD); thinker2talker_async_chunk (under PD the Talker's first chunk waits P decode steps and carries answer "
+    "rows as prompt rows); OmniOpenAIServingChat._build_sampling_params_list_from_request (under PD the answer "
+    "ignores the request's max_tokens, temperature, ignore_eos ...: decode runs its deploy defaults (a 64-token "
+    "request got 16 tokens, the CPU fixture's default))")
 
 #: name -> (connector, TP, pipeline vllm-omni resolves, stage count)
 FILES = {
@@ -97,9 +103,9 @@ def probes(tmp_path_factory):
         q25 = expand_to(d, "qwen2_5_omni", (wheel / "qwen2_5_omni.yaml").read_text(), "qwen2_5_omni.yaml",
                         ExpandOptions())
     paths = {
-        "mooncake": expand_to(d, "mooncake", q3, "qwen3_omni_moe.yaml", ExpandOptions()),
-        "nixl": expand_to(d, "nixl", q3, "qwen3_omni_moe.yaml", ExpandOptions(connector="NixlConnector")),
-        "tp2": expand_to(d, "tp2", q3, "qwen3_omni_moe.yaml", ExpandOptions(tp=2)),
+        "mooncake": expand_to(d, "mooncake", q3, "qwen3_omni_moe.yaml", ExpandOptions(no_stream=True)),
+        "nixl": expand_to(d, "nixl", q3, "qwen3_omni_moe.yaml", ExpandOptions(connector="NixlConnector", no_stream=True)),
+        "tp2": expand_to(d, "tp2", q3, "qwen3_omni_moe.yaml", ExpandOptions(tp=2, no_stream=True)),
         "qwen2_5_omni": q25,
         "thinker_only": expand_to(d, "thinker_only", (wheel / "qwen3_omni_moe_thinking.yaml").read_text(),
                                   "qwen3_omni_moe_thinking.yaml", ExpandOptions()),

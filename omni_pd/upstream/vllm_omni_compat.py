@@ -388,14 +388,44 @@ def _wrap_decode_params(orig: Callable[[Any, str, Any], Any]) -> Callable[[Any, 
         stored = getattr(self, "_pd_kv_params", {}).get(req_id)
         snapshot = dict(stored) if isinstance(stored, Mapping) else stored
         try:
-            return _retarget_to_bound_replica(self, req_id, orig(self, req_id, sp))
+            return _with_prefill_layers(self, req_id, _retarget_to_bound_replica(self, req_id, orig(self, req_id, sp)))
         except RuntimeError as e:
             repaired = repair_prefill_kv_params(req_id, snapshot) if "remote_request_id" in str(e) else None
             if repaired is None:
                 raise
         self._pd_kv_params[req_id] = repaired
-        return _retarget_to_bound_replica(self, req_id, orig(self, req_id, sp))
+        return _with_prefill_layers(self, req_id, _retarget_to_bound_replica(self, req_id, orig(self, req_id, sp)))
     return _build_pd_decode_params
+
+
+#: prefill's client rows of a finished prefill output, held for the one ``_route_output``
+#: call that submits decode (key: ``(id(orchestrator), request id)``); streaming PD only
+_HELD_PREFILL_ROWS: dict[tuple[int, str], Any] = {}
+
+
+def _stream_decode_request_installed() -> bool:
+    """Whether the ``stream_decode_request`` wrapper is in place (the one that moves the
+    layers from ``extra_args`` onto the request); without it they must not be attached."""
+    import sys
+
+    mod = sys.modules.get("vllm_omni.engine.orchestrator")
+    fn = getattr(mod, "build_engine_core_request_from_tokens", None)
+    return getattr(fn, MARK, None) == "stream_decode_request"
+
+
+def _with_prefill_layers(self: Any, req_id: str, sp: Any) -> Any:
+    """Streaming PD (``async_chunk`` on): put prefill's layers on decode's cloned params
+    (``stream_pd.PARAMS_KEY``) for ``build_engine_core_request_from_tokens`` to move onto
+    the request; ``sp`` unchanged otherwise."""
+    from omni_pd.upstream import stream_pd, talker_pd
+
+    mm = _HELD_PREFILL_ROWS.pop((id(self), req_id), None)
+    if mm is None or not getattr(self, "async_chunk", False) or not _stream_decode_request_installed():
+        return sp
+    layers = talker_pd.prefill_layers(mm)
+    if layers and isinstance(getattr(sp, "extra_args", None), dict):
+        sp.extra_args[stream_pd.PARAMS_KEY] = layers
+    return sp
 
 
 def _completion_mm_output(output: Any) -> Any:
@@ -412,9 +442,19 @@ def _wrap_prefill_rows(orig: Callable[..., Any]) -> Callable[..., Any]:
         # The orchestrator's dispatcher awaits one _route_output at a time
         # (engine/orchestrator.py _handle_processed_outputs), and decode is submitted by
         # this very call, so decode's output is routed only after this returns.
-        result = await orig(self, stage_id, replica_id, output, req_state, stage_metrics)
         pair = getattr(self, "_pd_pair", None)
-        if (pair is not None and stage_id == pair[0] and getattr(output, "finished", False)
+        prefill_done = pair is not None and stage_id == pair[0] and getattr(output, "finished", False)
+        streaming = bool(getattr(self, "async_chunk", False))
+        key = (id(self), str(getattr(output, "request_id", "")))
+        if prefill_done and streaming:  # streaming PD: decode's request takes prefill's rows (stream_pd)
+            mm = _completion_mm_output(output)
+            if mm:
+                _HELD_PREFILL_ROWS[key] = mm
+        try:
+            result = await orig(self, stage_id, replica_id, output, req_state, stage_metrics)
+        finally:
+            _HELD_PREFILL_ROWS.pop(key, None)
+        if (prefill_done and not streaming
                 and getattr(req_state, "pd_prefill_multimodal_output", False) is None):
             mm = _completion_mm_output(output)
             if mm:
@@ -470,6 +510,107 @@ def _wrap_talker_prefill(orig: Callable[..., Any]) -> Callable[..., Any]:
     return talker_preprocess_prefill
 
 
+def _wrap_async_chunk_support(orig: Callable[..., Any]) -> Callable[..., Any]:
+    from omni_pd.upstream import stream_pd
+
+    def _validate_async_chunk_support(pipeline, deploy):
+        try:
+            return orig(pipeline, deploy)
+        except ValueError as e:
+            ids = stream_pd.pd_kv_stage_ids(pipeline, deploy) if stream_pd.ASYNC_CHUNK_REFUSAL in str(e) else None
+            if ids is None:
+                raise
+        _once(logger, logging.INFO, "omni-pd compat: async_chunk kept on for the prefill/decode pair (vllm-omni "
+              "0.30 refuses any kv_transfer_config with it; the check is for AR-to-DiT transfer)")
+        return orig(pipeline, stream_pd.without_kv(deploy, ids))
+    return _validate_async_chunk_support
+
+
+def _wrap_decode_request(orig: Callable[..., Any]) -> Callable[..., Any]:
+    from omni_pd.upstream import stream_pd, talker_pd
+
+    def build_engine_core_request_from_tokens(request_id, prompt, params, arrival_time=None, model_config=None,
+                                              resumable=False, mm_features=None):
+        extra = getattr(params, "extra_args", None)
+        layers = extra.pop(stream_pd.PARAMS_KEY, None) if isinstance(extra, dict) else None
+        if layers and isinstance(prompt, Mapping):
+            info = dict(prompt.get("additional_information") or {})
+            info.update({talker_pd.key_of(i): t for i, t in sorted(layers.items())})
+            prompt = {**prompt, "additional_information": info}
+            _once(logger, logging.INFO, "omni-pd compat: streaming PD, decode's request carries prefill's prompt rows "
+                  f"(layers {sorted(layers)}) for its first Talker chunk")
+        return orig(request_id, prompt, params, arrival_time, model_config, resumable, mm_features)
+    return build_engine_core_request_from_tokens
+
+
+def _wrap_stream_chunk0(orig: Callable[..., Any]) -> Callable[..., Any]:
+    from omni_pd.upstream import stream_pd
+
+    def thinker2talker_async_chunk(transfer_manager, multimodal_output, request, is_finished=False):
+        rid = getattr(request, "external_req_id", None)
+        first = (rid is not None and transfer_manager.put_req_chunk[rid] == 0
+                 and transfer_manager.request_payload.get(rid) is None)
+        out = orig(transfer_manager, multimodal_output, request, is_finished)
+        if not first or out is not None:
+            return out
+        saved = transfer_manager.request_payload.get(rid)
+        info = getattr(request, "additional_information", None)
+        if saved is None or info is None:
+            return out
+        from vllm_omni.engine.serialization import deserialize_additional_information
+
+        layers = stream_pd.decode_layers(deserialize_additional_information(info))
+        if not layers:
+            return out
+        # the layer the original itself reads (its module's helper: model config's talker_config)
+        accept = int(orig.__globals__["_get_accept_hidden_layer_index"](transfer_manager))
+        repaired, why = stream_pd.repair_chunk0(saved, layers, accept, len(getattr(request, "prompt_token_ids", ()) or ()))
+        if repaired is None:
+            _once(logger, logging.WARNING, f"omni-pd compat: decode's first Talker chunk not given prefill's rows ({why}); "
+                  "the Talker is conditioned as upstream builds it")
+            return out
+        transfer_manager.request_payload[rid] = repaired
+        _once(logger, logging.INFO, "omni-pd compat: streaming PD, decode's first Talker chunk holds prefill's prompt "
+              "rows in place of its recomputed last prompt token")
+        return out
+    return thinker2talker_async_chunk
+
+
+def _pd_pair_of(engine_client: Any) -> tuple[int, int] | None:
+    """The (prefill, decode) stage pair vllm-omni's PD mixin detected, or None."""
+    get = getattr(engine_client, "_get_pd_separation_pair", None)
+    try:
+        pair = get() if callable(get) else None
+    except Exception:  # noqa: BLE001 - no pair known: leave the request as upstream builds it
+        return None
+    return (int(pair[0]), int(pair[1])) if pair else None
+
+
+def _wrap_request_params(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _build_sampling_params_list_from_request(self, request):
+        out = orig(self, request)
+        pair = _pd_pair_of(getattr(self, "engine_client", None))
+        if pair is None or not isinstance(out, list):
+            return out
+        p, d = pair
+        try:
+            comprehension = self._get_comprehension_stage_index()
+            default = list(self.engine_client.default_sampling_params_list)[d]
+        except (AttributeError, IndexError, TypeError, ValueError):
+            return out
+        if comprehension != p or d >= len(out):
+            return out
+        if isinstance(default, Mapping):
+            from vllm import SamplingParams
+
+            default = SamplingParams(**default)
+        out[d] = self._apply_request_overrides(default, request)
+        _once(logger, logging.INFO, "omni-pd compat: the chat request's sampling parameters (max_tokens, temperature, "
+              "...) apply to the decode stage too, over its own defaults (upstream applied them to prefill only)")
+        return out
+    return _build_sampling_params_list_from_request
+
+
 WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     "pd_detect": _wrap_detect,
     "pd_validate": _wrap_over_views,
@@ -479,6 +620,10 @@ WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     "pd_prefill_rows": _wrap_prefill_rows,
     "talker_prefill_rows": _wrap_talker_input,
     "talker_prefill_merge": _wrap_talker_prefill,
+    "stream_async_chunk_ok": _wrap_async_chunk_support,
+    "stream_decode_request": _wrap_decode_request,
+    "stream_chunk0": _wrap_stream_chunk0,
+    "pd_request_params": _wrap_request_params,
 }
 
 
