@@ -62,11 +62,37 @@ def test_expand_is_deterministic():
     assert expand().text == expand().text
 
 
-def test_default_input_reports_async_chunk_info(capsys):
+def test_default_input_streams_without_a_note(capsys):
+    """The preset streams (async_chunk: true) and vllm-omni 0.30 is covered by omni-pd's layer: kept, silent."""
     rc, out, err = run_cli(["expand"], capsys)
     assert rc == 0
-    assert "info[OPD901]: async_chunk set to false: streaming of audio chunks between stages is given up" in err
+    assert "OPD901" not in err
+    assert "\nasync_chunk: true\n" in out
+
+
+def test_no_stream_reports_async_chunk_info(capsys):
+    rc, out, err = run_cli(["expand", "--no-stream"], capsys)
+    assert rc == 0
+    assert ("info[OPD901]: async_chunk set to false (--no-stream): the answer's audio comes in one piece after "
+            "the text") in err
     assert "qwen3_omni_moe.yaml:6:14" in err
+    assert "\nasync_chunk: false\n" in out and "  - {from: 0, to: 1}\n" in out
+
+
+def test_release_that_cannot_stream_gives_streaming_up_with_a_warning(capsys, monkeypatch):
+    """A release whose Talker handoff omni-pd covers but whose streaming it does not (no stream_* rows, as a
+    release listed before issue 34 would be): expand writes the one-piece file and says why (a warning,
+    exit 0: the file it writes works)."""
+    from omni_pd.compile import stream_pd
+
+    monkeypatch.setattr(stream_pd, "covered_pipelines", lambda series: ())
+    rc, out, err = run_cli(["expand"], capsys)
+    assert rc == 0, err
+    assert ("warning[OPD901]: async_chunk set to false: vllm-omni 0.30 refuses async_chunk with a "
+            "kv_transfer_config and omni-pd's compatibility layer does not make it stream there; the answer's "
+            "audio comes in one piece after the text") in err
+    assert "help: target a release it covers (`--vllm-version 0.30`), or `omni-pd expand --no-stream`" in err
+    assert "\nasync_chunk: false\n" in out and "  - {from: 0, to: 1}\n" in out
 
 
 # --- ids, roles, sources -------------------------------------------------------------------
@@ -75,7 +101,7 @@ def test_stage_ids_roles_and_pipeline():
     res = expand()
     assert [s.stage_id for s in res.config.stages] == [0, 1, 2, 3]
     assert res.config.pipeline == "qwen3_omni_moe_pd"
-    assert res.config.async_chunk is False
+    assert res.config.async_chunk is True  # the preset streams; omni-pd's layer keeps it under PD
     roles = [(s.stage_id, s.role, s.pd_role, s.input_sources) for s in res.topology.stages]
     assert roles == [(0, "thinker", "prefill", ()), (1, "thinker", "decode", (0,)),
                      (2, "talker", None, (1,)), (3, "code2wav", None, (2,))]
@@ -88,7 +114,11 @@ def test_connector_keys_and_edges_remapped():
     assert stage(res, 2).input_connectors == {"from_stage_1": "connector_of_shared_memory"}
     assert stage(res, 3).input_connectors == {"from_stage_2": "connector_of_shared_memory"}
     assert stage(res, 0).input_connectors is None and stage(res, 1).input_connectors is None
-    assert [(e.from_, e.to) for e in res.config.edges] == [(0, 1), (1, 2), (2, 3)]
+    # streaming: no prefill -> decode stage edge (it would make decode a prewarmed chunk receiver)
+    assert [(e.from_, e.to) for e in res.config.edges] == [(1, 2), (2, 3)]
+    one_piece = expand(opts=ExpandOptions(no_stream=True))
+    assert one_piece.config.async_chunk is False
+    assert [(e.from_, e.to) for e in one_piece.config.edges] == [(0, 1), (1, 2), (2, 3)]
 
 
 def test_existing_edges_and_output_connectors_are_remapped():
@@ -112,6 +142,9 @@ edges:
     assert stage(res, 1).output_connectors == {"to_stage_2": "shm"}
     assert stage(res, 2).input_connectors == {"from_stage_1": "shm"}
     assert [(e.from_, e.to, e.window_size, e.max_inflight) for e in res.config.edges] == [
+        (1, 2, -1, 1), (2, 3, -1, 1)]
+    one_piece = expand(text, opts=ExpandOptions(no_stream=True))
+    assert [(e.from_, e.to, e.window_size, e.max_inflight) for e in one_piece.config.edges] == [
         (0, 1, -1, 1), (1, 2, -1, 1), (2, 3, -1, 1)]
 
 
@@ -348,22 +381,22 @@ def test_single_stage_llm_becomes_prefill_decode_pair():
     assert res.diagnostics == ()
 
 
-@pytest.mark.parametrize("text, pipeline, said", [
-    ("stages:\n  - stage_id: 0\n    devices: \"0\"\n", None, False),                          # llm, no key
-    (PRESET.read_text(), "qwen3_omni_moe", True),  # vllm-omni's three stages streamed: given up
-    ("stages:\n  - stage_id: 0\n    devices: \"0\"\n", "qwen3_omni_moe_thinker_only", False),  # launched as vllm serve
+@pytest.mark.parametrize("text, pipeline, said, streams", [
+    ("stages:\n  - stage_id: 0\n    devices: \"0\"\n", None, False, False),                          # llm, no key
+    (PRESET.read_text(), "qwen3_omni_moe", False, True),  # vllm-omni's three stages streamed: kept (0.30)
+    ("stages:\n  - stage_id: 0\n    devices: \"0\"\n", "qwen3_omni_moe_thinker_only", False, False),  # vllm serve
 ], ids=["llm", "qwen3_omni_moe", "thinker_only"])
-def test_async_chunk_note_is_scoped_to_what_the_file_or_vllm_omni_reads(text, pipeline, said):
+def test_async_chunk_note_is_scoped_to_what_the_file_or_vllm_omni_reads(text, pipeline, said, streams):
     res = expand(text, name="model.yaml", pipeline=pipeline)
     assert [d.code for d in res.diagnostics if d.code == "OPD901"] == (["OPD901"] if said else [])
-    assert res.config.async_chunk is False
+    assert res.config.async_chunk is streams
 
 
 def test_thinker_without_devices_gets_some():
     res = expand("pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 1\n    devices: \"0\"\n")
     assert [s.stage_id for s in res.config.stages] == [0, 1, 2]
     assert [s.devices for s in res.config.stages] == ["1", "2", "0"]
-    assert sorted(d.code for d in res.diagnostics) == ["OPD901", "OPD902"]
+    assert sorted(d.code for d in res.diagnostics) == ["OPD902"]  # streaming kept: no OPD901
 
 
 # --- YAML round trip ---------------------------------------------------------------------------

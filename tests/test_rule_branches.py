@@ -404,9 +404,15 @@ def test_opd307_an_edge_from_prefill_to_another_stage_is_not_the_pd_edge() -> No
 
 
 def test_opd310_without_an_async_chunk_key_points_at_the_document() -> None:
-    assert hits(PD.replace("async_chunk: false\n", ""), "OPD310") == [(
-        E, "async_chunk is on (vllm-omni's default) with a prefill/decode pair: decode would get a placeholder prompt",
-        (1, 1), "set `async_chunk: false` at the top level", [(7, 5, "KV connector here")], None)]
+    """No key: vllm-omni's default (on); on a release omni-pd's layer does not make stream the
+    finding sits at the document and names the release."""
+    assert hits(PD.replace("async_chunk: false\n", ""), "OPD310", ValidateOptions(vllm_version="0.28")) == [(
+        E, "async_chunk is on (vllm-omni's default) with a prefill/decode pair: vllm-omni 0.28 refuses async_chunk "
+           "with a kv_transfer_config and omni-pd's compatibility layer does not make it stream there",
+        (1, 1), "target a release it covers (`--vllm-version 0.30`), or `omni-pd expand --no-stream` (or "
+                "`async_chunk: false` in the input) for the one-piece answer", [(7, 5, "KV connector here")], None)]
+    # the same file on vllm-omni 0.30 (covered) with no edges: it streams, nothing to say
+    assert hits(PD.replace("async_chunk: false\n", ""), "OPD310") == []
 
 
 def test_opd310_kv_stages_without_a_pd_pair_are_not_its_finding() -> None:

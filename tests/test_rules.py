@@ -145,10 +145,33 @@ def test_nixl_side_channel_range_per_vllm_version() -> None:
     assert "OPD501" in validate_text(text, "t.yaml", ValidateOptions(vllm_version="0.11")).codes()
 
 
+STREAM_PD = (PD.replace("async_chunk: false", "async_chunk: true")
+             + "  - {stage_id: 2, devices: \"2\"}\nedges:\n  - {from: 1, to: 2}\n")
+
+
+def test_streaming_pd_pair_is_clean_where_the_layer_covers_the_release() -> None:
+    """vllm-omni 0.30 (omni-pd's compat table lists the stream_* patches): no OPD310, no OPD307."""
+    res = validate_text(STREAM_PD, "t.yaml", ValidateOptions(vllm_version="0.30"))
+    assert [d.code for d in res.diagnostics if d.code in ("OPD310", "OPD307")] == []
+
+
 def test_async_chunk_located_at_value() -> None:
-    d = _one(PD.replace("async_chunk: false", "async_chunk: true"), "OPD310")
+    """An uncovered release: the error sits on async_chunk's value and says how to get the one-piece answer."""
+    d = _one(STREAM_PD, "OPD310", ValidateOptions(vllm_version="0.28"))
     assert (d.location.line, d.location.column) == (2, 14)
-    assert d.help == "set `async_chunk: false` at the top level"
+    assert d.message == ("async_chunk is on (vllm-omni's default) with a prefill/decode pair: vllm-omni 0.28 refuses "
+                         "async_chunk with a kv_transfer_config and omni-pd's compatibility layer does not make it "
+                         "stream there")
+    assert d.help == ("target a release it covers (`--vllm-version 0.30`), or `omni-pd expand --no-stream` "
+                      "(or `async_chunk: false` in the input) for the one-piece answer")
+
+
+def test_async_chunk_edge_into_decode_is_located_at_edges() -> None:
+    """A covered release with a prefill -> decode stage edge: decode would be a prewarmed chunk receiver."""
+    text = STREAM_PD.replace("edges:\n", "edges:\n  - {from: 0, to: 1}\n")
+    d = _one(text, "OPD310", ValidateOptions(vllm_version="0.30"))
+    assert d.location.line == text.splitlines().index("edges:") + 1
+    assert d.help.startswith("remove `- {from: 0, to: 1}` from `edges:`")
 
 
 def test_world_size_message_and_location() -> None:

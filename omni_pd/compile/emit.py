@@ -401,6 +401,9 @@ def _edges(tree: CommentedMap, plan: PDSplitPlan) -> None:
                     e["from"] = ids.as_source(e["from"])
                 if isinstance(e.get("to"), int):
                     e["to"] = ids.as_dest(e["to"])
+        if plan.stream:  # streaming PD: no stage edge into decode (omni_pd/compile/stream_pd.py)
+            _say_no_decode_edge(tree, ids)
+            return
         pos = next((i for i, e in enumerate(seq) if isinstance(e, CommentedMap) and e.get("from") == ids.decode), len(seq))
         new = CommentedMap([("from", ids.prefill), ("to", ids.decode)])
         tmpl = seq[pos] if pos < len(seq) else (seq[-1] if seq else None)
@@ -415,6 +418,8 @@ def _edges(tree: CommentedMap, plan: PDSplitPlan) -> None:
     seq = CommentedSeq()
     for s in plan.target_pipeline.stages:
         for src in s.input_sources:
+            if plan.stream and (src, s.stage_id) == (ids.prefill, ids.decode):
+                continue
             e = CommentedMap([("from", src), ("to", s.stage_id)])
             e.fa.set_flow_style()
             seq.append(e)
@@ -427,6 +432,16 @@ def _edges(tree: CommentedMap, plan: PDSplitPlan) -> None:
         tree.insert(keys.index("platforms"), "edges", seq)
     else:
         tree["edges"] = seq
+    if plan.stream:
+        _say_no_decode_edge(tree, ids)
+
+
+def _say_no_decode_edge(tree: CommentedMap, ids: Any) -> None:
+    """A comment above ``edges:`` saying why streaming PD has no prefill -> decode entry."""
+    tree.yaml_set_comment_before_after_key(
+        "edges", before=(f"no edge {ids.prefill} -> {ids.decode}: the KV connector carries that hop and the "
+                         f"orchestrator submits decode after prefill; a\nstage edge there would make decode a chunk "
+                         f"receiver, prewarmed with a placeholder prompt under async_chunk"))
 
 
 def stage_labels(plan: PDSplitPlan) -> dict[int, str]:
@@ -452,9 +467,9 @@ def apply_pd_split(tree: CommentedMap, plan: PDSplitPlan) -> CommentedMap:
     else:
         out.insert(0, "pipeline", plan.target_pipeline.name)
     if "async_chunk" in out:
-        out["async_chunk"] = False
+        out["async_chunk"] = plan.stream
     else:
-        out.insert(list(out.keys()).index("pipeline") + 1, "async_chunk", False)
+        out.insert(list(out.keys()).index("pipeline") + 1, "async_chunk", plan.stream)
     if not isinstance(out.get("stages"), CommentedSeq):
         out["stages"] = CommentedSeq()
     _split_list(out["stages"], plan, base=True, platform_devices=None, labels=stage_labels(plan))

@@ -263,8 +263,8 @@ def tp_unequal(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
       runtime="vllm-omni")
 def decode_input(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Decode's inputs must contain prefill (the orchestrator pairs them by decode's
-    ``engine_input_source``); with explicit ``edges:`` the edge prefill -> decode must
-    be there. A vllm-omni orchestrator rule (plain ``vllm serve`` engines are paired by
+    ``engine_input_source``); with explicit ``edges:`` and ``async_chunk: false`` the edge
+    prefill -> decode must be there (with ``async_chunk`` on it must not: OPD310). A vllm-omni orchestrator rule (plain ``vllm serve`` engines are paired by
     the router, not by edges). Source: vllm-omni pd_utils.py rule 3 and
     ``detect_pd_separation_from_stage_configs``."""
     pair = ctx.pd_pair
@@ -274,7 +274,9 @@ def decode_input(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     if p.stage_id not in d.input_sources:
         yield r.diag(f"decode stage {d.stage_id} does not list prefill stage {p.stage_id} as an input",
                      ctx.sloc(d), related=[ctx.sloc(p, label="prefill")], help=f"decode's input is [{p.stage_id}]")
-    if ctx.config.edges and not any(e.from_ == p.stage_id and e.to == d.stage_id for e in ctx.config.edges):
+    streaming = ctx.topology is not None and ctx.topology.async_chunk  # OPD310 wants the edge gone then
+    if (ctx.config.edges and not streaming
+            and not any(e.from_ == p.stage_id and e.to == d.stage_id for e in ctx.config.edges)):
         yield r.diag(f"`edges:` has no edge from prefill (stage {p.stage_id}) to decode (stage {d.stage_id})",
                      ctx.loc(("edges",)), related=[ctx.sloc(d, label="decode")],
                      help=f"add `- {{from: {p.stage_id}, to: {d.stage_id}}}` to `edges:`")
@@ -341,31 +343,71 @@ def engine_id_unique(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             seen[str(eid)] = n
 
 
+_STREAM_EDGES = "edges:\n  - {from: 1, to: 2}\n"
+
+
 @rule("OPD310", "async-chunk-kv", Severity.ERROR,
-      "async_chunk is on while a PD pair / KV connector is configured",
-      fail=_pd_yaml(OK_P, OK_D).replace("async_chunk: false", "async_chunk: true"),
-      passing=_pd_yaml(OK_P, OK_D), runtime="vllm-omni",
+      "async_chunk is on with a PD pair where the pair cannot stream",
+      fail=(_pd_yaml(OK_P, OK_D).replace("async_chunk: false", "async_chunk: true")
+            + "  - {stage_id: 2, devices: \"2\"}\nedges:\n  - {from: 0, to: 1}\n  - {from: 1, to: 2}\n"),
+      passing=_pd_yaml(OK_P, OK_D).replace("async_chunk: false", "async_chunk: true")
+      + "  - {stage_id: 2, devices: \"2\"}\n" + _STREAM_EDGES, runtime="vllm-omni",
       examples=(
           Example("llm_pd under plain vllm serve: no orchestrator, async_chunk is not read",
                   _pd_yaml(OK_P, OK_D).replace("async_chunk: false\n", "").replace("qwen3_omni_moe_pd", "llm_pd"), False),
+          Example("one-piece answer: async_chunk false", _pd_yaml(OK_P, OK_D), False),
+          Example("a vllm-omni release omni-pd's layer does not make stream",
+                  _pd_yaml(OK_P, OK_D).replace("async_chunk: false", "async_chunk: true")
+                  + "  - {stage_id: 2, devices: \"2\"}\n" + _STREAM_EDGES,
+                  True, {"vllm_version": "0.28"}, contains="refuses async_chunk"),
+          Example("the layer's streaming patches switched off in the launcher environment",
+                  _pd_yaml(OK_P, OK_D).replace("async_chunk: false", "async_chunk: true")
+                  + "  - {stage_id: 2, devices: \"2\"}\n" + _STREAM_EDGES,
+                  True, {"env": {"OMNI_PD_VLLM_OMNI_STREAM_PD": "0"}}, contains="OMNI_PD_VLLM_OMNI_STREAM_PD=0"),
       ))
 def async_chunk_kv(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
-    """With ``async_chunk`` on (vllm-omni's default), the orchestrator pre-submits every
-    downstream stage at request start with a zero-filled placeholder prompt; decode then
-    gets a bogus prompt instead of prefill's routing, so PD needs ``async_chunk: false``.
-    A vllm-omni orchestrator rule (not checked for plain ``vllm serve`` engines).
-    Source: vllm-omni 0.30.0 ``vllm_omni/engine/orchestrator.py``
-    ``OrchestratorBase._prewarm_async_chunk_stages``."""
+    """With ``async_chunk`` on (vllm-omni's default), a PD pair streams only where omni-pd's
+    vllm-omni compatibility layer makes it (omni_pd/compile/stream_pd.py): vllm-omni 0.30
+    itself refuses any ``kv_transfer_config`` with it ("Native AR-to-DiT KV transfer requires
+    async_chunk=False", ``config/omni_config.py`` ``_validate_async_chunk_support``), and a
+    stage edge from prefill to decode makes decode a chunk receiver that the orchestrator
+    pre-submits with a placeholder prompt at request start
+    (``engine/orchestrator.py`` ``_prewarm_async_chunk_stages``; the edge gets an
+    auto-configured SharedMemoryConnector, ``distributed/omni_connectors/utils/initialization.py``)
+    and never routes prefill's output to. So the rule is silent where the layer covers the
+    target release and pipeline, is on in the launcher environment, and ``edges:`` has no
+    prefill -> decode entry (``omni-pd expand`` writes it so); an error otherwise, naming
+    the cause. For a pipeline with no stage after decode that vllm-omni serves, the edge
+    rule alone applies. A vllm-omni orchestrator rule (not checked for plain ``vllm serve``
+    engines). Sources: vllm-omni 0.30.0 ``config/omni_config.py``, ``engine/orchestrator.py``,
+    ``engine/stage_init_utils.py`` ``get_stage_connector_spec``,
+    ``distributed/omni_connectors/utils/initialization.py`` ``load_omni_transfer_config``;
+    run end to end by tests/test_e2e_omni_stream_pd.py."""
+    from omni_pd.compile import stream_pd
+
     topo = ctx.topology
     if topo is None or not topo.async_chunk:
         return
     kv_nodes = [n for n in topo.stages if n.kv and n.kv.get("kv_connector")]
-    if topo.pd_pair is None or not kv_nodes:
+    pair = ctx.pd_pair
+    if topo.pd_pair is None or not kv_nodes or pair is None:
         return
+    p, d = pair
     where = ctx.loc(("async_chunk",), value=True) if ctx.exists(("async_chunk",)) else ctx.loc(())
-    yield r.diag("async_chunk is on (vllm-omni's default) with a prefill/decode pair: decode would get a placeholder prompt",
-                 where, related=[ctx.sloc(kv_nodes[0], "kv_transfer_config", label="KV connector here")],
-                 help="set `async_chunk: false` at the top level", reads=(("async_chunk",),))
+    related = [ctx.sloc(kv_nodes[0], "kv_transfer_config", label="KV connector here")]
+    g = stream_pd.gap(topo.pipeline, ctx.target, ctx.env) if stream_pd.streams(topo.pipeline) else None
+    if g is not None:
+        yield r.diag(f"async_chunk is on (vllm-omni's default) with a prefill/decode pair: {g.why}", where,
+                     related=related, help=g.help, reads=(("async_chunk",),))
+        return
+    edges = [{"from": e.from_, "to": e.to} for e in (ctx.config.edges or ())] if ctx.config is not None else []
+    if stream_pd.edge_into_decode(edges, p.stage_id, d.stage_id):
+        yield r.diag(f"async_chunk is on and `edges:` has an edge from prefill (stage {p.stage_id}) to decode "
+                     f"(stage {d.stage_id}): decode becomes a chunk receiver and gets a placeholder prompt",
+                     ctx.loc(("edges",)), related=related,
+                     help=f"remove `- {{from: {p.stage_id}, to: {d.stage_id}}}` from `edges:` (the KV connector "
+                          f"carries that hop), or set `async_chunk: false` for the one-piece answer",
+                     reads=(("async_chunk",), ("edges",)))
 
 
 @rule("OPD311", "peer-topology", Severity.ERROR,

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from omni_pd.compile import connectors
+from omni_pd.compile import connectors, stream_pd
 from omni_pd.compile.alloc import AllocationError, split_devices, allocate_ports
 from omni_pd.compile.connectors.base import Endpoint, SideConfig, launched_replicas
 from omni_pd.diagnostics import Diagnostic, Location, OmniPdError, Severity
@@ -60,6 +60,9 @@ class ExpandOptions:
     #: (omni_pd/compile/placement.py); None: kv_host for both. Two different addresses
     #: mean two hosts: each side's connector range is then allocated on its own host.
     side_hosts: tuple[str, str] | None = None
+    #: ``--no-stream``: write ``async_chunk: false`` (the one-piece answer) even where the
+    #: PD pipeline could stream (omni_pd/compile/stream_pd.py)
+    no_stream: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,9 @@ class PDSplitPlan:
     #: (a placement ``{sid: [A, B]}``, omni_pd/compile/placement.py); None: one host
     prefill_nnodes: int | None = None
     decode_nnodes: int | None = None
+    #: keep ``async_chunk: true`` (streaming PD, omni_pd/compile/stream_pd.py): the output
+    #: then has no prefill -> decode entry in ``edges:``
+    stream: bool = False
 
 
 #: Most devices one engine (TP x PP x DP) may take: far above any host's accelerator
@@ -438,16 +444,28 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
     # (llm, *_thinker_only) never reads it, so writing false there changes nothing
     # (a one-stage pipeline has topo.async_chunk off: vllm-omni forces it off there, and
     # turns it back on, unless the file says false, once the pair has two stages)
-    if topo.async_chunk or (topo.config.async_chunk is not False and len(src.stages) == 1
-                            and target_pipe.launcher == "vllm-omni"):
+    # vllm-omni streams this pipeline without PD: keep it where omni-pd's layer makes the pair
+    # stream (silent); where it cannot, write false and warn (the file then works, in one piece)
+    g = stream_pd.gap(target_pipe, target) if topo.async_chunk and stream_pd.streams(target_pipe) else None
+    stream = topo.async_chunk and stream_pd.streams(target_pipe) and not opts.no_stream and g is None
+    if stream:
+        pass
+    elif topo.async_chunk or (topo.config.async_chunk is not False and len(src.stages) == 1
+                              and target_pipe.launcher == "vllm-omni"):
         had_stream = topo.async_chunk  # on only for a pipeline of several stages (resolve)
+        cannot = g is not None and not opts.no_stream
         notes.append(Diagnostic(
-            code="OPD901", severity=Severity.INFO,
-            message=("async_chunk set to false: streaming of audio chunks between stages is given up"
+            code="OPD901", severity=Severity.WARNING if cannot else Severity.INFO,
+            help=(g.help if cannot else None),
+            message=(f"async_chunk set to false: {g.why}; the answer's audio comes in one piece after the text"
+                     if cannot else
+                     "async_chunk set to false (--no-stream): the answer's audio comes in one piece after the text"
+                     if had_stream and opts.no_stream else
+                     "async_chunk set to false: streaming of audio chunks between stages is given up"
                      if had_stream else "async_chunk set to false (prefill/decode routing needs it off)"),
             location=doc.loc(("async_chunk",), value=True) if (doc and "async_chunk" in doc.tree) else None,
-            notes=["vllm-omni routes prefill -> decode only when async_chunk is false "
-                   "(engine/orchestrator.py); with it on, decode would get a placeholder prompt"],
+            notes=["without omni-pd's streaming patches vllm-omni refuses async_chunk with a kv_transfer_config "
+                   "(config/omni_config.py) and would prewarm decode with a placeholder prompt (engine/orchestrator.py)"],
         ))
     _talker_refusal(target_pipe, topo, doc, target)
     return PDSplitPlan(source=src, target_pipeline=target_pipe, ids=ids, connector=contract.name,
@@ -455,7 +473,7 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
                        prefill=p_cfg, decode=d_cfg, prefill_engine_id=p_id, decode_engine_id=d_id,
                        diagnostics=tuple(notes), prefill_replicas=opts.prefill_replicas,
                        decode_replicas=opts.decode_replicas, prefill_tp=given[0], decode_tp=given[1],
-                       prefill_dp=given_dp[0], decode_dp=given_dp[1])
+                       prefill_dp=given_dp[0], decode_dp=given_dp[1], stream=stream)
 
 
 def _talker_refusal(target_pipe: Pipeline, topo: Topology, doc: Document | None, target: Target) -> None:
