@@ -117,6 +117,52 @@ def post_json(url: str, body: dict, timeout: float = 300) -> dict:
         return json.loads(r.read())
 
 
+def stream_chat(base: str, content: list[dict], *, max_tokens: int = 64, model: str = "tiny",
+                timeout: float = 600) -> dict:
+    """One streamed greedy text+audio chat request (``stream: true``, ``modalities: ["text",
+    "audio"]``), read event by event: ``{"ttft_s", "first_audio_s", "total_s"}`` (seconds from
+    sending: the first text delta, the first audio chunk, the end), ``"text"`` (the deltas
+    joined), ``"audio"`` (the audio chunks' ``delta.content`` strings in order: base64 WAV per
+    chunk, as vllm-omni's chat server streams them), ``"prompt_tokens"`` (the usage event), or
+    ``{"error": ...}`` for an HTTP failure. ``ignore_eos``: every answer is ``max_tokens`` long."""
+    body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True, "modalities": ["text", "audio"], "stream": True,
+            "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.monotonic()
+    first_text = first_audio = prompt = None
+    text, audio = [], []
+    try:
+        with _opener().open(req, timeout=timeout) as r:
+            for raw in r:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                ev = json.loads(data)
+                now = time.monotonic() - t0
+                if (ev.get("usage") or {}).get("prompt_tokens"):
+                    prompt = ev["usage"]["prompt_tokens"]
+                for ch in ev.get("choices") or ():
+                    c = (ch.get("delta") or {}).get("content")
+                    if not c:
+                        continue
+                    if ev.get("modality") == "audio":
+                        audio.append(c)
+                        first_audio = now if first_audio is None else first_audio
+                    else:
+                        text.append(c)
+                        first_text = now if first_text is None else first_text
+    except Exception as e:  # noqa: BLE001 - a failed request is a recorded outcome
+        detail = e.read().decode(errors="replace")[:500] if hasattr(e, "read") else ""
+        return {"error": f"{e!r} {detail}".strip(), "total_s": round(time.monotonic() - t0, 2)}
+    return {"ttft_s": first_text, "first_audio_s": first_audio, "total_s": time.monotonic() - t0,
+            "text": "".join(text), "audio": audio, "prompt_tokens": prompt}
+
+
 def wait_health(url: str, timeout: float, proc: subprocess.Popen | None = None) -> float:
     """Poll ``url`` until it answers; returns the seconds waited. Raises TimeoutError, or
     RuntimeError when ``proc`` exits first."""
