@@ -24,16 +24,35 @@ class _no_pydantic_plugins:
     way. Not for a block that starts processes: they would inherit the variable."""
 
     _KEY = "PYDANTIC_DISABLE_PLUGINS"
+    #: pydantic's plugin lookup (``create_schema_validator`` imports it for every class it
+    #: builds); the module imports importlib.metadata, about 7 % of a cold ``omni-pd
+    #: validate FILE`` (bench/RESULTS.md, issue 38), to answer "no plugins" here
+    _LOADER = "pydantic.plugin._loader"
 
     def __enter__(self) -> None:
         self._prev = os.environ.get(self._KEY)
         os.environ[self._KEY] = "__all__"
+        # while the variable is set, pydantic's own get_plugins() answers () before it reads
+        # anything; a stand-in gives that answer without importing importlib.metadata, and is
+        # gone on exit (a lookup after the block imports the real module)
+        self._stub = None
+        if self._LOADER not in sys.modules:
+            import types
+
+            self._stub = types.ModuleType(self._LOADER, "omni-pd's stand-in while plugins are off")
+            self._stub.get_plugins = lambda: ()
+            sys.modules[self._LOADER] = self._stub
 
     def __exit__(self, *exc) -> None:
         if self._prev is None:
             os.environ.pop(self._KEY, None)
         else:
             os.environ[self._KEY] = self._prev
+        if self._stub is not None and sys.modules.get(self._LOADER) is self._stub:
+            del sys.modules[self._LOADER]
+            parent = sys.modules.get(self._LOADER.rpartition(".")[0])
+            if parent is not None and getattr(parent, "_loader", None) is self._stub:
+                delattr(parent, "_loader")
 
 
 def _line_source(docs: dict):

@@ -112,3 +112,20 @@ def test_fast_path_restores_the_collector_threshold() -> None:
     before = gc.get_threshold()
     assert cli_entry.main(["validate", "-q", str(GOLDEN)]) == 0
     assert gc.get_threshold() == before
+
+
+def test_pydantic_plugin_lookup_is_stood_in_only_while_plugins_are_off() -> None:
+    """validate builds the deploy model with a stand-in for pydantic's plugin loader (its
+    import costs importlib.metadata); after the block the real loader is what pydantic
+    finds, and it answers as before."""
+    code = ("import json, os, sys\nfrom omni_pd.cli_entry import main\nrc = main(['validate', '-q', sys.argv[1]])\n"
+            "seen = {'rc': rc, 'metadata': 'importlib.metadata' in sys.modules,\n"
+            "        'loader': 'pydantic.plugin._loader' in sys.modules}\n"
+            "from pydantic.plugin import _loader\n"
+            "seen.update(real=hasattr(_loader, 'PYDANTIC_ENTRY_POINT_GROUP'), plugins=list(_loader.get_plugins()),\n"
+            "            env=os.environ.get('PYDANTIC_DISABLE_PLUGINS'))\n"
+            "print(json.dumps(seen))\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    out = subprocess.run([sys.executable, "-c", code, str(GOLDEN)], capture_output=True, text=True, check=True, env=env)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {
+        "rc": 0, "metadata": False, "loader": False, "real": True, "plugins": [], "env": None}
