@@ -123,6 +123,9 @@ def render(results: dict, argv: list[str], mach: dict, started: float, load_end:
     fig5 = _kept_section("<!-- figure 5: begin -->", "<!-- figure 5: end -->")
     if fig5:  # measured by bench/fig5_peers.py (issue 13); kept as found
         lines += [fig5, ""]
+    cold = _kept_section("<!-- cold start (issue 38): begin -->", "<!-- cold start (issue 38): end -->")
+    if cold:  # measured by bench/coldstart_peers.py (issue 38); kept as found
+        lines += [cold, ""]
     return "\n".join(lines)
 
 
