@@ -77,10 +77,10 @@ CASE_RULES: dict[str, str | tuple[str, ...] | None] = {
     "CAP-MULTI-DP-LB": "OPD622",
     # issue 35 (BR-55..BR-65): labels with no omni-pd rule yet; XFAIL says what each waits for
     "XS-SPEC-SYM": "OPD315",
-    "XS-MAXLEN": None,
+    "XS-MAXLEN": "OPD316",
     "RT-ROUTER-TARGET": "OPD706",
     "RT-ROUTER-POLICY": "OPD707",
-    "DEV-INIT-OVERLAP": None,
+    "DEV-INIT-OVERLAP": "OPD405",
     "CAP-SPEC-DRAFT-KV": "OPD624",
     "CAP-PREFIX-CACHE-HYBRID": None,
     "CAP-DCP": None,
@@ -103,12 +103,6 @@ XFAIL = {
                        "the prefill-leg sampling rewrite is the orchestrator's, validate warns instead (OPD701, "
                        "see test_br32_prefill_sampling_is_flagged)",
     # issue 35, in progress: each reason says which rule is missing or wrong
-    ("BR-58", "main"): "XS-MAXLEN: no rule compares the effective max_model_len (stage value, else the model's "
-                       "max_position_embeddings) across the pair yet",
-    ("BR-58", "fix"): "XS-MAXLEN: label not mapped to a code until the rule exists",
-    ("BR-60", "main"): "DEV-INIT-OVERLAP: no rule flags device sets that intersect without being equal "
-                       "(vllm-omni before #7328 deadlocks on the init lock)",
-    ("BR-60", "fix"): "DEV-INIT-OVERLAP: label not mapped to a code until the rule exists",
     ("BR-61", "main"): "CAP-HETERO-TP: OPD603 has no MSA (NHD-native) attention fact per model family yet",
     ("BR-61", "variant"): "CAP-HETERO-TP: OPD603 still holds the pre-vllm#45879 'decode TP > num_key_value_heads "
                           "fails' fact for releases that have the fix (a false error on a valid GQA pair)",
