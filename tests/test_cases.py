@@ -103,9 +103,6 @@ XFAIL = {
                        "the prefill-leg sampling rewrite is the orchestrator's, validate warns instead (OPD701, "
                        "see test_br32_prefill_sampling_is_flagged)",
     # issue 35, in progress: each reason says which rule is missing or wrong
-    ("BR-61", "main"): "CAP-HETERO-TP: OPD603 has no MSA (NHD-native) attention fact per model family yet",
-    ("BR-61", "variant"): "CAP-HETERO-TP: OPD603 still holds the pre-vllm#45879 'decode TP > num_key_value_heads "
-                          "fails' fact for releases that have the fix (a false error on a valid GQA pair)",
     ("BR-63", "main"): "CAP-DCP / XS-SPEC-SYM: labels not mapped to codes until the rules exist "
                        "(decode_context_parallel_size and speculative_config are not classified)",
 }
