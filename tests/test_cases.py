@@ -75,7 +75,7 @@ CASE_RULES: dict[str, str | tuple[str, ...] | None] = {
     "XS-MODEL-IDENTITY": "OPD313",
     "CAP-HYBRID-SSM": "OPD621",
     "CAP-MULTI-DP-LB": "OPD622",
-    # issue 35 (BR-55..BR-65): labels with no omni-pd rule yet; XFAIL says what each waits for
+    # issue 35 (BR-55..BR-65); CAP-PREFIX-CACHE-HYBRID has no rule yet (no case uses it)
     "XS-SPEC-SYM": "OPD315",
     "XS-MAXLEN": "OPD316",
     "RT-ROUTER-TARGET": "OPD706",
@@ -83,7 +83,7 @@ CASE_RULES: dict[str, str | tuple[str, ...] | None] = {
     "DEV-INIT-OVERLAP": "OPD405",
     "CAP-SPEC-DRAFT-KV": "OPD624",
     "CAP-PREFIX-CACHE-HYBRID": None,
-    "CAP-DCP": None,
+    "CAP-DCP": "OPD625",
 }
 
 def codes_of(label: str) -> tuple[str, ...]:
@@ -102,9 +102,6 @@ XFAIL = {
     ("BR-32", "main"): "rewrite verdict: the input is already a PD config, which `omni-pd expand` refuses (OPD803); "
                        "the prefill-leg sampling rewrite is the orchestrator's, validate warns instead (OPD701, "
                        "see test_br32_prefill_sampling_is_flagged)",
-    # issue 35, in progress: each reason says which rule is missing or wrong
-    ("BR-63", "main"): "CAP-DCP / XS-SPEC-SYM: labels not mapped to codes until the rules exist "
-                       "(decode_context_parallel_size and speculative_config are not classified)",
 }
 
 #: Cases whose report names its release but whose file has no ``x-runtime``: the release the

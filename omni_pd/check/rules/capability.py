@@ -511,7 +511,8 @@ def hetero_tp(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     rel = [ctx.sloc(p, "tensor_parallel_size", value=True, label=f"prefill (stage {p.stage_id}) TP {ptp}")]
     if msg:
         yield r.diag(msg, ctx.sloc(d, "tensor_parallel_size", value=True), related=rel,
-                     help=f"give decode (stage {d.stage_id}) `tensor_parallel_size: {ptp}` (or pick TPs the connector pairs)")
+                     help=f"give decode (stage {d.stage_id}) `tensor_parallel_size: {ptp}` or prefill (stage {p.stage_id}) "
+                          f"`tensor_parallel_size: {dtp}` (equal TP), or pick TPs the connector pairs")
         return
     m = ctx.model
     name = str((p.kv or {}).get("kv_connector") or (d.kv or {}).get("kv_connector") or "")

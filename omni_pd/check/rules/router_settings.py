@@ -181,4 +181,4 @@ def router_policy(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         yield r.diag(msg, ctx.sloc(p, "kv_transfer_config"), related=[ctx.sloc(d, "kv_transfer_config", label="decode")],
                      notes=[f"source: {fact['source']}"],
                      help=f"set the inventory's router " + ", ".join(f"`{k}: {fact['use'][0]}`" for k in where)
-                          + f" (or {use})")
+                          + f" ({use} balance without the load probe)")
