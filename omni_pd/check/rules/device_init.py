@@ -24,11 +24,14 @@ FAIL (vllm-omni 0.28)::
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Severity
 from omni_pd.check.rules import Context, Example, Rule, rule
-from omni_pd.check.rules.devices import _accel_word, _used_physicals
+from omni_pd.check.rules.devices import _accel_word, _physicals, _used_physicals
+
+if TYPE_CHECKING:
+    from omni_pd.compile.topology import StageNode
 
 
 @lru_cache(maxsize=1)
@@ -37,6 +40,19 @@ def table() -> dict[str, Any]:
     from omni_pd.resources import data_dir, load_data
 
     return dict(load_data(data_dir("presets") / "targets" / "device_init.yaml"))
+
+
+def init_sets(ctx: Context, n: "StageNode") -> list[frozenset[str]]:
+    """The physical device set of each engine instance of stage ``n`` (one per replica:
+    ``num_replicas`` splits the stage's devices in order, each replica initializes on its
+    own slice), only devices some rank uses (:func:`_used_physicals`)."""
+    used = _used_physicals(ctx, n)
+    ordered = [ph for ph in _physicals(ctx, n) if ph is not None and ph in used]
+    reps = max(1, int(n.num_replicas or 1))
+    if reps == 1 or len(ordered) % reps:
+        return [frozenset(ordered)] if ordered else []
+    per = len(ordered) // reps
+    return [frozenset(ordered[i * per:(i + 1) * per]) for i in range(reps)]
 
 
 def _v(s: Any) -> tuple[int, int]:
@@ -80,17 +96,18 @@ def stage_device_overlap(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     pair = ctx.pd_pair
     pd_ids = {pair[0].stage_id, pair[1].stage_id} if pair is not None else set()
     nodes = [n for n in ctx.topology.stages if isinstance(n.devices, tuple) and n.devices]
-    sets = {n.stage_id: _used_physicals(ctx, n) for n in nodes}
+    sets = {n.stage_id: init_sets(ctx, n) for n in nodes}
     assumed = ctx.target.version > (0, 28) or not ctx.vllm_version_given
     rel = f"vllm-omni {ctx.target.label}" + ("" if ctx.vllm_version_given else " (assumed: no --vllm-version given)")
     for i, a in enumerate(nodes):
         for b in nodes[i + 1:]:
             if {a.stage_id, b.stage_id} == pd_ids or ctx.host_of(a) != ctx.host_of(b):
                 continue
-            sa, sb = sets[a.stage_id], sets[b.stage_id]
-            shared = sa & sb
-            if not shared or sa == sb:
+            hit = next(((sa, sb) for sa in sets[a.stage_id] for sb in sets[b.stage_id] if sa & sb and sa != sb), None)
+            if hit is None:
                 continue
+            sa, sb = hit
+            shared = sa & sb
             word = _accel_word(ctx, a)
             devs = ", ".join(sorted(shared))
             yield r.diag(

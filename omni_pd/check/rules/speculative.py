@@ -1,4 +1,4 @@
-"""OPD315 pd-speculative-mismatch: speculative decoding across a PD pair (OPD624, a separate draft model's KV: draft_kv.py).
+"""OPD315 pd-speculative-mismatch: speculative decoding across a PD pair (OPD624, a separate draft model's KV: omni_pd/check/rules/draft_kv.py).
 
 A model-based speculative method (EAGLE/EAGLE3, MTP and every ``*_mtp``, a draft model,
 DFlash, DSpark) loads draft or MTP layers that add KV cache groups, so what prefill
