@@ -97,7 +97,7 @@ def stage_device_overlap(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     pd_ids = {pair[0].stage_id, pair[1].stage_id} if pair is not None else set()
     nodes = [n for n in ctx.topology.stages if isinstance(n.devices, tuple) and n.devices]
     sets = {n.stage_id: init_sets(ctx, n) for n in nodes}
-    assumed = ctx.target.version > (0, 28) or not ctx.vllm_version_given
+    assumed = ctx.target.version > (0, 28)  # 0.28: reproduced (vllm-omni#4894); 0.30: not read
     rel = f"vllm-omni {ctx.target.label}" + ("" if ctx.vllm_version_given else " (assumed: no --vllm-version given)")
     for i, a in enumerate(nodes):
         for b in nodes[i + 1:]:
@@ -113,8 +113,8 @@ def stage_device_overlap(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             yield r.diag(
                 f"stages {a.stage_id} (devices {','.join(sorted(sa))}) and {b.stage_id} (devices {','.join(sorted(sb))}) "
                 f"share {word} {devs} on {ctx.host_of(a)} with different device sets: {rel} "
-                + ("is assumed to lack" if assumed else "lacks")
-                + f" vllm-omni#7328, initializes them in parallel and waits on the {word} {devs} init lock until "
+                + ("(its wheel not read for vllm-omni#7328, assumed without it)" if assumed else "lacks vllm-omni#7328")
+                + f", initializes them in parallel and waits on the {word} {devs} init lock until "
                   f"stage_init_timeout ({t['stage_init_timeout_s']} s), then proceeds without it",
                 ctx.sloc(b, "devices", value=True),
                 related=[ctx.sloc(a, "devices", value=True, label=f"stage {a.stage_id} devices")],
