@@ -16,7 +16,10 @@ RULES = registry()
 ONE_RULE_MODULES = {"model_identity": "pd_pair", "hybrid_state": "capability", "router_protocol": "runtime",
                     "known_broken": "capability", "advertised": "ports",
                     "pd_generation": "pd_pair", "nixl_lease": "capability", "stage_edges": "ports",
-                    "engine_args": "pd_pair"}
+                    # issue 35
+                    "engine_args": "pd_pair",
+                    "speculative": "pd_pair", "max_len": "pd_pair", "draft_kv": "capability",
+                    "context_parallel": "capability", "device_init": "devices", "router_settings": "runtime"}
 
 
 def test_registry_has_every_family_and_stable_codes() -> None:
