@@ -234,3 +234,34 @@ def replace_section(results: Path, begin: str, end: str, section: str) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     results.write_text(text, encoding="utf-8")
+
+
+# --- the cheap mode every script has (tests/test_bench_quick.py) ----------------------
+
+#: set to 1 for every script's cheap mode (as ``--quick``): one round, the smallest input,
+#: nothing written to bench/RESULTS.md
+QUICK_ENV = "OMNI_PD_BENCH_QUICK"
+#: exit status of a script that cannot run here (a missing venv or tool); its last line
+#: on stdout is ``SKIP: <reason>`` (tests/test_bench_quick.py turns it into a skip)
+SKIP_STATUS = 77
+
+
+def quick_mode(flag: bool = False) -> bool:
+    """True for the cheap mode: ``--quick`` given (``flag``) or ``$OMNI_PD_BENCH_QUICK`` set."""
+    return flag or os.environ.get(QUICK_ENV, "") not in ("", "0")
+
+
+def skip(reason: str) -> None:
+    """Stop a script that cannot run here: ``SKIP: reason`` on stdout, exit :data:`SKIP_STATUS`."""
+    print(f"SKIP: {reason}", flush=True)
+    sys.exit(SKIP_STATUS)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free right now (the cheap modes run beside other runs of the
+    same script, so they do not use the fixed default ports)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

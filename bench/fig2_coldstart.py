@@ -47,7 +47,7 @@ def import_profile(omni_cmd: list[str]) -> dict:
     """Self time (µs) of every module the validate path imports, grouped by top-level
     package, from ``-X importtime`` (one run after warm-up; indicative, not timed A/B)."""
     code = ("import sys; sys.argv = ['omni-pd', 'validate', %r]\n"
-            "from omni_pd.cli import main\n"
+            "from omni_pd.cli_entry import main\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n") % str(common.GOLDEN)
     py = sys.executable
     r = common.run_once([py, "-X", "importtime", "-c", code], capture=True, timeout=120)
@@ -99,7 +99,8 @@ def breakdown(n: int) -> dict:
     return {name: common.Stats.of([x[name] for x in runs]).median for name, _ in STEPS}
 
 
-def run(rounds: int, *, omni_cmd: list[str] | None = None) -> dict:
+def run(rounds: int, *, omni_cmd: list[str] | None = None, quick: bool = False) -> dict:
+    """Figure 2's measurements; ``quick``: no warm-up and one breakdown process (a smoke run)."""
     omni_cmd = omni_cmd or common.omni_pd_command()
     cmds = {"omni-pd validate": omni_cmd + ["validate", str(common.GOLDEN)],
             "python3 -c pass": [sys.executable, "-c", "pass"],
@@ -109,7 +110,7 @@ def run(rounds: int, *, omni_cmd: list[str] | None = None) -> dict:
             "python3 -S -c pass": [sys.executable, "-S", "-c", "pass"],
             DEPS: [sys.executable, "-c", "import typer, ruamel.yaml; from pydantic import BaseModel"]}
     print(f"figure 2: {rounds} rounds, alternating ...", flush=True)
-    res = common.alternate(cmds, rounds, warmup=3, label="")
+    res = common.alternate(cmds, rounds, warmup=0 if quick else 3, label="")
     bad = [rc for rc in res.rcs["omni-pd validate"] if rc != 0]
     ratio = res.ratio("omni-pd validate", "python3 -c pass")
     cpu_ratio = res.ratio("omni-pd validate", "python3 -c pass", cpu=True)
@@ -117,7 +118,7 @@ def run(rounds: int, *, omni_cmd: list[str] | None = None) -> dict:
     floor = res.stats("python3 -S -c pass")
     deps = res.ratio(DEPS, "python3 -c pass")
     prof = import_profile(omni_cmd)
-    steps = breakdown(max(3, min(rounds, 10)))
+    steps = breakdown(1 if quick else max(3, min(rounds, 10)))
     print(f"figure 2: omni-pd validate {a.fmt()}, python3 -c pass {b.fmt()}; ratio {ratio.median:.1f}x "
           f"(per-round min {ratio.min:.1f}x, max {ratio.max:.1f}x; target <= {TARGET:.0f}x: "
           f"{'met' if ratio.median <= TARGET else 'MISSED'}); lazy modules imported: {prof['lazy_imported'] or 'none'}",
@@ -223,10 +224,16 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--breakdown-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true", help="one round, no warm-up (also $OMNI_PD_BENCH_QUICK=1)")
     a = ap.parse_args()
     if a.breakdown_child:
         import json
 
         print(json.dumps(breakdown_child()))
     else:
-        print(render(run(a.rounds)))
+        quick = common.quick_mode(a.quick)
+        r = run(1 if quick else a.rounds, quick=quick)
+        print(render(r))
+        if r["nonzero_exits"] or "error" in r["steps"] or r["imports"]["lazy_imported"]:
+            sys.exit(f"figure 2: validate failed or imported what must stay lazy: {r['nonzero_exits']} failed runs, "
+                     f"steps {r['steps'] if 'error' in r['steps'] else 'ok'}, lazy {r['imports']['lazy_imported']}")

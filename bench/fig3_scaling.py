@@ -203,8 +203,11 @@ if __name__ == "__main__":
     ap.add_argument("--mode", default="time", choices=("time", "tracemalloc"), help=argparse.SUPPRESS)
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="the smallest size once (also $OMNI_PD_BENCH_QUICK=1)")
     a = ap.parse_args()
     if a.child is not None:
         print(json.dumps(child(a.child, a.mode)))
+    elif common.quick_mode(a.quick):
+        print(render(run((min(SIZES),), 1)))
     else:
         print(render(run(tuple(int(x) for x in a.sizes.split(",")), a.reps)))

@@ -31,14 +31,22 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, child_env, loadavg, machine, omni_pd_command  # noqa: E402
+from common import ROOT, child_env, loadavg, machine, omni_pd_command, quick_mode, skip  # noqa: E402
 
 RESULTS = ROOT / "bench" / "RESULTS.md"
 BEGIN, END = "<!-- figure 4: begin -->", "<!-- figure 4: end -->"
 TARGET = 1.1
 
 
-def e2e_python(explicit: str | None) -> str:
+#: why the cheap mode of an e2e script does not run where the e2e venv is not given
+E2E_SKIP = "OMNI_PD_E2E_PYTHON not set (build it with .ci/e2e_venv.sh)"
+
+
+def e2e_python(explicit: str | None, quick: bool = False) -> str:
+    """The e2e venv's python: ``--e2e-python``, ``$OMNI_PD_E2E_PYTHON``, else the one
+    .ci/e2e_venv.sh builds (in the cheap mode: skip instead of building it)."""
+    if quick and not explicit and not os.environ.get("OMNI_PD_E2E_PYTHON"):
+        skip(E2E_SKIP)
     if explicit:
         return explicit
     if os.environ.get("OMNI_PD_E2E_PYTHON"):
@@ -99,8 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--e2e-python")
     ap.add_argument("--no-write", action="store_true", help="print, do not update bench/RESULTS.md")
+    ap.add_argument("--quick", action="store_true",
+                    help="one round, nothing written (also $OMNI_PD_BENCH_QUICK=1); skips without the e2e venv")
     a = ap.parse_args(argv)
-    py = e2e_python(a.e2e_python)
+    if quick_mode(a.quick):
+        a.rounds, a.no_write = 1, True
+    py = e2e_python(a.e2e_python, quick_mode(a.quick))
     mach = machine()
     work = Path(tempfile.mkdtemp(prefix="omni-pd-fig4-"))
     try:

@@ -158,14 +158,18 @@ def hostile() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``--examples N`` (default ``$OMNI_PD_FUZZ_EXAMPLES`` or 10000),
-    ``--seed S``, ``--json FILE``, ``--no-hostile``, ``--hostile-only``."""
+    ``--seed S``, ``--json FILE``, ``--no-hostile``, ``--hostile-only``, ``--quick``."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--examples", type=int, default=int(os.environ.get("OMNI_PD_FUZZ_EXAMPLES", "10000")))
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None, help="write a summary here")
     ap.add_argument("--no-hostile", action="store_true")
     ap.add_argument("--hostile-only", action="store_true")
+    ap.add_argument("--quick", action="store_true",
+                    help="two examples, seed 0, no hostile inputs (also $OMNI_PD_BENCH_QUICK=1)")
     a = ap.parse_args(argv)
+    if a.quick or os.environ.get("OMNI_PD_BENCH_QUICK", "") not in ("", "0"):
+        a.examples, a.seed, a.no_hostile, a.hostile_only = 2, 0 if a.seed is None else a.seed, True, False
     bad = 0
     if not a.hostile_only:
         bad = fuzz(a.examples, a.seed, a.json)

@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from common import ROOT, loadavg, machine, omni_pd_command, replace_section  # noqa: E402
+from common import ROOT, loadavg, machine, omni_pd_command, quick_mode, replace_section  # noqa: E402
 from fig4_launch import e2e_python  # noqa: E402
 
 RESULTS = ROOT / "bench" / "RESULTS.md"
@@ -153,8 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--connector", choices=("nixl", "mooncake"), default="nixl")
     ap.add_argument("--e2e-python")
     ap.add_argument("--no-write", action="store_true", help="print, do not update bench/RESULTS.md")
+    ap.add_argument("--quick", action="store_true",
+                    help="one round, nothing written (also $OMNI_PD_BENCH_QUICK=1); skips without the e2e venv")
     a = ap.parse_args(argv)
-    py = e2e_python(a.e2e_python)
+    if quick_mode(a.quick):
+        a.rounds, a.no_write = 1, True
+    py = e2e_python(a.e2e_python, quick_mode(a.quick))
     from e2e.harness import Launcher, PlainInstance, engine_env, tiny_model_dir
     from e2e.baselines import cases
 

@@ -16,7 +16,7 @@ vllm-omni accepts the file, 1 when it raises (the verdict is the exception), 2 o
 usage errors. Kept apart from tests/oracle/oracle_check.py on purpose: the benchmark
 must not move when the test oracle does.
 
-Usage: ORACLE_PYTHON bench/oracle_verdict.py FILE
+Usage: ORACLE_PYTHON bench/oracle_verdict.py FILE  (or --quick: the expanded preset)
 """
 
 from __future__ import annotations
@@ -90,6 +90,20 @@ def verdict(path: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    """Print vllm-omni's verdict on ``argv[0]``; ``--quick`` (or ``$OMNI_PD_BENCH_QUICK=1``
+    with no file): the expanded preset, and a skip (exit 77) where vllm-omni is not
+    importable, i.e. outside the oracle venv."""
+    import os
+    from pathlib import Path
+
+    quick = argv == ["--quick"] or (not argv and os.environ.get("OMNI_PD_BENCH_QUICK", "") not in ("", "0"))
+    if quick:
+        try:
+            import vllm_omni  # noqa: F401
+        except ImportError:
+            print("SKIP: vllm_omni not importable: run it with the oracle venv's python ($OMNI_PD_ORACLE_PYTHON)")
+            return 77
+        argv = [str(Path(__file__).resolve().parent.parent / "tests" / "golden" / "qwen3_omni_moe_pd.yaml")]
     if len(argv) != 1:
         print(__doc__.strip().splitlines()[-1], file=sys.stderr)
         return 2

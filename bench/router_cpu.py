@@ -680,7 +680,13 @@ def main() -> int:
     ap.add_argument("--leave", action="store_true",
                     help="first check each kind frees its backend work when a client leaves (prefill leg, mid-stream)")
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
+    ap.add_argument("--quick", action="store_true",
+                    help="bare and omni-pd, json, 8 clients for 0.5 s, one round (also $OMNI_PD_BENCH_QUICK=1)")
     a = ap.parse_args()
+    warm = 1.0
+    if a.quick or os.environ.get("OMNI_PD_BENCH_QUICK", "") not in ("", "0"):
+        a.concurrency, a.duration, a.rounds, a.modes, warm = 8, 0.5, 1, "json", 0.3
+        a.kinds = a.kinds or "bare,omni-pd"
     if a.kinds:
         kinds = a.kinds.split(",")
     else:
@@ -700,7 +706,7 @@ def main() -> int:
         pids = {k: start(procs, k, ports[k], p_url, d_url, a.profile, a.baseline, a.log_level).pid for k in kinds}
         served = {k: 0 for k in kinds}  # every answered request, warm-up included (profiles cover them all)
         for k in kinds:  # warm-up at the measured concurrency: backend connections opened before measuring
-            served[k] += rl.run_client(f"http://127.0.0.1:{ports[k]}", a.concurrency, 1.0, False, p_url, d_url)["ok"]
+            served[k] += rl.run_client(f"http://127.0.0.1:{ports[k]}", a.concurrency, warm, False, p_url, d_url)["ok"]
         for k in kinds if a.leave else []:
             result.setdefault("client_leaves_backend_sees_it_after_s", {})[k] = got = client_leaves(
                 f"http://127.0.0.1:{ports[k]}", p_url, d_url)
@@ -773,7 +779,7 @@ def main() -> int:
     print(f"load average {result['loadavg_start']} -> {result['loadavg_end']}")
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
-    return 0
+    return 1 if result.get("kv_bad") else 0  # a proxy that loses kv_transfer_params is wrong, not fast
 
 
 if __name__ == "__main__":

@@ -143,16 +143,25 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=20000)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--port", type=int, default=18510)
+    ap.add_argument("--quick", action="store_true",
+                    help="200 requests, one pass, free ports (also $OMNI_PD_BENCH_QUICK=1)")
     a = ap.parse_args()
-    fronts = {"aiohttp low-level server": [sys.executable, str(HERE), "serve-aiohttp", str(a.port)]}
+    passes = 2
+    port = [a.port, a.port + 1, a.port + 2]
+    if a.quick or os.environ.get("OMNI_PD_BENCH_QUICK", "") not in ("", "0"):
+        sys.path.insert(0, str(HERE.parent))
+        from common import free_port
+
+        a.requests, a.concurrency, passes, port = 200, 8, 1, [free_port() for _ in range(3)]
+    fronts = {"aiohttp low-level server": [sys.executable, str(HERE), "serve-aiohttp", str(port[0])]}
     if importlib.util.find_spec("httptools") is not None:
-        fronts["httptools protocol (bare)"] = [sys.executable, str(HERE), "serve-httptools", str(a.port + 1)]
+        fronts["httptools protocol (bare)"] = [sys.executable, str(HERE), "serve-httptools", str(port[1])]
     else:
         print("httptools not installed: its row is missing")
     granian = shutil.which("granian")
     if granian:
         fronts["granian RSGI (1 worker, 1 thread)"] = [
-            granian, "--interface", "rsgi", "--host", "127.0.0.1", "--port", str(a.port + 2), "--workers", "1",
+            granian, "--interface", "rsgi", "--host", "127.0.0.1", "--port", str(port[2]), "--workers", "1",
             "--runtime-threads", "1", "--no-ws", "--log-level", "warning", "router_front_micro:rsgi_app"]
     else:
         print("granian not installed: its row is missing")
@@ -163,7 +172,7 @@ def main() -> int:
     try:
         for name in fronts:
             wait_port(ports[name])
-        for _ in range(2):  # in turn, twice: the machine is shared
+        for _ in range(passes):  # in turn, twice: the machine is shared
             for name in fronts:
                 us = _run(drive(ports[name], procs[name].pid, a.requests, a.concurrency))
                 print(f"{name:34} {us:6.1f} µs server CPU per request", flush=True)

@@ -31,9 +31,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 BODY_OBJ = {"model": "m", "prompt": "hello " * 50, "max_tokens": 1}
 BODY = json.dumps(BODY_OBJ, separators=(",", ":")).encode()
@@ -141,7 +143,14 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=5, help="configurations in turn, this many times (median)")
     ap.add_argument("--port", type=int, default=18299)
+    ap.add_argument("--quick", action="store_true",
+                    help="200 requests, one round, a free port (also $OMNI_PD_BENCH_QUICK=1)")
     a = ap.parse_args()
+    if a.quick or os.environ.get("OMNI_PD_BENCH_QUICK", "") not in ("", "0"):
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from common import free_port
+
+        a.requests, a.concurrency, a.rounds, a.port = 200, 8, 1, free_port()
     srv = subprocess.Popen([sys.executable, __file__, "serve", str(a.port)], stdout=subprocess.PIPE, text=True)
     got: dict[str, list[float]] = {name: [] for name, _ in CONFIGS}
     try:

@@ -423,7 +423,9 @@ def write_results(r: dict, path: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true",
+                    help="the cheap mode (also $OMNI_PD_BENCH_QUICK=1): omni-pd and the direct client, json, "
+                         "8 clients for 0.5 s, one round, no peer, no faults, nothing written unless --out")
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--p-delay", type=float, default=0.02)
     ap.add_argument("--d-delay", type=float, default=0.05)
@@ -438,10 +440,16 @@ def main() -> int:
     ap.add_argument("--modes", default="json,stream", help="json, stream or both (default both)")
     ap.add_argument("--no-peer", action="store_true", help="leave vllm-router out (iterating on omni-pd)")
     ap.add_argument("--no-faults", action="store_true", help="skip the fault runs (iterating)")
-    ap.add_argument("--out", default=str(REPO / "bench" / "router_load.json"))
+    ap.add_argument("--out", default=None, help="write the figures as JSON here (default bench/router_load.json)")
     ap.add_argument("--results", default=None, help="update this RESULTS.md's router-load section")
     a = ap.parse_args()
-    concs = [int(x) for x in a.conc.split(",")] if a.conc else [1, 16, 64] if a.quick else [1, 16, 64, 256, 1024]
+    a.quick = a.quick or os.environ.get("OMNI_PD_BENCH_QUICK", "") not in ("", "0")
+    if a.quick:
+        a.duration, a.rounds, a.modes, a.no_peer, a.no_faults = 0.5, 1, "json", True, True
+        a.conc = a.conc or "8"
+    elif a.out is None:
+        a.out = str(REPO / "bench" / "router_load.json")
+    concs = [int(x) for x in a.conc.split(",")] if a.conc else [1, 16, 64, 256, 1024]
     if a.workers is None:
         from omni_pd.launch.router.sizing import default_workers
 
@@ -539,12 +547,13 @@ def main() -> int:
     finally:
         procs.close()
     result["machine"]["loadavg_end"] = os.getloadavg()
-    Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {a.out}")
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {a.out}")
     if a.results:
         write_results(result, Path(a.results))
         print(f"updated {a.results}")
-    return 0
+    return 1 if any(r.get("kv_bad") for r in result["load"]) else 0  # lost kv_transfer_params: wrong, not fast
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     python bench/run.py            # figures 1-3, full rounds (about 10-15 minutes)
     python bench/run.py --quick    # fewer rounds and sizes (a smoke run, a few minutes)
     python bench/run.py --only 2,3 --no-write
+    OMNI_PD_BENCH_QUICK=1 python bench/run.py   # the cheap mode: one round, the smallest size, nothing written
 
 Run it with the Python that has omni-pd installed (its ``omni-pd`` console script is
 used). Figure 1 also needs the vllm-omni 0.30.0 oracle venv (``bash .ci/oracle_venv.sh``;
@@ -122,6 +123,9 @@ def render(results: dict, argv: list[str], mach: dict, started: float, load_end:
     fig5 = _kept_section("<!-- figure 5: begin -->", "<!-- figure 5: end -->")
     if fig5:  # measured by bench/fig5_peers.py (issue 13); kept as found
         lines += [fig5, ""]
+    cold = _kept_section("<!-- cold start (issue 38): begin -->", "<!-- cold start (issue 38): end -->")
+    if cold:  # measured by bench/coldstart_peers.py (issue 38); kept as found
+        lines += [cold, ""]
     return "\n".join(lines)
 
 
@@ -136,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, help="override the measurements per size of figure 3")
     ap.add_argument("--no-write", action="store_true", help="print RESULTS.md instead of writing it")
     a = ap.parse_args(argv)
+    cheap = common.quick_mode()  # $OMNI_PD_BENCH_QUICK: one round, the smallest size, nothing written
+    if cheap:
+        a.quick, a.rounds, a.sizes, a.reps, a.no_write = True, 1, str(min(fig3_scaling.SIZES)), 1, True
     figs = sorted({int(x) for x in a.only.split(",") if x.strip()})
     started = time.time()
     mach = common.machine()
@@ -149,13 +156,15 @@ def main(argv: list[str] | None = None) -> int:
         if fig == 1:
             results[1] = fig1_verdict.run(cfg["rounds"], oracle=common.oracle_python(a.oracle_python))
         elif fig == 2:
-            results[2] = fig2_coldstart.run(cfg["rounds"])
+            results[2] = fig2_coldstart.run(cfg["rounds"], quick=cheap)
         elif fig == 3:
             sizes = tuple(int(x) for x in a.sizes.split(",")) if a.sizes else cfg["sizes"]
             results[3] = fig3_scaling.run(sizes, a.reps or cfg["reps"])
     text = render(results, argv, mach, started, common.loadavg())
     print("\n" + "\n".join(_summary(results)), flush=True)
-    if a.no_write:
+    if a.no_write and cheap:
+        print("\n(cheap mode: RESULTS.md not written)")
+    elif a.no_write:
         print("\n" + text)
     else:
         RESULTS.write_text(text, encoding="utf-8")

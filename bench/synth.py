@@ -1,7 +1,7 @@
 """Synthetic N-stage topologies for the scaling benchmark (figure 3).
 
 A chain pipeline ``synth<N>``: stage 0 a Thinker (the stage ``expand`` splits), stage 1
-a Talker, stages 2..N-1 Code2Wav-like generation stages, each reading the previous
+a Talker-like stage (model stage ``talker``, no talker role: see :func:`pipeline`), stages 2..N-1 Code2Wav-like generation stages, each reading the previous
 one through a shared-memory connector. Every stage has its own device, every stage
 after the Thinker its own ``VLLM_PORT`` (env), packed right below and across the
 Mooncake bootstrap default (25201), and the Thinker runs with tensor parallel size 2,
@@ -33,7 +33,10 @@ def pipeline(n: int):
     if n < 2:
         raise ValueError("a synthetic chain needs at least 2 stages")
     stages = [PipelineStage(0, "thinker", "thinker", "LLM_AR", (), True, "text")]
-    stages.append(PipelineStage(1, "talker", "talker", "LLM_AR", (0,), n == 2, "audio" if n == 2 else None))
+    # stage 1 reads the Thinker as a Talker does, without the talker role: omni-pd refuses a Talker
+    # after a PD decode outside qwen3_omni_moe_pd (OPD704, omni_pd/compile/talker_pd.py), and this
+    # figure measures how expand + validate scale, not that refusal
+    stages.append(PipelineStage(1, "code2wav", "talker", "LLM_AR", (0,), n == 2, "audio" if n == 2 else None))
     for k in range(2, n):
         last = k == n - 1
         stages.append(PipelineStage(k, "code2wav", "code2wav", "LLM_GENERATION", (k - 1,), last,

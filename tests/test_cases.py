@@ -75,15 +75,15 @@ CASE_RULES: dict[str, str | tuple[str, ...] | None] = {
     "XS-MODEL-IDENTITY": "OPD313",
     "CAP-HYBRID-SSM": "OPD621",
     "CAP-MULTI-DP-LB": "OPD622",
-    # issue 35 (BR-55..BR-65): labels with no omni-pd rule yet; XFAIL says what each waits for
-    "XS-SPEC-SYM": None,
-    "XS-MAXLEN": None,
-    "RT-ROUTER-TARGET": None,
-    "RT-ROUTER-POLICY": None,
-    "DEV-INIT-OVERLAP": None,
-    "CAP-SPEC-DRAFT-KV": None,
+    # issue 35 (BR-55..BR-65); CAP-PREFIX-CACHE-HYBRID has no rule yet (no case uses it)
+    "XS-SPEC-SYM": "OPD315",
+    "XS-MAXLEN": "OPD316",
+    "RT-ROUTER-TARGET": "OPD706",
+    "RT-ROUTER-POLICY": "OPD707",
+    "DEV-INIT-OVERLAP": "OPD405",
+    "CAP-SPEC-DRAFT-KV": "OPD624",
     "CAP-PREFIX-CACHE-HYBRID": None,
-    "CAP-DCP": None,
+    "CAP-DCP": "OPD625",
 }
 
 def codes_of(label: str) -> tuple[str, ...]:
@@ -102,30 +102,6 @@ XFAIL = {
     ("BR-32", "main"): "rewrite verdict: the input is already a PD config, which `omni-pd expand` refuses (OPD803); "
                        "the prefill-leg sampling rewrite is the orchestrator's, validate warns instead (OPD701, "
                        "see test_br32_prefill_sampling_is_flagged)",
-    # issue 35, in progress: each reason says which rule is missing or wrong
-    ("BR-55", "main"): "XS-SPEC-SYM: no rule compares speculative_config across the pair yet (a model-based "
-                       "method on decode only changes the KV cache groups NIXL transfers, vllm#49230)",
-    ("BR-55", "variant"): "XS-SPEC-SYM: label not mapped to a code until the rule exists",
-    ("BR-55", "fix"): "XS-SPEC-SYM: label not mapped to a code until the rule exists",
-    ("BR-58", "main"): "XS-MAXLEN: no rule compares the effective max_model_len (stage value, else the model's "
-                       "max_position_embeddings) across the pair yet",
-    ("BR-58", "fix"): "XS-MAXLEN: label not mapped to a code until the rule exists",
-    ("BR-59", "main"): "RT-ROUTER-TARGET: the inventory's router block has no schema and its prefill target port "
-                       "is not compared with prefill's listener yet",
-    ("BR-59", "fix"): "RT-ROUTER-TARGET: label not mapped to a code until the rule exists",
-    ("BR-60", "main"): "DEV-INIT-OVERLAP: no rule flags device sets that intersect without being equal "
-                       "(vllm-omni before #7328 deadlocks on the init lock)",
-    ("BR-60", "fix"): "DEV-INIT-OVERLAP: label not mapped to a code until the rule exists",
-    ("BR-61", "main"): "CAP-HETERO-TP: OPD603 has no MSA (NHD-native) attention fact per model family yet",
-    ("BR-61", "variant"): "CAP-HETERO-TP: OPD603 still holds the pre-vllm#45879 'decode TP > num_key_value_heads "
-                          "fails' fact for releases that have the fix (a false error on a valid GQA pair)",
-    ("BR-63", "main"): "CAP-DCP / XS-SPEC-SYM: labels not mapped to codes until the rules exist "
-                       "(decode_context_parallel_size and speculative_config are not classified)",
-    ("BR-64", "main"): "RT-ROUTER-POLICY: no per-router-kind policy facts yet (vllm-router power_of_two polls "
-                       "/get_load, vLLM serves /load)",
-    ("BR-64", "fix"): "RT-ROUTER-POLICY: label not mapped to a code until the rule exists",
-    ("BR-65", "main"): "CAP-SPEC-DRAFT-KV: no connector fact for a separate draft model's KV groups yet "
-                       "(NIXL skips them, vllm#54926)",
 }
 
 #: Cases whose report names its release but whose file has no ``x-runtime``: the release the
@@ -134,6 +110,10 @@ XFAIL = {
 #: from 0.28 on (the deploy loader refuses it), so the report's release decides the verdict.
 REPORT_RELEASE = {
     "BR-01": "0.26",  # x-source dynamo#12709: vllm-omni v0.26.0rc1; x-format: "still accepted via --stage-configs-path"
+    # vllm#45330 (decode TP 16 > 8 KV heads fails NIXL's handshake) was fixed by vllm#45879 (merged
+    # 2026-06-17, first release assumed 0.25: presets/targets/hetero_tp.yaml); the report ran a release
+    # before the fix, 0.23 assumed (the newest omni-pd pins as lacking it). On 0.30 the pair is valid (BR-61's variant).
+    "BR-23": "0.23",
 }
 
 #: model ids in the cases -> the model_type their config.json declares

@@ -51,6 +51,16 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "every stage; the fix is illustrative for DEV-MEM-SUM only",
     ("case", "BR-05", "OPD401"):
         "the same broadcast TP 4 against the Talker/Code2Wav single devices (the x-fix does not drop x-cli)",
+    ("wheel", "ming_flash_omni.yaml", "OPD405"):
+        "a true finding on the shipped file: vllm-omni#4653 reports this very layout (stage 0 on 0,1,2,3, stage 1 on 3) "
+        "stuck in acquire_device_locks() for stage_init_timeout; vllm-omni 0.30.0 is assumed without the fix #7328",
+    ("wheel", "step_audio_2.yaml", "OPD405"):
+        "the #4653/#4894 shape (stage 0 on 0,1, stage 1 on 1): overlapping, unequal device sets wait on the init lock "
+        "on vllm-omni without #7328 (0.30.0 assumed without it)",
+    ("wheel", "step_audio_2_async_chunk.yaml", "OPD405"): "the same layout as step_audio_2.yaml",
+    ("case", "BR-05", "OPD405"):
+        "BR-05's x-fix is illustrative for DEV-MEM-SUM only; its Thinker on 0,1,2,3 and Talker/Code2Wav on 3 is the "
+        "ming_flash_omni layout of vllm-omni#4653, a real init-lock wait before #7328",
     ("property", "*", "OPD404"):
         "the generator draws devices and gpu_memory_utilization without fitting them (its properties are about "
         "expand): stages sharing a GPU above 1.0 are refused by vLLM's start-up memory check",

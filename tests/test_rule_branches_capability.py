@@ -374,11 +374,11 @@ def test_opd612_the_global_flag_is_located_on_the_command_line() -> None:
 
 # --- OPD603-OPD606: TP pairing, MLA, kv_cache_dtype -----------------------------------------------------
 
-def _model(**facts: object) -> ValidateOptions:
-    """vLLM 0.30 with ``--model-info`` facts (:class:`omni_pd.check.context.ModelInfo` fields)."""
+def _model(vllm_version: str = "0.30", **facts: object) -> ValidateOptions:
+    """vLLM ``vllm_version`` (0.30) with ``--model-info`` facts (:class:`omni_pd.check.context.ModelInfo` fields)."""
     from omni_pd.check.validate import options_from_example
 
-    return options_from_example({"model": facts, "vllm_version": "0.30"})
+    return options_from_example({"model": facts, "vllm_version": vllm_version})
 
 
 def _val(text: str, key: str, nth: int = 0) -> tuple[int, int]:
@@ -396,14 +396,64 @@ def _tp(conn: str, ptp: int, dtp: int) -> str:
 
 
 def test_opd603_decode_tp_above_the_kv_heads_is_located_at_decode_with_prefills_tp_related() -> None:
+    """Before vllm#45879 (vLLM 0.23) the NIXL handshake failed for decode TP above the KV heads."""
     text = _tp("NixlConnector", 2, 4)
-    assert found(text, "OPD603", opts=_model(num_kv_heads=2)) == [(
+    assert found(text, "OPD603", opts=_model("0.23", num_kv_heads=2)) == [(
         "error", "decode TP 4 > num_key_value_heads 2 with the other side at TP 2: KV heads are replicated and the "
-        "heterogeneous-TP shape check fails", _val(text, "tensor_parallel_size", 1), "give decode `tensor_parallel_size: 2` "
-        "(or pick TPs the connector pairs)", [(*_val(text, "tensor_parallel_size"), "prefill TP 2")])]
-    assert found(text, "OPD603", opts=_model(num_kv_heads=8)) == []
+        "heterogeneous-TP shape check fails (NIXL before vllm#45879; vLLM 0.23 lacks it, 0.25+ has it)",
+        _val(text, "tensor_parallel_size", 1), "give decode (stage 1) `tensor_parallel_size: 2` or prefill (stage 0) "
+        "`tensor_parallel_size: 4` (equal TP), or pick TPs the connector pairs",
+        [(*_val(text, "tensor_parallel_size"), "prefill (stage 0) TP 2")])]
+    assert found(text, "OPD603", opts=_model("0.23", num_kv_heads=8)) == []
     # MLA keeps one latent KV per token: no head limit
-    assert found(text, "OPD603", opts=_model(num_kv_heads=2, attention="MLA")) == []
+    assert found(text, "OPD603", opts=_model("0.23", num_kv_heads=2, attention="MLA")) == []
+
+
+def test_opd603_decode_tp_above_the_kv_heads_release_boundary_of_vllm_45879() -> None:
+    """vllm#45879 (merged 2026-06-17): 0.23 error, 0.24 warning (not pinned), 0.25 and 0.30 pair;
+    MooncakeConnector keeps the old fact (not re-read)."""
+    text = _tp("NixlConnector", 2, 4)
+    assert [f[0] for f in found(text, "OPD603", opts=_model("0.23", num_kv_heads=2))] == ["error"]
+    w = found(text, "OPD603", opts=_model("0.24", num_kv_heads=2))
+    assert [f[0] for f in w] == ["warning"] and "not pinned" in w[0][1]
+    assert found(text, "OPD603", opts=_model("0.25", num_kv_heads=2)) == []
+    assert found(text, "OPD603", opts=_model("0.30", num_kv_heads=2)) == []
+    mc = _tp("MooncakeConnector", 2, 4)
+    assert [f[0] for f in found(mc, "OPD603", opts=_model("0.30", num_kv_heads=2))] == ["error"]
+
+
+def test_opd603_prefill_tp_above_the_kv_heads_still_fails_after_vllm_45879() -> None:
+    """The direction the CPU e2e (tests/test_e2e_tp_across_hosts.py) relies on: prefill TP 2 over
+    1 KV head with decode TP 1 is refused on 0.23 and on 0.30 alike."""
+    text = _tp("NixlConnector", 2, 1)
+    for v in ("0.23", "0.25", "0.30", "0.33"):
+        got = found(text, "OPD603", opts=_model(v, num_kv_heads=1))
+        assert [(f[0], f[1]) for f in got] == [("error", "prefill TP 2 > num_key_value_heads 1 with the other side at "
+                                                "TP 1: KV heads are replicated and the heterogeneous-TP shape check fails")], v
+
+
+def test_opd603_msa_attention_needs_equal_tp_over_nixl_on_every_release() -> None:
+    """vllm#46204 (MSA keeps KV NHD; fix #46223 unmerged): unequal TP errors on 0.23 and 0.33,
+    equal TP passes; the same shape over MooncakeConnector is not this fact."""
+    text = _tp("NixlConnector", 1, 8)
+    msa = {"num_kv_heads": 4, "attention": "GQA", "sparse_attention": "msa", "model_type": "minimax_m3"}
+    for v in ("0.23", "0.30", "0.33"):
+        got = found(text, "OPD603", opts=_model(v, **msa))
+        assert len(got) == 1 and got[0][0] == "error" and "keeps its KV cache NHD" in got[0][1] and "vllm#46204" in got[0][1]
+    assert found(_tp("NixlConnector", 8, 8), "OPD603", opts=_model("0.30", **msa)) == []
+    assert found(text, "OPD603", opts=_model("0.30", num_kv_heads=4, attention="GQA")) == []
+
+
+def test_model_info_reads_msa_from_the_config() -> None:
+    from omni_pd.check.context import ModelInfo
+
+    assert ModelInfo.from_config_json({"model_type": "minimax_m3", "num_key_value_heads": 4}).sparse_attention == "msa"
+    assert ModelInfo.from_config_json({"model_type": "x", "sparse_attention_config": {"type": "MSA"}}).sparse_attention == "msa"
+    assert ModelInfo.from_config_json({"model_type": "qwen3_moe", "num_key_value_heads": 4}).sparse_attention is None
+    assert ModelInfo.from_config_json({"max_position_embeddings": 4096}).max_position_embeddings == 4096
+    # a rope-scaled context is not max_position_embeddings: unknown
+    assert ModelInfo.from_config_json({"max_position_embeddings": 4096,
+                                       "rope_scaling": {"type": "yarn", "factor": 4.0}}).max_position_embeddings is None
 
 
 def test_opd603_hybrid_models_need_equal_tp_over_nixl() -> None:

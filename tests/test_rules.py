@@ -15,7 +15,11 @@ RULES = registry()
 #: one-rule modules of omni_pd/check/rules (module -> family of its code)
 ONE_RULE_MODULES = {"model_identity": "pd_pair", "hybrid_state": "capability", "router_protocol": "runtime",
                     "known_broken": "capability", "advertised": "ports",
-                    "pd_generation": "pd_pair", "nixl_lease": "capability", "stage_edges": "ports"}
+                    "pd_generation": "pd_pair", "nixl_lease": "capability", "stage_edges": "ports",
+                    # issue 35
+                    "engine_args": "pd_pair",
+                    "speculative": "pd_pair", "max_len": "pd_pair", "draft_kv": "capability",
+                    "context_parallel": "capability", "device_init": "devices", "router_settings": "runtime"}
 
 
 def test_registry_has_every_family_and_stable_codes() -> None:

@@ -97,6 +97,7 @@ class Inventory:
         kind = router.get("kind")
         if kind is not None and str(kind) not in ROUTER_KINDS:
             raise ValueError(f"router.kind must be one of {', '.join(ROUTER_KINDS)}, found {kind!r}")
+        _check_router_keys(router)
         shared = d.get("allow_shared_devices", False)
         if not isinstance(shared, bool) and shared is not None:
             raise ValueError(f"allow_shared_devices must be true or false, found {shared!r}")
@@ -180,6 +181,49 @@ def _mapping(d: dict[str, Any], key: str, what: str) -> dict[Any, Any]:
     return v
 
 
+def router_keys(kind: str | None) -> dict[str, str]:
+    """Key -> what it means, for an inventory ``router:`` of ``kind`` (None: no kind said:
+    the keys of every kind), from ``presets/targets/routers.yaml`` (``common_keys`` and
+    ``keys``)."""
+    from omni_pd.resources import data_dir, load_data
+
+    t = load_data(data_dir("presets") / "targets" / "routers.yaml")
+    out = dict(t["common_keys"])
+    for k, keys in t["keys"].items():
+        if kind is None or k == kind:
+            out.update(keys or {})
+    return out
+
+
+def _check_router_keys(router: dict[str, Any]) -> None:
+    """Raise ValueError naming an inventory ``router:`` key its kind does not have, with
+    the nearest known key (``difflib``) or the kinds that have it. A silently ignored
+    router key is a router that runs with its default (BR-59's prefill target port)."""
+    import difflib
+
+    if not router:
+        return
+    kind = str(router["kind"]) if router.get("kind") is not None else None
+    known = router_keys(kind)
+    every = router_keys(None)
+    for key in router:
+        if str(key) in known:
+            continue
+        where = f"router (kind {kind})" if kind else "router"
+        near = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.6)
+        if str(key) in every:  # another kind's key: the kind is what is wrong, or the key
+            from omni_pd.resources import data_dir, load_data
+
+            kinds = [k for k, ks in load_data(data_dir("presets") / "targets" / "routers.yaml")["keys"].items()
+                     if str(key) in (ks or {})]
+            hint = f"; it is a key of router kind {', '.join(kinds)}"
+        elif near:
+            hint = f"; did you mean `{near[0]}`?"
+        else:
+            hint = ""
+        raise ValueError(f"unknown key `{key}` under {where}{hint} (known: {', '.join(sorted(known))})")
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """Facts about the served checkpoint that PD checks need."""
@@ -204,6 +248,14 @@ class ModelInfo:
     #: every ``model_type`` of the config and its text sub-configs (``qwen3_5_moe``,
     #: ``qwen3_5_moe_text``); None = unknown
     model_types: frozenset[str] | None = None
+    #: ``max_position_embeddings`` (top level or text config), the context length vLLM
+    #: takes as ``max_model_len`` when a stage sets none; None = unknown, or a
+    #: ``rope_scaling`` factor changes it (vLLM ``get_max_model_len`` scales it: OPD316
+    #: does not guess)
+    max_position_embeddings: int | None = None
+    #: the sparse-attention kind (``sparse_attention_config.type``, e.g. ``msa``), or the
+    #: model type that implies it (``minimax_m3`` -> ``msa``); None = dense / unknown (OPD603)
+    sparse_attention: str | None = None
 
     @property
     def is_mla(self) -> bool:
@@ -271,6 +323,22 @@ class ModelInfo:
         qc = next((c["quantization_config"] for c in cands if isinstance(c, dict)
                    and isinstance(c.get("quantization_config"), dict)), None)
         quant = str(qc.get("quant_method") or "") or None if qc is not None else ("" if d.get("model_type") else None)
+        mpe = None
+        for c in cands:
+            if isinstance(c, dict) and isinstance(c.get("max_position_embeddings"), int):
+                rs = c.get("rope_scaling")
+                scaled = isinstance(rs, dict) and rs.get("factor") not in (None, 1, 1.0)
+                mpe = None if scaled else int(c["max_position_embeddings"])
+                break
+        sparse = None
+        for c in cands:
+            sc = c.get("sparse_attention_config") if isinstance(c, dict) else None
+            if isinstance(sc, dict) and sc.get("type"):
+                sparse = str(sc["type"]).lower()
+                break
+        if sparse is None and "minimax_m3" in mtypes:
+            sparse = "msa"  # MiniMax-M3's block-sparse attention (vllm#46204)
         return cls(model_type=d.get("model_type"), num_kv_heads=heads, attention=attention,
                    subconfigs=subs or None, multimodal=multimodal, torch_dtype=tdt, quant_method=quant,
-                   layer_kinds=frozenset(kinds) or None, model_types=mtypes or None)
+                   layer_kinds=frozenset(kinds) or None, model_types=mtypes or None,
+                   max_position_embeddings=mpe, sparse_attention=sparse)

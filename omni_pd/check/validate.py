@@ -434,7 +434,7 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
     legacy = "stage_args" in plain and "stages" not in plain
     diags: list[Diagnostic] = []
     if legacy:
-        ctx = Context(doc=Locator(doc), config=None, topology=None, target=tgt, platform=overlay,
+        ctx = Context(vllm_version_given=opts.vllm_version is not None, doc=Locator(doc), config=None, topology=None, target=tgt, platform=overlay,
                       inventory=opts.inventory, model=opts.model, env=dict(opts.env), cli=dict(cli),
                       raw=plain, legacy=True, parse_diagnostics=cli_diags)
         migrated = _migrate_legacy(doc, tgt, opts)
@@ -454,7 +454,7 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
     parse_diags = cli_diags + parse_diags  # both OPD101 (rule wrong-type reports them)
     cat = load_catalogue()
     if cfg is None:
-        ctx = Context(doc=locator, config=None, topology=None, target=tgt, platform=overlay,
+        ctx = Context(vllm_version_given=opts.vllm_version is not None, doc=locator, config=None, topology=None, target=tgt, platform=overlay,
                       inventory=opts.inventory, model=opts.model, env=dict(opts.env), cli=dict(cli),
                       raw=merged, parse_diagnostics=parse_diags)
         return ValidateResult(_finish(diags + run_rules(ctx, rules)), locator.docs())
@@ -474,7 +474,7 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
         except OmniPdError as e:
             diags.append(e.diagnostic)
             continue
-        ctx = Context(doc=locator, config=cfg, topology=topo, target=tgt, platform=plat,
+        ctx = Context(vllm_version_given=opts.vllm_version is not None, doc=locator, config=cfg, topology=topo, target=tgt, platform=plat,
                       inventory=inventory, model=opts.model, env=dict(opts.env), cli=dict(cli),
                       raw=merged, parse_diagnostics=parse_diags if first else [], platform_first=first,
                       pipeline_given=opts.pipeline is not None)

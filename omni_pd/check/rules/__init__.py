@@ -205,6 +205,10 @@ class Context:
     platform_first: bool = True
     #: the pipeline was named on the command line (``--pipeline``), not only guessed
     pipeline_given: bool = False
+    #: the user named the vLLM release (``--vllm-version``); False: ``target`` is omni-pd's
+    #: default and a release-dependent finding says which release it assumed
+    #: (:meth:`release_words`)
+    vllm_version_given: bool = False
 
     # --- locating -------------------------------------------------------------------
     def exists(self, path: tuple) -> bool:
@@ -261,6 +265,12 @@ class Context:
         return get_path(self.raw, path, default)
 
     # --- facts ----------------------------------------------------------------------
+    def release_words(self) -> str:
+        """``"vLLM 0.30"``, with ``" (assumed: no --vllm-version given)"`` when the user did
+        not name the release, for messages whose finding depends on it."""
+        return f"vLLM {self.target.label}" + ("" if self.vllm_version_given else
+                                              " (assumed: no --vllm-version given; pass --vllm-version X.Y)")
+
     def host_of(self, node: "StageNode") -> str:
         """Host a stage runs on (inventory placement; one implicit host otherwise)."""
         return self.inventory.host_of(node.stage_id) if self.inventory else "localhost"
