@@ -113,9 +113,10 @@ def expand(
         None, "--mooncake-protocol", help="MooncakeConnector's Transfer Engine protocol, rdma (vLLM's default) or "
         "tcp (no RDMA NIC: a CPU rehearsal); written to kv_connector_extra_config.mooncake_protocol"),
     port_base: Optional[int] = typer.Option(None, "--port-base", help="first connector port to try"),
-    no_stream: bool = typer.Option(
-        False, "--no-stream", help="write async_chunk: false (the spoken answer in one piece after the text) where "
-        "the PD pipeline could stream as the input does"),
+    stream: Optional[bool] = typer.Option(
+        None, "--stream/--no-stream", help="async_chunk of the PD output: --stream turns vllm-omni's streaming on "
+        "where the input turns it off (the spoken answer in chunks while decode writes), --no-stream writes false "
+        "(the answer's audio in one piece after the text); default: as the input, where the PD pair can stream"),
     prefill_replicas: Optional[int] = typer.Option(
         None, "--prefill-replicas", min=1, max=64,
         help="xPyD: prefill instances (num_replicas of the prefill stage), each with its own devices, "
@@ -188,7 +189,7 @@ def expand(
         mooncake_protocol=cli_options.mooncake_protocol(mooncake_protocol, connector),
         prefill_replicas=prefill_replicas, decode_replicas=decode_replicas,
         platform=_npu_platform_opt(platform), npu_connector=_npu_connector_opt(npu_connector),
-        npu_decode_tp=npu_decode_tp, no_stream=no_stream)
+        npu_decode_tp=npu_decode_tp, stream=stream)
     side_tps(opts)  # --tp / --prefill-tp / --decode-tp / --npu-decode-tp agree (OPD006) before reading
     side_dps(opts)  # --dp / --prefill-dp / --decode-dp agree (OPD006)
     doc = load_file(src)

@@ -763,9 +763,9 @@ def test_diff_of_the_expanded_preset(expanded_preset, capsys):
     rc, out, err = run_cli(["diff", "presets/qwen3_omni_moe.yaml", str(expanded_preset)], capsys)
     assert (rc, err) == (0, "")
     lines = out.splitlines()
-    assert lines[:5] == ["--- presets/qwen3_omni_moe.yaml", f"+++ {expanded_preset}",
-                         '+ pipeline: "qwen3_omni_moe_pd"', "~ async_chunk: true -> false",
-                         '+ edges: [{"from": 0, "to": 1}, {"from": 1, "to": 2}, {"from": 2, "to": 3}]']
+    # the preset streams and keeps streaming under PD: no async_chunk change, no 0 -> 1 stage edge
+    assert lines[:4] == ["--- presets/qwen3_omni_moe.yaml", f"+++ {expanded_preset}",
+                         '+ pipeline: "qwen3_omni_moe_pd"', '+ edges: [{"from": 1, "to": 2}, {"from": 2, "to": 3}]']
     blocks = out.split("\nstage ")[1:]
     assert [b.splitlines()[0] for b in blocks] == [
         "0 thinker prefill (from input stage 0 thinker)", "1 thinker decode (from input stage 0 thinker)",

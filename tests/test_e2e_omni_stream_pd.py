@@ -12,8 +12,8 @@ at a time (never two in memory):
    time, then the six at once. The controls: every answer streams in several audio chunks, the
    six answers' audio differ (a random Code2Wav would hide a conditioning bug otherwise), and
    batching changes no byte.
-2. **PD, streaming**: ``omni-pd expand`` of that file (MooncakeConnector over tcp, expand's
-   default), which keeps ``async_chunk: true`` and writes no prefill -> decode stage edge,
+2. **PD, streaming**: ``omni-pd expand --stream`` of the fixture (MooncakeConnector over tcp,
+   expand's default; the README's rehearsal), which writes ``async_chunk: true`` and no prefill -> decode stage edge,
    started by ``omni-pd launch --platform cpu --smoke``. vllm-omni 0.30 refuses such a file by
    itself ("Native AR-to-DiT KV transfer requires async_chunk=False"); omni-pd's compatibility
    layer (the ``stream_*`` rows of presets/targets/vllm_omni_compat.yaml,
@@ -101,8 +101,9 @@ def runs(tmp_path_factory, tiny_model):
     vllm = str(Path(E2E).parent / "vllm")
     deploy = streaming_deploy(tmp)
     pd = tmp / "pd-stream.yaml"
-    subprocess.run([sys.executable, "-m", "omni_pd.cli", "expand", "-q", str(deploy), "--mooncake-protocol", "tcp",
-                    "--port-base", str(BOOTSTRAP), "-o", str(pd)], check=True)
+    # the README's streaming rehearsal: --stream turns vllm-omni's default back on for the fixture
+    subprocess.run([sys.executable, "-m", "omni_pd.cli", "expand", "-q", str(DEPLOY), "--stream",
+                    "--mooncake-protocol", "tcp", "--port-base", str(BOOTSTRAP), "-o", str(pd)], check=True)
     prompts = cases()
     m: dict = {"pd_file": pd.read_text()}
 

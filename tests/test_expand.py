@@ -116,7 +116,7 @@ def test_connector_keys_and_edges_remapped():
     assert stage(res, 0).input_connectors is None and stage(res, 1).input_connectors is None
     # streaming: no prefill -> decode stage edge (it would make decode a prewarmed chunk receiver)
     assert [(e.from_, e.to) for e in res.config.edges] == [(1, 2), (2, 3)]
-    one_piece = expand(opts=ExpandOptions(no_stream=True))
+    one_piece = expand(opts=ExpandOptions(stream=False))
     assert one_piece.config.async_chunk is False
     assert [(e.from_, e.to) for e in one_piece.config.edges] == [(0, 1), (1, 2), (2, 3)]
 
@@ -143,7 +143,7 @@ edges:
     assert stage(res, 2).input_connectors == {"from_stage_1": "shm"}
     assert [(e.from_, e.to, e.window_size, e.max_inflight) for e in res.config.edges] == [
         (1, 2, -1, 1), (2, 3, -1, 1)]
-    one_piece = expand(text, opts=ExpandOptions(no_stream=True))
+    one_piece = expand(text, opts=ExpandOptions(stream=False))
     assert [(e.from_, e.to, e.window_size, e.max_inflight) for e in one_piece.config.edges] == [
         (0, 1, -1, 1), (1, 2, -1, 1), (2, 3, -1, 1)]
 
@@ -629,3 +629,33 @@ def test_a_base_config_child_is_refused_at_its_base_config_key(tmp_path, capsys)
            "`qwen3_omni_moe.yaml`" in err
     assert f"--> {src}:1:14" in err
     assert not out.exists()
+
+
+# --- --stream / --no-stream (issue 34) ---------------------------------------------------------------
+
+CPU_FIXTURE = Path(__file__).resolve().parent / "fixtures" / "qwen3_omni_moe_cpu.yaml"
+
+
+def test_stream_turns_vllm_omnis_streaming_on_where_the_input_turns_it_off(capsys):
+    """The CPU rehearsal's deploy says `async_chunk: false` (the one-piece reference); --stream gives the
+    streaming PD file the README rehearses: async_chunk true, no 0 -> 1 edge, the comment saying why."""
+    rc, out, err = run_cli(["expand", "-q", str(CPU_FIXTURE), "--stream", "--mooncake-protocol", "tcp"], capsys)
+    assert rc == 0, err
+    assert "\nasync_chunk: true\n" in out
+    assert "  - {from: 1, to: 2}\n  - {from: 2, to: 3}\n" in out
+    assert "edges:\n  # no 0 -> 1: the KV connector carries that hop" in out
+    rc, plain, err = run_cli(["expand", "-q", str(CPU_FIXTURE), "--mooncake-protocol", "tcp"], capsys)
+    assert rc == 0 and "\nasync_chunk: false\n" in plain and "  - {from: 0, to: 1}\n" in plain
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--vllm-version", "0.28"], "--stream: vllm-omni 0.28 refuses async_chunk with a kv_transfer_config and omni-pd's "
+                                 "compatibility layer does not make it stream there"),
+    (["--pipeline", "llm"], "--stream: llm_pd has no stage after decode that streams (plain vllm serve engines never "
+                            "read async_chunk)"),
+], ids=["uncovered-release", "no-talker"])
+def test_stream_where_the_pair_cannot_stream_is_a_usage_error(capsys, args, message):
+    src = [str(Path(__file__).resolve().parent / "fixtures" / "llm.yaml")] if "llm" in args else [str(CPU_FIXTURE)]
+    rc, out, err = run_cli(["expand", *src, "--stream", *args], capsys)
+    assert (rc, out) == (2, "")
+    assert f"error[OPD006]: {message}" in err

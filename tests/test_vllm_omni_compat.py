@@ -103,9 +103,9 @@ def probes(tmp_path_factory):
         q25 = expand_to(d, "qwen2_5_omni", (wheel / "qwen2_5_omni.yaml").read_text(), "qwen2_5_omni.yaml",
                         ExpandOptions())
     paths = {
-        "mooncake": expand_to(d, "mooncake", q3, "qwen3_omni_moe.yaml", ExpandOptions(no_stream=True)),
-        "nixl": expand_to(d, "nixl", q3, "qwen3_omni_moe.yaml", ExpandOptions(connector="NixlConnector", no_stream=True)),
-        "tp2": expand_to(d, "tp2", q3, "qwen3_omni_moe.yaml", ExpandOptions(tp=2, no_stream=True)),
+        "mooncake": expand_to(d, "mooncake", q3, "qwen3_omni_moe.yaml", ExpandOptions(stream=False)),
+        "nixl": expand_to(d, "nixl", q3, "qwen3_omni_moe.yaml", ExpandOptions(connector="NixlConnector", stream=False)),
+        "tp2": expand_to(d, "tp2", q3, "qwen3_omni_moe.yaml", ExpandOptions(tp=2, stream=False)),
         "qwen2_5_omni": q25,
         "thinker_only": expand_to(d, "thinker_only", (wheel / "qwen3_omni_moe_thinking.yaml").read_text(),
                                   "qwen3_omni_moe_thinking.yaml", ExpandOptions()),

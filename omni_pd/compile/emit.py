@@ -437,11 +437,13 @@ def _edges(tree: CommentedMap, plan: PDSplitPlan) -> None:
 
 
 def _say_no_decode_edge(tree: CommentedMap, ids: Any) -> None:
-    """A comment above ``edges:`` saying why streaming PD has no prefill -> decode entry."""
-    tree.yaml_set_comment_before_after_key(
-        "edges", before=(f"no edge {ids.prefill} -> {ids.decode}: the KV connector carries that hop and the "
-                         f"orchestrator submits decode after prefill; a\nstage edge there would make decode a chunk "
-                         f"receiver, prewarmed with a placeholder prompt under async_chunk"))
+    """A comment at the top of ``edges:`` saying why streaming PD has no prefill -> decode entry."""
+    seq = tree.get("edges")
+    if isinstance(seq, CommentedSeq):
+        seq.yaml_set_start_comment(
+            f"no {ids.prefill} -> {ids.decode}: the KV connector carries that hop and the orchestrator submits decode "
+            f"after prefill;\na stage edge there would make decode a chunk receiver, prewarmed with a placeholder "
+            f"prompt under async_chunk", indent=2)
 
 
 def stage_labels(plan: PDSplitPlan) -> dict[int, str]:

@@ -36,7 +36,7 @@ from omni_pd.diagnostics import Diagnostic, Severity
 from omni_pd.check.rules import Context, Example, Rule, rule
 from omni_pd.check.rules.router_protocol import router_kind, table
 
-#: vLLM's ``vllm serve --port`` default (vllm/entrypoints/openai/cli_args.py)
+#: vLLM's ``vllm serve --port`` default (vllm/entrypoints/launchers/cli_args.py)
 VLLM_DEFAULT_PORT = 8000
 
 _Y = ("pipeline: llm_pd\nasync_chunk: false\nstages:\n"

@@ -60,9 +60,15 @@ class ExpandOptions:
     #: (omni_pd/compile/placement.py); None: kv_host for both. Two different addresses
     #: mean two hosts: each side's connector range is then allocated on its own host.
     side_hosts: tuple[str, str] | None = None
-    #: ``--no-stream``: write ``async_chunk: false`` (the one-piece answer) even where the
-    #: PD pipeline could stream (omni_pd/compile/stream_pd.py)
-    no_stream: bool = False
+    #: ``--stream`` / ``--no-stream``: True turns vllm-omni's streaming on (``async_chunk: true``)
+    #: where the input turns it off, False writes ``async_chunk: false`` (the one-piece answer);
+    #: None keeps the input's (omni_pd/compile/stream_pd.py)
+    stream: bool | None = None
+
+    @property
+    def no_stream(self) -> bool:
+        """``--no-stream`` was given."""
+        return self.stream is False
 
 
 @dataclass(frozen=True)
@@ -446,8 +452,16 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
     # turns it back on, unless the file says false, once the pair has two stages)
     # vllm-omni streams this pipeline without PD: keep it where omni-pd's layer makes the pair
     # stream (silent); where it cannot, write false and warn (the file then works, in one piece)
-    g = stream_pd.gap(target_pipe, target) if topo.async_chunk and stream_pd.streams(target_pipe) else None
-    stream = topo.async_chunk and stream_pd.streams(target_pipe) and not opts.no_stream and g is None
+    asked = topo.async_chunk or (opts.stream is True and len(src.stages) > 1)  # --stream: vllm-omni's default
+    g = stream_pd.gap(target_pipe, target) if asked and stream_pd.streams(target_pipe) else None
+    if opts.stream is True and (g is not None or not stream_pd.streams(target_pipe)):
+        raise OmniPdError(Diagnostic(
+            code="OPD006", severity=Severity.ERROR,
+            message=(f"--stream: {g.why}" if g is not None else
+                     f"--stream: {target_pipe.name} has no stage after decode that streams (plain vllm serve engines "
+                     "never read async_chunk)"),
+            help=g.help if g is not None else "drop --stream"))
+    stream = asked and stream_pd.streams(target_pipe) and not opts.no_stream and g is None
     if stream:
         pass
     elif topo.async_chunk or (topo.config.async_chunk is not False and len(src.stages) == 1
