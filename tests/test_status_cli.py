@@ -301,3 +301,81 @@ def test_each_alert_fires_on_a_recorded_series(capsys, tmp_path):
     proc = subprocess.run([PROMTOOL, "test", "rules", "test.yaml"], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS" in proc.stdout
+
+
+class Generating(Engine):
+    """A router stand-in that also answers ``POST /v1/completions`` (for ``--probe``)."""
+
+    def __init__(self, pages: list[bytes]):
+        super().__init__(pages)
+        outer = self
+        handler = self.server.RequestHandlerClass
+
+        def do_POST(h):
+            n = int(h.headers.get("Content-Length", 0))
+            outer.gets.append("POST " + h.path + " " + json.loads(h.rfile.read(n))["model"])
+            body = json.dumps({"choices": [{"text": " ok"}]}).encode()
+            h.send_response(200)
+            h.send_header("Content-Length", str(len(body)))
+            h.end_headers()
+            h.wfile.write(body)
+
+        handler.do_POST = do_POST
+
+
+def test_probe_sends_one_request_inside_the_window_and_says_so(engines, capsys):
+    d = engines([_page("pd_decode_before"), _page("pd_decode_after")])
+    r = Generating([b""])
+    try:
+        rc, out, err = run_status(capsys, "--url", f"decode={d.url}", "--url", f"router={r.url}", "--window", "0.1",
+                                  "--probe", "--model", "tiny", "--format", "json")
+    finally:
+        r.close()
+    assert rc == 0 and json.loads(out)["pairs"][0]["basis"] == "window"
+    assert [g for g in r.gets if g.startswith("POST")] == ["POST /v1/completions tiny"]
+    assert f"status: --probe: sent one greedy request to {r.url}: answered in " in err
+    # without a model name the probe is not sent, and says why
+    rc, out, err = run_status(capsys, "--url", f"decode={d.url}", "--window", "0", "--probe")
+    assert "status: --probe: not sent (the entrypoint or the model is not known" in err
+    assert not any(g.startswith("POST") for g in d.gets)
+
+
+def test_watch_redraws_until_interrupted_and_exits_with_the_last_verdict(engines, monkeypatch):
+    import io
+
+    from omni_pd.status import command
+
+    d = engines([_page("pd_decode_after")])
+    target = command.resolve_target(None, None, None, [f"decode={d.url}"])
+    calls = []
+    real = command.measure
+
+    def measure(t, opts, **kw):
+        calls.append(opts.window_s)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(t, command.Options(window_s=0), **kw)
+
+    monkeypatch.setattr(command, "measure", measure)
+    out = io.StringIO()
+    rc = command.run(target, command.Options(window_s=0, watch=True), out=out)
+    assert (rc, calls) == (0, [2.0, 2.0, 2.0])  # --window 0 under --watch: a 2 s window
+    assert "PD working" in out.getvalue()
+
+
+def test_vllm_omni_run_directory_reads_the_pd_stages_of_its_config(tmp_path):
+    from omni_pd.status.sources import from_config, from_run_dir
+
+    pd = tmp_path / "pd.yaml"
+    assert main(["expand", "-q", "-o", str(pd)]) == 0  # the bundled Qwen3-Omni preset, four stages under PD
+    t = from_config(pd, port=8000)
+    assert [(i.name, i.role, i.url, i.stage) for i in t.instances] == [
+        ("prefill (stage 0)", "prefill", "http://127.0.0.1:8000", "0"),
+        ("decode (stage 1)", "decode", "http://127.0.0.1:8000", "1")]
+    plan = {"runtime": "vllm-omni", "model": "m", "entrypoint": "http://127.0.0.1:9000", "config": str(pd),
+            "processes": [{"name": "omni", "role": "omni", "argv": [], "health": {"url": "http://127.0.0.1:9000/health"}}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    t = from_run_dir(tmp_path)
+    assert [(i.url, i.stage, i.log) for i in t.instances] == [
+        ("http://127.0.0.1:9000", "0", str(tmp_path / "omni.log")), ("http://127.0.0.1:9000", "1", str(tmp_path / "omni.log"))]
+    assert (t.runtime, t.entrypoint, t.model) == ("vllm-omni", "http://127.0.0.1:9000", "m")

@@ -164,6 +164,10 @@ def test_decode_without_prompt_token_series_is_not_measurable():
     after["decode-0"] = Scrape(105.0, bare, health=200)
     (v,) = assess(PLAIN, before, after).pairs
     assert (v.verdict, v.share, v.exit_code) == (NOT_MEASURABLE, None, 1)
+    assert v.evidence == [
+        "decode-0's page has no vllm:prompt_tokens_by_source_total by source (stats off: --disable-log-stats, or a "
+        "vLLM release before vllm-project/vllm#33290), so whether decode recomputed the prompts cannot be told",
+        "3 NIXL transfers (vllm:nixl_xfer_time_seconds_count) over the window: KV moves, its share is unknown"]
 
 
 def test_vllm_omni_stages_on_one_page():

@@ -242,7 +242,8 @@ def instance_stats(inst: Instance, before: Scrape | None, after: Scrape, window:
                    ) -> InstanceStats:
     """:class:`InstanceStats` of ``inst`` from its two scrapes (``before`` None: one
     scrape, totals since the engine started). ``window``: None picks the window when the
-    instance saw prompt tokens in it (else since start); True/False force it."""
+    instance saw prompt tokens in it or has no prompt-token series (else since start);
+    True/False force it."""
     st = InstanceStats(inst.name, inst.role, inst.url, inst.stage, after.up, after.error, after.health,
                        seconds=max(0.0, after.at - before.at) if before is not None else 0.0)
     if inst.role == "router":
@@ -254,9 +255,9 @@ def instance_stats(inst: Instance, before: Scrape | None, after: Scrape, window:
     prev = before.page if before is not None else None
     if prev is not None and _restarted(prev, page):
         prev = Page(())  # a new process counted from zero: its totals are the window's
-    if window is None:
-        window = prev is not None and bool(sum_opt(
-            _delta(PROMPT_BY_SOURCE, prev, page, inst.stage, True, source=s) for s in SOURCES))
+    if window is None:  # the window when it saw prompt tokens, or when they are not on the page at all
+        seen = sum_opt(_delta(PROMPT_BY_SOURCE, prev, page, inst.stage, True, source=s) for s in SOURCES)
+        window = prev is not None and (seen is None or seen > 0)
     window = window and prev is not None
     st.basis = "window" if window else "since start"
     stage = inst.stage
@@ -353,9 +354,12 @@ def pair_verdict(pair: Pair, stats: Mapping[str, InstanceStats], router: Instanc
     basis = d.basis
     where = "over the window" if basis == "window" else "since decode started (no prompt tokens in the window)"
     if "external_kv_transfer" not in d.prompt_tokens or "local_compute" not in d.prompt_tokens:
+        xfers = d.connector.get("transfers")
         return PairVerdict(pair.name, pair.decode, pair.prefills, NOT_MEASURABLE, None, basis, [
-            f"{d.name}'s page has no {PROMPT_BY_SOURCE} by source (stats off: --disable-log-stats?), so "
-            "whether decode recomputed the prompts cannot be told"])
+            f"{d.name}'s page has no {PROMPT_BY_SOURCE} by source (stats off: --disable-log-stats, or a vLLM "
+            "release before vllm-project/vllm#33290), so whether decode recomputed the prompts cannot be told"]
+            + ([f"{xfers:g} NIXL transfers ({CONNECTOR['transfers']}) {where}: KV moves, its share is unknown"]
+               if xfers is not None else []))
     ext, loc = d.prompt_tokens["external_kv_transfer"], d.prompt_tokens["local_compute"]
     fails = []
     for m in [d, *ps]:
