@@ -235,13 +235,20 @@ PROMTOOL = shutil.which("promtool")
 
 
 @pytest.mark.skipif(not PROMTOOL, reason="promtool not installed (Debian: apt-get install prometheus)")
-def test_emitted_rules_pass_promtool_check(capsys, tmp_path):
-    rc, out, _ = run_status(capsys, "--emit", "prometheus-rules")
+@pytest.mark.parametrize("where", [
+    [],  # the omni_pd_role label of the scrape config
+    ["--url", "prefill=http://10.0.0.1:8100", "--url", "decode=http://10.0.0.2:8200"],
+    ["--url", "prefill=http://10.0.0.1:8000#stage=0", "--url", "decode=http://10.0.0.1:8000#stage=1"],
+])
+def test_emitted_rules_pass_promtool_check(capsys, tmp_path, where):
+    rc, out, _ = run_status(capsys, "--emit", "prometheus-rules", *where)
     assert rc == 0
     (tmp_path / "rules.yaml").write_text(out)
     proc = subprocess.run([PROMTOOL, "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS: 11 rules found" in proc.stdout
+    if "#stage=1" in " ".join(where):
+        assert 'vllm:prompt_tokens_by_source_total{instance=~"10.0.0.1:8000",stage=~"1",' in out
 
 
 @pytest.mark.skipif(not PROMTOOL, reason="promtool not installed (Debian: apt-get install prometheus)")
@@ -379,3 +386,18 @@ def test_vllm_omni_run_directory_reads_the_pd_stages_of_its_config(tmp_path):
     assert [(i.url, i.stage, i.log) for i in t.instances] == [
         ("http://127.0.0.1:9000", "0", str(tmp_path / "omni.log")), ("http://127.0.0.1:9000", "1", str(tmp_path / "omni.log"))]
     assert (t.runtime, t.entrypoint, t.model) == ("vllm-omni", "http://127.0.0.1:9000", "m")
+
+
+def test_config_and_inventory_give_each_hosts_address_as_launch_plans_it(capsys, tmp_path):
+    """The two-host NIXL golden of tests/test_placement_launch.py: prefill on A, decode and the
+    router on B; status looks where launch --inventory / render put them."""
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  A: {address: 10.201.0.1, count: 1}\n"
+                                         "  B: {address: 10.201.0.2, count: 1}\nplacement: {0: A, 1: B}\n")
+    pd = ROOT / "tests" / "golden" / "placement_llm_nixl_two_hosts.yaml"
+    rc, out, _ = run_status(capsys, "--emit", "prometheus-rules", "--config", str(pd), "--inventory",
+                            str(tmp_path / "hosts.yaml"), "--platform", "cpu", "--port", "18000",
+                            "--engine-port-base", "18100")
+    assert rc == 0
+    assert ('expr: sum by (instance) (rate(vllm:prompt_tokens_by_source_total{instance=~"10.201.0.2:18200",'
+            'source="external_kv_transfer"}[5m]))') in out
+    assert 'expr: up{instance=~"10.201.0.1:18100|10.201.0.2:18200"} == 0' in out

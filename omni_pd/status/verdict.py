@@ -77,6 +77,7 @@ class Instance:
     log: str | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """Plain JSON-able dict."""
         return {"name": self.name, "role": self.role, "url": self.url, "stage": self.stage, "log": self.log}
 
 
@@ -90,6 +91,7 @@ class Pair:
 
     @property
     def name(self) -> str:
+        """``prefill-0 -> decode-0`` (``prefill-0+prefill-1 -> decode-0`` in xPyD)."""
         return f"{'+'.join(self.prefills) or '?'} -> {self.decode}"
 
 
@@ -132,6 +134,7 @@ class Scrape:
 
     @property
     def up(self) -> bool:
+        """The instance answered and its ``/health`` (when asked) said 200."""
         return self.error is None and (self.health is None or self.health == 200)
 
 
@@ -169,6 +172,7 @@ class InstanceStats:
     backends: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
+        """Every field as plain JSON-able values (seconds, fractions 0..1, counts)."""
         return {k: v for k, v in self.__dict__.items()}
 
 
@@ -188,9 +192,11 @@ class PairVerdict:
 
     @property
     def exit_code(self) -> int:
+        """0 for PD working or idle, 1 otherwise (:data:`VERDICT_EXIT`)."""
         return VERDICT_EXIT[self.verdict]
 
     def to_json(self) -> dict[str, Any]:
+        """Plain JSON-able dict, ``exit`` included."""
         return {"pair": self.pair, "decode": self.decode, "prefills": list(self.prefills), "verdict": self.verdict,
                 "share": self.share, "basis": self.basis, "evidence": self.evidence, "exit": self.exit_code}
 
@@ -213,6 +219,7 @@ class Report:
         return max([p.exit_code for p in self.pairs] + [0 if all(i.up for i in self.instances) else 1])
 
     def to_json(self) -> dict[str, Any]:
+        """Plain JSON-able dict: runtime, source, ``window_s`` (seconds), exit, pairs, instances."""
         return {"runtime": self.target.runtime, "source": self.target.source, "window_s": self.seconds,
                 "exit": self.exit_code, "pairs": [p.to_json() for p in self.pairs],
                 "instances": [i.to_json() for i in self.instances]}
