@@ -368,6 +368,12 @@ def test_watch_redraws_until_interrupted_and_exits_with_the_last_verdict(engines
     rc = command.run(target, command.Options(window_s=0, watch=True), out=out)
     assert (rc, calls) == (0, [2.0, 2.0, 2.0])  # --window 0 under --watch: a 2 s window
     assert "PD working" in out.getvalue()
+    # --format json under --watch: one object per window and line
+    calls.clear()
+    out = io.StringIO()
+    assert command.run(target, command.Options(window_s=1, watch=True, fmt="json"), out=out) == 0
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and [json.loads(x)["pairs"][0]["verdict"] for x in lines] == ["PD working"] * 2
 
 
 def test_vllm_omni_run_directory_reads_the_pd_stages_of_its_config(tmp_path):
@@ -384,7 +390,7 @@ def test_vllm_omni_run_directory_reads_the_pd_stages_of_its_config(tmp_path):
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     t = from_run_dir(tmp_path)
     assert [(i.url, i.stage, i.log) for i in t.instances] == [
-        ("http://127.0.0.1:9000", "0", str(tmp_path / "omni.log")), ("http://127.0.0.1:9000", "1", str(tmp_path / "omni.log"))]
+        ("http://127.0.0.1:9000", "0", str(tmp_path / "omni.log")), ("http://127.0.0.1:9000", "1", None)]
     assert (t.runtime, t.entrypoint, t.model) == ("vllm-omni", "http://127.0.0.1:9000", "m")
 
 

@@ -97,8 +97,8 @@ def _probe(target: Target, opts: Options, out: TextIO) -> None:
 
 def run(target: Target, opts: Options, out: TextIO | None = None) -> int:
     """Measure, print (rich table or JSON on ``out``, default stdout) and return the exit
-    status; with ``opts.watch`` a live table refreshed every window until Ctrl-C (exit
-    status of the last window)."""
+    status; with ``opts.watch`` a live table refreshed every window (JSON: one object per
+    window and line) until Ctrl-C, exit status of the last window."""
     from rich.console import Console
 
     from omni_pd.status.view import render, to_json
@@ -114,6 +114,19 @@ def run(target: Target, opts: Options, out: TextIO | None = None) -> int:
         if rep.exit_code == 2:
             sys.stderr.write(f"status: no instance answered ({target.source}); is the deployment running?\n")
         return rep.exit_code
+    if opts.fmt == "json":  # one JSON object per window and line, for a script reading a pipe
+        import json
+
+        rc = 2
+        try:
+            while True:
+                rep = measure(target, Options(**{**opts.__dict__, "probe": False, "window_s": opts.window_s or 2.0}))
+                rc = rep.exit_code
+                out.write(json.dumps(rep.to_json()) + "\n")
+                out.flush()
+        except KeyboardInterrupt:
+            pass
+        return rc
     from rich.live import Live
     from rich.text import Text
 
@@ -126,7 +139,7 @@ def run(target: Target, opts: Options, out: TextIO | None = None) -> int:
                 rep = measure(target, Options(**{**opts.__dict__, "probe": False,
                                                  "window_s": opts.window_s or 2.0}))
                 rc = rep.exit_code
-                live.update(render(rep) if opts.fmt != "json" else Text(to_json(rep)))
+                live.update(render(rep))
         except KeyboardInterrupt:
             pass
     return rc

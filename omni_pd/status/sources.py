@@ -72,8 +72,9 @@ def from_plan(plan: dict[str, Any], source: str, run_dir: str | None = None,
             raise SourceError(f"{source}: a vllm-omni plan, and the PD stages of its config are not known")
         name = head["name"] if head else "omni"
         ps, ds = (str(s) for s in stages)
+        # one server, one log: read once (under prefill's name), or every lease line would count twice
         insts = (Instance(f"prefill (stage {ps})", "prefill", url, ps, log(name)),
-                 Instance(f"decode (stage {ds})", "decode", url, ds, log(name)))
+                 Instance(f"decode (stage {ds})", "decode", url, ds, None))
         return Target(runtime, insts, (Pair(insts[1].name, (insts[0].name,)),), source, entry, model)
     insts = []
     for p in procs:
