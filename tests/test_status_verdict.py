@@ -210,3 +210,23 @@ def test_page_errors_and_quantile():
     assert quantile(0.5, {0.1: 0.0, 0.2: 10.0, float("inf"): 10.0}) == pytest.approx(0.15)
     assert quantile(0.99, {1.0: 1.0, float("inf"): 2.0}) == 1.0
     assert quantile(0.5, {1.0: 0.0, float("inf"): 0.0}) is None
+
+
+def test_a_plan_of_one_host_names_the_other_hosts_processes_by_their_peer_entries():
+    """``launch --inventory --host B`` writes prefill (on A) as a ``peer``: status still looks
+    at it, by its name's role, at A's address; encoders and headless workers are not PD pairs."""
+    from omni_pd.status.sources import from_plan
+
+    plan = {"runtime": "vllm", "model": "/m", "entrypoint": "http://10.0.0.2:8000", "processes": [
+        {"name": "prefill-0", "role": "peer", "argv": [], "health": {"url": "http://10.0.0.1:8100/health"}},
+        {"name": "prefill-0-node1", "role": "prefill-worker", "argv": [], "health": None},
+        {"name": "encoder-0", "role": "encoder", "argv": [], "health": {"url": "http://10.0.0.2:8300/health"}},
+        {"name": "decode-0", "role": "decode", "argv": ["vllm", "serve", "--served-model-name=tiny"],
+         "health": {"url": "http://10.0.0.2:8200/health"}},
+        {"name": "router", "role": "router", "argv": [], "health": {"url": "http://10.0.0.2:8000/health"}}]}
+    t = from_plan(plan, "run directory r", "/r")
+    assert [(i.name, i.role, i.url, i.log) for i in t.instances] == [
+        ("prefill-0", "prefill", "http://10.0.0.1:8100", "/r/prefill-0.log"),
+        ("decode-0", "decode", "http://10.0.0.2:8200", "/r/decode-0.log"),
+        ("router", "router", "http://10.0.0.2:8000", None)]
+    assert t.pairs == (Pair("decode-0", ("prefill-0",)),) and t.model == "tiny"
