@@ -1,0 +1,173 @@
+"""``omni-pd status --emit prometheus-rules|grafana``: the same verdicts where a cluster
+already looks. Pure: text out, nothing read.
+
+Recording rules (``omni_pd:...``) compute, per scraped instance, what :mod:`.verdict`
+computes from two scrapes (PromQL ``increase``/``rate`` over :data:`WINDOW`); the alerts
+fire on the verdicts that exit 1:
+
+* ``OmniPdInstanceDown``: ``up == 0`` for a prefill/decode target (instance down);
+* ``OmniPdLocalPrefillFallback``: decode's share of prompt tokens from external KV transfer
+  below :data:`~omni_pd.status.verdict.MIN_SHARE` while decode counts prompt tokens;
+* ``OmniPdKVTransfersFailing``: NIXL's failure counters grew (failed transfers or
+  notifications on any engine, expired KV leases on prefill).
+
+Which series belong to decode or prefill is told by a selector: by default the label
+``omni_pd_role`` (``decode``/``prefill``) that the scrape config attaches
+(docs/launch.md shows the relabeling); ``--url``/run directory/config targets give the
+``instance`` addresses (``host:port``) instead. The Grafana dashboard's panel queries are
+the recording rules' and alerts' own expressions (one source: :func:`rule_set`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from omni_pd.status.verdict import MIN_SHARE, Target
+
+#: the range of every rate/increase (PromQL duration)
+WINDOW = "5m"
+#: NIXL's failure counters (vLLM 0.30 nixl/stats.py; expired leases are counted on prefill)
+FAILURE_COUNTERS = ("vllm:nixl_num_failed_transfers_total", "vllm:nixl_num_failed_notifications_total",
+                    "vllm:nixl_num_kv_expired_reqs_total")
+
+
+@dataclass(frozen=True)
+class Selectors:
+    """PromQL label matchers (without braces) of each role's series: ``decode``,
+    ``prefill``, ``engines`` (both), ``targets`` (the scraped engines, for ``up``: omni-pd's
+    router serves no ``/metrics``, so Prometheus cannot see it; ``omni-pd status`` reads
+    its ``/health``)."""
+
+    decode: str
+    prefill: str
+    engines: str
+    targets: str
+
+
+ROLE_LABEL = Selectors('omni_pd_role="decode"', 'omni_pd_role="prefill"', 'omni_pd_role=~"prefill|decode"',
+                       'omni_pd_role=~"prefill|decode"')
+
+
+def _instances(target: Target, role: str) -> list[str]:
+    return sorted({urlsplit(i.url).netloc for i in target.instances if i.role == role})
+
+
+def selectors(target: Target | None) -> Selectors:
+    """The :class:`Selectors` of ``target`` (``instance`` addresses; a vllm-omni server's
+    stages by their ``stage`` label), or :data:`ROLE_LABEL` without one."""
+    if target is None:
+        return ROLE_LABEL
+
+    def m(roles: tuple[str, ...], stage_of: str | None = None) -> str:
+        addrs = sorted({a for r in roles for a in _instances(target, r)})
+        out = f'instance=~"{"|".join(addrs)}"' if addrs else 'instance="none"'
+        if stage_of is not None:
+            stages = sorted({i.stage for i in target.instances if i.role == stage_of and i.stage is not None})
+            if stages:
+                out += f',stage=~"{"|".join(stages)}"'
+        return out
+
+    omni = target.runtime == "vllm-omni"
+    return Selectors(m(("decode",), "decode" if omni else None), m(("prefill",), "prefill" if omni else None),
+                     m(("prefill", "decode")), m(("prefill", "decode")))
+
+
+def rule_set(target: Target | None = None, min_share: float = MIN_SHARE) -> dict:
+    """The Prometheus rule file (as a dict: ``{"groups": [...]}``) of the recording rules
+    and alerts; ``min_share`` 0..1."""
+    s = selectors(target)
+    by = "instance"  # per decode / prefill instance (a vllm-omni page: per stage too)
+    by_d = by + (",stage" if "stage=" in s.decode else "")
+    ext = f'sum by ({by_d}) (rate(vllm:prompt_tokens_by_source_total{{{s.decode},source="external_kv_transfer"}}[{WINDOW}]))'
+    loc = f'sum by ({by_d}) (rate(vllm:prompt_tokens_by_source_total{{{s.decode},source="local_compute"}}[{WINDOW}]))'
+    # one selector over the three counters: ``a + b`` would drop an instance missing one of them
+    failures = (f'sum by ({by}) (increase({{__name__=~"{"|".join(FAILURE_COUNTERS)}",{s.engines}}}[{WINDOW}]))')
+    rec = [
+        {"record": f"omni_pd:decode_prompt_tokens_external:rate{WINDOW}", "expr": ext},
+        {"record": f"omni_pd:decode_prompt_tokens_local:rate{WINDOW}", "expr": loc},
+        {"record": f"omni_pd:decode_external_kv_share:ratio{WINDOW}",
+         "expr": f"omni_pd:decode_prompt_tokens_external:rate{WINDOW} / (omni_pd:decode_prompt_tokens_external:"
+                 f"rate{WINDOW} + omni_pd:decode_prompt_tokens_local:rate{WINDOW})"},
+        {"record": f"omni_pd:kv_transfer_failures:increase{WINDOW}", "expr": failures},
+        {"record": f"omni_pd:nixl_transfers:rate{WINDOW}",
+         "expr": f"sum by ({by}) (rate(vllm:nixl_xfer_time_seconds_count{{{s.engines}}}[{WINDOW}]))"},
+        {"record": f"omni_pd:ttft_seconds:p90_{WINDOW}",
+         "expr": f"histogram_quantile(0.9, sum by ({by}, le) (rate(vllm:time_to_first_token_seconds_bucket"
+                 f"{{{s.engines}}}[{WINDOW}])))"},
+        {"record": f"omni_pd:inter_token_latency_seconds:p90_{WINDOW}",
+         "expr": f"histogram_quantile(0.9, sum by ({by}, le) (rate(vllm:inter_token_latency_seconds_bucket"
+                 f"{{{s.engines}}}[{WINDOW}])))"},
+        {"record": "omni_pd:kv_cache_usage:ratio", "expr": f"max by ({by}) (vllm:kv_cache_usage_perc{{{s.engines}}})"},
+    ]
+    alerts = [
+        {"alert": "OmniPdInstanceDown", "expr": f"up{{{s.targets}}} == 0", "for": "1m",
+         "labels": {"severity": "critical", "verdict": "instance down"},
+         "annotations": {"summary": "{{ $labels.instance }} does not answer its /metrics scrape",
+                         "description": "a PD instance is down: the pair it belongs to is not doing PD "
+                                        "(omni-pd status: instance down)"}},
+        {"alert": "OmniPdLocalPrefillFallback",
+         "expr": f"omni_pd:decode_external_kv_share:ratio{WINDOW} < {min_share:g}",
+         "for": "5m", "labels": {"severity": "critical", "verdict": "falling back to local prefill"},
+         "annotations": {"summary": "decode {{ $labels.instance }} computes its prompts itself",
+                         "description": "only {{ $value | humanizePercentage }} of decode's prompt tokens came from "
+                                        f"prefill over {WINDOW} (below {min_share:.0%}): vllm:prompt_tokens_by_source"
+                                        "_total{source=\"external_kv_transfer\"} against local_compute"}},
+        {"alert": "OmniPdKVTransfersFailing", "expr": f"omni_pd:kv_transfer_failures:increase{WINDOW} > 0",
+         "labels": {"severity": "warning", "verdict": "transfers failing"},
+         "annotations": {"summary": "KV transfers fail on {{ $labels.instance }}",
+                         "description": "{{ $value }} NIXL failures (failed transfers, failed notifications, "
+                                        f"expired KV leases) in {WINDOW}"}},
+    ]
+    return {"groups": [{"name": "omni-pd-pd-health", "rules": rec + alerts}]}
+
+
+def prometheus_rules(target: Target | None = None, min_share: float = MIN_SHARE) -> str:
+    """The rule file as YAML text (``promtool check rules`` reads it)."""
+    import io
+
+    from ruamel.yaml import YAML
+
+    y = YAML()
+    y.width = 4096
+    buf = io.StringIO()
+    buf.write("# omni-pd status --emit prometheus-rules: PD health verdicts (docs/launch.md, `omni-pd status`)\n")
+    y.dump(rule_set(target, min_share), buf)
+    return buf.getvalue()
+
+
+def grafana_dashboard(target: Target | None = None, min_share: float = MIN_SHARE) -> dict:
+    """A Grafana dashboard (its JSON model: ``title``, ``uid``, ``schemaVersion``,
+    ``panels`` with ``gridPos`` and Prometheus ``targets``) whose panels query the
+    recording rules and alerts of :func:`rule_set` (each panel's ``expr`` is a rule's
+    ``expr``)."""
+    rules = rule_set(target, min_share)["groups"][0]["rules"]
+    panels = []
+    for n, r in enumerate(rules):
+        title = r.get("record") or r["alert"]
+        kind = "stat" if "alert" in r or "share" in title else "timeseries"
+        unit = {"share": "percentunit", "seconds": "s", "kv_cache": "percentunit"}
+        panels.append({
+            "id": n + 1, "type": kind, "title": title,
+            "datasource": {"type": "prometheus", "uid": "${datasource}"},
+            "gridPos": {"h": 8, "w": 12, "x": 12 * (n % 2), "y": 8 * (n // 2)},
+            "fieldConfig": {"defaults": {"unit": next((u for k, u in unit.items() if k in title), "short")},
+                            "overrides": []},
+            "options": {},
+            "targets": [{"refId": "A", "expr": r["expr"], "legendFormat": "{{instance}}",
+                         "datasource": {"type": "prometheus", "uid": "${datasource}"}}],
+        })
+    return {
+        "title": "omni-pd: PD health", "uid": "omni-pd-pd-health", "schemaVersion": 39, "version": 1,
+        "editable": True, "tags": ["omni-pd", "vllm", "pd"], "time": {"from": "now-1h", "to": "now"},
+        "refresh": "30s",
+        "templating": {"list": [{"name": "datasource", "type": "datasource", "query": "prometheus",
+                                 "label": "Prometheus"}]},
+        "panels": panels,
+    }
+
+
+def grafana_json(target: Target | None = None, min_share: float = MIN_SHARE) -> str:
+    """:func:`grafana_dashboard` as indented JSON text."""
+    return json.dumps(grafana_dashboard(target, min_share), indent=2) + "\n"

@@ -1,0 +1,428 @@
+"""The verdict per PD pair and the numbers per instance, over two scrapes. Pure.
+
+Inputs are what :mod:`omni_pd.status.scrape` read (pages, ``/health`` answers, counts of
+KV-lease log lines) at the start and end of a window; nothing here does I/O. Series read
+(vLLM 0.30, vllm/v1/metrics/loggers.py ``PrometheusStatLogger`` and
+vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py ``NixlPromMetrics``):
+
+* ``vllm:prompt_tokens_by_source_total{source=external_kv_transfer|local_compute|local_cache_hit}``:
+  decode's prompt tokens by where their KV came from (the share; fed by
+  ``PrefillStats.num_external_cached_tokens``);
+* ``vllm:request_success_total`` (requests finished, every ``finished_reason``);
+* ``vllm:kv_cache_usage_perc`` (0..1), ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
+  ``vllm:num_preemptions_total``;
+* ``vllm:time_to_first_token_seconds`` and ``vllm:inter_token_latency_seconds`` histograms;
+* NIXL: ``vllm:nixl_xfer_time_seconds_count`` (transfers), ``vllm:nixl_bytes_transferred_sum``,
+  ``vllm:nixl_num_failed_transfers_total``, ``vllm:nixl_num_failed_notifications_total``,
+  ``vllm:nixl_num_kv_expired_reqs_total`` (on prefill). 0.30's MooncakeConnector keeps stats
+  (mooncake/stats.py) but exports no Prometheus series; its failures are not seen here.
+
+A vllm-omni server serves every stage on one page, labelled ``stage`` (omni_pd/launch/smoke.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from omni_pd.status.page import Page, bucket_delta, counter_delta, quantile, sum_opt
+
+#: verdicts, worst first; the exit status of each (0 healthy, 1 not doing PD or down)
+INSTANCE_DOWN = "instance down"
+TRANSFERS_FAILING = "transfers failing"
+LOCAL_PREFILL = "falling back to local prefill"
+NOT_MEASURABLE = "not measurable"
+IDLE = "idle"
+PD_WORKING = "PD working"
+VERDICT_EXIT = {INSTANCE_DOWN: 1, TRANSFERS_FAILING: 1, LOCAL_PREFILL: 1, NOT_MEASURABLE: 1, IDLE: 0, PD_WORKING: 0}
+
+#: decode's share of prompt tokens from prefill below which a pair is falling back. On the
+#: CPU run (vLLM 0.30, NIXL) decode counted every prompt token as external (1530 of 1530);
+#: a decode that counts the recomputed last token as local (the 126 of 127 of
+#: tests/fixtures/metrics/vllm_decode_after_pd.prom.gz) stays far above this bound too
+MIN_SHARE = 0.8
+
+PROMPT_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+SOURCES = ("external_kv_transfer", "local_compute", "local_cache_hit")
+REQUESTS = "vllm:request_success_total"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+PREEMPTIONS = "vllm:num_preemptions_total"
+TTFT = "vllm:time_to_first_token_seconds"
+ITL = "vllm:inter_token_latency_seconds"
+#: connector counters: key -> sample name (NIXL, vLLM 0.30 nixl/stats.py)
+CONNECTOR = {
+    "transfers": "vllm:nixl_xfer_time_seconds_count",
+    "bytes": "vllm:nixl_bytes_transferred_sum",
+    "failed_transfers": "vllm:nixl_num_failed_transfers_total",
+    "failed_notifications": "vllm:nixl_num_failed_notifications_total",
+    "expired_leases": "vllm:nixl_num_kv_expired_reqs_total",
+}
+#: connector counters whose growth means a transfer failed
+FAILURES = ("failed_transfers", "failed_notifications", "expired_leases")
+
+
+@dataclass(frozen=True)
+class Instance:
+    """Where one process is looked at: ``name`` (``prefill-0``, ``decode-0``, ``router``),
+    ``role`` (``prefill``, ``decode``, ``router``), ``url`` (base URL, no path), ``stage``
+    (the ``stage`` label of its series on a vllm-omni server's page; None: the page is its
+    own), ``log`` (its log file, read for expired KV leases; None: not readable)."""
+
+    name: str
+    role: str
+    url: str
+    stage: str | None = None
+    log: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON-able dict."""
+        return {"name": self.name, "role": self.role, "url": self.url, "stage": self.stage, "log": self.log}
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A decode instance and the prefill instances that feed it (every prefill of the
+    router's pool: decode's counters do not say which prefill sent the KV)."""
+
+    decode: str
+    prefills: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        """``prefill-0 -> decode-0`` (``prefill-0+prefill-1 -> decode-0`` in xPyD)."""
+        return f"{'+'.join(self.prefills) or '?'} -> {self.decode}"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Everything ``status`` looks at: ``runtime`` (``vllm`` or ``vllm-omni``), the
+    instances, the PD pairs, ``source`` (where the addresses came from)."""
+
+    runtime: str
+    instances: tuple[Instance, ...]
+    pairs: tuple[Pair, ...]
+    source: str
+    #: where clients send requests and the model name they use (``--probe`` only; None: unknown)
+    entrypoint: str | None = None
+    model: str | None = None
+
+    def instance(self, name: str) -> Instance:
+        """The instance called ``name`` (KeyError when absent)."""
+        for i in self.instances:
+            if i.name == name:
+                return i
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """What one instance answered at time ``at`` (seconds, any monotonic clock).
+
+    ``page``: its parsed ``/metrics`` (None when not read); ``error``: why it could not be
+    read (connection refused, HTTP 500, not a page); ``health``: the HTTP status of
+    ``/health`` (None: no answer); ``health_body``: the router's ``/health`` JSON;
+    ``lease_lines``: expired/invalid KV lease lines in its log so far (None: no log)."""
+
+    at: float
+    page: Page | None = None
+    error: str | None = None
+    health: int | None = None
+    health_body: Mapping[str, Any] | None = None
+    lease_lines: int | None = None
+
+    @property
+    def up(self) -> bool:
+        """The instance answered and its ``/health`` (when asked) said 200."""
+        return self.error is None and (self.health is None or self.health == 200)
+
+
+@dataclass
+class InstanceStats:
+    """One instance over the window (``basis`` ``window``: deltas between the scrapes;
+    ``since start``: the second scrape's totals, when the window saw no prompt tokens).
+
+    Counts are numbers of requests / tokens / events; latencies in seconds; ``kv_usage``
+    a fraction 0..1. None: the series is not on the page."""
+
+    name: str
+    role: str
+    url: str
+    stage: str | None
+    up: bool
+    error: str | None = None
+    health: int | None = None
+    basis: str = "window"
+    seconds: float = 0.0
+    requests: float | None = None
+    prompt_tokens: dict[str, float] = field(default_factory=dict)
+    external_share: float | None = None
+    kv_usage: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+    preemptions: float | None = None
+    ttft_mean_s: float | None = None
+    ttft_p90_s: float | None = None
+    itl_mean_s: float | None = None
+    itl_p90_s: float | None = None
+    connector: dict[str, float] = field(default_factory=dict)
+    lease_lines: int | None = None
+    #: the router only: its ``/health`` backends as ``{role, url, healthy, error, served, failures}``
+    backends: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field as plain JSON-able values (seconds, fractions 0..1, counts)."""
+        return {k: v for k, v in self.__dict__.items()}
+
+
+@dataclass
+class PairVerdict:
+    """The verdict of one :class:`Pair`: ``verdict`` (one of :data:`VERDICT_EXIT`),
+    ``share`` (decode's prompt tokens from prefill, 0..1; None when unknown), ``basis``
+    and ``evidence`` (the facts the verdict rests on, each naming its series or source)."""
+
+    pair: str
+    decode: str
+    prefills: tuple[str, ...]
+    verdict: str
+    share: float | None
+    basis: str
+    evidence: list[str]
+
+    @property
+    def exit_code(self) -> int:
+        """0 for PD working or idle, 1 otherwise (:data:`VERDICT_EXIT`)."""
+        return VERDICT_EXIT[self.verdict]
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON-able dict, ``exit`` included."""
+        return {"pair": self.pair, "decode": self.decode, "prefills": list(self.prefills), "verdict": self.verdict,
+                "share": self.share, "basis": self.basis, "evidence": self.evidence, "exit": self.exit_code}
+
+
+@dataclass
+class Report:
+    """All verdicts and instance numbers of one window; ``exit_code`` 0 when every pair
+    is healthy (PD working or idle), 1 when a pair is not doing PD or an instance is down,
+    2 when no instance answered."""
+
+    target: Target
+    seconds: float
+    pairs: list[PairVerdict]
+    instances: list[InstanceStats]
+
+    @property
+    def exit_code(self) -> int:
+        if self.instances and not any(i.up for i in self.instances):
+            return 2
+        return max([p.exit_code for p in self.pairs] + [0 if all(i.up for i in self.instances) else 1])
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON-able dict: runtime, source, ``window_s`` (seconds), exit, pairs, instances."""
+        return {"runtime": self.target.runtime, "source": self.target.source, "window_s": self.seconds,
+                "exit": self.exit_code, "pairs": [p.to_json() for p in self.pairs],
+                "instances": [i.to_json() for i in self.instances]}
+
+
+def _delta(name: str, before: Page | None, after: Page, stage: str | None, window: bool, **labels: str
+           ) -> float | None:
+    a = after.total(name, stage, **labels)
+    if not window:
+        return a
+    return counter_delta(before.total(name, stage, **labels) if before is not None else None, a)
+
+
+def _hist(name: str, before: Page | None, after: Page, stage: str | None, window: bool
+          ) -> tuple[float | None, float | None]:
+    """(mean, p90) of histogram ``name`` over the window (or since start), seconds."""
+    s = _delta(name + "_sum", before, after, stage, window)
+    c = _delta(name + "_count", before, after, stage, window)
+    b = after.buckets(name, stage)
+    if window and before is not None:
+        b = bucket_delta(before.buckets(name, stage), b)
+    mean = s / c if s is not None and c else None
+    return mean, quantile(0.9, b) if c else None
+
+
+def instance_stats(inst: Instance, before: Scrape | None, after: Scrape, window: bool | None = None
+                   ) -> InstanceStats:
+    """:class:`InstanceStats` of ``inst`` from its two scrapes (``before`` None: one
+    scrape, totals since the engine started). ``window``: None picks the window when the
+    instance saw prompt tokens in it or has no prompt-token series (else since start);
+    True/False force it."""
+    st = InstanceStats(inst.name, inst.role, inst.url, inst.stage, after.up, after.error, after.health,
+                       seconds=max(0.0, after.at - before.at) if before is not None else 0.0)
+    if inst.role == "router":
+        st.backends = _backends(before, after)
+        return st
+    page = after.page
+    if page is None:
+        return st
+    prev = before.page if before is not None else None
+    if prev is not None and _restarted(prev, page):
+        prev = Page(())  # a new process counted from zero: its totals are the window's
+    if window is None:  # the window when it saw prompt tokens, or when they are not on the page at all
+        seen = sum_opt(_delta(PROMPT_BY_SOURCE, prev, page, inst.stage, True, source=s) for s in SOURCES)
+        window = prev is not None and (seen is None or seen > 0)
+    window = window and prev is not None
+    st.basis = "window" if window else "since start"
+    stage = inst.stage
+    st.requests = _delta(REQUESTS, prev, page, stage, window)
+    for s in SOURCES:
+        v = _delta(PROMPT_BY_SOURCE, prev, page, stage, window, source=s)
+        if v is not None:
+            st.prompt_tokens[s] = v
+    ext, loc = st.prompt_tokens.get("external_kv_transfer"), st.prompt_tokens.get("local_compute")
+    if ext is not None and loc is not None and ext + loc > 0:
+        st.external_share = ext / (ext + loc)
+    st.kv_usage, st.running, st.waiting = (page.total(KV_USAGE, stage), page.total(RUNNING, stage),
+                                           page.total(WAITING, stage))
+    st.preemptions = _delta(PREEMPTIONS, prev, page, stage, window)
+    st.ttft_mean_s, st.ttft_p90_s = _hist(TTFT, prev, page, stage, window)
+    st.itl_mean_s, st.itl_p90_s = _hist(ITL, prev, page, stage, window)
+    for key, name in CONNECTOR.items():
+        v = _delta(name, prev, page, stage, window)
+        if v is not None:
+            st.connector[key] = v
+    if after.lease_lines is not None:
+        st.lease_lines = (counter_delta(before.lease_lines if before is not None else None, after.lease_lines)
+                          if window else after.lease_lines)
+    return st
+
+
+#: the exporting process's start time (prometheus_client's process collector, on every vLLM page)
+START = "process_start_time_seconds"
+
+
+def _restarted(before: Page, after: Page) -> bool:
+    """True when the page's process started again between the scrapes."""
+    a, b = before.total(START), after.total(START)
+    return a is not None and b is not None and a != b
+
+
+def _backends(before: Scrape | None, after: Scrape) -> list[dict[str, Any]]:
+    """The router's ``/health`` ``instances`` (omni_pd/launch/router/backends.py
+    ``Instance.state``) with ``served``/``failures`` over the window."""
+    body = after.health_body or {}
+    prev = {(b.get("role"), b.get("url")): b for b in ((before.health_body or {}).get("instances") or [])} \
+        if before is not None else {}
+    out = []
+    for b in body.get("instances") or []:
+        p = prev.get((b.get("role"), b.get("url")), {})
+        out.append({"role": b.get("role"), "url": b.get("url"), "healthy": bool(b.get("healthy")),
+                    "error": b.get("error"),
+                    "served": counter_delta(p.get("served"), b.get("served")),
+                    "failures": counter_delta(p.get("failures"), b.get("failures"))})
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _n(x: float | None) -> str:
+    return "?" if x is None else f"{x:g}"
+
+
+def pair_verdict(pair: Pair, stats: Mapping[str, InstanceStats], router: InstanceStats | None = None,
+                 min_share: float = MIN_SHARE) -> PairVerdict:
+    """The verdict of ``pair`` from its instances' :class:`InstanceStats` (``stats`` by
+    name) and the router's (None: no router, e.g. a vllm-omni server), first that applies:
+
+    1. **instance down**: decode, a prefill or the router does not answer (or ``/health``
+       is not 200), or the router's ``/health`` marks one of the pair out of rotation;
+    2. **not measurable**: decode's page has no ``vllm:prompt_tokens_by_source_total``
+       (stats off: ``--disable-log-stats``);
+    3. **transfers failing**: a NIXL failure counter grew (failed transfers or
+       notifications, expired KV leases on prefill) or the logs got expired-lease lines;
+    4. **idle**: decode saw no prompt tokens at all;
+    5. **falling back to local prefill**: decode's share of prompt tokens from external KV
+       transfer is below ``min_share`` (0..1);
+    6. **PD working** otherwise.
+    """
+    d = stats[pair.decode]
+    ps = [stats[p] for p in pair.prefills]
+    ev: list[str] = []
+    members = [d, *ps] + ([router] if router is not None else [])
+    down = [m for m in members if not m.up]
+    for m in down:
+        why = m.error or f"/health answered HTTP {m.health}"
+        ev.append(f"{m.name} ({m.url}) down: {why}")
+    if router is not None and router.up:
+        urls = {m.url.rstrip("/"): m.name for m in [d, *ps]}
+        for b in router.backends:
+            name = urls.get(str(b.get("url") or "").rstrip("/"))
+            if name is not None and not b["healthy"]:
+                ev.append(f"router's /health: {b['role']} {b['url']} out of rotation"
+                          + (f" ({b['error']})" if b.get("error") else ""))
+    if ev:
+        return PairVerdict(pair.name, pair.decode, pair.prefills, INSTANCE_DOWN, d.external_share, d.basis, ev)
+    basis = d.basis
+    where = "over the window" if basis == "window" else "since decode started (no prompt tokens in the window)"
+    if "external_kv_transfer" not in d.prompt_tokens or "local_compute" not in d.prompt_tokens:
+        xfers = d.connector.get("transfers")
+        return PairVerdict(pair.name, pair.decode, pair.prefills, NOT_MEASURABLE, None, basis, [
+            f"{d.name}'s page has no {PROMPT_BY_SOURCE} by source (stats off: --disable-log-stats, or a vLLM "
+            "release before vllm-project/vllm#33290), so whether decode recomputed the prompts cannot be told"]
+            + ([f"{xfers:g} NIXL transfers ({CONNECTOR['transfers']}) {where}: KV moves, its share is unknown"]
+               if xfers is not None else []))
+    ext, loc = d.prompt_tokens["external_kv_transfer"], d.prompt_tokens["local_compute"]
+    fails = []
+    for m in [d, *ps]:
+        for key in FAILURES:
+            v = m.connector.get(key)
+            if v:
+                fails.append(f"{m.name}: {CONNECTOR[key]} +{v:g}")
+        if m.lease_lines:
+            fails.append(f"{m.name}: {m.lease_lines} expired/invalid KV lease line"
+                         f"{'s' if m.lease_lines != 1 else ''} in its log")
+    share = ext / (ext + loc) if ext + loc > 0 else None
+    tokens = f"decode took {ext:g} of {ext + loc:g} prompt tokens from prefill ({_pct(share)}) {where}" \
+        if share is not None else ""
+    if fails:
+        return PairVerdict(pair.name, pair.decode, pair.prefills, TRANSFERS_FAILING, share, basis,
+                           fails + ([tokens] if tokens else []))
+    if share is None:
+        return PairVerdict(pair.name, pair.decode, pair.prefills, IDLE, None, basis, [
+            f"{d.name} counted no prompt tokens ({PROMPT_BY_SOURCE} external_kv_transfer and local_compute "
+            "are 0): no request reached decode yet"])
+    xfers = d.connector.get("transfers")
+    if share < min_share:
+        ev = [f"decode computed {loc:g} of {ext + loc:g} prompt tokens itself; only {_pct(share)} came from "
+              f"prefill (external_kv_transfer {ext:g}) {where}, below {_pct(min_share)}"]
+        computed = sum_opt(sum(p.prompt_tokens.values()) if p.prompt_tokens else None for p in ps)
+        if computed == 0:
+            ev.append(f"{'+'.join(pair.prefills)} counted 0 prompt tokens ({PROMPT_BY_SOURCE}) {where}: "
+                      "the requests do not reach prefill (the router's prefill target?)")
+        elif computed is not None:
+            ev.append(f"{'+'.join(pair.prefills)} counted {computed:g} prompt tokens {where}: prefill ran, "
+                      "its KV did not reach decode")
+        if xfers is not None:
+            ev.append(f"{xfers:g} NIXL transfers ({CONNECTOR['transfers']})")
+        return PairVerdict(pair.name, pair.decode, pair.prefills, LOCAL_PREFILL, share, basis, ev)
+    ev = [tokens[0].upper() + tokens[1:]]
+    if xfers is not None:
+        ev.append(f"{xfers:g} NIXL transfers ({CONNECTOR['transfers']})"
+                  + (f", {d.connector['bytes'] / 2**20:.1f} MiB" if d.connector.get("bytes") is not None else ""))
+    return PairVerdict(pair.name, pair.decode, pair.prefills, PD_WORKING, share, basis, ev)
+
+
+def assess(target: Target, before: Mapping[str, Scrape] | None, after: Mapping[str, Scrape],
+           min_share: float = MIN_SHARE) -> Report:
+    """The :class:`Report` of ``target`` from the scrapes by instance name (``before``
+    None: one scrape, totals since start). A pair's instances share one basis: the
+    window when decode saw prompt tokens in it, else since start. Pure."""
+    stats: dict[str, InstanceStats] = {}
+    decode_window: dict[str, bool] = {}
+    for pair in target.pairs:
+        inst = target.instance(pair.decode)
+        decode_window[pair.decode] = instance_stats(inst, (before or {}).get(inst.name), after[inst.name]
+                                                    ).basis == "window"
+    for inst in target.instances:
+        w = next((decode_window[p.decode] for p in target.pairs if inst.name in (p.decode, *p.prefills)), None)
+        stats[inst.name] = instance_stats(inst, (before or {}).get(inst.name), after[inst.name], w)
+    router = next((stats[i.name] for i in target.instances if i.role == "router"), None)
+    verdicts = [pair_verdict(p, stats, router, min_share) for p in target.pairs]
+    seconds = max((s.seconds for s in stats.values()), default=0.0)
+    return Report(target, seconds, verdicts, [stats[i.name] for i in target.instances])

@@ -1,0 +1,232 @@
+"""``omni-pd status``'s verdict over recorded ``/metrics`` pages (issue 37).
+
+Plain vLLM pages (tests/fixtures/status/*.prom.gz) were rendered by vLLM 0.30's own
+``PrometheusStatLogger`` with a NixlConnector ``kv_transfer_config`` (so the NIXL
+connector's families are on them) and ``prometheus_client.generate_latest``:
+tests/oracle/status_pages.py, checked against a fresh run by tests/test_oracle_status_pages.py.
+The vllm-omni pages (tests/fixtures/metrics/omni_*.prom.gz) are vllm-omni 0.30's
+``OmniPrometheusStatLogger`` (every stage on one page, ``stage`` label):
+tests/oracle/metrics_pages.py. The expired-lease log is a real vLLM 0.30 NIXL prefill log
+(tests/fixtures/smoke_logs/). Each verdict is pinned with its numbers and evidence.
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from omni_pd.status.page import Page, PageError, quantile
+from omni_pd.status.scrape import lease_lines
+from omni_pd.status.verdict import (IDLE, INSTANCE_DOWN, LOCAL_PREFILL, NOT_MEASURABLE, PD_WORKING,
+                                    TRANSFERS_FAILING, Instance, Pair, Scrape, Target, assess)
+
+ROOT = Path(__file__).resolve().parents[1]
+LEASE_LOG = ROOT / "tests" / "fixtures" / "smoke_logs" / "prefill-0.nixl-lease-expired.log"
+
+P, D, R = "http://127.0.0.1:8100", "http://127.0.0.1:8200", "http://127.0.0.1:8000"
+PLAIN = Target("vllm", (Instance("prefill-0", "prefill", P), Instance("decode-0", "decode", D)),
+               (Pair("decode-0", ("prefill-0",)),), "test")
+WITH_ROUTER = Target("vllm", PLAIN.instances + (Instance("router", "router", R),), PLAIN.pairs, "test")
+OMNI_URL = "http://127.0.0.1:8000"
+OMNI = Target("vllm-omni", (Instance("prefill (stage 0)", "prefill", OMNI_URL, "0"),
+                            Instance("decode (stage 1)", "decode", OMNI_URL, "1")),
+              (Pair("decode (stage 1)", ("prefill (stage 0)",)),), "test")
+
+
+def page(name: str, folder: str = "status") -> Page:
+    with gzip.open(ROOT / "tests" / "fixtures" / folder / f"{name}.prom.gz", "rt", encoding="utf-8") as f:
+        return Page.parse(f.read())
+
+
+def scenario(name: str, t0: float = 100.0, t1: float = 105.0) -> tuple[dict, dict]:
+    before = {"prefill-0": Scrape(t0, page(f"{name}_prefill_before"), health=200),
+              "decode-0": Scrape(t0, page(f"{name}_decode_before"), health=200)}
+    after = {"prefill-0": Scrape(t1, page(f"{name}_prefill_after"), health=200),
+             "decode-0": Scrape(t1, page(f"{name}_decode_after"), health=200)}
+    return before, after
+
+
+def test_healthy_pair_is_pd_working_with_the_measured_share():
+    rep = assess(PLAIN, *scenario("pd"))
+    (v,) = rep.pairs
+    assert (v.verdict, v.basis, rep.exit_code) == (PD_WORKING, "window", 0)
+    assert v.share == pytest.approx(378 / 381)
+    assert v.evidence == ["Decode took 378 of 381 prompt tokens from prefill (99.2%) over the window",
+                          "3 NIXL transfers (vllm:nixl_xfer_time_seconds_count), 3.0 MiB"]
+    pre, dec = rep.instances
+    assert (dec.requests, dec.prompt_tokens) == (3.0, {"external_kv_transfer": 378.0, "local_compute": 3.0,
+                                                      "local_cache_hit": 0.0})
+    assert (dec.kv_usage, dec.running, dec.waiting, dec.preemptions, dec.seconds) == (0.25, 1.0, 0.0, 0.0, 5.0)
+    assert dec.ttft_mean_s == pytest.approx(0.08) and dec.itl_mean_s == pytest.approx(0.04)
+    # 0.08 s falls in vLLM 0.30's (0.06, 0.08] TTFT bucket, 0.04 s in its (0.025, 0.05] ITL bucket: the p90
+    # interpolates inside them as histogram_quantile does
+    assert dec.ttft_p90_s == pytest.approx(0.06 + 0.02 * 0.9) and dec.itl_p90_s == pytest.approx(0.025 + 0.025 * 0.9)
+    assert dec.connector == {"transfers": 3.0, "bytes": 3 * 2**20, "failed_transfers": 0.0,
+                             "failed_notifications": 0.0, "expired_leases": 0.0}
+    assert (pre.requests, pre.prompt_tokens["local_compute"], pre.external_share) == (3.0, 381.0, 0.0)
+
+
+def test_decode_computing_the_prompts_is_falling_back_and_says_prefill_got_nothing():
+    rep = assess(PLAIN, *scenario("fallback"))
+    (v,) = rep.pairs
+    assert (v.verdict, v.share, rep.exit_code) == (LOCAL_PREFILL, 0.0, 1)
+    assert v.evidence == [
+        "decode computed 381 of 381 prompt tokens itself; only 0.0% came from prefill (external_kv_transfer 0) "
+        "over the window, below 80.0%",
+        "prefill-0 counted 0 prompt tokens (vllm:prompt_tokens_by_source_total) over the window: the requests do "
+        "not reach prefill (the router's prefill target?)",
+        "0 NIXL transfers (vllm:nixl_xfer_time_seconds_count)"]
+    assert rep.instances[1].waiting == 2.0 and rep.instances[1].ttft_mean_s == pytest.approx(0.6)
+
+
+def test_failed_reads_and_expired_leases_are_transfers_failing():
+    rep = assess(PLAIN, *scenario("failing"))
+    (v,) = rep.pairs
+    assert (v.verdict, rep.exit_code) == (TRANSFERS_FAILING, 1)
+    assert v.share == pytest.approx(126 / 381)
+    assert v.evidence == ["decode-0: vllm:nixl_num_failed_transfers_total +2",
+                          "prefill-0: vllm:nixl_num_kv_expired_reqs_total +2",
+                          "decode took 126 of 381 prompt tokens from prefill (33.1%) over the window"]
+
+
+def test_prefill_not_answering_is_instance_down():
+    before, after = scenario("pd")
+    after["prefill-0"] = Scrape(105.0, error=f"GET {P}/health: connection refused")
+    rep = assess(PLAIN, before, after)
+    (v,) = rep.pairs
+    assert (v.verdict, rep.exit_code) == (INSTANCE_DOWN, 1)
+    assert v.evidence == [f"prefill-0 ({P}) down: GET {P}/health: connection refused"]
+    assert [i.up for i in rep.instances] == [False, True]
+
+
+def test_health_503_is_down_and_nothing_answering_is_exit_2():
+    before, after = scenario("pd")
+    after["decode-0"] = Scrape(105.0, page("pd_decode_after"), health=503)
+    (v,) = assess(PLAIN, before, after).pairs
+    assert v.evidence == [f"decode-0 ({D}) down: /health answered HTTP 503"]
+    dead = {n: Scrape(105.0, error="GET x: connection refused") for n in ("prefill-0", "decode-0")}
+    assert assess(PLAIN, None, dead).exit_code == 2
+
+
+def test_router_taking_prefill_out_of_rotation_is_instance_down():
+    before, after = scenario("pd")
+    body = {"status": "unavailable", "instances": [
+        {"role": "prefill", "index": 0, "url": P, "healthy": False, "served": 4, "failures": 1,
+         "error": "ClientConnectorError: connection refused"},
+        {"role": "decode", "index": 0, "url": D, "healthy": True, "served": 7, "failures": 0, "error": None}]}
+    before["router"] = Scrape(100.0, health=200, health_body={**body, "instances": [
+        {**body["instances"][0], "healthy": True, "served": 1, "failures": 0, "error": None}, body["instances"][1]]})
+    after["router"] = Scrape(105.0, health=503, health_body=body)
+    rep = assess(WITH_ROUTER, before, after)
+    (v,) = rep.pairs
+    assert v.verdict == INSTANCE_DOWN
+    assert v.evidence == [f"router ({R}) down: /health answered HTTP 503",
+                          ]
+    after["router"] = Scrape(105.0, health=200, health_body=body)
+    rep = assess(WITH_ROUTER, before, after)
+    (v,) = rep.pairs
+    assert v.evidence == [f"router's /health: prefill {P} out of rotation (ClientConnectorError: connection refused)"]
+    assert rep.instances[2].backends[0] == {"role": "prefill", "url": P, "healthy": False,
+                                            "error": "ClientConnectorError: connection refused",
+                                            "served": 3, "failures": 1}
+
+
+def test_expired_lease_lines_in_prefill_log_are_transfers_failing():
+    n = lease_lines(str(LEASE_LOG))
+    assert n == 2
+    before, after = scenario("pd")
+    before["prefill-0"] = Scrape(100.0, page("pd_prefill_before"), health=200, lease_lines=0)
+    after["prefill-0"] = Scrape(105.0, page("pd_prefill_after"), health=200, lease_lines=n)
+    (v,) = assess(PLAIN, before, after).pairs
+    assert v.verdict == TRANSFERS_FAILING
+    assert v.evidence == ["prefill-0: 2 expired/invalid KV lease lines in its log",
+                          "decode took 378 of 381 prompt tokens from prefill (99.2%) over the window"]
+    assert lease_lines(str(LEASE_LOG) + ".absent") is None
+
+
+def test_no_traffic_in_the_window_reads_the_totals_since_start():
+    _, after = scenario("pd")
+    (v,) = assess(PLAIN, after, after).pairs
+    assert (v.verdict, v.basis) == (PD_WORKING, "since start")
+    assert v.evidence[0] == ("Decode took 378 of 381 prompt tokens from prefill (99.2%) since decode started "
+                             "(no prompt tokens in the window)")
+    before, _ = scenario("pd")
+    (v,) = assess(PLAIN, before, before).pairs
+    assert (v.verdict, v.share, assess(PLAIN, before, before).exit_code) == (IDLE, None, 0)
+
+
+def test_decode_without_prompt_token_series_is_not_measurable():
+    before, after = scenario("pd")
+    bare = Page(tuple(s for s in page("pd_decode_after").samples
+                      if not s.name.startswith("vllm:prompt_tokens_by_source")))
+    after["decode-0"] = Scrape(105.0, bare, health=200)
+    (v,) = assess(PLAIN, before, after).pairs
+    assert (v.verdict, v.share, v.exit_code) == (NOT_MEASURABLE, None, 1)
+    assert v.evidence == [
+        "decode-0's page has no vllm:prompt_tokens_by_source_total by source (stats off: --disable-log-stats, or a "
+        "vLLM release before vllm-project/vllm#33290), so whether decode recomputed the prompts cannot be told",
+        "3 NIXL transfers (vllm:nixl_xfer_time_seconds_count) over the window: KV moves, its share is unknown"]
+
+
+def test_vllm_omni_stages_on_one_page():
+    def at(t, name):
+        p = page(name, "metrics")
+        return {"prefill (stage 0)": Scrape(t, p, health=200), "decode (stage 1)": Scrape(t, p, health=200)}
+
+    rep = assess(OMNI, at(0.0, "omni_before"), at(2.0, "omni_after_pd"))
+    (v,) = rep.pairs
+    assert (v.verdict, v.share) == (PD_WORKING, 126 / 127)
+    assert v.evidence == ["Decode took 126 of 127 prompt tokens from prefill (99.2%) over the window"]
+    rep = assess(OMNI, at(2.0, "omni_after_pd"), at(4.0, "omni_after_recompute"))
+    (v,) = rep.pairs
+    assert (v.verdict, v.share) == (LOCAL_PREFILL, 0.0)
+    assert v.evidence == [
+        "decode computed 127 of 127 prompt tokens itself; only 0.0% came from prefill (external_kv_transfer 0) "
+        "over the window, below 80.0%",
+        "prefill (stage 0) counted 127 prompt tokens over the window: prefill ran, its KV did not reach decode"]
+
+
+def test_a_restarted_decode_counts_from_zero():
+    before, after = scenario("pd")
+    old = after["decode-0"]  # the old process's totals: 378 external, 3 local
+    new = page("fallback_decode_after")  # the new process: 381 local
+    restarted = Page(tuple(s if s.name != "process_start_time_seconds" else type(s)(s.name, s.labels, s.value + 60)
+                           for s in new.samples))
+    rep = assess(PLAIN, {**before, "decode-0": old}, {**after, "decode-0": Scrape(105.0, restarted, health=200)})
+    assert rep.instances[1].prompt_tokens == {"external_kv_transfer": 0.0, "local_compute": 381.0,
+                                              "local_cache_hit": 0.0}
+    assert rep.pairs[0].verdict == LOCAL_PREFILL
+    # the same process (no restart): a counter that went down is read as PromQL's increase reads a reset
+    rep = assess(PLAIN, {**before, "decode-0": old}, {**after, "decode-0": Scrape(105.0, new, health=200)})
+    assert rep.instances[1].prompt_tokens["external_kv_transfer"] == 0.0
+    assert rep.instances[1].prompt_tokens["local_compute"] == 378.0
+
+
+def test_page_errors_and_quantile():
+    with pytest.raises(PageError):
+        Page.parse("<html>502 Bad Gateway</html>\n{")
+    assert quantile(0.5, {0.1: 0.0, 0.2: 10.0, float("inf"): 10.0}) == pytest.approx(0.15)
+    assert quantile(0.99, {1.0: 1.0, float("inf"): 2.0}) == 1.0
+    assert quantile(0.5, {1.0: 0.0, float("inf"): 0.0}) is None
+
+
+def test_a_plan_of_one_host_names_the_other_hosts_processes_by_their_peer_entries():
+    """``launch --inventory --host B`` writes prefill (on A) as a ``peer``: status still looks
+    at it, by its name's role, at A's address; encoders and headless workers are not PD pairs."""
+    from omni_pd.status.sources import from_plan
+
+    plan = {"runtime": "vllm", "model": "/m", "entrypoint": "http://10.0.0.2:8000", "processes": [
+        {"name": "prefill-0", "role": "peer", "argv": [], "health": {"url": "http://10.0.0.1:8100/health"}},
+        {"name": "prefill-0-node1", "role": "prefill-worker", "argv": [], "health": None},
+        {"name": "encoder-0", "role": "encoder", "argv": [], "health": {"url": "http://10.0.0.2:8300/health"}},
+        {"name": "decode-0", "role": "decode", "argv": ["vllm", "serve", "--served-model-name=tiny"],
+         "health": {"url": "http://10.0.0.2:8200/health"}},
+        {"name": "router", "role": "router", "argv": [], "health": {"url": "http://10.0.0.2:8000/health"}}]}
+    t = from_plan(plan, "run directory r", "/r")
+    assert [(i.name, i.role, i.url, i.log) for i in t.instances] == [
+        ("prefill-0", "prefill", "http://10.0.0.1:8100", "/r/prefill-0.log"),
+        ("decode-0", "decode", "http://10.0.0.2:8200", "/r/decode-0.log"),
+        ("router", "router", "http://10.0.0.2:8000", None)]
+    assert t.pairs == (Pair("decode-0", ("prefill-0",)),) and t.model == "tiny"
