@@ -64,8 +64,14 @@ CODES: tuple[CodeDoc, ...] = (
             a scalar at the top level is refused.""",
             "omni_pd/io.py parse_text()", exit=2),
     CodeDoc("OPD005", "output-unwritable", _E, "input", "the output file cannot be written",
-            """``-o`` names an input file (omni-pd never overwrites its input), a directory, or a
-            place the user cannot write. Writes are atomic: a failed write leaves no partial file.""",
+            """``-o`` names an input file (omni-pd never overwrites its input), a directory, a
+            block device, a symbolic link to nothing, or a place the user cannot write. A regular
+            file (or a new path) is written atomically: a failed write leaves no partial file. A
+            symbolic link is followed and the file it names is replaced atomically (the link is
+            kept, and stderr says so); a link to a file that does not exist is refused rather than
+            creating one where it points. A character device or a FIFO (``/dev/null``, ``mkfifo``)
+            is written through, never replaced; ``/dev/stdout`` and ``/dev/stderr`` are omni-pd's
+            own streams.""",
             "omni_pd/io.py atomic_write()", exit=2),
     CodeDoc("OPD006", "bad-usage", _E, "usage", "an option value omni-pd cannot use",
             """A malformed or unknown ``--vllm-version`` (omni-pd knows the releases listed by
