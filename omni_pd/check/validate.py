@@ -200,7 +200,7 @@ def parse_all(plain: dict, loc: Locator) -> tuple[DeployConfig | None, list[Diag
 
     from pydantic import ValidationError
 
-    from omni_pd.compile.parse import _TYPE_WORDS, _show
+    from omni_pd.compile.parse import _TYPE_WORDS, _show, type_help
 
     work = copy.deepcopy(plain)
     diags: list[Diagnostic] = []
@@ -223,7 +223,7 @@ def parse_all(plain: dict, loc: Locator) -> tuple[DeployConfig | None, list[Diag
                     help_ = f"add `{raw_loc[-1]}:` here"
                 elif want:
                     msg = f"`{key}` must be {want}, found {_show(err.get('input'))}"
-                    help_ = f"write {want} for `{key}`"
+                    help_ = type_help(want, key, err.get("input"))
                 else:
                     msg = f"invalid value for `{key}`: {err.get('msg')}"
                     help_ = None
@@ -253,7 +253,7 @@ def _check_nested_kv(work: dict, loc: Locator, diags: list[Diagnostic], seen: se
     from pydantic import ValidationError
 
     from omni_pd.compile.model import KVTransferConfig
-    from omni_pd.compile.parse import _TYPE_WORDS, _show
+    from omni_pd.compile.parse import _TYPE_WORDS, _show, type_help
 
     entries: list[tuple[tuple, Any]] = []  # every stage entry: stages[i] and platforms.<p>.stages[j]
     stages = work.get("stages")
@@ -283,7 +283,7 @@ def _check_nested_kv(work: dict, loc: Locator, diags: list[Diagnostic], seen: se
                     seen.add((base + sub, msg))
                     diags.append(Diagnostic(code="OPD101", severity=Severity.ERROR, message=msg,
                                             location=loc.loc(base + sub, value=True),
-                                            help=f"write {want} for `{key}`" if want else None))
+                                            help=type_help(want, key, err.get("input")) if want else None))
                 _drop(work, base + sub)
 
 
