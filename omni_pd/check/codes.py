@@ -109,6 +109,16 @@ CODES: tuple[CodeDoc, ...] = (
             brackets. A suppressed error no longer fails ``validate``; OPD009 itself is a warning
             and is silenced with ``--ignore OPD009``.""",
             "omni_pd/check/suppress.py apply()"),
+    CodeDoc("OPD010", "placement-from-header", _W, "input",
+            "a file compiled for an inventory is validated without one",
+            """``expand --inventory`` allocates devices and ports per host and records the placement
+            in the file's header (``# Placement (--inventory): stage 0 -> A, stage 1 -> B``).
+            Validated without ``--inventory``, such a file was judged as one host: prefill and
+            decode on "the same" device 0 (OPD404, OPD403) and port (OPD501), whose help would break
+            the correct layout. validate reads the placement from the header instead and says so;
+            the hosts' device counts, memory and addresses are not in the file, so the checks that
+            need them (OPD402, addresses) wait for ``--inventory FILE``.""",
+            "omni_pd/check/validate.py validate_document()"),
     CodeDoc("OPD208", "pd-pair-without-pipeline", _E, "topology",
             "a KV producer/consumer pair in a file that names no `pipeline:`",
             """Without ``pipeline:`` vllm-omni 0.30 takes the pipeline from the model's
