@@ -1462,7 +1462,8 @@ def launch(
 @app.command()
 def render(
     config: Path = typer.Argument(..., help="compiled PD deploy YAML (the output of `omni-pd expand`)"),
-    to: Path = typer.Option(..., "--to", help="directory to write (new or empty; never an input's)"),
+    to: Path = typer.Option(..., "--to", help="directory to write (new or empty; never an input's); "
+                            "- writes the Kubernetes manifests to stdout as one multi-document YAML"),
     model: str = typer.Option(..., "--model", help="model id or path every engine serves"),
     inventory: Optional[Path] = typer.Option(None, "--inventory", help="hosts and stage placement (YAML): one "
                                              "script per host"),
@@ -1495,6 +1496,10 @@ def render(
     router_workers: Optional[int] = typer.Option(None, "--router-workers", help="PD router processes (1..64)"),
     select: Optional[list[str]] = typer.Option(None, "--select", help=_SELECT_HELP + "; as validate"),
     ignore: Optional[list[str]] = typer.Option(None, "--ignore", help=_IGNORE_HELP + "; as validate"),
+    force: bool = typer.Option(False, "--force", help="write into an existing directory, over the files render "
+                               "writes there (others are left alone)"),
+    namespace: Optional[str] = typer.Option(None, "--namespace", "-n",
+                                            help="kubernetes: the namespace of every object (and the Kustomization)"),
 ) -> None:
     """Write what runs the deployment: one script per host, the config and the placement.
 
@@ -1513,14 +1518,37 @@ def render(
     if router_workers is not None and not 1 <= router_workers <= 64:
         raise typer.BadParameter(f"{router_workers} is outside 1..64", param_hint="--router-workers")
     inputs = [str(config)] + ([str(inventory)] if inventory is not None else [])
-    if to.exists() and (not to.is_dir() or any(to.iterdir())):
+    to_stdout = str(to) == "-"
+    if to_stdout and target != "kubernetes":
+        raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                     message="--to - writes Kubernetes manifests to stdout; scripts are one file per host",
+                                     help="add --target kubernetes, or give --to a directory"))
+    if not to_stdout and to.exists() and not to.is_dir():
+        raise OmniPdError(Diagnostic(code="OPD005", severity=Severity.ERROR,
+                                     message=f"--to {to}: exists and is not a directory",
+                                     help="pass a directory (new, empty, or existing with --force)"))
+    if not to_stdout and not force and to.exists() and any(to.iterdir()):
         raise OmniPdError(Diagnostic(code="OPD005", severity=Severity.ERROR,
                                      message=f"--to {to}: exists and is not an empty directory",
-                                     help="pass a new directory (render never writes over files)"))
+                                     help="pass a new directory, or --force to write over the files render writes there"))
     if target != "kubernetes" and (gpus_per_node is not None or disaggregated_set):
         raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
                                      message="--gpus-per-node and --disaggregated-set shape Kubernetes workloads",
                                      help="add --target kubernetes, or drop them for scripts"))
+    if target != "kubernetes" and namespace is not None:
+        raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                     message="--namespace places Kubernetes objects; scripts have none",
+                                     help="add --target kubernetes, or drop --namespace"))
+    if namespace is not None:
+        import re
+
+        from omni_pd.render.kubernetes import NAMESPACE_RE
+
+        if not re.fullmatch(NAMESPACE_RE, namespace):
+            raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                         message=f"--namespace {namespace}: not a Kubernetes namespace name "
+                                                 "(lowercase letters, digits and '-', at most 63)",
+                                         help="e.g. --namespace team-a"))
     inv = _inventory_opt(inventory)
     kept, hidden = _plan_suppression(config, select, ignore)  # before the config is read, as launch
     doc = load_file(config)
@@ -1540,7 +1568,13 @@ def render(
         where = _plan_placement(plan, inv, doc)
         files = _kubernetes_files(plan, planned.topology, doc, image, router_image, name, platform, secret,
                                   gpus_per_node, disaggregated_set,
-                                  tuple(where.addresses.values()) if where is not None else ())
+                                  tuple(where.addresses.values()) if where is not None else (), namespace)
+        if to_stdout:
+            from omni_pd.render.kubernetes import as_stream
+
+            sys.stdout.write(as_stream(files))
+            sys.stdout.flush()
+            return
     else:
         files = render_scripts(plan, doc.text, _plan_placement(plan, inv, doc), source=config.name, platform=platform,
                                stages=_role_stages(planned.topology))
@@ -1557,7 +1591,7 @@ def render(
 
 def _kubernetes_files(plan, topo, doc, image: Optional[str], router_image: str, name: str, platform: str,
                       secret: str, gpus_per_node: Optional[int] = None, disaggregated_set: bool = False,
-                      addresses: tuple = ()) -> dict:
+                      addresses: tuple = (), namespace: Optional[str] = None) -> dict:
     """``render --target kubernetes``: the manifests (:mod:`omni_pd.render.kubernetes`),
     validated before anything is written: every core object with the kubernetes-validate
     package's schemas (strict), LeaderWorkerSet and DisaggregatedSet with their bundled CRD
@@ -1575,7 +1609,7 @@ def _kubernetes_files(plan, topo, doc, image: Optional[str], router_image: str, 
                                   platform=platform, secret=secret, stages=_role_stages(topo),
                                   gpus_per_node=gpus_per_node, disaggregated_set=disaggregated_set,
                                   stage_devices={s.stage_id: s.devices for s in topo.stages} if topo else {},
-                                  addresses=addresses)
+                                  addresses=addresses, namespace=namespace)
     except RenderError as e:
         raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR, message=f"render --target kubernetes: {e}",
                                      help=e.help)) from None
