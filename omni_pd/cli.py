@@ -737,6 +737,11 @@ def _npu_connector_opt(value: str) -> str:
     return value
 
 
+#: connectors the CPU end-to-end runs move KV with (docs/status.md): MooncakeConnector in
+#: the vllm-omni pipeline (the README's CPU rehearsal), NixlConnector for a single LLM
+_CPU_RUN_CONNECTORS = ("MooncakeConnector", "NixlConnector")
+
+
 @app.command()
 def connectors() -> None:
     """List the KV connectors omni-pd can emit, with the platforms they run on (a
@@ -750,7 +755,7 @@ def connectors() -> None:
         if ascend.is_ascend(name):
             where = "npu (vllm-ascend " + ", ".join(f"{r}/vLLM {v}" for r, v in ascend.releases().items()) + ")"
         else:
-            where = "cuda, rocm, xpu (vLLM)"
+            where = "cuda, rocm, xpu, cpu (vLLM)" if name in _CPU_RUN_CONNECTORS else "cuda, rocm, xpu (vLLM)"
         rows.append((name, where, c.summary))  # type: ignore[union-attr]
     print_table(("connector", "platforms", "what it does"), rows)
 

@@ -124,17 +124,20 @@ def kv_role(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
 
 
 @rule("OPD303", "kv-both", Severity.WARNING,
-      "kv_both on a PD stage: deprecated (NIXL) and misroutes (Mooncake)",
+      "kv_both on a PD stage: deprecated (NIXL), and a stage that also serves the other direction",
       fail=_pd_yaml("{kv_connector: NixlConnector, kv_role: kv_both, engine_id: p}", OK_D),
       passing=_pd_yaml(OK_P, OK_D), example_context={"vllm_version": "0.30"})
 def kv_both(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``kv_both`` makes a stage both send and receive. vLLM 0.24+ NixlConnector warns
-    that it is deprecated (use producer on prefill, consumer on decode); Mooncake
-    asserts when a request is routed the wrong way. Sources: vLLM
+    that it is deprecated (use producer on prefill, consumer on decode).
+    MooncakeConnector's per-request asserts (``assert not self.is_kv_producer`` /
+    ``is_kv_consumer``) hold for kv_both, whose stage is neither: a request routed the
+    wrong way is served (a decode that prefills, a prefill that pulls) instead of refused,
+    which hides a routing mistake. A warning: the pair works. Sources: vLLM
     ``vllm/distributed/kv_transfer/kv_connector/v1/nixl/connector.py``
     ``NixlConnector.__init__`` (the deprecation warning, 0.24+);
-    ``v1/mooncake/mooncake_connector.py`` ``MooncakeConnectorScheduler``
-    (``assert not self.is_kv_producer`` / ``is_kv_consumer`` per request)."""
+    ``v1/mooncake/mooncake_connector.py`` ``MooncakeConnectorScheduler`` (0.30:
+    ``is_kv_producer = kv_role == "kv_producer"``, the asserts per request)."""
     pair = ctx.pd_pair
     if pair is None:
         return

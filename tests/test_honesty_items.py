@@ -1,0 +1,59 @@
+"""Small honesty items (issue 36 item 9): what omni-pd says matches what the runtime does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omni_pd.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(args: list[str], capsys) -> tuple[int, str]:
+    rc = main(args)
+    out, err = capsys.readouterr()
+    return rc, out + err
+
+
+def test_connectors_lists_cpu_where_the_cpu_rehearsal_runs_it(capsys):
+    rc, out = run(["connectors"], capsys)
+    assert rc == 0
+    rows = {ln.split()[0]: ln for ln in out.splitlines()[1:]}
+    # the CPU end-to-end runs: MooncakeConnector (vllm-omni pipeline), NixlConnector (single LLM)
+    assert "cuda, rocm, xpu, cpu (vLLM)" in rows["MooncakeConnector"]
+    assert "cuda, rocm, xpu, cpu (vLLM)" in rows["NixlConnector"]
+    assert "cuda, rocm, xpu (vLLM)" in rows["NixlPushConnector"] and "cpu" not in rows["NixlPushConnector"].split("(")[0]
+
+
+def test_a_vllm_connector_omni_pd_cannot_emit_is_not_a_typo(capsys):
+    rc, out = run(["expand", "-q", "--connector", "LMCacheConnectorV1"], capsys)
+    assert rc == 2
+    assert out == ("error[OPD804]: no connector contract for `LMCacheConnectorV1`\n"
+                   "  = help: LMCacheConnectorV1 is a vLLM connector omni-pd does not emit (validate checks a file "
+                   "that names it); omni-pd can emit: MooncakeConnector, MooncakeConnectorV1, "
+                   "MooncakeLayerwiseConnector, NixlConnector, NixlPushConnector\n")
+
+
+def test_a_connector_typo_still_gets_did_you_mean(capsys):
+    rc, out = run(["expand", "-q", "--connector", "NixlConector"], capsys)
+    assert rc == 2
+    assert "  = help: did you mean NixlConnector? omni-pd can emit: " in out
+
+
+def test_explain_opd303_says_what_mooncake_does_with_kv_both(capsys):
+    """vLLM 0.30 mooncake_connector.py: is_kv_producer / is_kv_consumer are both False for
+    kv_both, so its per-request asserts never fire: the stage serves both directions."""
+    rc, out = run(["explain", "OPD303"], capsys)
+    assert rc == 0
+    assert "asserts when a request is routed the wrong way" not in out.replace("\n", " ") and "misroutes" not in out
+    assert "kv_both on a PD stage: deprecated (NIXL), and a stage that also serves the other direction" in out
+    assert ("MooncakeConnector's per-request asserts (`assert not self.is_kv_producer` /\n"
+            "`is_kv_consumer`) hold for kv_both, whose stage is neither") in out
+
+
+def test_readme_does_not_blame_vllm_omnis_recipe_for_the_fixtures_memory(capsys):
+    text = (ROOT / "README.md").read_text()
+    assert "(this recipe: Talker + Code2Wav at 0.9 each on GPU 2)" not in text
+    assert ("# validate finds (the fixture joins the guide's blocks alone: its Talker + Code2Wav keep\n"
+            "                                          # vLLM's default 0.9 each on GPU 2; the guide applies them "
+            "to the full default config)") in text
