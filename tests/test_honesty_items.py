@@ -57,3 +57,16 @@ def test_readme_does_not_blame_vllm_omnis_recipe_for_the_fixtures_memory(capsys)
     assert ("# validate finds (the fixture joins the guide's blocks alone: its Talker + Code2Wav keep\n"
             "                                          # vLLM's default 0.9 each on GPU 2; the guide applies them "
             "to the full default config)") in text
+
+
+def test_the_plan_says_the_mooncake_bootstrap_binds_every_interface(tmp_path, capsys):
+    """vLLM 0.30 mooncake_connector.py starts MooncakeBootstrapServer("0.0.0.0", port)."""
+    pd = tmp_path / "pd.yaml"
+    assert main(["expand", "-q", "-o", str(pd)]) == 0
+    rc, out = run(["launch", str(pd), "--model", "M", "--dry-run"], capsys)
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[3].split()[:8] == ["#", "omni", "omni", "-", "8000", "http,", "25201", "Mooncake"]
+    assert "25201 Mooncake bootstrap on 0.0.0.0  http://127.0.0.1:8000/health" in lines[3]
+    assert ("# note: port 25201 binds 0.0.0.0, every interface, whatever the config's addresses say (vLLM's "
+            "Mooncake bootstrap server): reachable from the network, so firewall it") in lines
