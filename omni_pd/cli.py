@@ -584,6 +584,11 @@ def size(
     names = ("thinker", "talker", "code2wav")
     utils = {names[i]: float(s.gpu_memory_utilization or 0.9) for i, s in enumerate(stages[1:3], start=1)}
     text_cfg, where = model_map.thinker_text_config(cfg)
+    thinker_shape = model_map.shape(text_cfg)
+    if all(v is None for k, v in thinker_shape.items() if k != "head_dim"):
+        raise _size_error(f"--model-info {model_info} has no Thinker text config (none of "
+                          f"{', '.join(model_map.SHAPE_KEYS)} at {where})",
+                          help="pass the model's config.json (the file next to the weights)")
     if from_result is not None:
         recorded = json.loads(from_result.read_text(encoding="utf-8"))
         device_bytes = int(recorded["gpu_memory_bytes"])
@@ -592,6 +597,14 @@ def size(
         if got != want:
             raise _size_error(f"--from-result {from_result} was recorded for {got}, not {want}")
         match = model_map.Match(recorded["request"]["model"], True, {})
+        was = recorded.get("thinker_shape")
+        if isinstance(was, dict):
+            differs = {k: (thinker_shape.get(k), was.get(k)) for k in model_map.SHAPE_KEYS
+                       if thinker_shape.get(k) != was.get(k)}
+            if differs:
+                raise _size_error(f"--from-result {from_result} was recorded for another Thinker ({match.model}): "
+                                  + ", ".join(f"{k} {a} vs {b}" for k, (a, b) in differs.items()),
+                                  help="re-run without --from-result for this model")
     else:
         try:
             match = model_map.nearest(text_cfg, aic.shipped_configs())
@@ -605,6 +618,11 @@ def size(
                               f"it ships is {match.model}, which differs in "
                               + ", ".join(f"{k} {a} vs {b}" for k, (a, b) in match.differs.items()))
     down = plan.downstream_stages(cfg, utils)
+    lacking = [n for n in utils if n not in {d.name for d in down}]
+    if lacking:  # else they would be placed on a device past the budget (expand's default)
+        raise _size_error(f"--model-info {model_info} has no {', '.join(f'{n}_config' for n in lacking)}: the "
+                          f"{' and '.join(lacking)} stage{'s' if len(lacking) > 1 else ''} of {src.name} cannot be "
+                          "sized or placed", help="pass the model's full config.json (the file next to the weights)")
     need = len(plan.place_downstream(down, len(down), device_bytes)) if down else 0
     if total_devices is not None and total_devices - need < 2:
         raise _size_error(f"{total_devices} device(s) leave {total_devices - need} for the Thinker; PD needs 2")
@@ -621,6 +639,7 @@ def size(
             raise _size_error("AIConfigurator is not installed", help="pip install aiconfigurator==0.12.0 (the sizing extra of omni-pd)") from None
         except aic.AicUnsupported as e:
             raise _size_error(str(e)) from None
+        recorded["thinker_shape"] = thinker_shape  # what --from-result compares the next --model-info with
         if record is not None:
             atomic_write(record, json.dumps(recorded, indent=1, sort_keys=True) + "\n", protect=[str(src)])
     rows = plan.choices(recorded) if recorded["best_configs"].get("disagg") else []
@@ -643,9 +662,17 @@ def size(
         placed = plan.place_downstream(down, total_devices - top.devices, device_bytes) if down else []
     except plan.NoFit as e:
         raise _size_error(str(e)) from None
-    devs = plan.device_lists(top, len(placed))
-    note = (f"same shape as {where}" if match.exact else "recorded") + (
-        f" of {model_info.name}" if from_result is None else f" in {from_result.name}")
+    try:
+        devs = plan.device_lists(top, len(placed), total_devices)
+    except plan.NoFit as e:
+        raise _size_error(str(e)) from None
+    if from_result is None:
+        note = f"same shape as {where} of {model_info.name}"
+    elif isinstance(recorded.get("thinker_shape"), dict):
+        note = f"same shape as the Thinker recorded in {from_result.name} ({where} of {model_info.name})"
+    else:
+        note = (f"recorded in {from_result.name}; not compared with {where} of {model_info.name} "
+                "(the result records no Thinker shape: re-record it with --record)")
     s = report.summary(recorded, rows, {"model": match.model, "note": note},
                        {"isl": isl, "breakdown": shape.breakdown()}, placed, devs, fit)
     if fmt == "json":
