@@ -1517,6 +1517,8 @@ def render(
                                            help="kubernetes: both roles in one LWS DisaggregatedSet (lws v0.9.0 or "
                                                 "later) instead of a workload per role"),
     vllm: str = typer.Option("vllm", "--vllm", help="the `vllm` executable on the hosts"),
+    python: str = typer.Option("python3", "--python", help="the Python with omni-pd installed on the hosts: runs "
+                               "the PD router (default: python3 from the host's PATH)"),
     port: int = typer.Option(8000, "--port", help="client port: the PD router, or the vllm-omni server"),
     engine_port_base: int = typer.Option(8100, "--engine-port-base", help="prefill HTTP port (decode: +100)"),
     platform: _LAUNCH_PLATFORM = typer.Option("cuda", "--platform", help="the accelerator the engines run on"),
@@ -1525,7 +1527,8 @@ def render(
     extra_arg: Optional[list[str]] = typer.Option(None, "--engine-arg", help="extra `vllm serve` argument for every engine (repeatable)"),
     env: Optional[list[str]] = typer.Option(None, "--env", help="KEY=VALUE for every process (repeatable; a secret's "
                                             "value is read from the host's environment, never written)"),
-    router_workers: Optional[int] = typer.Option(None, "--router-workers", help="PD router processes (1..64)"),
+    router_workers: Optional[int] = typer.Option(None, "--router-workers", help="PD router processes (1..64; default: "
+                                                 "sized by the router for the CPUs of the host it runs on)"),
     select: Optional[list[str]] = typer.Option(None, "--select", help=_SELECT_HELP + "; as validate"),
     ignore: Optional[list[str]] = typer.Option(None, "--ignore", help=_IGNORE_HELP + "; as validate"),
     force: bool = typer.Option(False, "--force", help="write into an existing directory, over the files render "
@@ -1586,7 +1589,8 @@ def render(
     doc = load_file(config)
     opts = LaunchOptions(model=model, vllm=vllm, port=port, engine_port_base=engine_port_base, platform=platform,
                          served_model_name=served_model_name, ready_timeout_s=ready_timeout,
-                         extra_args=tuple(extra_arg or ()), env=_pairs(env, "--env"), router_workers=router_workers)
+                         extra_args=tuple(extra_arg or ()), env=_pairs(env, "--env"), router_workers=router_workers,
+                         router_python=python)
     planned = plan_document(doc, DEPLOY, opts, inventory=inv, suppress=kept, model=_served_model_facts(model))
     res, plan = planned.validation, planned.plan
     problems = [d for d in res.diagnostics if d.severity is Severity.ERROR] if plan is None else plan_checks(plan)
