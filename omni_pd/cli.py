@@ -389,7 +389,8 @@ def migrate(
 
     One note per change on stderr (which key went where, what was dropped and why, which
     default is now written); a key with no home is an error naming it (exit 2). Prints
-    the serve command line for the result.
+    the serve command line for the result; exit 1 when what it wrote does not validate
+    (written all the same, with validate's errors listed).
     """
     from omni_pd import cli_options
     from omni_pd.compile.migrate import is_legacy, migrate_text, serve_command, sorted_notes
@@ -452,6 +453,8 @@ def migrate(
             sys.stderr.write(f"  {d.severity.value}[{d.code}] {where}: {d.message}\n")
         sys.stderr.write(f"fix them (`omni-pd validate {output or 'FILE.yaml'}` explains each), then serve with: "
                          f"{line}\n" if errors else f"serve with: {line}\n")
+        if errors:  # written, but not servable as it is: exit 1 as validate would (a script notices)
+            raise SystemExit(1)
         return
     sys.stderr.write(f"serve with: {line}\n")
 
@@ -875,7 +878,9 @@ def validate(
     vllm_version: Optional[str] = typer.Option(None, "--vllm-version",
                                                help="target vLLM major.minor (default and known range: omni-pd --version)"),
     pipeline: Optional[str] = typer.Option(None, "--pipeline", help="pipeline name when the file does not say"),
-    fmt: Literal["text", "json", "sarif"] = typer.Option("text", "--format", help="diagnostics as text, JSON or SARIF"),
+    fmt: Literal["text", "json", "sarif", "concise", "github"] = typer.Option(
+        "text", "--format", help="diagnostics as text, JSON, SARIF, concise (one line each: file:line:col: "
+        "severity[CODE] message) or github (GitHub Actions annotations)"),
     env: Optional[list[str]] = typer.Option(None, "--env", help="launcher environment KEY=VALUE (repeatable), e.g. CUDA_VISIBLE_DEVICES=4,5"),
     serve_arg: Optional[list[str]] = typer.Option(None, "--serve-arg", help="global `vllm serve` flag KEY=VALUE the launch will pass "
                                                   "(broadcast to every stage), e.g. tensor_parallel_size=4"),
@@ -977,6 +982,10 @@ def validate(
             sys.stdout.flush()
     if fmt == "json":
         sys.stdout.write(render_json(every) + "\n")
+    elif fmt in ("concise", "github"):
+        from omni_pd.diagnostics import render_concise, render_github
+
+        sys.stdout.write((render_concise if fmt == "concise" else render_github)(every))
     elif fmt == "sarif":
         from omni_pd.check.sarif import render_sarif
 
