@@ -10,7 +10,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import typer
 
@@ -193,6 +193,11 @@ def expand(
     inventory: Optional[Path] = typer.Option(
         None, "--inventory", help="hosts (address, count) and stage placement (YAML): devices, ports and advertised "
         "addresses per host (docs/launch.md, Two hosts)"),
+    prefill_set: Optional[list[str]] = typer.Option(
+        None, "--prefill-set", help="KEY=VALUE: a stage key on prefill only, e.g. max_num_seqs=16 (repeatable; "
+        "VALUE read as YAML; validated like the file)"),
+    decode_set: Optional[list[str]] = typer.Option(
+        None, "--decode-set", help="KEY=VALUE: a stage key on decode only, e.g. max_num_seqs=64 (repeatable)"),
 ) -> None:
     """Split the Thinker of a deploy config into a prefill/decode pair (three stages -> four).
 
@@ -238,6 +243,7 @@ def expand(
         npu_decode_tp=npu_decode_tp)
     side_tps(opts)  # --tp / --prefill-tp / --decode-tp / --npu-decode-tp agree (OPD006) before reading
     side_dps(opts)  # --dp / --prefill-dp / --decode-dp agree (OPD006)
+    sets = {"prefill": _side_sets(prefill_set, "prefill"), "decode": _side_sets(decode_set, "decode")}
     doc = load_file(src)
     _require_deploy_config(doc, pipeline, vllm_version)
     if encoder_split is not None:
@@ -263,6 +269,11 @@ def expand(
     if kv_buffer_device is not None and encoder_split is None:
         cli_options.kv_buffer_device(kv_buffer_device, res.plan.connector, tgt,
                                      overlays=tuple(res.config.platforms or ()))
+    if any(sets.values()):
+        from dataclasses import replace
+
+        res = replace(res, text=_apply_side_sets(res.text, res.topology, sets, output, vllm_version,
+                                                 _placed_inventory(_inventory_opt(inventory), res.topology)))
     placed = tuple(f"{flag} {v}" for flag, v in (("--prefill-devices", prefill_devices), ("--decode-devices", decode_devices),
                                                   ("--downstream-devices", downstream_devices),
                                                   ("--encoder-devices", encoder_devices)) if v is not None)
@@ -277,6 +288,74 @@ def expand(
         if not quiet:
             sys.stderr.write(f"wrote {output} ({res.plan.target_pipeline.name}, {len(res.topology.stages)} stages)\n")
             _say_missing_schema(_schema_ref(schema_ref), output)
+
+
+#: stage keys expand writes for the split: --prefill-set/--decode-set name the option instead
+_SIDE_OWNED = {"devices": "--{side}-devices", "tensor_parallel_size": "--{side}-tp",
+               "data_parallel_size": "--{side}-dp", "num_replicas": "--{side}-replicas",
+               "kv_transfer_config": "--connector (and --kv-host, --kv-buffer-device, --port-base)",
+               "stage_id": None, "engine_input_source": None, "is_prefill_only": None, "is_decode_only": None}
+
+
+def _side_sets(items: Optional[list[str]], side: str) -> list[tuple[str, Any, str]]:
+    """``--prefill-set`` / ``--decode-set`` values as ``(key, value, "key=raw")``; VALUE
+    read as YAML (``16`` an int, ``true`` a bool). OPD006 for a malformed item or a key
+    expand writes for the split (the help names its option)."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
+
+    out = []
+    for item in items or ():
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                         message=f"--{side}-set {item}: expected KEY=VALUE",
+                                         help=f"e.g. --{side}-set max_num_seqs=16 (VALUE is read as YAML: 16, true, \"text\")"))
+        if key in _SIDE_OWNED:
+            how = _SIDE_OWNED[key]
+            raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                         message=f"--{side}-set {item}: expand writes `{key}` for the split",
+                                         help=f"use {how.format(side=side)}" if how else
+                                         "the pipeline decides it; it cannot be set per side"))
+        try:
+            value = YAML(typ="safe").load(raw) if raw.strip() else ""
+        except YAMLError as e:
+            raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                         message=f"--{side}-set {item}: VALUE is not YAML ({str(e).splitlines()[0]})",
+                                         help="quote a string: KEY='\"text\"'")) from None
+        out.append((key, value, f"{key}={raw}"))
+    return out
+
+
+def _apply_side_sets(text: str, topo, sets: dict, output: Optional[Path], vllm_version: Optional[str],
+                     inventory) -> str:
+    """expand's output ``text`` with the ``--prefill-set``/``--decode-set`` keys written on
+    the prefill/decode stage entries of ``topo`` and a header line that lists them; validated
+    like the file (``validate``'s rules): errors are printed against the result and nothing
+    is written (exit 1)."""
+    from omni_pd.check.validate import ValidateOptions, validate_document
+    from omni_pd.diagnostics import summary
+    from omni_pd.io import dump, parse_text
+
+    doc = parse_text(text, "<expand>", own_output=True)
+    for node in topo.stages:
+        for key, value, _ in sets.get(node.pd_role or "", ()):
+            if node.index is not None:
+                doc.tree["stages"][node.index][key] = value
+    said = "; ".join(f"{side} {', '.join(s for _, _, s in items)} (--{side}-set)" for side, items in sets.items() if items)
+    lines = dump(doc.tree).split("\n")
+    at = next((i + 1 for i, ln in enumerate(lines) if ln.startswith("# Stages:")), 0)
+    new = "\n".join(lines[:at] + [f"# Per-side settings: {said}."] + lines[at:])
+    name = f"{output if output is not None else '<stdout>'} (not written)"
+    res = validate_document(parse_text(new, name, own_output=True),
+                            ValidateOptions(vllm_version=vllm_version, all_platforms=True, inventory=inventory))
+    if res.errors:
+        _emit_diags(res.errors, res.docs)
+        sys.stderr.write("expand: nothing written: the output with --prefill-set/--decode-set does not validate "
+                         f"({summary(res.errors).split(',')[0]})\n")
+        raise SystemExit(1)
+    return new
 
 
 def _require_deploy_config(doc, pipeline: Optional[str], vllm_version: Optional[str]) -> None:
