@@ -279,7 +279,8 @@ def expand(
                                                   ("--encoder-devices", encoder_devices)) if v is not None)
     _self_check(res.text, doc, vllm_version, output, platform=opts.platform, pipeline=pipeline, placed=placed,
                 inventory=_placed_inventory(_inventory_opt(inventory), res.topology))
-    diags = [d for d in res.diagnostics if not (quiet and d.severity is Severity.INFO)]
+    diags = [d for d in res.diagnostics if not (quiet and d.severity is Severity.INFO) and d.code not in _EXPAND_HIDE]
+    _EXPAND_SEEN.update(d.code for d in res.diagnostics)
     _emit_diags(diags, {doc.name: doc})
     if output is None:
         sys.stdout.write(res.text)
@@ -289,6 +290,12 @@ def expand(
             sys.stderr.write(f"wrote {output} ({res.plan.target_pipeline.name}, {len(res.topology.stages)} stages)\n")
             _say_missing_schema(_schema_ref(schema_ref), output)
 
+
+#: codes expand leaves out when another command calls it (size --write: OPD904 is about the
+#: input's npu overlay, not the GPU system sized; size says so in its own words)
+_EXPAND_HIDE: set[str] = set()
+#: every code the last expand call found (read by its caller)
+_EXPAND_SEEN: set[str] = set()
 
 #: stage keys expand writes for the split: --prefill-set/--decode-set name the option instead
 _SIDE_OWNED = {"devices": "--{side}-devices", "tensor_parallel_size": "--{side}-tp",
@@ -781,7 +788,15 @@ def size(
                   prefill_devices=",".join(map(str, devs["prefill"])), decode_devices=",".join(map(str, devs["decode"])))
         if devs["downstream"]:
             kw["downstream_devices"] = ",".join(map(str, devs["downstream"]))
-        expand(**kw)
+        _EXPAND_HIDE.add("OPD904")
+        _EXPAND_SEEN.clear()
+        try:
+            expand(**kw)
+        finally:
+            _EXPAND_HIDE.discard("OPD904")
+        if "OPD904" in _EXPAND_SEEN:
+            sys.stderr.write(f"note: the input's platforms.npu overlay is kept as expand writes it (one replica per "
+                             f"side on npu, OPD904); this sizing is for {system}\n")
         sys.stderr.write(f"wrote {write} (through expand, validated)\n")
 
 

@@ -70,3 +70,19 @@ def test_the_plan_says_the_mooncake_bootstrap_binds_every_interface(tmp_path, ca
     assert "25201 Mooncake bootstrap on 0.0.0.0  http://127.0.0.1:8000/health" in lines[3]
     assert ("# note: port 25201 binds 0.0.0.0, every interface, whatever the config's addresses say (vLLM's "
             "Mooncake bootstrap server): reachable from the network, so firewall it") in lines
+
+
+def test_size_write_on_a_gpu_system_does_not_warn_about_the_npu_overlay(tmp_path, capsys):
+    fix = ROOT / "tests" / "fixtures" / "sizing"
+    out = tmp_path / "sized.yaml"
+    rc, said = run(["size", "--model-info", str(fix / "qwen3_omni_config.json"), "--system", "h200_sxm",
+                    "--total-devices", "9", "--text-tokens", "3306", "--audio-seconds", "30", "--image", "640x480",
+                    "--output-tokens", "500", "--ttft", "1000", "--tpot", "30",
+                    "--from-result", str(fix / "aic_qwen3_30b_a3b_h200_vllm.json"), "--write", str(out)], capsys)
+    assert rc == 0, said
+    assert "warning[OPD904]" not in said
+    assert ("note: the input's platforms.npu overlay is kept as expand writes it (one replica per side on npu, "
+            "OPD904); this sizing is for h200_sxm\n") in said
+    assert said.endswith(f"wrote {out} (through expand, validated)\n")
+    rc, said = run(["expand", "-q", "--prefill-replicas", "2", "-o", str(tmp_path / "x.yaml")], capsys)
+    assert rc == 0 and "warning[OPD904]" in said  # expand itself still says it
