@@ -671,6 +671,13 @@ def size(
     doc = load_file(src)
     stages = parse_config(doc).stages
     names = ("thinker", "talker", "code2wav")
+
+    def say_phase(text: str) -> None:
+        """What size is doing, one line on stderr per phase (AIConfigurator's sweep takes one
+        to two minutes of silence otherwise)."""
+        sys.stderr.write(f"size: {text}\n")
+        sys.stderr.flush()
+
     utils = {names[i]: float(s.gpu_memory_utilization or 0.9) for i, s in enumerate(stages[1:3], start=1)}
     text_cfg, where = model_map.thinker_text_config(cfg)
     thinker_shape = model_map.shape(text_cfg)
@@ -695,6 +702,7 @@ def size(
                                   + ", ".join(f"{k} {a} vs {b}" for k, (a, b) in differs.items()),
                                   help="re-run without --from-result for this model")
     else:
+        say_phase(f"matching the Thinker ({where}) with AIConfigurator's models")
         try:
             match = model_map.nearest(text_cfg, aic.shipped_configs())
             device_bytes = aic.gpu_memory_bytes(system)
@@ -723,7 +731,12 @@ def size(
         try:
             budget = total_devices - need if total_devices is not None else aic.gpus_per_node(system)
             req = aic.AicRequest(match.model, system, backend, budget, isl, output_tokens, ttft, tpot)
+            say_phase(f"AIConfigurator sweeps {match.model} on {budget} {system} GPUs ({backend}; usually 1-2 minutes)")
+            import time
+
+            t0 = time.monotonic()
             recorded = aic.run(req)
+            say_phase(f"AIConfigurator done in {time.monotonic() - t0:.0f} s")
         except aic.AicMissing:
             raise _size_error("AIConfigurator is not installed", help="pip install aiconfigurator==0.12.0 (the sizing extra of omni-pd)") from None
         except aic.AicUnsupported as e:
