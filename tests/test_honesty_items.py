@@ -86,3 +86,18 @@ def test_size_write_on_a_gpu_system_does_not_warn_about_the_npu_overlay(tmp_path
     assert said.endswith(f"wrote {out} (through expand, validated)\n")
     rc, said = run(["expand", "-q", "--prefill-replicas", "2", "-o", str(tmp_path / "x.yaml")], capsys)
     assert rc == 0 and "warning[OPD904]" in said  # expand itself still says it
+
+
+def test_readme_says_what_a_new_user_needs_before_the_first_command():
+    """Issue 36 item 7: the serving environment needs omni-pd; the vllm-omni runtime has run
+    on CPU only; the rehearsal's memory/disk and paths under the clone; the sizing example's
+    config.json is synthesized."""
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert ("Install it in the serving environment too (every host and engine image): its vllm-omni plugin "
+            "patches vllm-omni 0.30, and PD never switches on without it.") in text
+    assert "The vllm-omni runtime under PD has run on CPU only, not yet on a GPU (" in text
+    assert "about 9-12 GiB of memory and 3.5 GB of disk" in text
+    assert "/tmp/pd.yaml" not in text and "/tmp/q3o-full" not in text
+    assert "--mooncake-protocol tcp -o rehearsal/pd.yaml" in text
+    assert "that config.json is synthesized" in text
+    assert "rehearsal/" in (ROOT / ".gitignore").read_text().split()
