@@ -1703,6 +1703,8 @@ def render(
     inv = _inventory_opt(inventory)
     kept, hidden = _plan_suppression(config, select, ignore)  # before the config is read, as launch
     doc = load_file(config)
+    if inv is None:
+        _require_header_inventory(doc)
     opts = LaunchOptions(model=model, vllm=vllm, port=port, engine_port_base=engine_port_base, platform=platform,
                          served_model_name=served_model_name, ready_timeout_s=ready_timeout,
                          extra_args=tuple(extra_arg or ()), env=_pairs(env, "--env"), router_workers=router_workers,
@@ -1739,6 +1741,21 @@ def render(
     hosts = hosts_of(plan)
     said = ([f"hosts {', '.join(hosts)}"] if hosts else []) + ([f"{hidden[0]} suppressed"] if hidden[0] else [])
     sys.stderr.write(f"wrote {to}: {', '.join(files)}" + (f" ({'; '.join(said)})" if said else "") + "\n")
+
+
+def _require_header_inventory(doc) -> None:
+    """For ``render`` without ``--inventory``: a file compiled with ``expand --inventory``
+    (its header records the placement, :func:`omni_pd.check.validate.header_placement`) is
+    planned per host, with the hosts' addresses and devices: rendered as one host, its two
+    sides collided on one port (OPD960). OPD006 asks for the inventory instead."""
+    from omni_pd.check.validate import header_placement
+
+    found = header_placement(doc.text or "")
+    if found is not None:
+        raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                     message=f"{doc.name} was compiled for an inventory ({found[1]}); pass --inventory",
+                                     help=f"pass the inventory it was compiled with: omni-pd render {doc.name} "
+                                          "--inventory HOSTS.yaml ..."))
 
 
 def _kubernetes_files(plan, topo, doc, image: Optional[str], router_image: str, name: str, platform: str,

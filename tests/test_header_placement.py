@@ -73,3 +73,24 @@ def test_header_placement_parses_a_stage_spanning_hosts():
             "pipeline: llm_pd\n")
     assert header_placement(text) == (3, "stage 0 -> A + B, stage 1 -> C", {0: ["A", "B"], 1: "C"})
     assert header_placement("pipeline: x\n# Placement (--inventory): stage 0 -> A; device ids\n") is None
+
+
+def test_render_of_a_file_compiled_for_an_inventory_asks_for_it(tmp_path, capsys):
+    """Issue 36 item 5: the README's Kubernetes line after its two-host expand rendered the
+    file as one host (OPD404/OPD501, then OPD960: both sides on port 5600)."""
+    pytest.importorskip("kubernetes_validate")
+    out = _compile(tmp_path, "placement: {0: A, 1: B}\n", str(ROOT / "tests/fixtures/llm.yaml"), "--pipeline", "llm",
+                   "--connector", "NixlConnector")
+    for target in ("kubernetes", "scripts"):
+        capsys.readouterr()
+        to = tmp_path / f"out-{target}"
+        rc = main(["render", str(out), "--target", target, "--model", "M", "--image", "I", "--to", str(to)])
+        err = capsys.readouterr().err
+        assert rc == 2
+        assert err == (f"error[OPD006]: {out} was compiled for an inventory (stage 0 -> A, stage 1 -> B); pass "
+                       f"--inventory\n  = help: pass the inventory it was compiled with: omni-pd render {out} "
+                       "--inventory HOSTS.yaml ...\n")
+        assert not to.exists()
+    rc = main(["render", str(out), "--target", "kubernetes", "--model", "M", "--image", "I",
+               "--inventory", str(tmp_path / "hosts.yaml"), "--to", str(tmp_path / "k8s")])
+    assert rc == 0, capsys.readouterr().err
