@@ -9,7 +9,7 @@ bad usage, 3 internal error (a bug in omni-pd; set OMNI_PD_DEBUG=1 for the trace
 import os
 import sys
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import typer
 
@@ -147,6 +147,11 @@ def expand(
     inventory: Optional[Path] = typer.Option(
         None, "--inventory", help="hosts (address, count) and stage placement (YAML): devices, ports and advertised "
         "addresses per host (docs/launch.md, Two hosts)"),
+    prefill_set: Optional[list[str]] = typer.Option(
+        None, "--prefill-set", help="KEY=VALUE: a stage key on prefill only, e.g. max_num_seqs=16 (repeatable; "
+        "VALUE read as YAML; validated like the file)"),
+    decode_set: Optional[list[str]] = typer.Option(
+        None, "--decode-set", help="KEY=VALUE: a stage key on decode only, e.g. max_num_seqs=64 (repeatable)"),
 ) -> None:
     """Split the Thinker of a deploy config into a prefill/decode pair (three stages -> four).
 
@@ -192,6 +197,7 @@ def expand(
         npu_decode_tp=npu_decode_tp, stream=stream)
     side_tps(opts)  # --tp / --prefill-tp / --decode-tp / --npu-decode-tp agree (OPD006) before reading
     side_dps(opts)  # --dp / --prefill-dp / --decode-dp agree (OPD006)
+    sets = {"prefill": _side_sets(prefill_set, "prefill"), "decode": _side_sets(decode_set, "decode")}
     doc = load_file(src)
     _require_deploy_config(doc, pipeline, vllm_version)
     if encoder_split is not None:
@@ -217,12 +223,18 @@ def expand(
     if kv_buffer_device is not None and encoder_split is None:
         cli_options.kv_buffer_device(kv_buffer_device, res.plan.connector, tgt,
                                      overlays=tuple(res.config.platforms or ()))
+    if any(sets.values()):
+        from dataclasses import replace
+
+        res = replace(res, text=_apply_side_sets(res.text, res.topology, sets, output, vllm_version,
+                                                 _placed_inventory(_inventory_opt(inventory), res.topology)))
     placed = tuple(f"{flag} {v}" for flag, v in (("--prefill-devices", prefill_devices), ("--decode-devices", decode_devices),
                                                   ("--downstream-devices", downstream_devices),
                                                   ("--encoder-devices", encoder_devices)) if v is not None)
     _self_check(res.text, doc, vllm_version, output, platform=opts.platform, pipeline=pipeline, placed=placed,
                 inventory=_placed_inventory(_inventory_opt(inventory), res.topology))
-    diags = [d for d in res.diagnostics if not (quiet and d.severity is Severity.INFO)]
+    diags = [d for d in res.diagnostics if not (quiet and d.severity is Severity.INFO) and d.code not in _EXPAND_HIDE]
+    _EXPAND_SEEN.update(d.code for d in res.diagnostics)
     _emit_diags(diags, {doc.name: doc})
     if output is None:
         sys.stdout.write(res.text)
@@ -231,6 +243,80 @@ def expand(
         if not quiet:
             sys.stderr.write(f"wrote {output} ({res.plan.target_pipeline.name}, {len(res.topology.stages)} stages)\n")
             _say_missing_schema(_schema_ref(schema_ref), output)
+
+
+#: codes expand leaves out when another command calls it (size --write: OPD904 is about the
+#: input's npu overlay, not the GPU system sized; size says so in its own words)
+_EXPAND_HIDE: set[str] = set()
+#: every code the last expand call found (read by its caller)
+_EXPAND_SEEN: set[str] = set()
+
+#: stage keys expand writes for the split: --prefill-set/--decode-set name the option instead
+_SIDE_OWNED = {"devices": "--{side}-devices", "tensor_parallel_size": "--{side}-tp",
+               "data_parallel_size": "--{side}-dp", "num_replicas": "--{side}-replicas",
+               "kv_transfer_config": "--connector (and --kv-host, --kv-buffer-device, --port-base)",
+               "stage_id": None, "engine_input_source": None, "is_prefill_only": None, "is_decode_only": None}
+
+
+def _side_sets(items: Optional[list[str]], side: str) -> list[tuple[str, Any, str]]:
+    """``--prefill-set`` / ``--decode-set`` values as ``(key, value, "key=raw")``; VALUE
+    read as YAML (``16`` an int, ``true`` a bool). OPD006 for a malformed item or a key
+    expand writes for the split (the help names its option)."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
+
+    out = []
+    for item in items or ():
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                         message=f"--{side}-set {item}: expected KEY=VALUE",
+                                         help=f"e.g. --{side}-set max_num_seqs=16 (VALUE is read as YAML: 16, true, \"text\")"))
+        if key in _SIDE_OWNED:
+            how = _SIDE_OWNED[key]
+            raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                         message=f"--{side}-set {item}: expand writes `{key}` for the split",
+                                         help=f"use {how.format(side=side)}" if how else
+                                         "the pipeline decides it; it cannot be set per side"))
+        try:
+            value = YAML(typ="safe").load(raw) if raw.strip() else ""
+        except YAMLError as e:
+            raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                         message=f"--{side}-set {item}: VALUE is not YAML ({str(e).splitlines()[0]})",
+                                         help="quote a string: KEY='\"text\"'")) from None
+        out.append((key, value, f"{key}={raw}"))
+    return out
+
+
+def _apply_side_sets(text: str, topo, sets: dict, output: Optional[Path], vllm_version: Optional[str],
+                     inventory) -> str:
+    """expand's output ``text`` with the ``--prefill-set``/``--decode-set`` keys written on
+    the prefill/decode stage entries of ``topo`` and a header line that lists them; validated
+    like the file (``validate``'s rules): errors are printed against the result and nothing
+    is written (exit 1)."""
+    from omni_pd.check.validate import ValidateOptions, validate_document
+    from omni_pd.diagnostics import summary
+    from omni_pd.io import dump, parse_text
+
+    doc = parse_text(text, "<expand>", own_output=True)
+    for node in topo.stages:
+        for key, value, _ in sets.get(node.pd_role or "", ()):
+            if node.index is not None:
+                doc.tree["stages"][node.index][key] = value
+    said = "; ".join(f"{side} {', '.join(s for _, _, s in items)} (--{side}-set)" for side, items in sets.items() if items)
+    lines = dump(doc.tree).split("\n")
+    at = next((i + 1 for i, ln in enumerate(lines) if ln.startswith("# Stages:")), 0)
+    new = "\n".join(lines[:at] + [f"# Per-side settings: {said}."] + lines[at:])
+    name = f"{output if output is not None else '<stdout>'} (not written)"
+    res = validate_document(parse_text(new, name, own_output=True),
+                            ValidateOptions(vllm_version=vllm_version, all_platforms=True, inventory=inventory))
+    if res.errors:
+        _emit_diags(res.errors, res.docs)
+        sys.stderr.write("expand: nothing written: the output with --prefill-set/--decode-set does not validate "
+                         f"({summary(res.errors).split(',')[0]})\n")
+        raise SystemExit(1)
+    return new
 
 
 def _require_deploy_config(doc, pipeline: Optional[str], vllm_version: Optional[str]) -> None:
@@ -343,7 +429,8 @@ def migrate(
 
     One note per change on stderr (which key went where, what was dropped and why, which
     default is now written); a key with no home is an error naming it (exit 2). Prints
-    the serve command line for the result.
+    the serve command line for the result; exit 1 when what it wrote does not validate
+    (written all the same, with validate's errors listed).
     """
     from omni_pd import cli_options
     from omni_pd.compile.migrate import is_legacy, migrate_text, serve_command, sorted_notes
@@ -406,6 +493,8 @@ def migrate(
             sys.stderr.write(f"  {d.severity.value}[{d.code}] {where}: {d.message}\n")
         sys.stderr.write(f"fix them (`omni-pd validate {output or 'FILE.yaml'}` explains each), then serve with: "
                          f"{line}\n" if errors else f"serve with: {line}\n")
+        if errors:  # written, but not servable as it is: exit 1 as validate would (a script notices)
+            raise SystemExit(1)
         return
     sys.stderr.write(f"serve with: {line}\n")
 
@@ -536,8 +625,20 @@ def size(
     doc = load_file(src)
     stages = parse_config(doc).stages
     names = ("thinker", "talker", "code2wav")
+
+    def say_phase(text: str) -> None:
+        """What size is doing, one line on stderr per phase (AIConfigurator's sweep takes one
+        to two minutes of silence otherwise)."""
+        sys.stderr.write(f"size: {text}\n")
+        sys.stderr.flush()
+
     utils = {names[i]: float(s.gpu_memory_utilization or 0.9) for i, s in enumerate(stages[1:3], start=1)}
     text_cfg, where = model_map.thinker_text_config(cfg)
+    thinker_shape = model_map.shape(text_cfg)
+    if all(v is None for k, v in thinker_shape.items() if k != "head_dim"):
+        raise _size_error(f"--model-info {model_info} has no Thinker text config (none of "
+                          f"{', '.join(model_map.SHAPE_KEYS)} at {where})",
+                          help="pass the model's config.json (the file next to the weights)")
     if from_result is not None:
         recorded = json.loads(from_result.read_text(encoding="utf-8"))
         device_bytes = int(recorded["gpu_memory_bytes"])
@@ -546,7 +647,16 @@ def size(
         if got != want:
             raise _size_error(f"--from-result {from_result} was recorded for {got}, not {want}")
         match = model_map.Match(recorded["request"]["model"], True, {})
+        was = recorded.get("thinker_shape")
+        if isinstance(was, dict):
+            differs = {k: (thinker_shape.get(k), was.get(k)) for k in model_map.SHAPE_KEYS
+                       if thinker_shape.get(k) != was.get(k)}
+            if differs:
+                raise _size_error(f"--from-result {from_result} was recorded for another Thinker ({match.model}): "
+                                  + ", ".join(f"{k} {a} vs {b}" for k, (a, b) in differs.items()),
+                                  help="re-run without --from-result for this model")
     else:
+        say_phase(f"matching the Thinker ({where}) with AIConfigurator's models")
         try:
             match = model_map.nearest(text_cfg, aic.shipped_configs())
             device_bytes = aic.gpu_memory_bytes(system)
@@ -559,6 +669,11 @@ def size(
                               f"it ships is {match.model}, which differs in "
                               + ", ".join(f"{k} {a} vs {b}" for k, (a, b) in match.differs.items()))
     down = plan.downstream_stages(cfg, utils)
+    lacking = [n for n in utils if n not in {d.name for d in down}]
+    if lacking:  # else they would be placed on a device past the budget (expand's default)
+        raise _size_error(f"--model-info {model_info} has no {', '.join(f'{n}_config' for n in lacking)}: the "
+                          f"{' and '.join(lacking)} stage{'s' if len(lacking) > 1 else ''} of {src.name} cannot be "
+                          "sized or placed", help="pass the model's full config.json (the file next to the weights)")
     need = len(plan.place_downstream(down, len(down), device_bytes)) if down else 0
     if total_devices is not None and total_devices - need < 2:
         raise _size_error(f"{total_devices} device(s) leave {total_devices - need} for the Thinker; PD needs 2")
@@ -570,11 +685,17 @@ def size(
         try:
             budget = total_devices - need if total_devices is not None else aic.gpus_per_node(system)
             req = aic.AicRequest(match.model, system, backend, budget, isl, output_tokens, ttft, tpot)
+            say_phase(f"AIConfigurator sweeps {match.model} on {budget} {system} GPUs ({backend}; usually 1-2 minutes)")
+            import time
+
+            t0 = time.monotonic()
             recorded = aic.run(req)
+            say_phase(f"AIConfigurator done in {time.monotonic() - t0:.0f} s")
         except aic.AicMissing:
             raise _size_error("AIConfigurator is not installed", help="pip install aiconfigurator==0.12.0 (the sizing extra of omni-pd)") from None
         except aic.AicUnsupported as e:
             raise _size_error(str(e)) from None
+        recorded["thinker_shape"] = thinker_shape  # what --from-result compares the next --model-info with
         if record is not None:
             atomic_write(record, json.dumps(recorded, indent=1, sort_keys=True) + "\n", protect=[str(src)])
     rows = plan.choices(recorded) if recorded["best_configs"].get("disagg") else []
@@ -597,9 +718,17 @@ def size(
         placed = plan.place_downstream(down, total_devices - top.devices, device_bytes) if down else []
     except plan.NoFit as e:
         raise _size_error(str(e)) from None
-    devs = plan.device_lists(top, len(placed))
-    note = (f"same shape as {where}" if match.exact else "recorded") + (
-        f" of {model_info.name}" if from_result is None else f" in {from_result.name}")
+    try:
+        devs = plan.device_lists(top, len(placed), total_devices)
+    except plan.NoFit as e:
+        raise _size_error(str(e)) from None
+    if from_result is None:
+        note = f"same shape as {where} of {model_info.name}"
+    elif isinstance(recorded.get("thinker_shape"), dict):
+        note = f"same shape as the Thinker recorded in {from_result.name} ({where} of {model_info.name})"
+    else:
+        note = (f"recorded in {from_result.name}; not compared with {where} of {model_info.name} "
+                "(the result records no Thinker shape: re-record it with --record)")
     s = report.summary(recorded, rows, {"model": match.model, "note": note},
                        {"isl": isl, "breakdown": shape.breakdown()}, placed, devs, fit)
     if fmt == "json":
@@ -626,7 +755,15 @@ def size(
                   prefill_devices=",".join(map(str, devs["prefill"])), decode_devices=",".join(map(str, devs["decode"])))
         if devs["downstream"]:
             kw["downstream_devices"] = ",".join(map(str, devs["downstream"]))
-        expand(**kw)
+        _EXPAND_HIDE.add("OPD904")
+        _EXPAND_SEEN.clear()
+        try:
+            expand(**kw)
+        finally:
+            _EXPAND_HIDE.discard("OPD904")
+        if "OPD904" in _EXPAND_SEEN:
+            sys.stderr.write(f"note: the input's platforms.npu overlay is kept as expand writes it (one replica per "
+                             f"side on npu, OPD904); this sizing is for {system}\n")
         sys.stderr.write(f"wrote {write} (through expand, validated)\n")
 
 
@@ -691,6 +828,11 @@ def _npu_connector_opt(value: str) -> str:
     return value
 
 
+#: connectors the CPU end-to-end runs move KV with (docs/status.md): MooncakeConnector in
+#: the vllm-omni pipeline (the README's CPU rehearsal), NixlConnector for a single LLM
+_CPU_RUN_CONNECTORS = ("MooncakeConnector", "NixlConnector")
+
+
 @app.command()
 def connectors() -> None:
     """List the KV connectors omni-pd can emit, with the platforms they run on (a
@@ -704,7 +846,7 @@ def connectors() -> None:
         if ascend.is_ascend(name):
             where = "npu (vllm-ascend " + ", ".join(f"{r}/vLLM {v}" for r, v in ascend.releases().items()) + ")"
         else:
-            where = "cuda, rocm, xpu (vLLM)"
+            where = "cuda, rocm, xpu, cpu (vLLM)" if name in _CPU_RUN_CONNECTORS else "cuda, rocm, xpu (vLLM)"
         rows.append((name, where, c.summary))  # type: ignore[union-attr]
     print_table(("connector", "platforms", "what it does"), rows)
 
@@ -797,7 +939,9 @@ def validate(
     vllm_version: Optional[str] = typer.Option(None, "--vllm-version",
                                                help="target vLLM major.minor (default and known range: omni-pd --version)"),
     pipeline: Optional[str] = typer.Option(None, "--pipeline", help="pipeline name when the file does not say"),
-    fmt: Literal["text", "json", "sarif"] = typer.Option("text", "--format", help="diagnostics as text, JSON or SARIF"),
+    fmt: Literal["text", "json", "sarif", "concise", "github"] = typer.Option(
+        "text", "--format", help="diagnostics as text, JSON, SARIF, concise (one line each: file:line:col: "
+        "severity[CODE] message) or github (GitHub Actions annotations)"),
     env: Optional[list[str]] = typer.Option(None, "--env", help="launcher environment KEY=VALUE (repeatable), e.g. CUDA_VISIBLE_DEVICES=4,5"),
     serve_arg: Optional[list[str]] = typer.Option(None, "--serve-arg", help="global `vllm serve` flag KEY=VALUE the launch will pass "
                                                   "(broadcast to every stage), e.g. tensor_parallel_size=4"),
@@ -1239,7 +1383,8 @@ def launch(
 @app.command()
 def render(
     config: Path = typer.Argument(..., help="compiled PD deploy YAML (the output of `omni-pd expand`)"),
-    to: Path = typer.Option(..., "--to", help="directory to write (new or empty; never an input's)"),
+    to: Path = typer.Option(..., "--to", help="directory to write (new or empty; never an input's); "
+                            "- writes the Kubernetes manifests to stdout as one multi-document YAML"),
     model: str = typer.Option(..., "--model", help="model id or path every engine serves"),
     inventory: Optional[Path] = typer.Option(None, "--inventory", help="hosts and stage placement (YAML): one "
                                              "script per host"),
@@ -1261,6 +1406,8 @@ def render(
                                            help="kubernetes: both roles in one LWS DisaggregatedSet (lws v0.9.0 or "
                                                 "later) instead of a workload per role"),
     vllm: str = typer.Option("vllm", "--vllm", help="the `vllm` executable on the hosts"),
+    python: str = typer.Option("python3", "--python", help="the Python with omni-pd installed on the hosts: runs "
+                               "the PD router (default: python3 from the host's PATH)"),
     port: int = typer.Option(8000, "--port", help="client port: the PD router, or the vllm-omni server"),
     engine_port_base: int = typer.Option(8100, "--engine-port-base", help="prefill HTTP port (decode: +100)"),
     platform: _LAUNCH_PLATFORM = typer.Option("cuda", "--platform", help="the accelerator the engines run on"),
@@ -1269,9 +1416,14 @@ def render(
     extra_arg: Optional[list[str]] = typer.Option(None, "--engine-arg", help="extra `vllm serve` argument for every engine (repeatable)"),
     env: Optional[list[str]] = typer.Option(None, "--env", help="KEY=VALUE for every process (repeatable; a secret's "
                                             "value is read from the host's environment, never written)"),
-    router_workers: Optional[int] = typer.Option(None, "--router-workers", help="PD router processes (1..64)"),
+    router_workers: Optional[int] = typer.Option(None, "--router-workers", help="PD router processes (1..64; default: "
+                                                 "sized by the router for the CPUs of the host it runs on)"),
     select: Optional[list[str]] = typer.Option(None, "--select", help=_SELECT_HELP + "; as validate"),
     ignore: Optional[list[str]] = typer.Option(None, "--ignore", help=_IGNORE_HELP + "; as validate"),
+    force: bool = typer.Option(False, "--force", help="write into an existing directory, over the files render "
+                               "writes there (others are left alone)"),
+    namespace: Optional[str] = typer.Option(None, "--namespace", "-n",
+                                            help="kubernetes: the namespace of every object (and the Kustomization)"),
 ) -> None:
     """Write what runs the deployment: one script per host, the config and the placement.
 
@@ -1290,20 +1442,46 @@ def render(
     if router_workers is not None and not 1 <= router_workers <= 64:
         raise typer.BadParameter(f"{router_workers} is outside 1..64", param_hint="--router-workers")
     inputs = [str(config)] + ([str(inventory)] if inventory is not None else [])
-    if to.exists() and (not to.is_dir() or any(to.iterdir())):
+    to_stdout = str(to) == "-"
+    if to_stdout and target != "kubernetes":
+        raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                     message="--to - writes Kubernetes manifests to stdout; scripts are one file per host",
+                                     help="add --target kubernetes, or give --to a directory"))
+    if not to_stdout and to.exists() and not to.is_dir():
+        raise OmniPdError(Diagnostic(code="OPD005", severity=Severity.ERROR,
+                                     message=f"--to {to}: exists and is not a directory",
+                                     help="pass a directory (new, empty, or existing with --force)"))
+    if not to_stdout and not force and to.exists() and any(to.iterdir()):
         raise OmniPdError(Diagnostic(code="OPD005", severity=Severity.ERROR,
                                      message=f"--to {to}: exists and is not an empty directory",
-                                     help="pass a new directory (render never writes over files)"))
+                                     help="pass a new directory, or --force to write over the files render writes there"))
     if target != "kubernetes" and (gpus_per_node is not None or disaggregated_set):
         raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
                                      message="--gpus-per-node and --disaggregated-set shape Kubernetes workloads",
                                      help="add --target kubernetes, or drop them for scripts"))
+    if target != "kubernetes" and namespace is not None:
+        raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                     message="--namespace places Kubernetes objects; scripts have none",
+                                     help="add --target kubernetes, or drop --namespace"))
+    if namespace is not None:
+        import re
+
+        from omni_pd.render.kubernetes import NAMESPACE_RE
+
+        if not re.fullmatch(NAMESPACE_RE, namespace):
+            raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                         message=f"--namespace {namespace}: not a Kubernetes namespace name "
+                                                 "(lowercase letters, digits and '-', at most 63)",
+                                         help="e.g. --namespace team-a"))
     inv = _inventory_opt(inventory)
     kept, hidden = _plan_suppression(config, select, ignore)  # before the config is read, as launch
     doc = load_file(config)
+    if inv is None:
+        _require_header_inventory(doc)
     opts = LaunchOptions(model=model, vllm=vllm, port=port, engine_port_base=engine_port_base, platform=platform,
                          served_model_name=served_model_name, ready_timeout_s=ready_timeout,
-                         extra_args=tuple(extra_arg or ()), env=_pairs(env, "--env"), router_workers=router_workers)
+                         extra_args=tuple(extra_arg or ()), env=_pairs(env, "--env"), router_workers=router_workers,
+                         router_python=python)
     planned = plan_document(doc, DEPLOY, opts, inventory=inv, suppress=kept, model=_served_model_facts(model))
     res, plan = planned.validation, planned.plan
     problems = [d for d in res.diagnostics if d.severity is Severity.ERROR] if plan is None else plan_checks(plan)
@@ -1317,7 +1495,13 @@ def render(
         where = _plan_placement(plan, inv, doc)
         files = _kubernetes_files(plan, planned.topology, doc, image, router_image, name, platform, secret,
                                   gpus_per_node, disaggregated_set,
-                                  tuple(where.addresses.values()) if where is not None else ())
+                                  tuple(where.addresses.values()) if where is not None else (), namespace)
+        if to_stdout:
+            from omni_pd.render.kubernetes import as_stream
+
+            sys.stdout.write(as_stream(files))
+            sys.stdout.flush()
+            return
     else:
         files = render_scripts(plan, doc.text, _plan_placement(plan, inv, doc), source=config.name, platform=platform,
                                stages=_role_stages(planned.topology))
@@ -1332,9 +1516,24 @@ def render(
     sys.stderr.write(f"wrote {to}: {', '.join(files)}" + (f" ({'; '.join(said)})" if said else "") + "\n")
 
 
+def _require_header_inventory(doc) -> None:
+    """For ``render`` without ``--inventory``: a file compiled with ``expand --inventory``
+    (its header records the placement, :func:`omni_pd.check.validate.header_placement`) is
+    planned per host, with the hosts' addresses and devices: rendered as one host, its two
+    sides collided on one port (OPD960). OPD006 asks for the inventory instead."""
+    from omni_pd.check.validate import header_placement
+
+    found = header_placement(doc.text or "")
+    if found is not None:
+        raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                     message=f"{doc.name} was compiled for an inventory ({found[1]}); pass --inventory",
+                                     help=f"pass the inventory it was compiled with: omni-pd render {doc.name} "
+                                          "--inventory HOSTS.yaml ..."))
+
+
 def _kubernetes_files(plan, topo, doc, image: Optional[str], router_image: str, name: str, platform: str,
                       secret: str, gpus_per_node: Optional[int] = None, disaggregated_set: bool = False,
-                      addresses: tuple = ()) -> dict:
+                      addresses: tuple = (), namespace: Optional[str] = None) -> dict:
     """``render --target kubernetes``: the manifests (:mod:`omni_pd.render.kubernetes`),
     validated before anything is written: every core object with the kubernetes-validate
     package's schemas (strict), LeaderWorkerSet and DisaggregatedSet with their bundled CRD
@@ -1352,7 +1551,7 @@ def _kubernetes_files(plan, topo, doc, image: Optional[str], router_image: str, 
                                   platform=platform, secret=secret, stages=_role_stages(topo),
                                   gpus_per_node=gpus_per_node, disaggregated_set=disaggregated_set,
                                   stage_devices={s.stage_id: s.devices for s in topo.stages} if topo else {},
-                                  addresses=addresses)
+                                  addresses=addresses, namespace=namespace)
     except RenderError as e:
         raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR, message=f"render --target kubernetes: {e}",
                                      help=e.help)) from None

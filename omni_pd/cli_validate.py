@@ -265,6 +265,10 @@ def run_validate(inputs: Optional[list[str]], opts, *, cli_layer, known: dict, f
             sys.stdout.flush()
     if fmt == "json":
         sys.stdout.write(render_json(every) + "\n")
+    elif fmt in ("concise", "github"):
+        from omni_pd.diagnostics import render_concise, render_github
+
+        sys.stdout.write((render_concise if fmt == "concise" else render_github)(every))
     elif fmt == "sarif":
         from omni_pd.check.sarif import render_sarif
 

@@ -218,6 +218,45 @@ def render_json(diags: Iterable[Diagnostic]) -> str:
     return json.dumps([d.to_dict() for d in diags], indent=2, sort_keys=False)
 
 
+def render_concise(diags: Iterable[Diagnostic]) -> str:
+    """One line per finding, ``file:line:col: severity[CODE] message`` (as ruff's concise
+    output and yamllint's parsable format), for editors, grep and CI logs; "" for none."""
+    out = []
+    for d in diags:
+        loc = d.location
+        where = str(loc) if loc is not None else "-"
+        out.append(f"{where}: {d.severity.value}[{d.code}] {d.message}\n")
+    return "".join(out)
+
+
+def _gh_escape(text: str, prop: bool = False) -> str:
+    """GitHub Actions workflow-command escaping (actions/toolkit ``escapeData`` /
+    ``escapeProperty``)."""
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return text.replace(":", "%3A").replace(",", "%2C") if prop else text
+
+
+def render_github(diags: Iterable[Diagnostic]) -> str:
+    """One GitHub Actions workflow command per finding (``::error file=F,line=L,col=C,
+    title=CODE::message``; warning ``::warning``, info ``::notice``), which annotate the
+    file in a pull request; the help follows the message on a line of its own."""
+    level = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
+    out = []
+    for d in diags:
+        props = []
+        loc = d.location
+        if loc is not None and loc.file:
+            props.append(f"file={_gh_escape(loc.file, True)}")
+            if loc.line is not None:
+                props.append(f"line={loc.line}")
+                if loc.column is not None:
+                    props.append(f"col={loc.column}")
+        props.append(f"title={_gh_escape(d.code, True)}")
+        msg = d.message + (f"\nhelp: {d.help}" if d.help else "")
+        out.append(f"::{level[d.severity]} {','.join(props)}::{_gh_escape(msg)}\n")
+    return "".join(out)
+
+
 def summary(diags: list[Diagnostic]) -> str:
     e = sum(d.severity is Severity.ERROR for d in diags)
     w = sum(d.severity is Severity.WARNING for d in diags)

@@ -158,6 +158,23 @@ def syntax_diagnostic(e: Any, text: str, name: str) -> Diagnostic:
             pline = lines[prev - 1]
             pk = _key_column(pline)
             pword = _word(lines, prev - 1, pk)
+            prev2 = _last_content_line(lines, prev - 1)
+            if kc > pk and prev2 is not None and _key_column(lines[prev2 - 1]) == kc:
+                # the key above is the odd one out: dedented between keys at column kc (a
+                # `kv_role` moved out of `kv_transfer_config:`); lining the next key up
+                # with it would move the rest of the block out too
+                owner = next((i for i in range(prev2 - 1, -1, -1)
+                              if _content(lines[i]) and _key_column(lines[i]) < kc), None)
+                oword = _word(lines, owner, _key_column(lines[owner])) if owner is not None else None
+                ends = (f"so YAML ends the mapping of `{oword}` (line {owner + 1}) before it" if oword
+                        else "so YAML ends the mapping above before it")
+                back = f", back under `{oword}` (line {owner + 1})" if oword else ""
+                return diag(f"bad indentation: `{pword}` (line {prev}, column {pk + 1}) is less indented than the "
+                            f"keys around it (column {kc + 1}), {ends}", _Mark(prev - 1, pk),
+                            label="dedented",
+                            related=[Location(file=name, line=pm.line + 1, column=kc + 1,
+                                              label=f"`{head.strip()}` is read as more of its value")],
+                            help=f"indent `{pword}` to column {kc + 1}{back} like the keys around it")
             if kc > pk:
                 return diag(f"bad indentation: `{head.strip()}` (column {kc + 1}) is deeper than `{pword}` "
                             f"(line {prev}, column {pk + 1}), so YAML reads it as more of line {prev}'s value",

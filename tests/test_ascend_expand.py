@@ -137,7 +137,7 @@ def test_connectors_command_names_the_platform(capsys) -> None:
     assert rc == 0
     line = next(ln for ln in out.splitlines() if ln.startswith("MooncakeLayerwiseConnector "))
     assert "npu (vllm-ascend 0.23.0.post1/vLLM 0.23, 0.18.0/vLLM 0.18, 0.13.0/vLLM 0.13)" in line
-    assert "cuda, rocm, xpu (vLLM)" in next(ln for ln in out.splitlines() if ln.startswith("NixlConnector "))
+    assert "cuda, rocm, xpu, cpu (vLLM)" in next(ln for ln in out.splitlines() if ln.startswith("NixlConnector "))
 
 
 def test_expanded_npu_output_has_no_warning_but_the_talker_note(capsys) -> None:

@@ -42,7 +42,7 @@ def test_a_quoted_device_list_is_underlined_whole(tmp_path, capsys) -> None:
         "  |",
         "3 |     devices: \"2,3,4,5\"",
         "  |              ^^^^^^^^^",
-        "  = help: list 2 devices here, e.g. devices: \"0,1\"",
+        "  = help: list 2 devices here, e.g. devices: \"2,3\"",
     ]
 
 

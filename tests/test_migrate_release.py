@@ -214,7 +214,7 @@ def test_a_legacy_file_names_migrate_everywhere_it_is_refused():
 
 def test_diff_shows_what_the_migration_changed_per_stage(tmp_path):
     new = tmp_path / "new.yaml"
-    assert omni_pd("migrate", str(LEGACY), "-o", str(new)).returncode == 0
+    assert omni_pd("migrate", str(LEGACY), "-o", str(new)).returncode == 1  # written; OPD404 (the fixture's memory)
     r = omni_pd("diff", str(LEGACY), str(new))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
@@ -232,7 +232,7 @@ def test_diff_shows_what_the_migration_changed_per_stage(tmp_path):
 
 def test_diff_of_a_hand_migration_that_lost_a_setting_exits_1_and_names_it(tmp_path):
     new = tmp_path / "new.yaml"
-    assert omni_pd("migrate", str(LEGACY), "-o", str(new)).returncode == 0
+    assert omni_pd("migrate", str(LEGACY), "-o", str(new)).returncode == 1  # written; OPD404 (the fixture's memory)
     text = new.read_text()
     assert "bootstrap_port: 25201\n" in text
     new.write_text(text.replace("bootstrap_port: 25201\n", "bootstrap_port: 25301\n", 1))
@@ -270,7 +270,7 @@ def test_migrate_says_what_validate_finds_in_what_it_wrote(tmp_path):
     walkthrough's new user got a serve line and a file validate rejects; now migrate says so."""
     out = tmp_path / "m.yaml"
     r = omni_pd("migrate", str(LEGACY), "-q", "-o", str(out))
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr  # written, but not servable as it is: exit 1 as validate
     assert r.stderr.splitlines() == [
         f"{out}: validate finds 1 error, 1 warning (settings the input had):",
         f"  warning[OPD702] {out}:22:5: prefill stage 0 has no engine_id: vllm-omni cannot send remote_engine_id to decode",
@@ -282,7 +282,7 @@ def test_migrate_says_what_validate_finds_in_what_it_wrote(tmp_path):
 
 def test_diff_with_a_legacy_pair_swapped_says_so(tmp_path):
     new = tmp_path / "new.yaml"
-    assert omni_pd("migrate", str(LEGACY), "-q", "-o", str(new)).returncode == 0
+    assert omni_pd("migrate", str(LEGACY), "-q", "-o", str(new)).returncode == 1  # written; OPD404
     r = omni_pd("diff", str(new), str(LEGACY))
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr.splitlines()[0] == (f"error[OPD008]: the arguments are swapped: {LEGACY} is a legacy "

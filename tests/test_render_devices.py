@@ -60,10 +60,9 @@ def rendered(tmp_path, capsys, monkeypatch):
 
     def render(platform: str = "cuda", *extra: str) -> Path:
         to = tmp_path / f"out-{platform}-{len(list(tmp_path.glob('out-*')))}"
-        monkeypatch.setattr(sys, "executable", str(bin_dir / "router-python"))
         rc = main(["render", str(cfg), "--to", str(to), "--model", "/models/tiny", "--vllm", str(bin_dir / "vllm"),
+                   "--python", str(bin_dir / "router-python"),  # the router's interpreter on the host
                    "--platform", platform, "--router-workers", "1", *extra])
-        monkeypatch.undo()
         assert rc == 0, capsys.readouterr()
         capsys.readouterr()
         return to

@@ -1,7 +1,8 @@
 """``omni-pd render --to DIR`` (issue 25 step 2): one runnable script per host.
 
 Goldens (tests/golden/render_scripts_two_hosts/): the two-host NIXL 1P1D config rendered
-for hosts A and B, the interpreter path of this run written as ``$PYTHON``. Every script
+for hosts A and B; the router runs ``python3`` from the host's PATH (``render --python``), never
+this run's interpreter path (still written as ``$PYTHON`` should it appear). Every script
 parses (``bash -n``), starts exactly its host's processes and waits for its remote peers;
 a secret passed with ``--env`` is read from the host's environment, never written; render
 refuses a non-empty directory and writes nothing after a validation error.

@@ -58,7 +58,7 @@ error[OPD401]: stage 1: tensor_parallel_size 1 x pipeline_parallel_size 1 x data
 10 |     devices: "2,3"
    |              ^^^^^
    = note: follows from OPD103 at pd.yaml:11:5, which leaves `stages[1].tensor_parallel_size` unset (its default)
-   = help: list 1 device here, e.g. devices: "0"
+   = help: list 1 device here, e.g. devices: "2"
 pd.yaml: FAILED (3 errors, 0 warnings, 0 info)
 """
 

@@ -50,7 +50,7 @@ def test_opd401_a_stage_omni_pd_does_not_know_may_use_more_devices_but_not_fewer
     text = "stages:\n  - {stage_id: 0, devices: \"0,1,2\"}\n  - {stage_id: 1, devices: \"3\", tensor_parallel_size: 2}\n"
     assert found(text, "OPD401") == [(
         "error", "stage 1: tensor_parallel_size 2 x pipeline_parallel_size 1 x data_parallel_size 1 = 2 devices, but "
-                 "devices has 1 entry", (3, 28), "list 2 devices here, e.g. devices: \"0,1\"", [])]
+                 "devices has 1 entry", (3, 28), "list 2 devices here, e.g. devices: \"3,4\"", [])]
 
 
 def test_opd401_pp_and_dp_enter_the_product() -> None:
@@ -400,7 +400,7 @@ def test_opd401_checks_the_device_list_a_platform_overlay_sets() -> None:
            "devices has 1 entry")
     assert found(text, "OPD401") == []
     assert found(text, "OPD401", opts=ValidateOptions(platform="rocm")) == [
-        ("error", msg, (7, 32), "list 2 devices here, e.g. devices: \"0,1\"", [])]
+        ("error", msg, (7, 32), "list 2 devices here, e.g. devices: \"6,7\"", [])]
     got = [(d.message, d.location.line, d.location.column, list(d.notes))
            for d in validate_text(text, "t.yaml", ValidateOptions(all_platforms=True)).diagnostics if d.code == "OPD401"]
     assert got == [(msg, 7, 32, ["found with the `platforms.rocm` overlay applied"])]

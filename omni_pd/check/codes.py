@@ -64,8 +64,14 @@ CODES: tuple[CodeDoc, ...] = (
             a scalar at the top level is refused.""",
             "omni_pd/io.py parse_text()", exit=2),
     CodeDoc("OPD005", "output-unwritable", _E, "input", "the output file cannot be written",
-            """``-o`` names an input file (omni-pd never overwrites its input), a directory, or a
-            place the user cannot write. Writes are atomic: a failed write leaves no partial file.""",
+            """``-o`` names an input file (omni-pd never overwrites its input), a directory, a
+            block device, a symbolic link to nothing, or a place the user cannot write. A regular
+            file (or a new path) is written atomically: a failed write leaves no partial file. A
+            symbolic link is followed and the file it names is replaced atomically (the link is
+            kept, and stderr says so); a link to a file that does not exist is refused rather than
+            creating one where it points. A character device or a FIFO (``/dev/null``, ``mkfifo``)
+            is written through, never replaced; ``/dev/stdout`` and ``/dev/stderr`` are omni-pd's
+            own streams.""",
             "omni_pd/io.py atomic_write()", exit=2),
     CodeDoc("OPD006", "bad-usage", _E, "usage", "an option value omni-pd cannot use",
             """A malformed or unknown ``--vllm-version`` (omni-pd knows the releases listed by
@@ -103,6 +109,16 @@ CODES: tuple[CodeDoc, ...] = (
             brackets. A suppressed error no longer fails ``validate``; OPD009 itself is a warning
             and is silenced with ``--ignore OPD009``.""",
             "omni_pd/check/suppress.py apply()"),
+    CodeDoc("OPD010", "placement-from-header", _W, "input",
+            "a file compiled for an inventory is validated without one",
+            """``expand --inventory`` allocates devices and ports per host and records the placement
+            in the file's header (``# Placement (--inventory): stage 0 -> A, stage 1 -> B``).
+            Validated without ``--inventory``, such a file was judged as one host: prefill and
+            decode on "the same" device 0 (OPD404, OPD403) and port (OPD501), whose help would break
+            the correct layout. validate reads the placement from the header instead and says so;
+            the hosts' device counts, memory and addresses are not in the file, so the checks that
+            need them (OPD402, addresses) wait for ``--inventory FILE``.""",
+            "omni_pd/check/validate.py validate_document()"),
     CodeDoc("OPD208", "pd-pair-without-pipeline", _E, "topology",
             "a KV producer/consumer pair in a file that names no `pipeline:`",
             """Without ``pipeline:`` vllm-omni 0.30 takes the pipeline from the model's

@@ -200,7 +200,7 @@ def parse_all(plain: dict, loc: Locator) -> tuple[DeployConfig | None, list[Diag
 
     from pydantic import ValidationError
 
-    from omni_pd.compile.parse import _TYPE_WORDS, _show
+    from omni_pd.compile.parse import _TYPE_WORDS, _show, type_help
 
     work = copy.deepcopy(plain)
     diags: list[Diagnostic] = []
@@ -223,7 +223,7 @@ def parse_all(plain: dict, loc: Locator) -> tuple[DeployConfig | None, list[Diag
                     help_ = f"add `{raw_loc[-1]}:` here"
                 elif want:
                     msg = f"`{key}` must be {want}, found {_show(err.get('input'))}"
-                    help_ = f"write {want} for `{key}`"
+                    help_ = type_help(want, key, err.get("input"))
                 else:
                     msg = f"invalid value for `{key}`: {err.get('msg')}"
                     help_ = None
@@ -253,7 +253,7 @@ def _check_nested_kv(work: dict, loc: Locator, diags: list[Diagnostic], seen: se
     from pydantic import ValidationError
 
     from omni_pd.compile.model import KVTransferConfig
-    from omni_pd.compile.parse import _TYPE_WORDS, _show
+    from omni_pd.compile.parse import _TYPE_WORDS, _show, type_help
 
     entries: list[tuple[tuple, Any]] = []  # every stage entry: stages[i] and platforms.<p>.stages[j]
     stages = work.get("stages")
@@ -283,7 +283,7 @@ def _check_nested_kv(work: dict, loc: Locator, diags: list[Diagnostic], seen: se
                     seen.add((base + sub, msg))
                     diags.append(Diagnostic(code="OPD101", severity=Severity.ERROR, message=msg,
                                             location=loc.loc(base + sub, value=True),
-                                            help=f"write {want} for `{key}`" if want else None))
+                                            help=type_help(want, key, err.get("input")) if want else None))
                 _drop(work, base + sub)
 
 
@@ -433,6 +433,13 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
     cli, cli_diags = check_serve_args(opts.cli)
     legacy = "stage_args" in plain and "stages" not in plain
     diags: list[Diagnostic] = []
+    if opts.inventory is None:
+        from_header = _inventory_from_header(doc)
+        if from_header is not None:
+            from dataclasses import replace
+
+            opts = replace(opts, inventory=from_header[0])
+            diags.append(from_header[1])
     if legacy:
         ctx = Context(vllm_version_given=opts.vllm_version is not None, doc=Locator(doc), config=None, topology=None, target=tgt, platform=overlay,
                       inventory=opts.inventory, model=opts.model, env=dict(opts.env), cli=dict(cli),
@@ -486,6 +493,60 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
         diags += found
         first = False
     return ValidateResult(_finish(diags), locator.docs(), pipe.name if cat.get(pipe.name) else None)
+
+
+#: the header line ``expand --inventory`` writes (omni_pd/compile/expand.py)
+_PLACEMENT_HEADER = "# Placement (--inventory): "
+
+
+def header_placement(text: str) -> tuple[int, str, dict[int, Any]] | None:
+    """The placement a file's header records, when ``expand --inventory`` wrote it:
+    ``(line, "stage 0 -> A, stage 1 -> B", {0: "A", 1: "B"})`` (a stage spanning hosts:
+    ``{0: ["A", "B"]}``, as an inventory's ``placement`` writes it). Only the leading
+    comment block is read; None when it has no such line or the line does not parse."""
+    import re
+
+    for i, line in enumerate(text.splitlines(), start=1):
+        if not line.startswith("#"):
+            return None
+        if not line.startswith(_PLACEMENT_HEADER):
+            continue
+        desc = line[len(_PLACEMENT_HEADER):].split(";", 1)[0].strip()
+        placement: dict[int, Any] = {}
+        for part in desc.split(", "):
+            m = re.fullmatch(r"stage (\d+) -> (\S+(?: \+ \S+)*)", part.strip())
+            if m is None:
+                return None
+            hosts = m.group(2).split(" + ")
+            placement[int(m.group(1))] = hosts if len(hosts) > 1 else hosts[0]
+        return (i, desc, placement) if placement else None
+    return None
+
+
+def _inventory_from_header(doc: Document) -> tuple[Inventory, Diagnostic] | None:
+    """For a file validated without ``--inventory`` whose header records the placement
+    ``expand --inventory`` compiled it for (:func:`header_placement`): an inventory of
+    those hosts (no device counts or addresses) and the OPD010 warning that says so.
+    Judged as one host, such a file gets OPD404/OPD403/OPD501 whose help would break a
+    correct two-host layout."""
+    found = header_placement(doc.text or "")
+    if found is None:
+        return None
+    line, desc, placement = found
+    hosts: dict[str, dict] = {}
+    for h in placement.values():
+        for name in (h if isinstance(h, list) else [h]):
+            hosts.setdefault(name, {})
+    try:
+        inv = Inventory.from_dict({"hosts": hosts, "placement": placement})
+    except ValueError:
+        return None
+    diag = Diagnostic(code="OPD010", severity=Severity.WARNING,
+                      message=f"this file was compiled for an inventory ({desc}): validated with the placement its "
+                              "header records, without the hosts' device counts and addresses",
+                      location=Location(file=doc.name, line=line, column=1),
+                      help=f"pass the inventory it was compiled with: omni-pd validate {doc.name} --inventory HOSTS.yaml")
+    return inv, diag
 
 
 def placed_inventory(inventory: Inventory | None, pipeline: Any) -> Inventory | None:

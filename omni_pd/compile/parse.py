@@ -62,6 +62,27 @@ def _tree_path(doc: Document, loc: tuple) -> tuple:
     return tuple(out)
 
 
+def _json_object(value: object) -> bool:
+    """True for a string that is a JSON object (``'{"kv_role": "kv_producer"}'``): a
+    mapping written as the string vLLM's ``--kv-transfer-config`` flag takes."""
+    import json
+
+    if not isinstance(value, str) or not value.lstrip().startswith("{"):
+        return False
+    try:
+        return isinstance(json.loads(value), dict)
+    except ValueError:
+        return False
+
+
+def type_help(want: str, key: object, got: object) -> str:
+    """OPD101's help for ``key`` that must be ``want`` (``a mapping``) but is ``got``: a
+    mapping written as a JSON string is told to drop the quotes."""
+    if want == "a mapping" and _json_object(got):
+        return f"this is JSON text in a quoted string: remove the quotes around it, and `{key}: {{...}}` is a YAML mapping"
+    return f"write {want} for `{key}`"
+
+
 def parse_config(doc: Document) -> DeployConfig:
     """Validate ``doc`` against the deploy schema.
 
@@ -92,7 +113,7 @@ def parse_config(doc: Document) -> DeployConfig:
             help_ = f"add `{err['loc'][-1]}:` here"
         elif want:
             msg = f"`{key}` must be {want}, found {_show(got)}"
-            help_ = f"write {want} for `{key}`"
+            help_ = type_help(want, key, got)
         else:
             msg = f"invalid value for `{key}`: {err.get('msg')}"
             help_ = None

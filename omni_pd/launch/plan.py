@@ -197,6 +197,11 @@ class LaunchOptions:
     #: PD router processes (``--workers``); None: the router's default for this host's CPUs
     #: (:func:`omni_pd.launch.router.sizing.default_workers`)
     router_workers: int | None = None
+    #: the interpreter that runs the PD router where it runs: ``render --python`` (a script
+    #: runs on another host: ``python3`` from its PATH); None: this one (``sys.executable``,
+    #: ``launch``). When set and ``router_workers`` is None, ``--workers`` is left to the
+    #: router, which sizes it for the CPUs of the host it runs on
+    router_python: str | None = None
     #: placement across hosts (``--inventory``; :class:`omni_pd.compile.placement.Placement`):
     #: every process runs on its stage's host and binds and advertises that host's
     #: address; the router runs on decode's host (:func:`build_plan`). None: one host, ``host``.
@@ -235,6 +240,8 @@ def _router_workers_args(conn: str, opts: LaunchOptions) -> list[str]:
     contract = connectors.get(conn)
     if contract is not None and contract.router_protocol == "push_front":
         return []
+    if opts.router_workers is None and opts.router_python is not None:
+        return []  # rendered for another host: the router's own default there (its CPUs, not ours)
     n = opts.router_workers if opts.router_workers is not None else default_workers()
     return ["--workers", str(n)]
 
@@ -604,7 +611,8 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
     # the router runs on decode's host, as llm-d runs its routing sidecar in the decode pod
     r_on = where.host(d.stage_id)
     r_bind = where.address(r_on)
-    router_argv = [sys.executable, "-m", "omni_pd.launch.router"] + (
+    router_py = opts.router_python or sys.executable
+    router_argv = [router_py, "-m", "omni_pd.launch.router"] + (
         ["--connector", conn] if pair is not None else []) + [
         "--host", r_bind, "--port", str(opts.port)] + _router_workers_args(conn, opts)
     for role, flag in (("prefill", "--prefill"), ("decode", "--decode"), (PD_ROLE, "--instance")):
@@ -618,7 +626,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
         health=HealthCheck(f"http://{r_bind}:{opts.port}/health", timeout_s=60.0),
         depends_on=tuple(x.name for x in procs if x.ready_with is None),  # a worker: its leader gates it
         # the router runs under omni-pd's own interpreter: preflight checks its HTTP stack there
-        modules=("aiohttp", "omni_pd"), python=sys.executable, host=r_on))
+        modules=("aiohttp", "omni_pd"), python=router_py, host=r_on))
     return LaunchPlan(runtime="vllm", model=opts.model, connector=conn, entrypoint=f"http://{r_bind}:{opts.port}",
                       config=config_path, processes=tuple(procs),
                       notes=(("router: omni_pd.launch.router (prefill leg max_tokens=1, min_tokens/stop cleared; "

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omni_pd.launch.spec import LaunchPlan, ProcessSpec, is_secret, secret_flag
+from omni_pd.compile.connectors.mooncake import binds_every_interface
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -110,7 +111,8 @@ def summary_rows(plan: LaunchPlan) -> list[tuple[str, ...]]:
     head = ("process", "role") + (("host",) if hosts else ()) + ("devices", "ports", "health")
     rows = [head]
     for p in plan.processes:
-        ports = ", ".join(f"{u.port} {u.purpose}" for u in p.ports) or "-"
+        ports = ", ".join(f"{u.port} {u.purpose}" + (" on 0.0.0.0" if binds_every_interface(u.purpose) else "")
+                          for u in p.ports) or "-"
         rows.append((p.name, p.role) + ((p.host or "-",) if hosts else ())
                     + (_devices(p), ports, p.health.url if p.health else "-"))
     return rows
@@ -152,9 +154,15 @@ def dry_run_text(plan: LaunchPlan, *, launch_form: str, pipeline: str | None = N
     title = f"{pipeline} ({launch_form})" if pipeline else launch_form
     out = [f"# launch plan{where}: {title}, {plan.connector}, entrypoint {plan.entrypoint}", "#"]
     out += ["# " + ln for ln in _table(summary_rows(plan))]
-    if plan.notes:
+    exposed = sorted({u.port for p in plan.processes if p.role != "peer" for u in p.ports
+                      if binds_every_interface(u.purpose)})
+    notes = list(plan.notes) + ([
+        f"port{'s' if len(exposed) > 1 else ''} {', '.join(map(str, exposed))} bind{'' if len(exposed) > 1 else 's'} "
+        "0.0.0.0, every interface, whatever the config's addresses say (vLLM's Mooncake bootstrap server): "
+        "reachable from the network, so firewall it"] if exposed else [])
+    if notes:
         out.append("#")
-        out += [f"# note: {n}" for n in plan.notes]
+        out += [f"# note: {n}" for n in notes]
     out += ["#", "# One block per process, in start order: run each in its own shell once the processes it",
             "# waits for answer their health URL (omni-pd launch without --dry-run does all of this)."]
     text = "\n".join(out) + "\n"

@@ -303,13 +303,46 @@ def manifests(plan: LaunchPlan, config_text: str, *, name: str, image: str | Non
     return files
 
 
+def _in_namespace(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """``obj`` with ``metadata.namespace`` set, right after ``metadata.name``."""
+    meta = obj.get("metadata") or {}
+    new_meta = {"name": meta["name"], "namespace": namespace} if "name" in meta else {"namespace": namespace}
+    new_meta.update({k: v for k, v in meta.items() if k not in ("name", "namespace")})
+    return {**obj, "metadata": new_meta}
+
+
+def _literal_config(obj: dict[str, Any]) -> dict[str, Any]:
+    """A ConfigMap's multi-line ``data`` values as YAML literal blocks (``|``): the deploy
+    config stays readable in the file, as ``kubectl create configmap --from-file`` writes
+    it, instead of one escaped line. Other objects unchanged."""
+    if obj.get("kind") != "ConfigMap" or not isinstance(obj.get("data"), dict):
+        return obj
+    from ruamel.yaml.scalarstring import LiteralScalarString
+
+    return {**obj, "data": {k: LiteralScalarString(v) if isinstance(v, str) and "\n" in v else v
+                            for k, v in obj["data"].items()}}
+
+
+#: a Kubernetes namespace name (RFC 1123 label)
+NAMESPACE_RE = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+
+
+def as_stream(files: dict[str, str]) -> str:
+    """The rendered manifests (``files`` of :func:`render_kubernetes`) as one
+    multi-document YAML, in the kustomization's order, for ``render --to -`` (``kubectl
+    apply -f -``, as ``helm template`` prints). The kustomization itself is left out."""
+    return "---\n".join(text for fname, text in files.items() if fname != KUSTOMIZATION)
+
+
 def render_kubernetes(plan: LaunchPlan, config_text: str, *, name: str = "omni-pd", image: str | None = None,
                       router_image: str, platform: str, secret: str = "omni-pd-secrets",
                       stages: dict[str, int] | None = None, gpus_per_node: int | None = None,
                       disaggregated_set: bool = False, stage_devices: Mapping[int, Any] | None = None,
-                      addresses: Sequence[str] = ()) -> dict[str, str]:
+                      addresses: Sequence[str] = (), namespace: str | None = None) -> dict[str, str]:
     """``{file name: YAML}``: :func:`manifests` as YAML documents, plus a
-    kustomization (:data:`KUSTOMIZATION`) listing them. Raises :class:`RenderError` (also when the
+    kustomization (:data:`KUSTOMIZATION`) listing them. ``namespace``: set on every object
+    and the kustomization (None: none, the namespace ``kubectl`` applies to). The
+    ConfigMap's deploy config is a literal block. Raises :class:`RenderError` (also when the
     compiled config itself holds a secret value: its ConfigMap would carry it), and
     ValueError when a manifest would hold one (a defect: secrets are Secret references).
     Pure."""
@@ -328,11 +361,17 @@ def render_kubernetes(plan: LaunchPlan, config_text: str, *, name: str = "omni-p
                       disaggregated_set=disaggregated_set, stage_devices=stage_devices, addresses=addresses)
     for fname, objs in files:
         buf = io.StringIO()
-        yaml.dump_all(json.loads(json.dumps(objs)), buf)  # no shared objects: no YAML anchors
+        plain = json.loads(json.dumps(objs))  # no shared objects: no YAML anchors
+        if namespace is not None:
+            plain = [_in_namespace(o, namespace) for o in plain]
+        yaml.dump_all([_literal_config(o) for o in plain], buf)
         out[fname] = buf.getvalue()
     buf = io.StringIO()
-    yaml.dump({"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-               "resources": [f for f, _ in files]}, buf)
+    kust: dict[str, Any] = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization"}
+    if namespace is not None:
+        kust["namespace"] = namespace
+    kust["resources"] = [f for f, _ in files]
+    yaml.dump(kust, buf)
     out[KUSTOMIZATION] = buf.getvalue()
     leaked = secret_values(plan)
     if any(v in config_text for v in leaked):

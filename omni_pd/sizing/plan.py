@@ -157,8 +157,13 @@ def downstream_stages(config_json: Mapping[str, Any], utilizations: Mapping[str,
     return out
 
 
-def device_lists(c: ThinkerChoice, downstream: int) -> dict[str, list[int]]:
-    """Consecutive device indices: prefill first, then decode, then ``downstream`` devices."""
+def device_lists(c: ThinkerChoice, downstream: int, budget: int | None = None) -> dict[str, list[int]]:
+    """Consecutive device indices: prefill first, then decode, then ``downstream`` devices.
+    Raises :class:`NoFit` when they need more than ``budget`` devices (never a device
+    index at or past the budget)."""
     p, d = c.prefill.devices, c.decode.devices
+    if budget is not None and p + d + downstream > budget:
+        raise NoFit(f"the plan needs {p + d + downstream} devices (prefill {p}, decode {d}, downstream {downstream}) "
+                    f"but the budget is {budget}")
     return {"prefill": list(range(p)), "decode": list(range(p, p + d)),
             "downstream": list(range(p + d, p + d + downstream))}

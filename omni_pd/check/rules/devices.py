@@ -138,6 +138,11 @@ def world_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     https://github.com/vllm-project/vllm-omni/issues/7778."""
     if ctx.topology is None:
         return
+
+    def taken(n: Any) -> frozenset:
+        return frozenset(i for m in ctx.topology.stages if m is not n and isinstance(m.devices, tuple)
+                         and ctx.host_of(m) == ctx.host_of(n) for i in m.devices)
+
     for n in ctx.topology.stages:
         if not isinstance(n.devices, tuple):
             continue
@@ -158,7 +163,7 @@ def world_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             yield r.diag(f"stage {n.stage_id}: {_devices(world)} ({how}) over nnodes {nodes} hosts is "
                          f"{_devices(world // nodes)} on each host, but {'devices has ' + str(have)} "
                          f"entr{'y' if have == 1 else 'ies'}", ctx.sloc(n, "devices", value=True),
-                         help=_world_help(world // nodes).replace(" here", " here (one host's)"),
+                         help=_world_help(world // nodes, n.devices, taken(n)).replace(" here", " here (one host's)"),
                          reads=ctx.reads(n, "devices", "nnodes", "parallel_config", *PARALLEL_SIZE_KEYS))
             continue
         if have == world or (n.num_replicas > 1 and have == world * n.num_replicas):
@@ -174,7 +179,7 @@ def world_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         else:
             msg = (f"stage {n.stage_id}: tensor_parallel_size {tp} x pipeline_parallel_size {pp} x data_parallel_size {dp} "
                    f"= {_devices(world)}{src}, but {entries}")
-        yield r.diag(msg, ctx.sloc(n, "devices", value=True), help=_world_help(world) if world != have else None,
+        yield r.diag(msg, ctx.sloc(n, "devices", value=True), help=_world_help(world, n.devices, taken(n)) if world != have else None,
                      reads=ctx.reads(n, "devices", "num_replicas", "parallel_config", *PARALLEL_SIZE_KEYS))
 
 
@@ -194,11 +199,28 @@ def _devices(count: int) -> str:
     return f"{count} device{'' if count == 1 else 's'}"
 
 
-def _world_help(world: int) -> str:
+def _suggested_devices(world: int, keep: tuple = (), taken: frozenset = frozenset()) -> list[int]:
+    """``world`` device indices for a stage that lists ``keep``: its own entries first (at
+    most ``world``), then the free indices nearest to its first entry (the higher first on a tie), never
+    one in ``taken`` (the devices other stages on its host use). Sorted."""
+    picked = list(dict.fromkeys(i for i in keep if isinstance(i, int) and i >= 0))[:world]
+    centre = picked[0] if picked else 0
+    step = 0
+    while len(picked) < world:
+        for i in ((centre + step, centre - step) if step else (centre,)):
+            if len(picked) < world and i >= 0 and i not in picked and i not in taken:
+                picked.append(i)
+        step += 1
+    return sorted(picked)
+
+
+def _world_help(world: int, keep: tuple = (), taken: frozenset = frozenset()) -> str:
     """What to write for ``world`` devices; the example list only for a plausible count
-    (``tensor_parallel_size: 10**20`` must not build a 10**20-entry string)."""
+    (``tensor_parallel_size: 10**20`` must not build a 10**20-entry string). The example
+    keeps the stage's own entries ``keep`` and avoids ``taken`` (:func:`_suggested_devices`):
+    decode on "2" at TP 2 is told "2,3", not prefill's "0,1"."""
     if 1 <= world <= 64:
-        return f"list {_devices(world)} here, e.g. devices: \"{','.join(str(i) for i in range(world))}\""
+        return f"list {_devices(world)} here, e.g. devices: \"{','.join(map(str, _suggested_devices(world, keep, taken)))}\""
     return f"list {world} devices here, or lower the parallel sizes" if world > 64 else \
         "parallel sizes must be at least 1"
 

@@ -30,6 +30,20 @@ OK_P = "{kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}"
 OK_D = "{kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}"
 
 
+def _kv_reported_elsewhere(ctx: Context, n: Any) -> bool:
+    """True when a stage without a usable ``kv_transfer_config`` is another finding's: the
+    key is there but not a mapping (a JSON string: OPD101), or the stage has no entry
+    because its entry carries another stage's id (a duplicate ``stage_id``: OPD202). One
+    cause, one error."""
+    if n.index is not None:
+        entry = ctx.raw_at(("stages", n.index))
+        return isinstance(entry, dict) and entry.get("kv_transfer_config") is not None \
+            and not isinstance(entry.get("kv_transfer_config"), dict)
+    stages = ctx.raw_at(("stages",))
+    ids = [st.get("stage_id") for st in stages if isinstance(st, dict)] if isinstance(stages, list) else []
+    return len(ids) != len(set(map(repr, ids)))
+
+
 @rule("OPD301", "pd-kv-missing", Severity.ERROR,
       "a stage of the PD pair has no kv_transfer_config",
       fail=_PD + "  - {stage_id: 0, devices: \"0\"}\n  - {stage_id: 1, devices: \"1\"}\n",
@@ -44,7 +58,7 @@ def kv_missing(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     if pair is None:
         return
     p, d = pair
-    missing = [n for n in (p, d) if not n.kv]
+    missing = [n for n in (p, d) if not n.kv and not _kv_reported_elsewhere(ctx, n)]
     if len(missing) == 2:
         yield r.diag(f"stages {p.stage_id} (prefill) and {d.stage_id} (decode) form a PD pair but neither has a kv_transfer_config",
                      ctx.sloc(p), related=[ctx.sloc(d, label=f"decode (stage {d.stage_id}) has none either")],
@@ -79,8 +93,15 @@ def kv_role(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         kv = n.kv or {}
         role = kv.get("kv_role")
         if kv.get("kv_connector") and role is None:
+            stray = ctx.raw_at(("stages", n.index, "kv_role")) if n.index is not None else None
+            if isinstance(stray, str):  # written at the stage's level, outside kv_transfer_config
+                at = ctx.loc(("stages", n.index, "kv_role")).line
+                help_ = (f"move the stage's `kv_role: {stray}` (line {at}) under `kv_transfer_config` "
+                         f"(line {ctx.sloc(n, 'kv_transfer_config').line})")
+            else:
+                help_ = "add `kv_role: kv_producer` (prefill) or `kv_role: kv_consumer` (decode)"
             yield r.diag(f"stage {n.stage_id}: kv_connector is set but kv_role is not", ctx.sloc(n, "kv_transfer_config"),
-                         help="add `kv_role: kv_producer` (prefill) or `kv_role: kv_consumer` (decode)")
+                         help=help_)
         elif role is not None and role not in ROLES:
             yield r.diag(f"stage {n.stage_id}: unsupported kv_role `{role}`",
                          ctx.sloc(n, "kv_transfer_config", "kv_role", value=True),
@@ -103,17 +124,20 @@ def kv_role(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
 
 
 @rule("OPD303", "kv-both", Severity.WARNING,
-      "kv_both on a PD stage: deprecated (NIXL) and misroutes (Mooncake)",
+      "kv_both on a PD stage: deprecated (NIXL), and a stage that also serves the other direction",
       fail=_pd_yaml("{kv_connector: NixlConnector, kv_role: kv_both, engine_id: p}", OK_D),
       passing=_pd_yaml(OK_P, OK_D), example_context={"vllm_version": "0.30"})
 def kv_both(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``kv_both`` makes a stage both send and receive. vLLM 0.24+ NixlConnector warns
-    that it is deprecated (use producer on prefill, consumer on decode); Mooncake
-    asserts when a request is routed the wrong way. Sources: vLLM
+    that it is deprecated (use producer on prefill, consumer on decode).
+    MooncakeConnector's per-request asserts (``assert not self.is_kv_producer`` /
+    ``is_kv_consumer``) hold for kv_both, whose stage is neither: a request routed the
+    wrong way is served (a decode that prefills, a prefill that pulls) instead of refused,
+    which hides a routing mistake. A warning: the pair works. Sources: vLLM
     ``vllm/distributed/kv_transfer/kv_connector/v1/nixl/connector.py``
     ``NixlConnector.__init__`` (the deprecation warning, 0.24+);
-    ``v1/mooncake/mooncake_connector.py`` ``MooncakeConnectorScheduler``
-    (``assert not self.is_kv_producer`` / ``is_kv_consumer`` per request)."""
+    ``v1/mooncake/mooncake_connector.py`` ``MooncakeConnectorScheduler`` (0.30:
+    ``is_kv_producer = kv_role == "kv_producer"``, the asserts per request)."""
     pair = ctx.pd_pair
     if pair is None:
         return

@@ -449,6 +449,13 @@ def engine_arg_unowned(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         for path, k in [(base + (k,), k) for k in st] + [(base + ("engine_args", k), k) for k in inner]:
             if not isinstance(k, str) or k in known or stage_key_typo(ctx, k):
                 continue  # a near-miss typo is OPD103's (one report per key)
+            if k in ctx.target.kv_fields():  # a kv_transfer_config key dedented out of its block
+                kv_path = base + ("kv_transfer_config",)
+                under = (f"move it under the stage's `kv_transfer_config` (line {ctx.loc(kv_path).line})"
+                         if ctx.exists(kv_path) else "move it into a `kv_transfer_config:` mapping of this stage")
+                yield r.diag(f"vllm-omni {version} has no place for stage key `{k}`{where}: the server would refuse to start",
+                             ctx.loc(path), help=f"`{k}` is a kv_transfer_config key: {under}")
+                continue
             close = get_close_matches(k, sorted(deploy | owned), n=1, cutoff=0.8)
             yield r.diag(f"vllm-omni {version} has no place for stage key `{k}`{where}: the server would refuse to start",
                          ctx.loc(path),

@@ -93,6 +93,13 @@ def bootstrap_ports(kv: dict[str, Any] | None, env: dict[str, Any] | None, tp: i
             for r in range(max(int(replicas), 1))]
 
 
+def binds_every_interface(purpose: str) -> bool:
+    """True for a port (by its plan purpose) the runtime binds on 0.0.0.0 whatever the
+    config's addresses say: vLLM 0.30 mooncake_connector.py starts
+    ``MooncakeBootstrapServer("0.0.0.0", port)``; ``kv_ip`` only names where decode asks."""
+    return purpose.startswith("Mooncake bootstrap")
+
+
 class MooncakeConnector(KVConnector):
     name = "MooncakeConnector"
     pip_package = "mooncake-transfer-engine"

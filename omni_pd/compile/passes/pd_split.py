@@ -326,9 +326,13 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
     if contract is None:
         from difflib import get_close_matches
 
-        close = get_close_matches(cname, connectors.names(), n=1)
+        # a connector vLLM registers is not a typo of one omni-pd emits (LMCacheConnectorV1 is
+        # not "MooncakeConnectorV1"); a real typo is one or two edits away (cutoff 0.8)
+        close = [] if cname in target.connectors() else get_close_matches(cname, connectors.names(), n=1, cutoff=0.8)
+        known = (f"{cname} is a vLLM connector omni-pd does not emit (validate checks a file that names it); "
+                 if cname in target.connectors() else "")
         raise _err("OPD804", f"no connector contract for `{cname}`", conn_loc,
-                   help=(f"did you mean {close[0]}? " if close else "")
+                   help=(f"did you mean {close[0]}? " if close else "") + known
                    + "omni-pd can emit: " + ", ".join(connectors.names()))
     if contract.name not in target.connectors():
         raise _err("OPD804", f"{contract.name} is not registered in vLLM {target.label}", conn_loc,

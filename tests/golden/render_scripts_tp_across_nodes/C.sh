@@ -65,7 +65,7 @@ echo "started decode-0 (pid $!)"
 # router (router)
 wait_healthy prefill-0 http://10.201.0.1:8100/health 1200
 wait_healthy decode-0 http://10.201.0.3:8200/health 1200
-setsid env $PYTHON -m omni_pd.launch.router --connector NixlConnector --host 10.201.0.3 --port 8000 --workers 1 --prefill http://10.201.0.1:8100 --decode http://10.201.0.3:8200 > logs/router.log 2>&1 &
+setsid env python3 -m omni_pd.launch.router --connector NixlConnector --host 10.201.0.3 --port 8000 --workers 1 --prefill http://10.201.0.1:8100 --decode http://10.201.0.3:8200 > logs/router.log 2>&1 &
 pids+=($!)
 echo "started router (pid $!)"
 

@@ -31,7 +31,7 @@ echo "started decode-0 (pid $!)"
 # router (router)
 wait_healthy prefill-0 http://10.201.0.1:18100/health 1200
 wait_healthy decode-0 http://10.201.0.2:18200/health 1200
-setsid env HF_TOKEN="${HF_TOKEN:?set HF_TOKEN in the environment of this host}" $PYTHON -m omni_pd.launch.router --connector NixlConnector --host 10.201.0.2 --port 18000 --workers 1 --prefill http://10.201.0.1:18100 --decode http://10.201.0.2:18200 > logs/router.log 2>&1 &
+setsid env HF_TOKEN="${HF_TOKEN:?set HF_TOKEN in the environment of this host}" python3 -m omni_pd.launch.router --connector NixlConnector --host 10.201.0.2 --port 18000 --workers 1 --prefill http://10.201.0.1:18100 --decode http://10.201.0.2:18200 > logs/router.log 2>&1 &
 pids+=($!)
 echo "started router (pid $!)"
 
