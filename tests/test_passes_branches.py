@@ -923,8 +923,8 @@ def test_no_thinker_without_a_document_is_refused_without_a_location() -> None:
     assert (e.value.diagnostic.code, e.value.diagnostic.location) == ("OPD801", None)
 
 
-_901_NOTES = ["vllm-omni routes prefill -> decode only when async_chunk is false (engine/orchestrator.py); with it on, "
-              "decode would get a placeholder prompt"]
+_901_NOTES = ["without omni-pd's streaming patches vllm-omni refuses async_chunk with a kv_transfer_config "
+              "(config/omni_config.py) and would prewarm decode with a placeholder prompt (engine/orchestrator.py)"]
 
 
 def _901(res) -> list:
@@ -939,11 +939,15 @@ def test_opd901_when_streaming_is_given_up_or_a_one_stage_vllm_omni_pipeline_nee
     from omni_pd.resources import preset_path
 
     q3 = preset_path("qwen3_omni_moe").read_text()
-    stream = "async_chunk set to false: streaming of audio chunks between stages is given up"
-    _, res = stages(q3, pipeline="qwen3_omni_moe")  # the preset says async_chunk: true (line 6)
-    assert _901(res) == [("OPD901", Severity.INFO, stream, (6, 14), _901_NOTES)]
-    _, res = stages(re.sub(r"(?m)^async_chunk:.*\n", "", q3), pipeline="qwen3_omni_moe")  # vllm-omni's default: on
-    assert _901(res) == [("OPD901", Severity.INFO, stream, None, _901_NOTES)]
+    piece = "async_chunk set to false (--no-stream): the answer's audio comes in one piece after the text"
+    # the preset says async_chunk: true (line 6): on vllm-omni 0.30 the pair streams, nothing to say
+    _, res = stages(q3, pipeline="qwen3_omni_moe")
+    assert _901(res) == [] and res.plan.stream is True
+    _, res = stages(q3, ExpandOptions(stream=False), pipeline="qwen3_omni_moe")  # --no-stream
+    assert _901(res) == [("OPD901", Severity.INFO, piece, (6, 14), _901_NOTES)]
+    _, res = stages(re.sub(r"(?m)^async_chunk:.*\n", "", q3), ExpandOptions(stream=False),
+                    pipeline="qwen3_omni_moe")  # vllm-omni's default: on
+    assert _901(res) == [("OPD901", Severity.INFO, piece, None, _901_NOTES)]
     _, res = stages(q3.replace("async_chunk: true", "async_chunk: false"), pipeline="qwen3_omni_moe")
     assert _901(res) == []
     # one stage: nothing streamed; said only when vllm-omni (whose orchestrator reads the key) serves it

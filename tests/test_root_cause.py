@@ -147,11 +147,14 @@ def test_key_of_flattens_stage_blocks_only():
 
 
 def test_a_misspelt_top_level_key_comes_before_what_its_default_causes():
-    """``async_chnk: false`` leaves async_chunk on (vllm-omni's default): OPD310, located at
+    """``async_chnk: false`` leaves async_chunk on (vllm-omni's default): OPD310 (here the
+    launcher turns omni-pd's streaming patches off, so the pair cannot stream), located at
     the top of the file, came before the typo on line 2."""
+    from omni_pd.check.validate import ValidateOptions
+
     text = TYPO_ON_DECODE.replace("async_chunk: false", "async_chnk: false").replace(
         "tensor_paralel_size", "tensor_parallel_size")
-    res = validate_text(text, "pd.yaml")
+    res = validate_text(text, "pd.yaml", ValidateOptions(env={"OMNI_PD_VLLM_OMNI_STREAM_PD": "0"}))
     assert [(d.code, d.location.line) for d in res.diagnostics] == [("OPD103", 2), ("OPD310", 1)]
     assert res.diagnostics[0].notes == ["this leaves `async_chunk` unset (its default); the findings listed "
                                         "next follow from that: OPD310 at pd.yaml:1:1"]

@@ -14,7 +14,8 @@ import pytest
 from omni_pd.upstream import vllm_omni_compat as c
 
 ALL = ("pd_detect", "pd_validate", "pd_connector_info", "engine_bootstrap_addr", "decode_kv_params",
-       "pd_prefill_rows", "talker_prefill_rows", "talker_prefill_merge")
+       "pd_prefill_rows", "talker_prefill_rows", "talker_prefill_merge",
+       "stream_async_chunk_ok", "stream_decode_request", "stream_chunk0", "pd_request_params")
 
 
 def typed(stage_id, inputs=(), extras=None, kv=None, tp=1):
@@ -38,7 +39,7 @@ PD4 = [typed(0, (), {"is_prefill_only": True}, {"kv_role": "kv_producer"}, 2),
        typed(1, (0,), {"is_decode_only": True}, {"kv_role": "kv_consumer"}, 2), typed(2, (1,)), typed(3, (2,))]
 
 
-def test_bundled_table_says_0_30_needs_all_eight_patches_and_later_releases_none():
+def test_bundled_table_says_0_30_needs_all_twelve_patches_and_later_releases_none():
     t = c.load_table()
     assert tuple(p.name for p in t.needed("0.30.0")) == ALL
     assert tuple(p.name for p in t.needed("0.30.1rc2")) == ALL
@@ -48,7 +49,10 @@ def test_bundled_table_says_0_30_needs_all_eight_patches_and_later_releases_none
     assert t.patches["decode_kv_params"].signature == "(self, req_id, sp)"
     assert all(p.source and p.why for p in t.patches.values())
     # the Talker handoff has its own switch; the PD detection patches have none
-    assert {n for n, p in t.patches.items() if p.switch == "OMNI_PD_VLLM_OMNI_TALKER_PD"} == set(ALL[5:])
+    assert {n for n, p in t.patches.items() if p.switch == "OMNI_PD_VLLM_OMNI_TALKER_PD"} == set(ALL[5:8])
+    # streaming PD (issue 34) has its own switch, the chat request's parameters another
+    assert {n for n, p in t.patches.items() if p.switch == "OMNI_PD_VLLM_OMNI_STREAM_PD"} == set(ALL[8:11])
+    assert {n for n, p in t.patches.items() if p.switch == "OMNI_PD_VLLM_OMNI_REQUEST_PARAMS"} == {"pd_request_params"}
 
 
 def test_table_with_an_unknown_patch_name_is_refused():

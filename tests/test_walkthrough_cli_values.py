@@ -176,7 +176,7 @@ def test_expand_of_a_pipeline_definition_reports_opd007_alone(tmp_path, capsys):
     (["diff", "--platform", "tpu", "A", "B"], "--platform", "'cuda', 'rocm', 'npu', 'xpu', 'musa'"),
     (["graph", "--platform", "tpu", "X"], "--platform", "'cuda', 'rocm', 'npu', 'xpu', 'musa'"),
     (["graph", "--format", "png", "X"], "--format", "'tree', 'mermaid', 'dot'"),
-    (["validate", "--format", "xml", "X"], "--format", "'text', 'json', 'sarif'"),
+    (["validate", "--format", "xml", "X"], "--format", "'text', 'json', 'sarif', 'concise', 'github'"),
     (["diff", "--format", "yaml", "A", "B"], "--format", "'text', 'json'"),
 ])
 def test_closed_set_options_are_usage_errors_before_any_file_is_read(capsys, argv, option, choices):

@@ -56,11 +56,9 @@ def covered_pipelines(series: str) -> tuple[str, ...]:
 
 def switched_off(env: Mapping[str, Any] | None) -> tuple[str, str] | None:
     """(variable, value) of the first :data:`SWITCHES` entry set to 0/false/off/no in ``env``."""
-    for var in SWITCHES:
-        v = (env or {}).get(var)
-        if v is not None and str(v).strip().lower() in ("0", "false", "off", "no"):
-            return var, str(v)
-    return None
+    from omni_pd.compile.talker_pd import switched_off as first_off
+
+    return first_off(env, SWITCHES)
 
 
 @dataclass(frozen=True)

@@ -112,8 +112,10 @@ def omni_release(target: "Target") -> str | None:
     return older[-1] if older else None
 
 
-def _off(env: Mapping[str, Any] | None) -> tuple[str, str] | None:
-    for var in SWITCHES:
+def switched_off(env: Mapping[str, Any] | None, switches: tuple[str, ...] = SWITCHES) -> tuple[str, str] | None:
+    """(variable, value) of the first of ``switches`` (default: the layer's and its Talker
+    patches') set to 0/false/off/no in ``env``, as omni_pd/upstream/vllm_omni_compat.py reads them."""
+    for var in switches:
         v = (env or {}).get(var)
         if v is not None and str(v).strip().lower() in ("0", "false", "off", "no"):
             return var, str(v)
@@ -151,7 +153,7 @@ def gap(pipeline: "Pipeline", target: "Target", launcher_env: Mapping[str, Any] 
                                f"({pipeline.name}: the decode engine withholds or shifts the Talker's payload)",
                    f"serve the three-stage pipeline without PD; {text_only(pipeline.name)}")
     for where, env in (("launcher", launcher_env), ("talker-env", talker_env)):
-        off = _off(env)
+        off = switched_off(env)
         if off:
             place = "the launcher environment" if where == "launcher" else "the Talker stage's env"
             return Gap(where, f"omni-pd's compatibility layer is switched off in {place} ({off[0]}={off[1]})",

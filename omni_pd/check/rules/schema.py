@@ -80,7 +80,8 @@ def stage_entries(ctx: Context) -> list[tuple[tuple, dict]]:
     merged, located in the file that sets each key) and every ``platforms.<p>.stages[j]``
     overlay entry, as (path, mapping)."""
     out: list[tuple[tuple, dict]] = []
-    for i, st in enumerate(ctx.raw.get("stages") or []):
+    sts = ctx.raw.get("stages")
+    for i, st in enumerate(sts if isinstance(sts, list) else []):  # `stages: 1` is OPD101's, not a crash
         if isinstance(st, dict):
             out.append((("stages", i), st))
     plats = ctx.raw.get("platforms")
