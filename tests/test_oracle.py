@@ -80,7 +80,8 @@ def test_plugin_registers_the_pd_pipelines_through_vllms_plugin_loader(run):
     assert header["pd_pipelines"] == PD_PIPELINES
     assert header["compat"] == sorted(["pd_detect", "pd_validate", "pd_connector_info", "engine_bootstrap_addr",
                                        "decode_kv_params", "pd_prefill_rows", "talker_prefill_rows",
-                                       "talker_prefill_merge"])
+                                       "talker_prefill_merge", "stream_async_chunk_ok", "stream_decode_request",
+                                       "stream_chunk0", "pd_request_params"])
 
 
 @pytest.mark.parametrize("name,connector,tp", [("expanded_mooncake", "MooncakeConnector", 1),
