@@ -158,6 +158,6 @@ def test_cli_expand_and_validate_are_clean_and_explain_says_error(tmp_path, caps
 def test_a_release_that_merges_by_itself_is_covered_without_the_patches(monkeypatch):
     table = {"versions": {"0.32": {"patches": ["pd_detect"], "talker_fixed_upstream": ["qwen2_5_omni_pd"]},
                           "0.34": {"patches": ["pd_prefill_rows"], "talker_pipelines": ["qwen3_omni_moe_pd"]}}}
-    monkeypatch.setattr(talker_pd, "_table", lambda: table)
+    monkeypatch.setattr(talker_pd, "compat_table", lambda: table)
     assert talker_pd.covered_pipelines("0.32") == ("qwen2_5_omni_pd",)
     assert talker_pd.covered_pipelines("0.34") == ()  # listed, but not every Talker patch is

@@ -48,9 +48,9 @@ NO_STREAM = "`omni-pd expand --no-stream` (or `async_chunk: false` in the input)
 def covered_pipelines(series: str) -> tuple[str, ...]:
     """PD pipelines that stream on vllm-omni ``series`` (``"0.30"``): the table's
     ``stream_pipelines`` when the series lists every streaming patch, else ()."""
-    from omni_pd.compile.talker_pd import _table
+    from omni_pd.compile.talker_pd import compat_table
 
-    v = (_table().get("versions") or {}).get(series) or {}
+    v = (compat_table().get("versions") or {}).get(series) or {}
     return tuple(v.get("stream_pipelines") or ()) if set(STREAM_PATCHES) <= set(v.get("patches") or ()) else ()
 
 

@@ -80,7 +80,8 @@ def text_only(pipeline_name: str) -> str:
 
 
 @lru_cache(maxsize=1)
-def _table() -> dict[str, Any]:
+def compat_table() -> dict[str, Any]:
+    """presets/targets/vllm_omni_compat.yaml as data (read once)."""
     from omni_pd.resources import data_dir, load_data
 
     return load_data(data_dir("presets") / "targets" / "vllm_omni_compat.yaml")
@@ -96,7 +97,7 @@ def covered_pipelines(series: str) -> tuple[str, ...]:
     """The PD pipelines whose Talker handoff is right on ``series``: the table's
     ``talker_pipelines`` when the series lists every Talker patch, plus
     ``talker_fixed_upstream`` (a release that merges by itself needs no patch)."""
-    v = (_table().get("versions") or {}).get(series) or {}
+    v = (compat_table().get("versions") or {}).get(series) or {}
     patched = tuple(v.get("talker_pipelines") or ()) if set(TALKER_PATCHES) <= set(v.get("patches") or ()) else ()
     return patched + tuple(p for p in v.get("talker_fixed_upstream") or () if p not in patched)
 

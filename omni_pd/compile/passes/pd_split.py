@@ -466,10 +466,8 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
                      "never read async_chunk)"),
             help=g.help if g is not None else "drop --stream"))
     stream = asked and stream_pd.streams(target_pipe) and not opts.no_stream and g is None
-    if stream:
-        pass
-    elif topo.async_chunk or (topo.config.async_chunk is not False and len(src.stages) == 1
-                              and target_pipe.launcher == "vllm-omni"):
+    if not stream and (topo.async_chunk or (topo.config.async_chunk is not False and len(src.stages) == 1
+                                            and target_pipe.launcher == "vllm-omni")):
         had_stream = topo.async_chunk  # on only for a pipeline of several stages (resolve)
         cannot = g is not None and not opts.no_stream
         notes.append(Diagnostic(
