@@ -628,9 +628,10 @@ def doc_table() -> str:
              "a three-stage legacy file first.", "",
              "```bash",
              "omni-pd migrate tests/fixtures/legacy_seed_pd_recipe.yaml -o qwen3_omni_pd_migrated.yaml   "
-             "# vllm-omni's recipe",
+             "# the recipe's PD blocks (exit 1:",
+             "                                                    # its Talker + Code2Wav keep vLLM's 0.9 each on GPU 2)",
              "omni-pd migrate qwen3_omni_pd_migrated.yaml --check      "
-             "# CI: exit 1 and the diff while a file is still legacy",
+             "# CI: non-zero, with the diff, while a file is still legacy",
              "```", "",
              "`omni-pd migrate FILE -o OUT` rewrites a legacy `stage_args` file into the `stages:` deploy schema "
              "of the target vllm-omni release (`--vllm-version`, default 0.30), printing one note per change. "
