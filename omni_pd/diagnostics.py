@@ -54,6 +54,23 @@ class Location:
 
 
 @dataclass(frozen=True)
+class Edit:
+    """The exact replacement a finding carries (``validate --fix``/``--diff`` apply it): the text
+    ``old`` at ``line``:``column`` (1-based, where the finding points; a quoted scalar may stand
+    there with its quotes) becomes ``new``. Only findings whose help names one certain
+    replacement carry one (a key typo, reversed ``kv_role``s, a misspelt connector name)."""
+
+    line: int
+    column: int
+    old: str
+    new: str
+
+    def describe(self) -> str:
+        """``line:col: `old` -> `new` ``, for the list ``--fix`` prints."""
+        return f"{self.line}:{self.column}: `{self.old}` -> `{self.new}`"
+
+
+@dataclass(frozen=True)
 class Diagnostic:
     """One finding. ``code`` is stable (see ``omni-pd rules``); ``message`` is one line."""
 
@@ -70,6 +87,8 @@ class Diagnostic:
     #: their default (a misspelt key: the key meant). check/causes.py orders by them.
     reads: tuple[tuple[Any, ...], ...] = field(default=(), compare=False)
     shadows: tuple[tuple[Any, ...], ...] = field(default=(), compare=False)
+    #: the replacement that fixes this finding, when exactly one does (:class:`Edit`)
+    edit: Edit | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         def loc(l: Location | None) -> dict[str, Any] | None:

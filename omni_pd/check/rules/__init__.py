@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from omni_pd.diagnostics import Diagnostic, Location, Severity
+from omni_pd.diagnostics import Diagnostic, Edit, Location, Severity
 from omni_pd.compile.topology import as_int
 
 if TYPE_CHECKING:
@@ -124,15 +124,22 @@ class Rule:
     def diag(self, message: str, location: Location | None, *, help: str | None = None,
              related: list[Location] | None = None, notes: list[str] | None = None,
              label: str | None = None, severity: Severity | None = None,
-             reads: Iterable[tuple] = (), shadows: Iterable[tuple] = ()) -> Diagnostic:
+             reads: Iterable[tuple] = (), shadows: Iterable[tuple] = (),
+             replace: tuple[str, str] | None = None) -> Diagnostic:
         """A diagnostic with this rule's code (and severity unless overridden).
+
+        ``replace``: ``(old, new)``, the one replacement of the text at ``location`` that fixes
+        the finding (an :class:`~omni_pd.diagnostics.Edit` for ``validate --fix``); dropped when
+        ``location`` has no line/column.
 
         ``reads``: the key paths the finding judged (:meth:`Context.reads`), ``shadows``:
         the paths it leaves at their default (OPD103's key meant); both order findings
         root cause first (omni_pd/check/causes.py)."""
         return Diagnostic(code=self.code, severity=severity or self.severity, message=message,
                           location=location, help=help, related=list(related or []),
-                          notes=list(notes or []), label=label, reads=tuple(reads), shadows=tuple(shadows))
+                          notes=list(notes or []), label=label, reads=tuple(reads), shadows=tuple(shadows),
+                          edit=Edit(location.line, location.column, *replace)
+                          if (replace and location is not None and location.line and location.column) else None)
 
 
 def _indent(s: str) -> str:

@@ -120,7 +120,7 @@ def kv_role(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                          ctx.sloc(n, "kv_transfer_config", "kv_role", value=True),
                          related=[ctx.sloc(other, "kv_transfer_config", "kv_role", value=True,
                                            label=f"{'decode' if side == 'prefill' else 'prefill'} (stage {other.stage_id}) is {(other.kv or {}).get('kv_role')}")],
-                         help=f"write `kv_role: {want[0]}` on the {side} stage")
+                         help=f"write `kv_role: {want[0]}` on the {side} stage", replace=(role, want[0]))
 
 
 @rule("OPD303", "kv-both", Severity.WARNING,

@@ -157,7 +157,7 @@ def unknown_key(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             elif close:
                 yield r.diag(f"unknown top-level key `{k}`: vllm-omni reads only its own fields and drops it, "
                              f"so `{close[0]}` is not set", ctx.loc((k,)), help=f"did you mean `{close[0]}`?",
-                             shadows=((close[0],),))
+                             shadows=((close[0],),), replace=None if close[0] in ctx.raw else (k, close[0]))
             else:
                 yield r.diag(f"unknown top-level key `{k}` (vllm-omni drops it)", ctx.loc((k,)),
                              severity=Severity.WARNING,
@@ -173,11 +173,13 @@ def unknown_key(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     for base, st in stage_entries(ctx):
         where = "" if base[0] == "stages" else f" in the `platforms.{base[1]}` overlay"
         inner = st.get("engine_args") if isinstance(st.get("engine_args"), dict) else {}
-        for path, k in [(base + (k,), k) for k in st] + [(base + ("engine_args", k), k) for k in inner]:
+        for path, k, owner in [(base + (k,), k, st) for k in st] + [(base + ("engine_args", k), k, inner)
+                                                                    for k in inner]:
             meant = stage_key_typo(ctx, k)
             if meant:
                 yield r.diag(f"unknown stage key `{k}`{where}: {_typo_effect(ctx, k, st)}", ctx.loc(path),
-                             help=f"did you mean `{meant}`?", shadows=(path[:-1] + (meant,),))
+                             help=f"did you mean `{meant}`?", shadows=(path[:-1] + (meant,),),
+                             replace=None if meant in owner else (k, meant))
         for pc_path, pc in ((base + ("parallel_config",), st.get("parallel_config")),
                             (base + ("engine_args", "parallel_config"), inner.get("parallel_config"))):
             for k in (pc if isinstance(pc, dict) else {}):
