@@ -15,7 +15,7 @@ from typing import Any
 
 from omni_pd.check.context import Inventory, ModelInfo
 from omni_pd.check.serve_flags import check_serve_args
-from omni_pd.diagnostics import Diagnostic, Location, OmniPdError, Severity, sort_key
+from omni_pd.diagnostics import Diagnostic, Edit, Location, OmniPdError, Severity, sort_key
 from omni_pd.io import Document, get_path
 from omni_pd.compile.model import DeployConfig
 from omni_pd.compile.pipelines import Catalogue, Pipeline, PipelineStage, load_catalogue
@@ -205,6 +205,7 @@ def parse_all(plain: dict, loc: Locator) -> tuple[DeployConfig | None, list[Diag
     work = copy.deepcopy(plain)
     diags: list[Diagnostic] = []
     seen: set = set()
+    dropped: set = set()  # paths removed for their wrong value: their "missing" is the same cause
     _check_nested_kv(work, loc, diags, seen)
     for _ in range(20):
         try:
@@ -228,11 +229,14 @@ def parse_all(plain: dict, loc: Locator) -> tuple[DeployConfig | None, list[Diag
                     msg = f"invalid value for `{key}`: {err.get('msg')}"
                     help_ = None
                 sig = (path, msg)
+                if typ == "missing" and raw_loc in dropped:
+                    continue
                 if sig not in seen:
                     seen.add(sig)
                     diags.append(Diagnostic(code="OPD101", severity=Severity.ERROR, message=msg,
                                             location=loc.loc(path, value=typ != "missing"), help=help_))
                 if typ != "missing" and _drop(work, path):
+                    dropped.add(path)
                     progress = True
             if not progress:
                 return None, diags
@@ -327,6 +331,21 @@ def _chain(name: str, ids: list[int], pd: tuple[int, int] | None) -> Pipeline:
     return Pipeline(name=name, stages=tuple(stages), runtime="vllm-omni", linear_chain=pd is None)
 
 
+def _registered_pipelines(vllm_version: str | None) -> frozenset[str] | None:
+    """The pipeline names vllm-omni registers for the target release (with omni-pd's plugin), or
+    None for a release before 0.30 (not read). Source: presets/targets/vllm_omni_stage_fields.yaml."""
+    from omni_pd.check.rules.stage_values import FIRST_TYPED, table
+
+    if vllm_version:
+        try:
+            major, minor = (int(p) for p in vllm_version.split(".")[:2])
+        except ValueError:
+            return None
+        if (major, minor) < FIRST_TYPED:
+            return None
+    return frozenset(table()["pipelines"])
+
+
 def choose_pipeline(cfg: DeployConfig, loc: Locator, cat: Catalogue, opts: ValidateOptions,
                     base_name: str | None = None) -> tuple[Pipeline, list[Diagnostic]]:
     """``--pipeline``, ``pipeline:``, the deploy file name, the model's ``model_type``,
@@ -347,6 +366,20 @@ def choose_pipeline(cfg: DeployConfig, loc: Locator, cat: Catalogue, opts: Valid
         if p is not None:
             return p, diags
         close = get_close_matches(name, cat.names(), n=1, cutoff=0.85)
+        registered = _registered_pipelines(opts.vllm_version)
+        if registered is not None and name not in registered:
+            near = get_close_matches(name, sorted(set(registered) | set(cat.names())), n=1, cutoff=0.6)
+            at = loc.loc(("pipeline",), value=True) if not opts.pipeline else None
+            diags.append(Diagnostic(
+                code="OPD207", severity=Severity.ERROR,
+                message=f"pipeline `{name}` is registered neither in vllm-omni nor in omni-pd's catalogue: "
+                        "`vllm serve --omni` refuses the file (\"not registered to OMNI_PIPELINES\")",
+                location=at,
+                notes=["vllm-omni's registered pipelines are read from vllm-omni 0.30.0 with omni-pd's plugin "
+                       "loaded (presets/targets/vllm_omni_stage_fields.yaml); assumed for later releases"],
+                help=(f"did you mean `{near[0]}`? " if near else "") + "`omni-pd pipelines` lists omni-pd's",
+                edit=Edit(at.line, at.column, name, near[0]) if (near and at and at.line and at.column) else None))
+            return _chain(f"<{name}: linear chain>", sorted({int(s.stage_id) for s in cfg.stages}), None), diags
         diags.append(Diagnostic(
             code="OPD207", severity=Severity.INFO,
             message=f"pipeline `{name}` is not in omni-pd's catalogue; its stages are checked as a linear chain",

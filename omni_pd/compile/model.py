@@ -13,9 +13,9 @@ The JSON Schema in ``schemas/`` is generated from these classes
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
 
 from omni_pd.resources import SCHEMA_FILENAME  # noqa: F401  (re-exported)
 
@@ -142,10 +142,13 @@ class StageDeploy(_Open):
     """One entry under ``stages:`` (vllm-omni ``StageDeployConfig``).
 
     ``devices`` is a comma-separated list of logical device indices ("0,1"), "cpu", or
-    None (default visibility); an int is accepted and read as a one-device list.
+    None (default visibility); an int is read as a one-device list here, and OPD114 reports
+    it (vllm-omni 0.30's ``OmniStageRuntimeConfig.devices`` refuses it). ``stage_id`` is an
+    integer, strictly: vllm-omni's ``StageDeployConfig`` keeps ``"1"`` a string, and its PD
+    checks then find no stage 1 (``Stage-1 is marked for PD but has no kv_transfer_config``).
     """
 
-    stage_id: int
+    stage_id: Annotated[int, Strict()]
     devices: str | None = None
     num_replicas: int | None = Field(None, ge=1)
     env: dict[str, Any] | None = None

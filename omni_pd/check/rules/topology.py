@@ -13,7 +13,7 @@ import re
 from typing import Iterable
 
 from omni_pd.diagnostics import Diagnostic, Severity
-from omni_pd.check.rules import Context, Rule, rule
+from omni_pd.check.rules import Context, Example, Rule, rule
 
 _FROM = re.compile(r"^from_stage_(\d+)$")
 _TO = re.compile(r"^to_stage_(\d+)$")
@@ -266,11 +266,22 @@ def stage_set(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
 @rule("OPD207", "pipeline-inferred", Severity.INFO,
       "no pipeline could be named; the stages are checked as a linear chain",
       fail="stages:\n  - stage_id: 0\n  - stage_id: 1\n",
-      passing="pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n  - stage_id: 1\n")
+      passing="pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n  - stage_id: 1\n",
+      examples=(Example("a pipeline name vllm-omni does not register (a typo): an error",
+                        "pipeline: qwen3_omni_pd\nstages:\n  - stage_id: 0\n  - stage_id: 1\n", fires=True,
+                        severity=Severity.ERROR, contains="registered neither"),
+                Example("a pipeline vllm-omni registers that omni-pd does not catalogue: info",
+                        "pipeline: bagel\nstages:\n  - stage_id: 0\n  - stage_id: 1\n", fires=True,
+                        severity=Severity.INFO)))
 def pipeline_inferred(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Without ``pipeline:`` (or a vllm-omni default file name, or ``--model-info``
     naming a catalogued ``model_type``) validate infers PD from a kv_producer/kv_consumer
     pair, treats a single stage as ``llm``, and otherwise checks the stages as a linear
-    chain; role-dependent checks are then weaker. Emitted while choosing the pipeline
-    (omni_pd/check/validate.py). Source: vllm-omni 0.30.0 config/pipeline_registry.py."""
+    chain; role-dependent checks are then weaker. A ``pipeline:`` that omni-pd does not
+    catalogue is an info while vllm-omni registers it, and an error when vllm-omni does not
+    either (``vllm serve`` refuses the file: ``KeyError ... not registered to OMNI_PIPELINES``),
+    with the nearest registered name (vLLM/vllm-omni 0.30+; the names are read from vllm-omni
+    0.30.0 with omni-pd's plugin loaded, presets/targets/vllm_omni_stage_fields.yaml). Emitted
+    while choosing the pipeline (omni_pd/check/validate.py). Source: vllm-omni 0.30.0
+    config/pipeline_registry.py, config/stage_config.py ``_get_deploy_override_pipe_config``."""
     return []
