@@ -24,6 +24,8 @@ LAUNCH_PLATFORM = Literal["cuda", "rocm", "npu", "xpu", "musa", "cpu"]
 
 
 def devices_opt(value: Optional[str], name: str):
+    """Device indices of a ``--*-devices`` option (``"0,1"`` -> ``(0, 1)``), None when not
+    given; anything else is the parser's usage error naming ``name`` (exit 2)."""
     if value is None:
         return None
     from omni_pd.compile.devices import parse_devices
@@ -47,6 +49,8 @@ def npu_platform_opt(value: Optional[str]) -> Optional[str]:
 
 
 def npu_connector_opt(value: str) -> str:
+    """``--npu-connector``: a vllm-ascend connector expand can emit
+    (:func:`omni_pd.compile.ascend.emits`); OPD006 (exit 2) naming the choices otherwise."""
     from omni_pd.compile import ascend
 
     if not ascend.emits(value):
@@ -116,6 +120,9 @@ def placed_inventory(inv, topo):
 
 
 def pairs(items: Optional[list[str]], name: str) -> dict[str, str]:
+    """Repeatable ``KEY=VALUE`` options (``--env``, ``--serve-arg``) as a dict, the last of a
+    repeated key winning; an item without ``=`` or with an empty key is a usage error naming
+    ``name`` (exit 2)."""
     out: dict[str, str] = {}
     for it in items or []:
         k, sep, v = it.partition("=")
