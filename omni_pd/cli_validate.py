@@ -2,7 +2,7 @@
 it (source lines for diagnostics, suppression layers, the status line). No typer here: the
 console entry point (:mod:`omni_pd.cli_entry`) runs a plain ``omni-pd validate FILE...``
 through :func:`run_default` without building the typer app, and the typer command
-(:func:`omni_pd.cli.validate`) parses every option and calls :func:`run_validate`: one body
+(:func:`omni_pd.cli.commands.validate.validate`) parses every option and calls :func:`run_validate`: one body
 for both (bench/coldstart_peers.py, issue 38).
 """
 
@@ -213,7 +213,7 @@ def run_validate(inputs: Optional[list[str]], opts, *, cli_layer, known: dict, f
     (:func:`_cli_layer`), ``known``: code -> rule name, filled on first need. Returns
     when every input is clean; raises SystemExit with the worst status otherwise, and
     OmniPdError for an unreadable single input in text format (exit 2)."""
-    from omni_pd.check.inputs import STDIN, collect_inputs
+    from omni_pd.check.inputs import collect_inputs
     from omni_pd.diagnostics import render_json, render_text, summary
     from omni_pd.resources import preset_path
 
@@ -221,10 +221,6 @@ def run_validate(inputs: Optional[list[str]], opts, *, cli_layer, known: dict, f
     hidden_total = 0
     if not inputs:
         inputs = [str(preset_path("qwen3_omni_moe"))]
-    if inputs.count(STDIN) > 1:
-        import typer
-
-        raise typer.BadParameter("- (stdin) can be given once", param_hint="INPUTS")
     found = collect_inputs(list(inputs))
     single = len(inputs) == 1 and len(found.paths) == 1 and not Path(inputs[0]).is_dir()
     every: list[Diagnostic] = list(found.problems)
@@ -294,7 +290,7 @@ def run_validate(inputs: Optional[list[str]], opts, *, cli_layer, known: dict, f
 
 def run_default(inputs: list[str], quiet: bool = False) -> None:
     """``omni-pd validate [-q] INPUT...`` with every other option at its default: what the
-    typer command does for those arguments (:func:`omni_pd.cli.validate`), without typer.
+    typer command does for those arguments (:func:`omni_pd.cli.commands.validate.validate`), without typer.
     ``inputs`` holds no ``-`` (the typer path reports a repeated one as a usage error)."""
     with _no_pydantic_plugins():  # builds the deploy model's pydantic classes
         from omni_pd.check.context import Inventory, ModelInfo  # noqa: F401  (the typer command's imports)
@@ -308,3 +304,79 @@ def run_default(inputs: list[str], quiet: bool = False) -> None:
     opts = ValidateOptions(platform=None, all_platforms=False, inventory=None, model=None,
                            vllm_version=None, env={}, pipeline=None, cli={})
     run_validate(list(inputs), opts, cli_layer=cli_layer, known=known, fmt="text", quiet=quiet)
+
+
+def exit_status(run, classify=None) -> int:
+    """Call ``run()`` and turn how it ended into ``omni-pd``'s exit status: 0 when it
+    returns; an :class:`OmniPdError` is printed and gives its own code (1 findings, 2 bad
+    input or usage); ``SystemExit`` its code (a string message: 2); an interrupt 130 (EOF:
+    a newline on stderr first, as click does); a broken pipe 1, the streams' later flushes
+    quietened (click's ``PacifyFlushWrapper``). ``classify(e)``: the typer app's say over any
+    other exception (click's usage errors, ``Exit``, ``Abort``), an exit status or None.
+    What is left is a bug: OPD000 and 3, or the traceback with ``OMNI_PD_DEBUG`` set.
+
+    The one tail both entries share: the typer app (:func:`omni_pd.cli.main`) and the
+    console entry's typer-free fast path (:func:`omni_pd.cli_entry.main`)."""
+    try:
+        run()
+        return 0
+    except OmniPdError as e:
+        _emit_diags([e.diagnostic])
+        return e.exit_code
+    except SystemExit as e:
+        return int(e.code or 0) if not isinstance(e.code, str) else 2
+    except KeyboardInterrupt:
+        return 130
+    except EOFError:  # click: a newline on stderr, then Abort (130)
+        sys.stderr.write("\n")
+        return 130
+    except Exception as e:
+        import errno
+
+        if isinstance(e, OSError) and e.errno == errno.EPIPE:
+            # click: the reader went away; quieten the streams' later flushes, exit 1
+            sys.stdout = _PacifyFlush(sys.stdout)
+            sys.stderr = _PacifyFlush(sys.stderr)
+            return 1
+        status = classify(e) if classify is not None else None
+        if status is not None:
+            return status
+        if os.environ.get("OMNI_PD_DEBUG"):
+            raise
+        _emit_diags([Diagnostic(code="OPD000", severity=Severity.ERROR,
+                                message=f"internal error: {type(e).__name__}: {e}",
+                                help="this is a bug in omni-pd; rerun with OMNI_PD_DEBUG=1 and report the traceback")])
+        return 3
+
+
+class _PacifyFlush:
+    """A stream whose ``flush`` ignores a broken pipe (click's ``PacifyFlushWrapper``)."""
+
+    def __init__(self, wrapped) -> None:
+        self.wrapped = wrapped
+
+    def flush(self) -> None:
+        """Flush, unless the reader has gone (EPIPE)."""
+        import errno
+
+        try:
+            self.wrapped.flush()
+        except OSError as e:
+            if e.errno != errno.EPIPE:
+                raise
+
+    def __getattr__(self, attr: str):
+        return getattr(self.wrapped, attr)
+
+
+def with_gc_threshold(run):
+    """``run()``'s result, the collector's young-generation threshold raised to
+    :data:`GC_THRESHOLD_0` while it runs (never lowered) and restored after."""
+    import gc
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(max(GC_THRESHOLD_0, thresholds[0]), *thresholds[1:])
+    try:
+        return run()
+    finally:
+        gc.set_threshold(*thresholds)

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from omni_pd.cli import _status, main
+from omni_pd.cli import main
+from omni_pd.cli_validate import _status
 from omni_pd.upstream.against import STARTING, against_vllm_omni
 from omni_pd.upstream.vllm_oracle import STEP_WORDS
 

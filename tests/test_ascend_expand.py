@@ -193,7 +193,7 @@ def test_xpyd_for_npu_itself_is_refused(tmp_path, capsys):
 
 def test_self_check_validates_every_overlay(tmp_path, capsys):
     # the overlay the npu pass wrote before: both prefill replicas on kv_port 36000
-    from omni_pd.cli import _self_check
+    from omni_pd.cli.expand_run import self_check as _self_check
     from omni_pd.diagnostics import OmniPdError
     from omni_pd.io import load_file
 

@@ -56,7 +56,7 @@ def test_every_repo_path_explain_cites_exists() -> None:
 def test_explain_cites_repo_paths_at_all() -> None:
     # the check above is not vacuous: explain cites the target data, modules, folders and docs
     cited = {p for entry in explainable().values() for p in cited_repo_paths(explain_text(entry))}
-    assert {"presets/targets/nixl_lease.yaml", "presets/targets/vllm_omni_stage_keys.yaml", "omni_pd/cli.py",
+    assert {"presets/targets/nixl_lease.yaml", "presets/targets/vllm_omni_stage_keys.yaml", "omni_pd/cli_validate.py",
             "presets/pipelines/", "omni_pd/compile/ec_connectors/", "docs/migrate.md", "pyproject.toml"} <= cited
 
 

@@ -90,3 +90,54 @@ def test_no_import_cycles() -> None:
         if v not in index:
             visit(v)
     assert cycles == []
+
+
+# --- the command line (issue 38): a package of thin command modules, imported lazily ----------
+
+CLI_COMMANDS = PKG / "cli" / "commands"
+
+
+def _typer_importers(mods: dict[str, Path]) -> list[str]:
+    out = []
+    for m, f in mods.items():
+        for n in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            names = [n.module or ""] if isinstance(n, ast.ImportFrom) else \
+                [a.name for a in n.names] if isinstance(n, ast.Import) else []
+            if any(x.split(".")[0] in ("typer", "click") for x in names):
+                out.append(m)
+                break
+    return sorted(out)
+
+
+def test_a_command_module_imports_no_other_command_module() -> None:
+    mods = _modules()
+    commands = {m for m in mods if m.startswith("omni_pd.cli.commands.")}
+    assert len(commands) >= 14
+    crossing = sorted((a, b) for a, bs in _imports(mods).items() if a in commands for b in bs if b in commands)
+    assert crossing == []
+
+
+def test_only_the_cli_package_imports_typer() -> None:
+    outside = [m for m in _typer_importers(_modules()) if not (m == "omni_pd.cli" or m.startswith("omni_pd.cli."))]
+    assert outside == []
+    # the rule reads imports at all: the package and every command module with options import typer
+    assert {"omni_pd.cli", "omni_pd.cli.options", "omni_pd.cli.commands.expand"} <= set(_typer_importers(_modules()))
+
+
+def test_the_command_table_names_every_command_module_and_nothing_else() -> None:
+    from omni_pd.cli import COMMANDS
+
+    files = {f.stem for f in CLI_COMMANDS.glob("*.py") if f.stem != "__init__"}
+    assert {c.module for c in COMMANDS.values()} == files
+    for name, c in COMMANDS.items():
+        tree = ast.parse((CLI_COMMANDS / f"{c.module}.py").read_text(encoding="utf-8"))
+        assert c.function in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, name
+
+
+def test_cli_modules_stay_small() -> None:
+    sizes = {str(f.relative_to(PKG.parent)): len(f.read_text(encoding="utf-8").splitlines())
+             for f in [*PKG.glob("cli*.py"), *(PKG / "cli").rglob("*.py")]}
+    assert len(sizes) >= 20
+    assert {f: n for f, n in sizes.items() if n > 800} == {}
+    # a command module parses, calls the layer doing the work, prints
+    assert {f: n for f, n in sizes.items() if "/commands/" in f and n > 300} == {}

@@ -12,7 +12,8 @@ from typing import get_args
 import pytest
 
 from omni_pd.check.validate import ValidateOptions, validate_document
-from omni_pd.cli import _LAUNCH_PLATFORM, main
+from omni_pd.cli import main
+from omni_pd.cli.options import LAUNCH_PLATFORM as _LAUNCH_PLATFORM
 from omni_pd.compile.devices import PLATFORMS, RUN_PLATFORMS
 from omni_pd.compile.expand import expand_document
 from omni_pd.compile.passes.pd_split import ExpandOptions

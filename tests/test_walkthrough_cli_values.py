@@ -191,7 +191,7 @@ def test_platform_choices_are_the_compilers_and_the_launchers():
     # cli.py spells the choices out (importing their owners costs start-up time)
     from typing import get_args
 
-    from omni_pd.cli import _LAUNCH_PLATFORM, _PLATFORM
+    from omni_pd.cli.options import LAUNCH_PLATFORM as _LAUNCH_PLATFORM, PLATFORM as _PLATFORM
     from omni_pd.compile.topology import PLATFORMS
     from omni_pd.launch.plan import DEVICE_ENV
 

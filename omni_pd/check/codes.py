@@ -43,12 +43,12 @@ CODES: tuple[CodeDoc, ...] = (
             rules still run. ``expand`` also reports OPD000 when the config it is about to write
             fails its own ``validate`` (nothing is written). Rerun with ``OMNI_PD_DEBUG=1`` for the
             traceback and report it.""",
-            "omni_pd/cli.py main(), omni_pd/check/rules/__init__.py run_rules()", exit=3),
+            "omni_pd/cli_validate.py exit_status(), omni_pd/check/rules/__init__.py run_rules()", exit=3),
     CodeDoc("OPD001", "input-unreadable", _E, "input", "an input file cannot be read",
             f"""The file is missing, a directory (or a directory without ``*.yaml``/``*.yml`` files
             given to ``validate``), unreadable, larger than {MAX_INPUT_BYTES} bytes, or not UTF-8 (located at the
             first bad byte). Option files (``--inventory``, ``--model-info``) name their option.""",
-            "omni_pd/io.py load_file(), omni_pd/check/inputs.py collect_inputs(), omni_pd/cli.py", exit=2),
+            "omni_pd/io.py load_file(), omni_pd/check/inputs.py collect_inputs(), omni_pd/cli/", exit=2),
     CodeDoc("OPD002", "invalid-yaml", _E, "input", "the input is not valid YAML or exceeds the loader's limits",
             f"""A YAML syntax error (located by ruamel.yaml), a value that cannot be read as its
             tag, a non-scalar mapping key, more than {MAX_NODES} nodes, nesting deeper than
@@ -79,7 +79,7 @@ CODES: tuple[CodeDoc, ...] = (
             connector does not accept, a bad inventory, a ``--model-info`` that is not a
             config.json mapping, or an unknown code given to ``explain``. The message names the
             option and the help lists what it accepts.""",
-            "omni_pd/cli.py, omni_pd/check/validate.py, omni_pd/compile/expand.py", exit=2),
+            "omni_pd/cli_options.py, omni_pd/check/validate.py, omni_pd/compile/expand.py", exit=2),
     CodeDoc("OPD007", "not-a-deploy-config", _E, "input", "the file is not a deploy config",
             """``expand`` and ``validate`` share one gate (omni_pd/check/inputs.py ``not_a_deploy_config``):
             a file without a non-empty ``stages:`` list (and no ``base_config`` to inherit one
@@ -90,12 +90,12 @@ CODES: tuple[CodeDoc, ...] = (
             schema). ``expand`` writes nothing (exit 2); ``validate`` reports it as an error
             (exit 1); for vllm-omni's forced-aligner stage settings (``forced_aligner:``,
             shipped beside its deploy configs) as a warning.""",
-            "omni_pd/check/inputs.py, omni_pd/cli.py expand, omni_pd/check/validate.py", exit=2),
+            "omni_pd/check/inputs.py, omni_pd/cli/expand_run.py, omni_pd/check/validate.py", exit=2),
     CodeDoc("OPD008", "not-a-pd-split", _E, "input", "diff was given a second file that is not a prefill/decode split",
             """``omni-pd diff IN OUT`` matches each stage of OUT to the stage of IN it came from
             through the split's id map, so OUT must have a prefill/decode pair with consecutive
             stage ids (what ``omni-pd expand IN`` writes).""",
-            "omni_pd/cli.py diff", exit=2),
+            "omni_pd/cli/commands/diff.py", exit=2),
     CodeDoc("OPD009", "unused-suppression", _W, "suppress", "a suppression comment suppresses nothing",
             """``# omni-pd: ignore[CODE, ...]`` (a YAML comment at the end of the line a finding is
             located at or of its key's line, or alone on the line before it) hides those findings

@@ -73,7 +73,7 @@ KV_RECEIVED: tuple[tuple[str, dict[str, str]], ...] = (
     ("vllm:nixl_xfer_time_seconds_count", {}),
 )
 #: exit status of a smoke check that failed because of a bug in omni-pd itself (the
-#: status ``omni-pd`` gives every internal error, see omni_pd/cli.py ``main``)
+#: status ``omni-pd`` gives every internal error, see omni_pd/cli_validate.py ``exit_status``)
 EXIT_BUG = 3
 #: long enough that whole KV blocks move (CPU block size is 128 tokens)
 PROMPT = " ".join(f"def f{i}(x): return x * {i}" for i in range(60))
