@@ -231,7 +231,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
                           entrypoint=f"http://{opts.host}:{opts.port}", config=config_path, processes=(proc,),
                           notes=("vllm-omni starts every stage engine and routes prefill -> decode itself",)
                           + _lease_note(p.kv, opts.platform, target, False))
-    from omni_pd.check.rules.nixl_lease import planned_lease
+    from omni_pd.check.lease_facts import planned_lease
 
     procs: list[ProcessSpec] = []
     device_notes: list[str] = []
@@ -408,24 +408,10 @@ def _span_processes(leader: ProcessSpec, nodes: tuple[str, ...], where: "_Where"
     return lead, workers
 
 
-def _lease_findings(doc: Any, topo: Topology, platform: str) -> list[Any]:
-    """OPD623 for the launch platform (:func:`omni_pd.check.rules.nixl_lease.launch_findings`)
-    over ``topo``, located in ``doc``; [] for a platform vLLM's default lease serves."""
-    from omni_pd.check.rules import Context
-    from omni_pd.check.rules.nixl_lease import facts, launch_findings
-    from omni_pd.check.validate import Locator
-    from omni_pd.compile.targets import target as make_target
-
-    if facts().needed_s(platform) is None or topo.pd_pair is None:
-        return []
-    ctx = Context(doc=Locator(doc), config=None, topology=topo, target=make_target(None))
-    return launch_findings(ctx, platform, topo.pipeline.launcher)
-
-
 def _lease_note(kv: dict[str, Any] | None, platform: str, target: Any, set_by_plan: bool) -> tuple[str, ...]:
     """The plan's note on the NIXL KV lease (OPD623) where ``platform`` needs more than
     vLLM's default: what the launch sets and why, or that the file's value is used."""
-    from omni_pd.check.rules.nixl_lease import configured, facts
+    from omni_pd.check.lease_facts import configured, facts
 
     f = facts()
     need = f.needed_s(platform)
@@ -635,58 +621,71 @@ def plan_document(doc: Any, config_path: str, opts: LaunchOptions, inventory: An
     completed it, is what validate judges (OPD503 and the per-host device and port rules)
     and what the plan places each process by (:attr:`LaunchOptions.placement`).
 
+    One flow, validate -> plan (issue 38): :func:`validate_for_launch` validates and
+    resolves once; :func:`plan_validated` plans from its result and only reads it.
+
     Validation errors leave ``plan`` None (the caller prints them). Raises
     :class:`~omni_pd.diagnostics.OmniPdError` OPD966 when the config is neither a PD config
     nor an encoder split (E -> PD or E -> P -> D),
     OPD006 when a planned port is outside 1..65535 (:func:`check_ports`).
     """
-    from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
-    from omni_pd.compile.parse import parse_config
-    from omni_pd.compile.pipelines import load_catalogue
-    from omni_pd.compile.targets import target as make_target
-    from omni_pd.compile.topology import resolve
-    from omni_pd.check.validate import ValidateOptions, validate_document
-    from omni_pd.compile.topology import PLATFORMS
-
-    overlay = opts.platform if opts.platform in PLATFORMS else None
-    from omni_pd.check.serve_flags import parse_argv
-
-    # --engine-arg flags go to every engine: the rules see them as global flags (OPD107
-    # refuses one vllm serve would not accept, before anything starts)
-    if inventory is not None and inventory.hosts:
-        from omni_pd.compile.placement import resolve_placement
-
-        named = load_catalogue().get(str(doc.tree.get("pipeline"))) if isinstance(doc.tree, dict) else None
-        if named is not None:
-            where = resolve_placement(named.stages, inventory)
-            inventory = replace(inventory, placement=dict(where.stage_host))
-            opts = replace(opts, placement=where)
-    # the launch platform's visibility variable the engines start under (--env's, else the
-    # launcher's): validate maps the stages' devices through it as the plan does
-    # (OPD402/OPD404); --platform cpu selects no device, so validate sees none
-    hit = visible_value(DEVICE_VARS.get(opts.platform, ()), opts.env, opts.launcher_env)
-    seen = {hit[1]: hit[2]} if hit is not None else {}
-    res = validate_document(doc, ValidateOptions(platform=overlay, cli=parse_argv(opts.extra_args),
-                                                 inventory=inventory, env=seen, model=model))
-    pipe = load_catalogue().get(res.pipeline_name or "")
+    res = validate_for_launch(doc, opts, inventory, model)
     kept = suppress or (lambda r: list(r.diagnostics))
-    if not any(d.severity is Severity.ERROR for d in kept(res)) and pipe is not None and pipe.is_pd:
-        # the launch platform's NIXL lease (OPD623): validate has no --platform cpu, so
-        # launch judges it, before anything is planned, among validate's findings
-        res.diagnostics.extend(_lease_findings(doc, resolve(parse_config(doc), pipe, overlay, doc), opts.platform))
     res.diagnostics[:] = kept(res)
     if on_validated is not None:
         on_validated(res)
+    return plan_validated(res, doc.name, config_path, opts)
+
+
+def validate_for_launch(doc: Any, opts: LaunchOptions, inventory: Any = None, model: Any = None) -> Any:
+    """``omni-pd validate`` of ``doc`` as ``launch``/``render`` run it for ``opts``: the
+    launch platform (``--platform cpu`` included: validate then judges its NIXL lease,
+    OPD623), ``--engine-arg`` flags as global engine flags (OPD107 refuses one ``vllm
+    serve`` would not accept), the visibility variable the engines start under
+    (``--env``'s, else the launcher's: OPD402/OPD404 map devices as the plan does; cpu
+    selects none), ``inventory`` and its placement (OPD503, the per-host device and port
+    rules), ``model`` (:class:`~omni_pd.check.context.ModelInfo`: OPD603) and the ports
+    the plan derives (``--port``, ``--engine-port-base``: OPD510 judges the port plan).
+    Returns the :class:`~omni_pd.check.validate.ValidateResult`, which carries the
+    resolved topology and placement :func:`plan_validated` plans from. Raises what
+    :func:`~omni_pd.check.validate.validate_document` raises (OPD006 for bad usage)."""
+    from omni_pd.check.serve_flags import parse_argv
+    from omni_pd.check.validate import ValidateOptions, validate_document
+
+    hit = visible_value(DEVICE_VARS.get(opts.platform, ()), opts.env, opts.launcher_env)
+    seen = {hit[1]: hit[2]} if hit is not None else {}
+    return validate_document(doc, ValidateOptions(
+        platform=opts.platform, cli=parse_argv(opts.extra_args), inventory=inventory, env=seen, model=model,
+        port=opts.port, engine_port_base=opts.engine_port_base))
+
+
+def plan_validated(res: Any, name: str, config_path: str, opts: LaunchOptions) -> Planned:
+    """The plan of a validated config: read from ``res`` (a
+    :class:`~omni_pd.check.validate.ValidateResult` of :func:`validate_for_launch`, its
+    ``diagnostics`` already the ones that count), nothing validated or resolved again:
+    its ``topology`` (resolved for the launch platform), ``placement`` (where each process
+    runs: :attr:`LaunchOptions.placement`) and ``target``. ``name``: the file's name for
+    messages. ``plan`` is None when an error counts, or when nothing was resolved.
+    Raises :class:`~omni_pd.diagnostics.OmniPdError` OPD966 when the config is neither a PD
+    config nor an encoder split (E -> PD or E -> P -> D), OPD006 when a planned port is
+    outside 1..65535 (:func:`check_ports`)."""
+    from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
+
     if any(d.severity is Severity.ERROR for d in res.diagnostics):
         return Planned(None, res, None)
+    topo = res.topology
+    pipe = topo.pipeline if topo is not None and res.pipeline_name is not None else None
     if pipe is None or not (pipe.is_pd or pipe.encoder is not None):  # an encoder split is E->PD or E->P->D
         named = res.pipeline_name is not None
+        if named and topo is None:  # nothing resolved (an error suppressed): nothing to plan
+            return Planned(None, res, None)
         raise OmniPdError(Diagnostic(
             code="OPD966", severity=Severity.ERROR,
-            message=f"{doc.name} is not a PD config "
+            message=f"{name} is not a PD config "
                     + (f"(pipeline `{res.pipeline_name}`)" if named else "(it names no `pipeline:`)"),
             help=f"compile it first: `omni-pd expand {config_path} -o pd.yaml`, then launch pd.yaml" if named
             else f"compile it first: `omni-pd expand {config_path} --pipeline NAME -o pd.yaml` "
                  "(NAME from `omni-pd pipelines`), then launch pd.yaml"))
-    topo = resolve(parse_config(doc), pipe, overlay, doc)
-    return Planned(check_ports(build_plan(topo, config_path, opts, make_target(None)), opts), res, topo)
+    if res.placement is not None:
+        opts = replace(opts, placement=res.placement)
+    return Planned(check_ports(build_plan(topo, config_path, opts, res.target), opts), res, topo)
