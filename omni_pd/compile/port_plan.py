@@ -11,7 +11,7 @@ live here once:
   + 100 + r (:data:`DECODE_PORT_OFFSET`), the encoder on + 200 (:data:`ENCODER_PORT_OFFSET`),
   the PD router on ``--port`` on decode's host; an engine with ``data_parallel_size`` > 1
   binds its HTTP port + 300 for vLLM's data-parallel RPC (:func:`dp_rpc_port`), an instance
-  spanning hosts its HTTP port + 400 for the torch.distributed store on its first host
+  spanning hosts its HTTP port + 600 for the torch.distributed store on its first host
   (:func:`span_master_port`); connector ports are the connector contract's
   (omni_pd/compile/connectors ``ports``, ``base + r*span`` per instance: :func:`instances`).
 * ``vllm-omni`` runtime: one server on ``--port`` binding every stage's connector ports;
@@ -38,10 +38,15 @@ ENCODER_PORT_OFFSET = 200
 DP_RPC_PORT_OFFSET = 300
 #: the :class:`PortUse` purpose of that port
 DP_RPC = "data-parallel RPC (--data-parallel-rpc-port)"
-#: ``--master-port`` of an instance spanning hosts: its HTTP port + this (prefill 8100 -> 8500,
-#: decode 8200 -> 8600), so two spanning instances with a leader on one host do not collide
-#: (vLLM's own default is 29501 for every instance: vllm/config/parallel.py ``master_port``)
-SPAN_MASTER_PORT_OFFSET = 400
+#: ``--master-port`` of an instance spanning hosts: its HTTP port + this (prefill 8100 -> 8700,
+#: decode 8200 -> 8800), so two spanning instances with a leader on one host do not collide
+#: (vLLM's own default is 29501 for every instance: vllm/config/parallel.py ``master_port``).
+#: Every port derived from ``--engine-port-base`` has its own band of 100 (xPyD instances
+#: r < 100): HTTP prefill +0, decode +100, encoder +200; DP RPC prefill +300, decode +400,
+#: encoder +500; master prefill +600, decode +700. With + 400 (before issue 35 item 7) a
+#: prefill spanning hosts A + B and a decode of DP 2 on A both planned 8500 (8100 + 400,
+#: 8200 + 300), and launch refused what expand wrote
+SPAN_MASTER_PORT_OFFSET = 600
 #: the :class:`PortUse` purpose of a spanning instance's ``--master-port`` on node rank 0
 MASTER_PURPOSE = "torch.distributed store (--master-port)"
 #: a vllm-omni head's ``--omni-master-port`` across hosts: ``--engine-port-base`` + this
@@ -72,7 +77,8 @@ class PlannedPort:
     (``--port``, ``--engine-port-base``) or ``config`` (a setting of the stage);
     ``key``: for ``config``, the setting that decides it as the connector contract names
     it (``kv_connector_extra_config.bootstrap_port``, an env variable, ``data_parallel_rpc_port``;
-    None: a default)."""
+    None: a default); ``how``: how a derived port is computed, in words
+    (``--engine-port-base 8100 + 100``, ``its HTTP port 8200 + 300``; "" for ``config``)."""
 
     process: str
     stage_id: int | None
@@ -81,6 +87,7 @@ class PlannedPort:
     purpose: str
     source: str
     key: str | None = None
+    how: str = ""
 
 
 def engine_http_port(role: str, replica: int, engine_port_base: int) -> int:
@@ -285,7 +292,7 @@ def plan_ports(topo: Topology, target: Any, *, port: int = 8000, engine_port_bas
         hosts = {host(s.stage_id) for s in topo.stages}
         if len(hosts) <= 1:
             h = next(iter(hosts), None)
-            out.append(PlannedPort("omni", None, h, port, "http", "--port"))
+            out.append(PlannedPort("omni", None, h, port, "http", "--port", how=f"--port {port}"))
             for s in topo.stages:
                 if s.pd_role:
                     out += [PlannedPort("omni", s.stage_id, h, p, what, "config", key)
@@ -296,9 +303,10 @@ def plan_ports(topo: Topology, target: Any, *, port: int = 8000, engine_port_bas
         for s in sorted(topo.stages, key=lambda n: n.stage_id):
             name, h = ("omni" if s.stage_id == head else f"stage-{s.stage_id}"), host(s.stage_id)
             if s.stage_id == head:
-                out.append(PlannedPort(name, s.stage_id, h, port, "http", "--port"))
+                out.append(PlannedPort(name, s.stage_id, h, port, "http", "--port", how=f"--port {port}"))
                 out.append(PlannedPort(name, s.stage_id, h, engine_port_base + OMNI_MASTER_PORT_OFFSET,
-                                       OMNI_MASTER_PURPOSE, "--engine-port-base"))
+                                       OMNI_MASTER_PURPOSE, "--engine-port-base",
+                                       how=f"--engine-port-base {engine_port_base} + {OMNI_MASTER_PORT_OFFSET}"))
             if s.pd_role:
                 out += [PlannedPort(name, s.stage_id, h, p, what, "config", key)
                         for p, what, key in _connector_port_keys(s, target, "vllm-omni")]
@@ -315,7 +323,9 @@ def plan_ports(topo: Topology, target: Any, *, port: int = 8000, engine_port_bas
         for inst in instances(node, target):
             name = f"{role}-{inst.replica}"
             http = engine_http_port(role, inst.replica, engine_port_base)
-            out.append(PlannedPort(name, node.stage_id, h, http, "http", "--engine-port-base"))
+            plus = http - engine_port_base
+            out.append(PlannedPort(name, node.stage_id, h, http, "http", "--engine-port-base",
+                                   how=f"--engine-port-base {engine_port_base}" + (f" + {plus}" if plus else "")))
             out += [PlannedPort(name, node.stage_id, h, u.port, u.purpose, "config", k)
                     for u, k in zip(inst.ports, inst.keys or (None,) * len(inst.ports))]
             if platform == "npu":
@@ -329,21 +339,25 @@ def plan_ports(topo: Topology, target: Any, *, port: int = 8000, engine_port_bas
             if rpc is not None:
                 own = settings.get("data_parallel_rpc_port") is not None
                 out.append(PlannedPort(name, node.stage_id, h, rpc, DP_RPC, "config" if own else "--engine-port-base",
-                                       "data_parallel_rpc_port" if own else None))
+                                       "data_parallel_rpc_port" if own else None,
+                                       "" if own else f"its HTTP port {http} + {DP_RPC_PORT_OFFSET}"))
             if len(nodes_of(node.stage_id)) > 1:
                 out.append(PlannedPort(name, node.stage_id, h, span_master_port(http), MASTER_PURPOSE,
-                                       "--engine-port-base"))
+                                       "--engine-port-base", how=f"its HTTP port {http} + {SPAN_MASTER_PORT_OFFSET}"))
     enc = topo.node(topo.pipeline.encoder.stage_id) if topo.pipeline.encoder is not None else None
     if enc is not None:
         h = host(enc.stage_id)
         http = engine_http_port("encoder", 0, engine_port_base)
-        out.append(PlannedPort("encoder-0", enc.stage_id, h, http, "http", "--engine-port-base"))
+        out.append(PlannedPort("encoder-0", enc.stage_id, h, http, "http", "--engine-port-base",
+                               how=f"--engine-port-base {engine_port_base} + {ENCODER_PORT_OFFSET}"))
         settings = {**wide, **enc.settings}
         rpc = dp_rpc_port(settings, enc.dp, http, 0)
         if rpc is not None:
             own = settings.get("data_parallel_rpc_port") is not None
             out.append(PlannedPort("encoder-0", enc.stage_id, h, rpc, DP_RPC, "config" if own else "--engine-port-base",
-                                   "data_parallel_rpc_port" if own else None))
+                                   "data_parallel_rpc_port" if own else None,
+                                   "" if own else f"its HTTP port {http} + {DP_RPC_PORT_OFFSET}"))
     d = pair[1] if pair is not None else whole
-    out.append(PlannedPort("router", None, host(d.stage_id), port, "http", "--port"))  # type: ignore[union-attr]
+    out.append(PlannedPort("router", None, host(d.stage_id), port, "http", "--port",  # type: ignore[union-attr]
+                           how=f"--port {port}"))
     return tuple(out)
