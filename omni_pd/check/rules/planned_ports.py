@@ -33,14 +33,14 @@ _SPAN_HOSTS = {"inventory": {"hosts": {"A": {"address": "10.201.0.1", "count": 4
 #: the llm pipeline over MooncakeConnector (plain vllm serve per engine): prefill listens on
 #: --engine-port-base 8100, the router on --port 8000
 _MC_LLM = ("pipeline: llm_pd\nasync_chunk: false\nstages:\n"
-           "  - {stage_id: 0, devices: \"0\", env: {VLLM_MOONCAKE_BOOTSTRAP_PORT: \"BOOT\"}, kv_transfer_config: "
+           "  - {stage_id: 0, devices: \"0\", env: {VLLM_MOONCAKE_BOOTSTRAP_PORT: \"PORT_N\"}, kv_transfer_config: "
            "{kv_connector: MooncakeConnector, kv_role: kv_producer, engine_id: p}}\n"
            "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_consumer, "
            "engine_id: d}}\n")
 #: Qwen3-Omni PD on vllm-omni: one server on --port 8000 binds every stage's connector ports
 _MC_OMNI = ("pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
             "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_producer, "
-            "engine_id: p, kv_connector_extra_config: {bootstrap_port: BOOT}}}\n"
+            "engine_id: p, kv_connector_extra_config: {bootstrap_port: PORT_N}}}\n"
             "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: MooncakeConnector, kv_role: kv_consumer, "
             "engine_id: d}}\n")
 
@@ -81,11 +81,11 @@ def _what(x: PlannedPort) -> str:
           Example("prefill spanning A + B, decode DP 2 on A, derived ports only: 8700 and 8500 apart",
                   _SPAN.replace("DP_RPC", ""), False, _SPAN_HOSTS),
           Example("a Mooncake bootstrap port on prefill's HTTP port (--engine-port-base 8100)",
-                  _MC_LLM.replace("BOOT", "8100"), True, contains="prefill-0 (http, --engine-port-base 8100)"),
-          Example("a Mooncake bootstrap port on the router's --port 8000", _MC_LLM.replace("BOOT", "8000"), True,
+                  _MC_LLM.replace("PORT_N", "8100"), True, contains="prefill-0 (http, --engine-port-base 8100)"),
+          Example("a Mooncake bootstrap port on the router's --port 8000", _MC_LLM.replace("PORT_N", "8000"), True,
                   contains="router (http, --port 8000)"),
-          Example("Mooncake's default bootstrap port: no conflict", _MC_LLM.replace("BOOT", "25201"), False),
-          Example("vllm-omni: a bootstrap_port on the server's --port 8000", _MC_OMNI.replace("BOOT", "8000"), True,
+          Example("Mooncake's default bootstrap port: no conflict", _MC_LLM.replace("PORT_N", "25201"), False),
+          Example("vllm-omni: a bootstrap_port on the server's --port 8000", _MC_OMNI.replace("PORT_N", "8000"), True,
                   contains="omni (http, --port 8000)"),
       ))
 def planned_port_conflict(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
@@ -105,7 +105,11 @@ def planned_port_conflict(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     ``--port 8000 --engine-port-base 8100`` (``launch``/``render`` judge their own values);
     two ports the file sets are OPD501's. The finding points at the key to change: the
     setting of a port the file sets, else the stage's ``data_parallel_rpc_port`` for a
-    data-parallel RPC port, else the stage (then ``--port``/``--engine-port-base`` move it)."""
+    data-parallel RPC port, else the stage (then ``--port``/``--engine-port-base`` move it).
+    Sources: vLLM 0.30 vllm/config/parallel.py (``master_port``, ``data_parallel_rpc_port``:
+    one default each for every engine, so omni-pd sets them per engine),
+    vllm/entrypoints/cli/serve.py (``--master-port`` of a multi-node instance); the plan's
+    formulas: omni_pd/compile/port_plan.py."""
     topo = ctx.topology
     if topo is None:
         return
