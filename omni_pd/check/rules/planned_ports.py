@@ -76,7 +76,7 @@ def _what(x: PlannedPort) -> str:
       "two processes launch or render would start on one host are planned on the same port",
       fail=_SPAN.replace("DP_RPC", "data_parallel_rpc_port: 8700, "),
       passing=_SPAN.replace("DP_RPC", "data_parallel_rpc_port: 8701, "),
-      example_context=_SPAN_HOSTS, labels=("PORT-UNIQUE",),
+      example_context=_SPAN_HOSTS,
       examples=(
           Example("prefill spanning A + B, decode DP 2 on A, derived ports only: 8700 and 8500 apart",
                   _SPAN.replace("DP_RPC", ""), False, _SPAN_HOSTS),
