@@ -34,6 +34,7 @@ import pytest
 from e2e.baselines import LONG, SHORT
 from e2e.harness import Launcher, engine_env
 from e2e.netns import COMPLETIONS_CLIENT, netns_works, run_in, two_hosts, veth
+from omni_pd.compile.port_plan import SPAN_MASTER_PORT_OFFSET
 
 ROOT = Path(__file__).resolve().parents[1]
 E2E = os.environ.get("OMNI_PD_E2E_PYTHON")
@@ -101,7 +102,7 @@ def test_prefill_tp2_over_hosts_a_and_b_equals_a_plain_instance_and_kv_crosses(t
             assert got["texts"] == [plain_llm.completion(p, 24) for p in (LONG, SHORT)]
             assert kv_received(got["after"]) > kv_received(got["before"]), "decode did not receive KV from prefill"
             worker_log = (tmp_path / "runB" / "prefill-0-node1.log").read_text()
-            assert f"head node address {ADDR['A']}:{ENGINES + 400}" in worker_log, worker_log[-3000:]
+            assert f"head node address {ADDR['A']}:{ENGINES + SPAN_MASTER_PORT_OFFSET}" in worker_log, worker_log[-3000:]
             print(f"prefill TP 2 across hosts, decode TP 2: all healthy after {ready_s:.1f} s; outputs equal; "
                   f"KV tokens received {kv_received(got['after']) - kv_received(got['before']):g}")
         finally:

@@ -141,3 +141,35 @@ def test_cli_modules_stay_small() -> None:
     assert {f: n for f, n in sizes.items() if n > 800} == {}
     # a command module parses, calls the layer doing the work, prints
     assert {f: n for f, n in sizes.items() if "/commands/" in f and n > 300} == {}
+def test_the_planner_reads_validates_result_and_resolves_nothing() -> None:
+    """Issue 38: one resolved, validated topology flows from validate into the planner,
+    which only reads it. ``omni_pd/launch/plan*`` imports no rule (``omni_pd.check.rules``
+    or a module under it) and not the resolve function (``omni_pd.compile.topology.resolve``),
+    at module level or inside a function."""
+    mods = _modules()
+    planner = sorted(m for m in mods if m.split(".")[:2] == ["omni_pd", "launch"] and m.split(".")[-1].startswith("plan"))
+    assert planner == ["omni_pd.launch.plan"]
+    bad: list[tuple[str, str]] = []
+    for m in planner:
+        for n in ast.walk(ast.parse(mods[m].read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+                names = [n.module] + [f"{n.module}.{a.name}" for a in n.names]
+            elif isinstance(n, ast.Import):
+                names = [a.name for a in n.names]
+            bad += [(m, x) for x in names
+                    if x == "omni_pd.check.rules" or x.startswith("omni_pd.check.rules.")
+                    or x == "omni_pd.compile.topology.resolve"]
+    assert bad == []
+
+
+def test_no_module_is_over_800_lines_but_the_ones_being_split() -> None:
+    """Issue 38's bar: no module of omni_pd over 800 lines. The launch planner meets it
+    (it was 1,027 lines); the modules listed here are over it today and are split
+    elsewhere (cli.py by the CLI package split) or not yet: the list may only shrink."""
+    known = {"omni_pd/cli.py", "omni_pd/launch/supervisor.py", "omni_pd/check/rules/capability.py",
+             "omni_pd/io.py", "omni_pd/upstream/vllm_omni_compat.py"}
+    over = {f.relative_to(PKG.parent).as_posix() for f in PKG.rglob("*.py")
+            if len(f.read_text(encoding="utf-8").splitlines()) > 800}
+    assert over <= known, sorted(over - known)
+    assert "omni_pd/launch/plan.py" not in over

@@ -73,7 +73,7 @@ def test_scripts_match_goldens_and_parse(tmp_path, capsys):
         if name.endswith(".sh"):
             assert subprocess.run(["bash", "-n", str(to / name)]).returncode == 0
     a, b, c = ((to / f"{h}.sh").read_text() for h in "ABC")
-    nodes = "--nnodes 2 --node-rank {} --master-addr 10.201.0.1 --master-port 8500"
+    nodes = "--nnodes 2 --node-rank {} --master-addr 10.201.0.1 --master-port 8700"
     # node rank 0: the API server on A's address, every rank's message queues on A's
     assert ("VLLM_HOST_IP=10.201.0.1 /opt/vllm/bin/vllm serve /models/tiny --host 10.201.0.1 --port 8100 "
             "--served-model-name /models/tiny") in a

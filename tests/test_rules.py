@@ -21,7 +21,9 @@ ONE_RULE_MODULES = {"model_identity": "pd_pair", "hybrid_state": "capability", "
                     "speculative": "pd_pair", "max_len": "pd_pair", "draft_kv": "capability",
                     "context_parallel": "capability", "device_init": "devices", "router_settings": "runtime",
                     # validate ⊇ vllm-omni's loader (issue 35)
-                    "stage_values": "schema"}
+                    "stage_values": "schema",
+                    # issue 35 item 7: the launch port plan
+                    "planned_ports": "ports"}
 
 
 def test_registry_has_every_family_and_stable_codes() -> None:

@@ -9,7 +9,7 @@ parse (every pydantic error becomes an OPD101, not just the first) -> follow
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,10 @@ from omni_pd.compile.topology import PLATFORMS
 @dataclass
 class ValidateOptions:
     """What the user told validate. ``env``: launcher environment; ``cli``: global
-    engine flags (vllm-omni broadcasts them to every stage)."""
+    engine flags (vllm-omni broadcasts them to every stage). ``port``/``engine_port_base``:
+    the ports ``launch``/``render`` derive the processes' ports from (``--port``,
+    ``--engine-port-base``; their defaults), for the port plan OPD510 judges
+    (:func:`omni_pd.compile.port_plan.plan_ports`)."""
 
     platform: str | None = None
     all_platforms: bool = False
@@ -37,17 +40,31 @@ class ValidateOptions:
     cli: dict[str, Any] = field(default_factory=dict)
     pipeline: str | None = None
     rules: tuple[str, ...] | None = None  # only these codes (None = all)
+    port: int = 8000
+    engine_port_base: int = 8100
 
 
 @dataclass
 class ValidateResult:
     """``diagnostics`` sorted by file/line; ``docs``: every file read (name -> Document);
     ``pipeline_name``: the catalogue pipeline the stages were checked against (None when
-    none was chosen)."""
+    none was chosen).
+
+    What the rules judged, for a caller that goes on from it (``launch``/``render``:
+    :func:`omni_pd.launch.plan.plan_document` plans from these and resolves nothing again):
+    ``topology``: the :class:`~omni_pd.compile.topology.Topology` resolved for the one
+    platform checked (None with ``--all-platforms``, or when parsing or resolving failed);
+    ``placement``: the :class:`~omni_pd.compile.placement.Placement` of the inventory the
+    caller passed (``ValidateOptions.inventory`` with hosts; None without one, also when
+    the inventory was read from the file's header); ``target``: the vLLM
+    :class:`~omni_pd.compile.targets.Target` judged."""
 
     diagnostics: list[Diagnostic]
     docs: dict[str, Document]
     pipeline_name: str | None = None
+    topology: Any = None
+    placement: Any = None
+    target: Any = None
 
     @property
     def errors(self) -> list[Diagnostic]:
@@ -466,11 +483,10 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
     cli, cli_diags = check_serve_args(opts.cli)
     legacy = "stage_args" in plain and "stages" not in plain
     diags: list[Diagnostic] = []
+    given = opts.inventory  # the caller's, not one read from the header
     if opts.inventory is None:
         from_header = _inventory_from_header(doc)
         if from_header is not None:
-            from dataclasses import replace
-
             opts = replace(opts, inventory=from_header[0])
             diags.append(from_header[1])
     if legacy:
@@ -500,7 +516,9 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
         return ValidateResult(_finish(diags + run_rules(ctx, rules)), locator.docs())
     pipe, pdiags = choose_pipeline(cfg, locator, cat, opts, base_name=plain.get("base_config"))
     diags += pdiags
-    inventory = placed_inventory(opts.inventory, pipe)
+    placement = _placement(opts.inventory, pipe)
+    inventory = (replace(opts.inventory, placement=dict(placement.stage_host))  # type: ignore[type-var]
+                 if placement is not None else opts.inventory)
     platforms: list[str | None]
     if opts.all_platforms:
         base = _base_platform(cfg, pipe)
@@ -508,6 +526,7 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
     else:
         platforms = [overlay]
     first = True
+    kept_topo = None
     for plat in platforms:
         try:
             topo = resolve(cfg, pipe, plat, locator)
@@ -517,7 +536,9 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
         ctx = Context(vllm_version_given=opts.vllm_version is not None, doc=locator, config=cfg, topology=topo, target=tgt, platform=plat,
                       inventory=inventory, model=opts.model, env=dict(opts.env), cli=dict(cli),
                       raw=merged, parse_diagnostics=parse_diags if first else [], platform_first=first,
-                      pipeline_given=opts.pipeline is not None)
+                      pipeline_given=opts.pipeline is not None, placement=placement,
+                      launch_ports=(opts.port, opts.engine_port_base), launch_platform=opts.platform)
+        kept_topo = topo if not opts.all_platforms else None
         found = run_rules(ctx, rules)
         if opts.platform is not None and opts.platform != overlay:
             found += _run_platform_findings(ctx, opts.platform, rules)
@@ -525,7 +546,8 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
             found = [_tag(d, plat) for d in found]
         diags += found
         first = False
-    return ValidateResult(_finish(diags), locator.docs(), pipe.name if cat.get(pipe.name) else None)
+    return ValidateResult(_finish(diags), locator.docs(), pipe.name if cat.get(pipe.name) else None,
+                          topology=kept_topo, placement=placement if given is not None else None, target=tgt)
 
 
 #: the header line ``expand --inventory`` writes (omni_pd/compile/expand.py)
@@ -580,6 +602,17 @@ def _inventory_from_header(doc: Document) -> tuple[Inventory, Diagnostic] | None
                       location=Location(file=doc.name, line=line, column=1),
                       help=f"pass the inventory it was compiled with: omni-pd validate {doc.name} --inventory HOSTS.yaml")
     return inv, diag
+
+
+def _placement(inventory: Inventory | None, pipeline: Any) -> Any:
+    """The :class:`~omni_pd.compile.placement.Placement` of every stage of ``pipeline``
+    under ``inventory`` (:func:`omni_pd.compile.placement.resolve_placement`, as expand and
+    launch place them); None where :func:`placed_inventory` returns the inventory unchanged."""
+    if inventory is None or not inventory.hosts or not getattr(pipeline, "stages", None):
+        return None
+    from omni_pd.compile.placement import resolve_placement
+
+    return resolve_placement(pipeline.stages, inventory)
 
 
 def placed_inventory(inventory: Inventory | None, pipeline: Any) -> Inventory | None:

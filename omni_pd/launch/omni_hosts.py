@@ -53,11 +53,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
+from omni_pd.compile.port_plan import OMNI_MASTER_PORT_OFFSET, OMNI_MASTER_PURPOSE
 from omni_pd.launch.spec import HealthCheck, PortUse, ProcessSpec
 
 #: the head's ``--omni-master-port``: ``--engine-port-base`` + this (the encoder instance of
 #: the vllm runtime takes + 200, decode + 100)
-MASTER_PORT_OFFSET = 300
+MASTER_PORT_OFFSET = OMNI_MASTER_PORT_OFFSET
 #: what a head's ``/health`` may take across hosts: every stage loads before it answers
 HEAD_STAGE_INIT_TIMEOUT_S = 900
 #: the head's process name (the one-host plan's name for the single omni process)
@@ -104,7 +105,7 @@ def omni_processes(*, vllm: str, model: str, config_path: str, served: str, stag
               "--stage-init-timeout", str(HEAD_STAGE_INIT_TIMEOUT_S),
               "--host", master, "--port", str(http_port), "--served-model-name", served, *extra_args),
         env=dict(env),
-        ports=(PortUse(http_port, "http", master), PortUse(master_port, "omni master (registration)", master))
+        ports=(PortUse(http_port, "http", master), PortUse(master_port, OMNI_MASTER_PURPOSE, master))
         + tuple(ports_of(head_sid, master)),
         health=HealthCheck(f"http://{master}:{http_port}/health", timeout_s=ready_timeout_s),
         modules=modules, python=python, host=head_host)

@@ -30,131 +30,19 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from omni_pd.check.serve_flags import DEPLOY_ONLY_KEYS
-from omni_pd.compile import devices as _devices
-from omni_pd.compile.devices import (DEVICE_VARS, VISIBILITY_VARS, parse_devices, parse_visible,
-                                     passed_through, physical_ids, visible_value)
+from omni_pd.compile.devices import DEVICE_VARS, visible_value
+from omni_pd.compile.port_plan import (DP_RPC, DP_RPC_PORT_OFFSET, ENCODER_PORT_OFFSET,  # noqa: F401  (re-exported)
+                                       MASTER_PURPOSE, PD_ROLE, PORT_MAX, SPAN_MASTER_PORT_OFFSET, Instance,
+                                       PlannedPort, dp_rpc_port, e_pd_instance, engine_http_port,
+                                       OMNI_MASTER_PORT_OFFSET, instance_devices, instances, plan_ports,
+                                       span_master_port)
+from omni_pd.compile.port_plan import connector_ports as _connector_ports  # noqa: F401  (re-exported)
+from omni_pd.compile.port_plan import payload_ports as _payload_ports  # noqa: F401  (re-exported)
 from omni_pd.compile.topology import StageNode, Topology, format_devices, pipeline_wide_settings
+from omni_pd.launch.device_map import (DEVICE_ENV, DeviceMap, device_env_values,  # noqa: F401  (re-exported)
+                                       device_fields, device_note, launcher_visibility, map_devices)
+from omni_pd.launch.ports import _dp_flags, _hccl_port, check_ports  # noqa: F401  (re-exported)
 from omni_pd.launch.spec import HealthCheck, LaunchPlan, PortUse, ProcessSpec
-
-#: platform -> the variable that decides its visible devices (None: no device selection):
-#: :data:`omni_pd.compile.devices.DEVICE_ENV`, the one table (with ``DEVICE_VARS``, the
-#: variables read when it is unset: ROCm's ``HIP_VISIBLE_DEVICES``)
-DEVICE_ENV = _devices.DEVICE_ENV
-
-
-def launcher_visibility(environ: Mapping[str, str]) -> dict[str, str]:
-    """The visibility variables (:data:`~omni_pd.compile.devices.VISIBILITY_VARS`) set in
-    ``environ`` (the launcher's own environment, which every child inherits): what
-    :attr:`LaunchOptions.launcher_env` holds. The CLI passes ``os.environ``; nothing else is
-    kept. Pure."""
-    return {v: str(environ[v]) for v in VISIBILITY_VARS if v in environ}
-
-
-@dataclass(frozen=True)
-class DeviceMap:
-    """:func:`map_devices`'s answer for one engine.
-
-    ``logical``: the stage's entries as written (``"0,1"``). ``physical``: the value the
-    child's visibility variable is set to (``"4,5"``). ``visible``: the visibility value
-    the entries index (``"4,5"``), None when unset. ``source``: where that value came
-    from (``the launcher's environment``, ``--env``, ``the stage's env``). ``dropped``:
-    entries outside ``visible`` (vllm-omni drops them). ``passed_through``: no entry was
-    inside ``visible``, so the list is read as physical ids. ``read``: the variable
-    ``visible`` was read from (ROCm: ``CUDA_VISIBLE_DEVICES``, else ``HIP_VISIBLE_DEVICES``)."""
-
-    logical: str
-    physical: str
-    visible: str | None = None
-    source: str | None = None
-    dropped: tuple[int, ...] = ()
-    passed_through: bool = False
-    read: str | None = None
-
-
-def map_devices(devices: str | None, var: str | tuple[str, ...] | None, stage_env: Mapping[str, Any] | None,
-                opts_env: Mapping[str, str], launcher_env: Mapping[str, str]) -> DeviceMap | None:
-    """Map an engine's ``devices`` (``"0,1"``, logical) to the physical ids its
-    ``var`` (``CUDA_VISIBLE_DEVICES`` ...) must carry, as vllm-omni 0.30 maps a stage's
-    devices (:func:`omni_pd.compile.devices.physical_ids`; vllm_omni/entrypoints/
-    stage_utils.py ``resolve_stage_physical_devices``, ``_map_device_list``).
-
-    ``var``: the platform's variables (:data:`~omni_pd.compile.devices.DEVICE_VARS`, the
-    deciding one first; a str: that one alone). The visible set is ``var`` in the first of
-    ``stage_env`` (the stage's own env, applied before its devices are mapped:
-    vllm_omni/engine/stage_init_utils.py ``stage_runtime_setup``), ``opts_env``
-    (``launch --env``, given to every process) and ``launcher_env`` (the launcher's own,
-    inherited by every child) that holds it (:func:`~omni_pd.compile.devices.visible_value`).
-    None when there is nothing to map (no variable, no devices, ``"cpu"``). Pure; raises
-    nothing."""
-    names = (var,) if isinstance(var, str) else tuple(var or ())
-    if not names or devices is None:
-        return None
-    try:
-        entries = parse_devices(devices)
-    except ValueError:
-        return None
-    if not isinstance(entries, tuple) or not entries:
-        return None
-    hit = visible_value(names, stage_env, opts_env, launcher_env)
-    visible = parse_visible(hit[2]) if hit is not None else None
-    if hit is None or visible is None:
-        return DeviceMap(devices, devices)
-    ids = physical_ids(entries, visible)
-    return DeviceMap(devices, ",".join(i for i in ids if i is not None), ",".join(visible),
-                     ("the stage's env", "--env", "the launcher's environment")[hit[0]],
-                     tuple(e for e, i in zip(entries, ids) if i is None), passed_through(entries, visible), hit[1])
-
-
-def device_note(name: str, var: str, m: DeviceMap) -> str | None:
-    """The launch plan's note on process ``name`` when a visibility variable remapped its
-    devices (``m.visible`` set), else None: the logical entries, the physical ids the child
-    gets, dropped entries and a pass-through list, each as vllm-omni treats it."""
-    if m.visible is None:
-        return None
-    under = f"{m.read or var}={m.visible} ({m.source})"
-    if m.passed_through:
-        return (f"{name}: devices \"{m.logical}\" have no entry below the {len(m.visible.split(','))} of {under}: "
-                f"read as physical ids, it starts with {var}={m.physical}, as vllm-omni passes such a list through "
-                "(vllm_omni/entrypoints/stage_utils.py _map_device_list)")
-    logical = [int(x) for x in m.logical.split(",")]
-    pairs = ", ".join(f"{i}->{p}" for i, p in zip([i for i in logical if i not in m.dropped], m.physical.split(",")))
-    out = f"{name}: devices \"{m.logical}\" index {under}: it starts with {var}={m.physical} (logical->physical {pairs})"
-    if m.dropped:
-        out += (f"; logical device{'s' if len(m.dropped) > 1 else ''} {','.join(map(str, m.dropped))} "
-                f"{'are' if len(m.dropped) > 1 else 'is'} outside it and dropped, as vllm-omni drops "
-                f"{'them' if len(m.dropped) > 1 else 'it'}")
-    return out + " (vllm_omni/entrypoints/stage_utils.py resolve_stage_physical_devices)"
-
-
-def device_fields(name: str, devices: str | None, var: str | tuple[str, ...] | None,
-                  stage_env: Mapping[str, Any] | None, opts_env: Mapping[str, str],
-                  launcher_env: Mapping[str, str]) -> tuple[dict[str, Any], str | None]:
-    """The device fields of engine ``name``'s :class:`~omni_pd.launch.spec.ProcessSpec`
-    (``devices``, ``device_env``, ``logical_devices``, ``visible_devices``; {} when ``var``
-    is None or (), i.e. cpu, or the stage names no devices) and the plan's note on it
-    (:func:`device_note`; None when nothing was remapped). ``var``: as :func:`map_devices`
-    takes it; ``device_env`` is its first. ``devices`` are the stage's entries as
-    written; :func:`map_devices` maps them (a value it cannot map, e.g. ``"cpu"``, is kept
-    as written). The child's env must carry ``devices`` in every variable of ``var``
-    (:func:`device_env_values`). Pure."""
-    names = (var,) if isinstance(var, str) else tuple(var or ())
-    if not names or devices is None:
-        return {}, None
-    var = names[0]
-    m = map_devices(devices, names, stage_env, opts_env, launcher_env)
-    if m is None:
-        return {"devices": devices, "device_env": var}, None
-    return ({"devices": m.physical, "device_env": var, "logical_devices": m.logical, "visible_devices": m.visible},
-            device_note(name, var, m))
-
-
-def device_env_values(platform: str, dev: Mapping[str, Any]) -> dict[str, str]:
-    """The env a child of ``platform`` gets for :func:`device_fields`' ``dev``: its
-    ``devices`` in every variable of the platform (:data:`~omni_pd.compile.devices.DEVICE_VARS`;
-    ROCm: ``CUDA_VISIBLE_DEVICES`` and ``HIP_VISIBLE_DEVICES``, as vllm-omni's
-    ``RocmOmniPlatform.set_device_control_env_var`` sets both); {} for an empty ``dev``."""
-    return dict.fromkeys(DEVICE_VARS.get(platform, ()), dev["devices"]) if dev else {}
-
 
 #: stage keys that are deploy-schema keys, not `vllm serve` flags (one set, shared with
 #: validate's unknown-flag check)
@@ -276,221 +164,14 @@ def _env_str(env: dict[str, Any] | None) -> dict[str, str]:
     return {str(k): str(v) for k, v in (env or {}).items()}
 
 
-def _connector_ports(node: StageNode, target: Any, host: str, runtime: str = "vllm") -> tuple[PortUse, ...]:
-    """Every connector port the engines of ``node`` bind on ``host``, one entry per port.
-
-    The same function as ``expand``'s allocation and ``validate``'s OPD501/OPD502
-    (the connector contract's ``ports``, facts from presets/targets), never the env value
-    in the file alone: on vllm-omni 0.30 a Mooncake prefill stage with ``num_replicas`` N
-    binds ``bootstrap_port + r`` for r < N (vllm_omni/engine/stage_runtime.py
-    ``_prepare_replica_vllm_config``). ``runtime``: ``vllm-omni`` starts ``num_replicas``
-    engines per stage, ``vllm`` one per process omni-pd starts.
-    """
-    from omni_pd.compile import connectors
-    from omni_pd.compile.connectors.base import launched_replicas
-
-    kv = node.kv or {}
-    conn = connectors.get(str(kv.get("kv_connector", "")))
-    if conn is None or target is None:
-        return ()
-    side = "prefill" if node.pd_role == "prefill" else "decode"
-    reps = launched_replicas(node.num_replicas)
-    out = []
-    for p in conn.ports(side, kv, node.env or {}, node.tp, node.dp, target, runtime=runtime, replicas=reps):
-        label = p.purpose + (f" replica {p.replica}" if reps > 1 else "")
-        for i in range(p.span):
-            out.append(PortUse(p.port + i, label + (f"[{i}]" if p.span > 1 else ""), host))
-    return tuple(out)
-
-
-@dataclass(frozen=True)
-class Instance:
-    """One ``vllm serve`` of a prefill or decode stage with ``num_replicas`` N (xPyD).
-
-    ``replica``: 0..N-1. ``devices``: its chunk of the stage's devices (``"0,1"``; None:
-    no device list). ``kv``: the stage's ``kv_transfer_config`` with this instance's
-    ``engine_id``. ``env``: the connector port variable set to this instance's port.
-    ``ports``: connector ports it binds (one entry per port). ``bootstrap_port``: the
-    port the router must know (a prefill of a connector whose contract sets
-    ``router_bootstrap``: Mooncake's bootstrap server), else None.
-    """
-
-    replica: int
-    devices: str | None
-    kv: dict[str, Any]
-    env: dict[str, str]
-    ports: tuple[PortUse, ...]
-    bootstrap_port: int | None = None
-
-
-def instance_devices(devices: Any, replicas: int, replica: int) -> Any:
-    """The devices of instance ``replica``: a stage's pool split into ``replicas`` equal,
-    consecutive chunks (vllm-omni's ``split_devices_for_replicas`` rule,
-    vllm_omni/engine/stage_init_utils.py); a pool that does not split evenly, "cpu" or
-    None is shared by every instance as written."""
-    if isinstance(devices, tuple) and replicas > 1 and len(devices) % replicas == 0:
-        n = len(devices) // replicas
-        return devices[replica * n:(replica + 1) * n]
-    return devices
-
-
-def instances(node: StageNode, target: Any) -> list[Instance]:
-    """The ``vllm serve`` instances omni-pd's launcher starts for a prefill or decode
-    stage: ``num_replicas`` of them, instance r with its own devices
-    (:func:`instance_devices`), ``engine_id`` (:func:`~omni_pd.compile.connectors.base.
-    instance_engine_id`) and connector ports (the contract's ``ports`` on the ``vllm``
-    runtime: ``base + r*span``, the same function validate and expand use)."""
-    from omni_pd.compile import connectors
-    from omni_pd.compile.connectors.base import instance_engine_id, launched_replicas
-
-    kv = dict(node.kv or {})
-    reps = launched_replicas(node.num_replicas)
-    conn = connectors.get(str(kv.get("kv_connector", "")))
-    side = "prefill" if node.pd_role == "prefill" else "decode"
-    uses = (conn.ports(side, kv, node.env or {}, node.tp, node.dp, target, runtime="vllm", replicas=reps)
-            if conn is not None and target is not None else [])
-    out = []
-    for r in range(reps):
-        mine = [u for u in uses if u.replica == r]
-        env: dict[str, str] = {}
-        if conn is not None and conn.port_env and mine and reps > 1:
-            env[conn.port_env] = str(mine[0].port)
-        ports = tuple(PortUse(u.port + i, u.purpose + (f" instance {r}" if reps > 1 else "")
-                              + (f"[{i}]" if u.span > 1 else ""))
-                      for u in mine for i in range(u.span))
-        ikv = dict(kv)
-        if isinstance(kv.get("engine_id"), str):
-            ikv["engine_id"] = instance_engine_id(kv["engine_id"], r, reps)
-        bp = mine[0].port if (mine and conn is not None and conn.router_bootstrap) else None
-        out.append(Instance(r, format_devices(instance_devices(node.devices, reps, r)), ikv, env, ports, bp))
-    return out
-
-
 def _is_ascend(connector: Any) -> bool:
     from omni_pd.compile import ascend
 
     return isinstance(connector, str) and ascend.is_ascend(connector)
 
 
-def _hccl_port(env: dict[str, str], node: StageNode, replica: int) -> int | None:
-    """On npu: the ``HCCL_IF_BASE_PORT`` of instance ``replica`` of ``node``, written into
-    ``env``: the stage's value + ``replica * span`` (expand reserves ``span`` = 16 ports per
-    rank per instance; presets/targets/vllm_ascend.yaml ``rules.hccl``), so co-located
-    instances listen apart (vllm-ascend#4725). None when the stage sets no base."""
-    from omni_pd.compile import ascend
-
-    raw = env.get(ascend.hccl()["env"])
-    try:
-        base = int(str(raw))
-    except (TypeError, ValueError):
-        return None
-    port = base + replica * ascend.hccl_span(ascend.Sizes(tp=node.tp, dp=node.dp, pp=node.pp))
-    env[ascend.hccl()["env"]] = str(port)
-    return port
-
-
-#: the highest TCP port a planned listener may use
-PORT_MAX = 65535
-
-#: a ``data_parallel_size`` > 1 engine's ``--data-parallel-rpc-port``: its HTTP port + this
-#: (prefill instances ``--engine-port-base`` + 300.., decode + 400.., the encoder + 500)
-DP_RPC_PORT_OFFSET = 300
-#: the :class:`~omni_pd.launch.spec.PortUse` purpose of that port
-DP_RPC = "data-parallel RPC (--data-parallel-rpc-port)"
-
-
-def dp_rpc_port(settings: dict[str, Any], dp: int, http_port: int, replica: int) -> int | None:
-    """The ``--data-parallel-rpc-port`` of one engine, None for ``dp`` 1.
-
-    vLLM 0.30 gives every engine the same default, 29550 (vllm/config/parallel.py:143
-    ``data_parallel_rpc_port``), and its DP head binds it (ZMQ ROUTER on
-    ``data_parallel_address``) whenever a DP rank is not local: ``data_parallel_size_local``
-    below ``data_parallel_size``, hybrid or external load balancing
-    (vllm/v1/engine/utils.py:1196-1217 ``launch_core_engines``; with every rank local the
-    handshake is IPC, vllm/engine/arg_utils.py:2330). omni-pd sets it per engine anyway,
-    so no two engines on a host can share it in any mode and preflight holds it free:
-    the stage's own ``data_parallel_rpc_port`` + ``replica`` when it sets one (instance
-    ``replica`` of ``num_replicas``), else ``http_port`` + :data:`DP_RPC_PORT_OFFSET`.
-    ``settings``: the engine keys (pipeline-wide and the stage's). Pure."""
-    if dp <= 1:
-        return None
-    own = settings.get("data_parallel_rpc_port")
-    return int(own) + replica if own is not None else http_port + DP_RPC_PORT_OFFSET
-
-
-def _dp_flags(settings: dict[str, Any], rpc: int | None) -> tuple[dict[str, Any], list[str]]:
-    """``settings`` without ``data_parallel_rpc_port`` and the flag that replaces it, when
-    the engine has a planned data-parallel RPC port (``rpc``); as given otherwise."""
-    if rpc is None:
-        return settings, []
-    return {k: v for k, v in settings.items() if k != "data_parallel_rpc_port"}, ["--data-parallel-rpc-port", str(rpc)]
-
-
-def check_ports(plan: LaunchPlan, opts: LaunchOptions) -> LaunchPlan:
-    """``plan`` when every port it binds is a TCP port (1..:data:`PORT_MAX`).
-
-    HTTP ports come from the options (``--port``; ``--engine-port-base`` + 0/100/200 +
-    instance); connector ports from the compiled file (``expand --port-base``). Raises
-    :class:`~omni_pd.diagnostics.OmniPdError` OPD006 (exit 2) naming the option to change
-    and the value that fits (the highest base whose HTTP and data-parallel RPC ports all
-    stay at or below :data:`PORT_MAX`; the lowest when a port falls below 1), so nothing
-    reaches preflight's ``bind`` with a port the OS cannot take.
-    """
-    from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
-
-    def from_base(p: ProcessSpec, u: PortUse) -> bool:  # a port --engine-port-base moves
-        return p.role not in ("router", "omni") and (u is p.ports[0] or (
-            u.purpose == DP_RPC and u.port == p.ports[0].port + DP_RPC_PORT_OFFSET))
-
-    moved = [u.port for p in plan.processes for u in p.ports if from_base(p, u)]
-    top = max(moved, default=PORT_MAX)  # every port the base moves must fit, DP RPC ports too
-    layout = "(prefill instances listen on it +0.., decode on +100.., the encoder on +200)"
-    for proc in plan.processes:
-        for use in proc.ports:
-            if 1 <= use.port <= PORT_MAX:
-                continue
-            engine_http = use.purpose == "http" and proc.role not in ("router", "omni")
-            if engine_http and use.port < 1:
-                low = min(u.port for p in plan.processes for u in p.ports[:1] if from_base(p, u))
-                msg = (f"--engine-port-base {opts.engine_port_base}: {proc.name} would listen on HTTP port "
-                       f"{use.port}, below 1")
-                help = f"pass --engine-port-base {opts.engine_port_base + 1 - low} or higher {layout}"
-            elif engine_http:
-                msg = (f"--engine-port-base {opts.engine_port_base}: {proc.name} would listen on HTTP port "
-                       f"{use.port}, above {PORT_MAX}")
-                help = f"pass --engine-port-base {opts.engine_port_base - (top - PORT_MAX)} or lower {layout}"
-            elif use.purpose == "http":
-                msg = f"--port {opts.port}: {proc.name} would listen on port {use.port}, outside 1..{PORT_MAX}"
-                help = f"pass --port with a port from 1 to {PORT_MAX}"
-            elif use.purpose == DP_RPC and use.port == proc.ports[0].port + DP_RPC_PORT_OFFSET:
-                msg = (f"--engine-port-base {opts.engine_port_base}: {proc.name} would bind its data-parallel RPC "
-                       f"port {use.port} (its HTTP port + {DP_RPC_PORT_OFFSET}), above {PORT_MAX}")
-                help = (f"pass --engine-port-base {opts.engine_port_base - (top - PORT_MAX)} or lower (a "
-                        f"data_parallel_size > 1 engine binds its HTTP port + {DP_RPC_PORT_OFFSET} for vLLM's "
-                        "data-parallel RPC)")
-            else:
-                msg = (f"{plan.config}: {proc.name} would bind {use.purpose} port {use.port} (from the config), "
-                       f"outside 1..{PORT_MAX}")
-                help = "re-run `omni-pd expand` with a lower --port-base"
-            raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR, message=msg, help=help))
-    return plan
-
-
-#: the role (and process name prefix) of an E -> PD instance: it runs prefill and decode
-PD_ROLE = "pd"
 #: :attr:`~omni_pd.launch.spec.LaunchPlan.connector` of an E -> PD plan (no KV connector)
 NO_CONNECTOR = "none"
-
-
-def e_pd_instance(topo: Topology) -> StageNode | None:
-    """The LLM stage of an E -> PD layout (``*_1e1pd``: an encoder stage E and one stage
-    that runs prefill and decode, E's ec_consumer), served by plain ``vllm serve``; None
-    for every other topology (a PD pair, no encoder, the vllm-omni runtime)."""
-    pipe = topo.pipeline
-    c = pipe.ec_consumer
-    if pipe.encoder is None or c is None or c.pd_role is not None or pipe.launcher != "vllm":
-        return None
-    return topo.node(c.stage_id)
 
 
 def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: Any = None) -> LaunchPlan:
@@ -523,15 +204,21 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
     env_all = dict(opts.env)
     engine_py = opts.python or _python_of(opts.vllm)
     mods = ("vllm",) + (connector_modules(conn) if pair is not None else ())
+    wide = pipeline_wide_settings(topo.config)  # top-level keys; a stage's own value wins
+    # every port of every process: the one port plan validate judges (OPD510)
+    planned = plan_ports(topo, target, port=opts.port, engine_port_base=opts.engine_port_base,
+                         nodes_of=where.nodes_of, platform=opts.platform, wide=wide, env=env_all)
+
+    def uses(name: str, bind: str) -> tuple[PortUse, ...]:
+        return tuple(PortUse(x.port, x.purpose, bind) for x in planned if x.process == name)
+
     if topo.pipeline.launcher == "vllm-omni":
         if where.across_hosts(topo):
-            return _omni_across_hosts(topo, config_path, opts, target, where, served, env_all, engine_py, mods, p.kv)
+            return _omni_across_hosts(topo, config_path, opts, target, where, served, env_all, engine_py, mods, p.kv,
+                                      planned)
         omni_host = where.one_host(topo)
         opts = replace(opts, host=where.address(omni_host)) if omni_host is not None else opts
-        ports = [PortUse(opts.port, "http", opts.host)]
-        for s in topo.stages:
-            if s.pd_role:
-                ports += _connector_ports(s, target, opts.host, "vllm-omni")
+        ports = uses("omni", opts.host)
         proc = ProcessSpec(
             name="omni", role="omni",
             argv=(opts.vllm, "serve", opts.model, "--omni", "--deploy-config", config_path,
@@ -544,14 +231,13 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
                           entrypoint=f"http://{opts.host}:{opts.port}", config=config_path, processes=(proc,),
                           notes=("vllm-omni starts every stage engine and routes prefill -> decode itself",)
                           + _lease_note(p.kv, opts.platform, target, False))
-    from omni_pd.check.rules.nixl_lease import planned_lease
+    from omni_pd.check.lease_facts import planned_lease
 
     procs: list[ProcessSpec] = []
     device_notes: list[str] = []
     lease_set = False
     sides = (("prefill", p), ("decode", d)) if pair is not None else ((PD_ROLE, p),)
     urls: dict[str, list[str]] = {role: [] for role, _ in sides}
-    wide = pipeline_wide_settings(topo.config)  # top-level keys; a stage's own value wins
     for role, node in sides:
         on = where.host(node.stage_id)
         bind = where.address(on)
@@ -559,14 +245,15 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
             leased = planned_lease(inst.kv, opts.platform, target)
             if leased is not None:
                 inst, lease_set = replace(inst, kv=leased), True
-            port = opts.engine_port_base + (100 if role == "decode" else 0) + inst.replica
+            port = engine_http_port(role, inst.replica, opts.engine_port_base)
             env = {**env_all, **_env_str(node.env), **inst.env}
             dev, note = device_fields(f"{role}-{inst.replica}", inst.devices, DEVICE_VARS.get(opts.platform),
                                       node.env, env_all, launcher_env_on(opts, on))
             env.update(device_env_values(opts.platform, dev))
             if note:
                 device_notes.append(note)
-            hccl = _hccl_port(env, node, inst.replica) if opts.platform == "npu" else None
+            if opts.platform == "npu":
+                _hccl_port(env, node, inst.replica)  # the instance's HCCL_IF_BASE_PORT, as the port plan has it
             if _is_ascend(conn):  # an npu overlay keeps the base's CUDA-connector env: unread there
                 for k in ("VLLM_MOONCAKE_BOOTSTRAP_PORT", "VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_NIXL_SIDE_CHANNEL_HOST"):
                     env.pop(k, None)
@@ -579,10 +266,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
             argv += dp_flags + list(opts.extra_args)
             procs.append(ProcessSpec(
                 name=f"{role}-{inst.replica}", role=role, argv=tuple(argv), env=env, **dev,
-                ports=(PortUse(port, "http", bind),) + tuple(
-                    PortUse(x.port, x.purpose, bind) for x in inst.ports) + (
-                    (PortUse(hccl, "HCCL listener (HCCL_IF_BASE_PORT)", bind),) if hccl is not None else ()) + (
-                    (PortUse(rpc, DP_RPC, bind),) if rpc is not None else ()),
+                ports=uses(f"{role}-{inst.replica}", bind),
                 health=HealthCheck(f"http://{bind}:{port}/health", timeout_s=opts.ready_timeout_s),
                 modules=mods, python=engine_py,
                 memory_fraction=float(node.settings.get("gpu_memory_utilization") or 0.9), host=on))
@@ -599,7 +283,8 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
     if enc is not None:
         e_on = where.host(enc.stage_id)
         e_proc, ec_name, ec_storage, note = _encoder_process(enc, replace(opts, host=where.address(e_on)), served,
-                                                             env_all, engine_py, wide)
+                                                             env_all, engine_py, wide,
+                                                             uses("encoder-0", where.address(e_on)))
         if note:
             device_notes.append(note)
         e_proc = replace(e_proc, host=e_on)
@@ -622,7 +307,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
         router_argv += ["--encoder", u]
     procs.append(ProcessSpec(
         name="router", role="router", argv=tuple(router_argv), env=env_all,
-        ports=(PortUse(opts.port, "http", r_bind),),
+        ports=uses("router", r_bind),
         health=HealthCheck(f"http://{r_bind}:{opts.port}/health", timeout_s=60.0),
         depends_on=tuple(x.name for x in procs if x.ready_with is None),  # a worker: its leader gates it
         # the router runs under omni-pd's own interpreter: preflight checks its HTTP stack there
@@ -640,17 +325,10 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
                       ec_connector=ec_name, ec_storage=ec_storage)
 
 
-#: ``--master-port`` of an instance spanning hosts: its HTTP port + this (prefill 8100 -> 8500,
-#: decode 8200 -> 8600), so two spanning instances with a leader on one host do not collide
-#: (vLLM's own default is 29501 for every instance: vllm/config/parallel.py ``master_port``)
-SPAN_MASTER_PORT_OFFSET = 400
 #: flags of the API server only: a headless worker takes none of them
 SERVER_FLAGS = ("--host", "--port", "--api-key", "--served-model-name")
 #: role suffix of a headless worker of an instance spanning hosts (``prefill-worker``)
 WORKER_SUFFIX = "-worker"
-#: the :class:`PortUse` purpose of a spanning instance's ``--master-port`` on node rank 0
-MASTER_PURPOSE = "torch.distributed store (--master-port)"
-
 
 def drop_flags(args: Sequence[str], flags: Sequence[str]) -> list[str]:
     """``args`` without each of ``flags`` and its value (``--flag V`` or ``--flag=V``). Pure."""
@@ -701,7 +379,7 @@ def _span_processes(leader: ProcessSpec, nodes: tuple[str, ...], where: "_Where"
     a NIXL side-channel host to its own host's address; a worker's devices are the leader's
     logical ids mapped on its own host (``stage_env``: the stage's env, whose visibility
     value wins as on the leader). Pure."""
-    master = http_port + SPAN_MASTER_PORT_OFFSET
+    master = span_master_port(http_port)
     addr0 = where.address(nodes[0])
     rank = ("--master-addr", addr0, "--master-port", str(master))
 
@@ -712,7 +390,8 @@ def _span_processes(leader: ProcessSpec, nodes: tuple[str, ...], where: "_Where"
         return out
 
     lead = replace(leader, argv=leader.argv + ("--node-rank", "0") + rank, env=own(leader.env, addr0),
-                   ports=leader.ports + (PortUse(master, MASTER_PURPOSE, addr0),))
+                   ports=leader.ports if any(u.purpose == MASTER_PURPOSE for u in leader.ports)
+                   else leader.ports + (PortUse(master, MASTER_PURPOSE, addr0),))
     body = drop_flags(leader.argv[3:], SERVER_FLAGS)  # vllm serve MODEL ...
     workers = []
     for i, h in enumerate(nodes[1:], start=1):
@@ -729,24 +408,10 @@ def _span_processes(leader: ProcessSpec, nodes: tuple[str, ...], where: "_Where"
     return lead, workers
 
 
-def _lease_findings(doc: Any, topo: Topology, platform: str) -> list[Any]:
-    """OPD623 for the launch platform (:func:`omni_pd.check.rules.nixl_lease.launch_findings`)
-    over ``topo``, located in ``doc``; [] for a platform vLLM's default lease serves."""
-    from omni_pd.check.rules import Context
-    from omni_pd.check.rules.nixl_lease import facts, launch_findings
-    from omni_pd.check.validate import Locator
-    from omni_pd.compile.targets import target as make_target
-
-    if facts().needed_s(platform) is None or topo.pd_pair is None:
-        return []
-    ctx = Context(doc=Locator(doc), config=None, topology=topo, target=make_target(None))
-    return launch_findings(ctx, platform, topo.pipeline.launcher)
-
-
 def _lease_note(kv: dict[str, Any] | None, platform: str, target: Any, set_by_plan: bool) -> tuple[str, ...]:
     """The plan's note on the NIXL KV lease (OPD623) where ``platform`` needs more than
     vLLM's default: what the launch sets and why, or that the file's value is used."""
-    from omni_pd.check.rules.nixl_lease import configured, facts
+    from omni_pd.check.lease_facts import configured, facts
 
     f = facts()
     need = f.needed_s(platform)
@@ -777,6 +442,10 @@ class _Where:
             return self.fallback
         return self.placement.addresses.get(host, self.fallback)
 
+    def nodes_of(self, stage_id: int) -> tuple[str | None, ...]:
+        """The hosts one instance of ``stage_id`` spans, node rank order ((None,) without a placement)."""
+        return self.placement.nodes_of(stage_id) if self.placement is not None else (None,)
+
     def hosts(self, topo: Topology) -> list[str]:
         """The hosts the stages of ``topo`` are on, sorted ([] without a placement)."""
         if self.placement is None:
@@ -796,7 +465,7 @@ class _Where:
 
 def _omni_across_hosts(topo: Topology, config_path: str, opts: LaunchOptions, target: Any, where: "_Where",
                        served: str, env_all: dict[str, str], engine_py: str | None, mods: tuple[str, ...],
-                       prefill_kv: dict[str, Any] | None) -> LaunchPlan:
+                       prefill_kv: dict[str, Any] | None, planned: Sequence[PlannedPort] = ()) -> LaunchPlan:
     """The plan of a vllm-omni pipeline whose stages are on several hosts: vllm-omni's head
     (the first stage, the API server, the orchestrator) on that stage's host and one
     headless process per other stage on its own host (:mod:`omni_pd.launch.omni_hosts`).
@@ -813,14 +482,11 @@ def _omni_across_hosts(topo: Topology, config_path: str, opts: LaunchOptions, ta
             code="OPD966", severity=Severity.ERROR,
             message=f"the stages of this vllm-omni pipeline are placed on {', '.join(where.hosts(topo))}: {why}",
             help="place every stage on one host, or set num_replicas: 1 on every stage"))
-    payload = _payload_ports(topo)
 
-    def ports_of(sid: int, bind: str) -> tuple[PortUse, ...]:
-        node = topo.node(sid)
-        kv = _connector_ports(node, target, bind, "vllm-omni") if node is not None and node.pd_role else ()
-        return tuple(kv) + tuple(PortUse(port, purpose, bind) for port, purpose in payload.get(sid, ()))
+    def ports_of(sid: int, bind: str) -> tuple[PortUse, ...]:  # its connector ports, from the port plan
+        return tuple(PortUse(x.port, x.purpose, bind) for x in planned if x.stage_id == sid and x.source == "config")
 
-    master = opts.engine_port_base + omni_hosts.MASTER_PORT_OFFSET
+    master = opts.engine_port_base + OMNI_MASTER_PORT_OFFSET
     stage_host = {s.stage_id: where.host(s.stage_id) for s in topo.stages}
     procs = omni_hosts.omni_processes(
         vllm=opts.vllm, model=opts.model, config_path=config_path, served=served,
@@ -836,22 +502,6 @@ def _omni_across_hosts(topo: Topology, config_path: str, opts: LaunchOptions, ta
     return LaunchPlan(runtime="vllm-omni", model=opts.model, connector=str((prefill_kv or {}).get("kv_connector", "")),
                       entrypoint=head.health.url.rsplit("/", 1)[0], config=config_path,  # type: ignore[union-attr]
                       processes=procs, notes=notes + _lease_note(prefill_kv, opts.platform, target, False))
-
-
-def _payload_ports(topo: Topology) -> dict[int, list[tuple[int, str]]]:
-    """Stage id -> the (port, purpose) of the omni connector listener its worker binds
-    for a stage edge it sends on: NixlConnector and the transfer-engine connectors with a
-    ``zmq_port`` (:func:`omni_pd.compile.stage_edges.sender_port`); SharedMemoryConnector
-    binds none."""
-    from omni_pd.compile.stage_edges import payload_edges, sender_port
-
-    tree = topo.config.model_dump(by_alias=True, exclude_unset=True) if topo.config is not None else {}
-    out: dict[int, list[tuple[int, str]]] = {}
-    for e in payload_edges(tree):
-        port = (e.extra or {}).get("zmq_port")
-        if e.connector in ("NixlConnector", "MooncakeTransferEngineConnector") and isinstance(port, int):
-            out.setdefault(e.src, []).append((sender_port(port, e.src), f"omni connector {e.src}->{e.dst}"))
-    return out
 
 
 def hosts_of(plan: LaunchPlan) -> tuple[str, ...]:
@@ -895,22 +545,22 @@ def without_peers(plan: LaunchPlan) -> LaunchPlan:
     return replace(plan, processes=tuple(p for p in plan.processes if p.role != "peer"))
 
 
-#: HTTP port of the encoder instance E: ``engine_port_base`` + this (prefill +0, decode +100)
-ENCODER_PORT_OFFSET = 200
-
 
 def _encoder_process(node: StageNode, opts: LaunchOptions, served: str,
                      env_all: dict[str, str], engine_py: str | None,
-                     wide: dict[str, Any] | None = None) -> tuple[ProcessSpec, str | None, str | None, str | None]:
+                     wide: dict[str, Any] | None = None, ports: tuple[PortUse, ...] | None = None,
+                     ) -> tuple[ProcessSpec, str | None, str | None, str | None]:
     """The ``vllm serve`` of the encoder-only instance E (``--ec-transfer-config`` with
     ``ec_producer`` from its stage keys, no KV connector), its EC connector name, the
     shared directory E writes and prefill reads (ECExampleConnector; None otherwise) and
     the plan's note on its devices (:func:`device_fields`).
     ``wide``: the pipeline-wide engine keys (:func:`~omni_pd.compile.topology.
-    pipeline_wide_settings`); the stage's own keys override them."""
+    pipeline_wide_settings`); the stage's own keys override them. ``ports``: its entries of
+    the port plan (:func:`~omni_pd.compile.port_plan.plan_ports`, as :func:`build_plan`
+    passes them); None: derived here by the same formulas."""
     from omni_pd.compile import ec_connectors
 
-    port = opts.engine_port_base + ENCODER_PORT_OFFSET
+    port = engine_http_port("encoder", 0, opts.engine_port_base)
     env = {**env_all, **_env_str(node.env)}
     dev, note = device_fields("encoder-0", format_devices(node.devices), DEVICE_VARS.get(opts.platform), node.env,
                               env_all, opts.launcher_env)
@@ -925,7 +575,8 @@ def _encoder_process(node: StageNode, opts: LaunchOptions, served: str,
             "--served-model-name", served, *engine_flags(settings), *dp_flags, *opts.extra_args]
     proc = ProcessSpec(
         name="encoder-0", role="encoder", argv=tuple(argv), env=env, **dev,
-        ports=(PortUse(port, "http", opts.host),) + ((PortUse(rpc, DP_RPC, opts.host),) if rpc is not None else ()),
+        ports=ports if ports is not None else (
+            (PortUse(port, "http", opts.host),) + ((PortUse(rpc, DP_RPC, opts.host),) if rpc is not None else ())),
         health=HealthCheck(f"http://{opts.host}:{port}/health", timeout_s=opts.ready_timeout_s),
         modules=("vllm",), python=engine_py,
         memory_fraction=float(node.settings.get("gpu_memory_utilization") or 0.9),
@@ -970,58 +621,71 @@ def plan_document(doc: Any, config_path: str, opts: LaunchOptions, inventory: An
     completed it, is what validate judges (OPD503 and the per-host device and port rules)
     and what the plan places each process by (:attr:`LaunchOptions.placement`).
 
+    One flow, validate -> plan (issue 38): :func:`validate_for_launch` validates and
+    resolves once; :func:`plan_validated` plans from its result and only reads it.
+
     Validation errors leave ``plan`` None (the caller prints them). Raises
     :class:`~omni_pd.diagnostics.OmniPdError` OPD966 when the config is neither a PD config
     nor an encoder split (E -> PD or E -> P -> D),
     OPD006 when a planned port is outside 1..65535 (:func:`check_ports`).
     """
-    from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
-    from omni_pd.compile.parse import parse_config
-    from omni_pd.compile.pipelines import load_catalogue
-    from omni_pd.compile.targets import target as make_target
-    from omni_pd.compile.topology import resolve
-    from omni_pd.check.validate import ValidateOptions, validate_document
-    from omni_pd.compile.topology import PLATFORMS
-
-    overlay = opts.platform if opts.platform in PLATFORMS else None
-    from omni_pd.check.serve_flags import parse_argv
-
-    # --engine-arg flags go to every engine: the rules see them as global flags (OPD107
-    # refuses one vllm serve would not accept, before anything starts)
-    if inventory is not None and inventory.hosts:
-        from omni_pd.compile.placement import resolve_placement
-
-        named = load_catalogue().get(str(doc.tree.get("pipeline"))) if isinstance(doc.tree, dict) else None
-        if named is not None:
-            where = resolve_placement(named.stages, inventory)
-            inventory = replace(inventory, placement=dict(where.stage_host))
-            opts = replace(opts, placement=where)
-    # the launch platform's visibility variable the engines start under (--env's, else the
-    # launcher's): validate maps the stages' devices through it as the plan does
-    # (OPD402/OPD404); --platform cpu selects no device, so validate sees none
-    hit = visible_value(DEVICE_VARS.get(opts.platform, ()), opts.env, opts.launcher_env)
-    seen = {hit[1]: hit[2]} if hit is not None else {}
-    res = validate_document(doc, ValidateOptions(platform=overlay, cli=parse_argv(opts.extra_args),
-                                                 inventory=inventory, env=seen, model=model))
-    pipe = load_catalogue().get(res.pipeline_name or "")
+    res = validate_for_launch(doc, opts, inventory, model)
     kept = suppress or (lambda r: list(r.diagnostics))
-    if not any(d.severity is Severity.ERROR for d in kept(res)) and pipe is not None and pipe.is_pd:
-        # the launch platform's NIXL lease (OPD623): validate has no --platform cpu, so
-        # launch judges it, before anything is planned, among validate's findings
-        res.diagnostics.extend(_lease_findings(doc, resolve(parse_config(doc), pipe, overlay, doc), opts.platform))
     res.diagnostics[:] = kept(res)
     if on_validated is not None:
         on_validated(res)
+    return plan_validated(res, doc.name, config_path, opts)
+
+
+def validate_for_launch(doc: Any, opts: LaunchOptions, inventory: Any = None, model: Any = None) -> Any:
+    """``omni-pd validate`` of ``doc`` as ``launch``/``render`` run it for ``opts``: the
+    launch platform (``--platform cpu`` included: validate then judges its NIXL lease,
+    OPD623), ``--engine-arg`` flags as global engine flags (OPD107 refuses one ``vllm
+    serve`` would not accept), the visibility variable the engines start under
+    (``--env``'s, else the launcher's: OPD402/OPD404 map devices as the plan does; cpu
+    selects none), ``inventory`` and its placement (OPD503, the per-host device and port
+    rules), ``model`` (:class:`~omni_pd.check.context.ModelInfo`: OPD603) and the ports
+    the plan derives (``--port``, ``--engine-port-base``: OPD510 judges the port plan).
+    Returns the :class:`~omni_pd.check.validate.ValidateResult`, which carries the
+    resolved topology and placement :func:`plan_validated` plans from. Raises what
+    :func:`~omni_pd.check.validate.validate_document` raises (OPD006 for bad usage)."""
+    from omni_pd.check.serve_flags import parse_argv
+    from omni_pd.check.validate import ValidateOptions, validate_document
+
+    hit = visible_value(DEVICE_VARS.get(opts.platform, ()), opts.env, opts.launcher_env)
+    seen = {hit[1]: hit[2]} if hit is not None else {}
+    return validate_document(doc, ValidateOptions(
+        platform=opts.platform, cli=parse_argv(opts.extra_args), inventory=inventory, env=seen, model=model,
+        port=opts.port, engine_port_base=opts.engine_port_base))
+
+
+def plan_validated(res: Any, name: str, config_path: str, opts: LaunchOptions) -> Planned:
+    """The plan of a validated config: read from ``res`` (a
+    :class:`~omni_pd.check.validate.ValidateResult` of :func:`validate_for_launch`, its
+    ``diagnostics`` already the ones that count), nothing validated or resolved again:
+    its ``topology`` (resolved for the launch platform), ``placement`` (where each process
+    runs: :attr:`LaunchOptions.placement`) and ``target``. ``name``: the file's name for
+    messages. ``plan`` is None when an error counts, or when nothing was resolved.
+    Raises :class:`~omni_pd.diagnostics.OmniPdError` OPD966 when the config is neither a PD
+    config nor an encoder split (E -> PD or E -> P -> D), OPD006 when a planned port is
+    outside 1..65535 (:func:`check_ports`)."""
+    from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
+
     if any(d.severity is Severity.ERROR for d in res.diagnostics):
         return Planned(None, res, None)
+    topo = res.topology
+    pipe = topo.pipeline if topo is not None and res.pipeline_name is not None else None
     if pipe is None or not (pipe.is_pd or pipe.encoder is not None):  # an encoder split is E->PD or E->P->D
         named = res.pipeline_name is not None
+        if named and topo is None:  # nothing resolved (an error suppressed): nothing to plan
+            return Planned(None, res, None)
         raise OmniPdError(Diagnostic(
             code="OPD966", severity=Severity.ERROR,
-            message=f"{doc.name} is not a PD config "
+            message=f"{name} is not a PD config "
                     + (f"(pipeline `{res.pipeline_name}`)" if named else "(it names no `pipeline:`)"),
             help=f"compile it first: `omni-pd expand {config_path} -o pd.yaml`, then launch pd.yaml" if named
             else f"compile it first: `omni-pd expand {config_path} --pipeline NAME -o pd.yaml` "
                  "(NAME from `omni-pd pipelines`), then launch pd.yaml"))
-    topo = resolve(parse_config(doc), pipe, overlay, doc)
-    return Planned(check_ports(build_plan(topo, config_path, opts, make_target(None)), opts), res, topo)
+    if res.placement is not None:
+        opts = replace(opts, placement=res.placement)
+    return Planned(check_ports(build_plan(topo, config_path, opts, res.target), opts), res, topo)

@@ -11,6 +11,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
+from omni_pd.compile.port_plan import PortUse  # noqa: F401  (the port plan's; re-exported)
+
 #: names (env names, or flags as ``API_KEY`` for ``--api-key``) whose values are secrets:
 #: the whole name or its last ``_``-separated words are one of these. ``HF_TOKEN`` and
 #: ``--hf-token`` (huggingface_hub; vLLM vllm/engine/arg_utils.py ``hf_token``),
@@ -44,16 +46,6 @@ def secret_flag(prev: str, arg: str) -> str | None:
     if arg.startswith("--") and "=" in arg and is_secret(arg[2:].split("=", 1)[0]):
         return arg.split("=", 1)[0] + "="
     return None
-
-
-@dataclass(frozen=True)
-class PortUse:
-    """One TCP port a process binds: ``port`` (1..65535) on ``host``; ``purpose`` e.g.
-    ``http``, ``nixl-side-channel``, ``mooncake-bootstrap``."""
-
-    port: int
-    purpose: str
-    host: str = "127.0.0.1"
 
 
 @dataclass(frozen=True)

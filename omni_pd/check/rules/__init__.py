@@ -216,6 +216,14 @@ class Context:
     #: default and a release-dependent finding says which release it assumed
     #: (:meth:`release_words`)
     vllm_version_given: bool = False
+    #: the :class:`~omni_pd.compile.placement.Placement` of the inventory (spans included:
+    #: ``nodes_of``); None without an inventory
+    placement: Any = None
+    #: ``(--port, --engine-port-base)`` the launch derives its processes' ports from (launch's
+    #: defaults unless the caller passes its own): the port plan OPD510 judges
+    launch_ports: tuple[int, int] = (8000, 8100)
+    #: the platform the engines run on (``--platform``, cpu included, which has no overlay)
+    launch_platform: str | None = None
 
     # --- locating -------------------------------------------------------------------
     def exists(self, path: tuple) -> bool:

@@ -58,7 +58,7 @@ map_devices() {
 map_devices dev_prefill_0 'prefill-0 (stage 0)' 0,1 CUDA_VISIBLE_DEVICES
 
 # prefill-0 (prefill)
-setsid env VLLM_NIXL_SIDE_CHANNEL_HOST=10.201.0.1 VLLM_NIXL_SIDE_CHANNEL_PORT=5600 CUDA_VISIBLE_DEVICES="${dev_prefill_0}" VLLM_HOST_IP=10.201.0.1 /opt/vllm/bin/vllm serve /models/tiny --host 10.201.0.1 --port 8100 --served-model-name /models/tiny --kv-transfer-config '{"kv_connector":"NixlConnector","engine_id":"llm-prefill","kv_role":"kv_producer"}' --tensor-parallel-size 4 --max-model-len 1024 --enforce-eager --no-async-scheduling --dtype float32 --nnodes 2 --node-rank 0 --master-addr 10.201.0.1 --master-port 8500 > logs/prefill-0.log 2>&1 &
+setsid env VLLM_NIXL_SIDE_CHANNEL_HOST=10.201.0.1 VLLM_NIXL_SIDE_CHANNEL_PORT=5600 CUDA_VISIBLE_DEVICES="${dev_prefill_0}" VLLM_HOST_IP=10.201.0.1 /opt/vllm/bin/vllm serve /models/tiny --host 10.201.0.1 --port 8100 --served-model-name /models/tiny --kv-transfer-config '{"kv_connector":"NixlConnector","engine_id":"llm-prefill","kv_role":"kv_producer"}' --tensor-parallel-size 4 --max-model-len 1024 --enforce-eager --no-async-scheduling --dtype float32 --nnodes 2 --node-rank 0 --master-addr 10.201.0.1 --master-port 8700 > logs/prefill-0.log 2>&1 &
 pids+=($!)
 echo "started prefill-0 (pid $!)"
 
