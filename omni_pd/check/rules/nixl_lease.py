@@ -190,7 +190,8 @@ def nixl_kv_lease(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     loaded CPU delivered requests to decode after more than 30 s) is a warning;
     ``launch --platform cpu`` (dry run included) gives it before planning, and
     ``validate --platform cpu`` the same finding (cpu has no overlay: the base stages are
-    judged). Judged for the releases the facts were read for (0.30)."""
+    judged). Judged for the releases the facts were read for (0.30-0.34: the 0.30,
+    0.33 and 0.34 wheels read the key with the same default)."""
     return _findings(ctx, r, ctx.platform, unset_counts=True, how="")
 
 
