@@ -19,7 +19,10 @@ ONE_RULE_MODULES = {"model_identity": "pd_pair", "hybrid_state": "capability", "
                     # issue 35
                     "engine_args": "pd_pair",
                     "speculative": "pd_pair", "max_len": "pd_pair", "draft_kv": "capability",
-                    "context_parallel": "capability", "device_init": "devices", "router_settings": "runtime"}
+                    "context_parallel": "capability", "device_init": "devices", "router_settings": "runtime",
+                    # issue 35: vLLM 0.34 and vllm-omni 0.31+
+                    "nixl_mode": "capability", "mooncake_lease": "capability", "multi_role": "capability",
+                    "extensible_kv": "capability", "output_types": "schema"}
 
 
 def test_registry_has_every_family_and_stable_codes() -> None:
