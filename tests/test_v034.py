@@ -297,3 +297,42 @@ def test_identity_rows_and_words() -> None:
     assert ascend.describe() == f"vllm-ascend's MooncakeConnectorV1 (MooncakeConnector from {ASCEND_MC})"
     vllm = identify({"kv_connector": "MooncakeConnector"})
     assert vllm is not None and vllm.vllm_row() == "MooncakeConnector" and vllm.describe() == "MooncakeConnector"
+
+
+# --- the 0.30 side, read from vllm-omni 0.30.0 itself when the oracle venv is there ----------------
+
+def _oracle_site():
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    py = os.environ.get("OMNI_PD_ORACLE_PYTHON")
+    cands = [Path(py).parents[1] / "lib" / "python3.11" / "site-packages"] if py else []
+    cands.append(root / ".cache" / "oracle" / "venv030" / "lib" / "python3.11" / "site-packages")
+    return next((c for c in cands if (c / "vllm_omni").is_dir()), None)
+
+
+def test_output_type_aliases_are_vllm_omni_030s() -> None:
+    import ast
+
+    from omni_pd.check.rules.output_types import facts
+
+    site = _oracle_site()
+    if site is None:
+        pytest.skip("vllm-omni 0.30 (the oracle venv) is not installed; set OMNI_PD_ORACLE_PYTHON")
+    tree = ast.parse((site / "vllm_omni" / "outputs" / "output_modality.py").read_text())
+    aliases = next(ast.literal_eval(n.value) for n in ast.walk(tree)
+                   if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "_MODALITY_ALIASES")
+    assert aliases == facts()["aliases_until_0_30"]
+
+
+def test_vllm_030_reads_neither_transfer_mode_nor_a_mooncake_lease() -> None:
+    """The 0.30 side of OPD626/OPD627: vLLM 0.30's factory does not look at transfer_mode and
+    its MooncakeConnector has no kv_lease_duration (both arrive in 0.34)."""
+    site = _oracle_site()
+    if site is None or not (site / "vllm").is_dir():
+        pytest.skip("vLLM 0.30 (the oracle venv) is not installed; set OMNI_PD_ORACLE_PYTHON")
+    kv = site / "vllm" / "distributed" / "kv_transfer" / "kv_connector"
+    assert "transfer_mode" not in (kv / "factory.py").read_text()
+    assert not any("kv_lease_duration" in f.read_text() for f in (kv / "v1" / "mooncake").glob("*.py"))
+    assert found(pair(p=extra(transfer_mode="push")), "OPD626", opts=opts("0.30"))[0][0] == "warning"
