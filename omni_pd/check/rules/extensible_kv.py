@@ -84,8 +84,8 @@ def extensible_kv_cache(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     identified with :func:`omni_pd.compile.connectors.identity.identify` (another package's
     class loaded by ``kv_connector_module_path`` is not vLLM's). A connector's
     ``custom_mem_pool`` and LMCacheMPConnector's legacy IPC, also refused by 0.34, are not
-    checked. Sources: vllm 0.34.0 wheel (shared/reference/upstream_2026_12.md §2 "Extensible
-    KV cache details"); facts: ``presets/targets/kv_semantics.yaml``."""
+    checked. Sources: vLLM 0.34.0 wheel (``config/cache.py``,
+    ``config/vllm.py``, ``v1/mooncake/mooncake_connector.py``); facts: ``presets/targets/kv_semantics.yaml``."""
     f = facts()["extensible_kv_cache"]
     if ctx.target.version < since("extensible_kv_cache") or ctx.topology is None:
         return

@@ -65,9 +65,8 @@ def mooncake_kv_lease(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     ``kv_connector_module_path`` naming another package's class (vllm-ascend's
     ``MooncakeConnector`` is its ``MooncakeConnectorV1``) the connector is that package's
     (:func:`omni_pd.compile.connectors.identity.identify`). Without ``--vllm-version`` the
-    message says which release it assumed. Sources: vllm 0.33.0 and 0.34.0 wheels
-    (shared/reference/upstream_2026_12.md §2 "Mooncake lease", "Configs valid on 0.30 but
-    wrong on 0.34" item 3); facts: ``presets/targets/kv_semantics.yaml``."""
+    message says which release it assumed. Sources: vLLM 0.33.0 and 0.34.0 wheels
+    (``v1/mooncake/mooncake_connector.py``); facts: ``presets/targets/kv_semantics.yaml``."""
     f = facts()["mooncake_lease"]
     key, tgt = f["key"], ctx.target
     new = tgt.version >= since("mooncake_lease")

@@ -67,9 +67,8 @@ def multi_connector_role(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     without a valid ``kv_role`` are OPD602's. Only vLLM's MultiConnector is judged (on npu
     vllm-ascend registers ``AscendMultiConnector`` under that name:
     :func:`omni_pd.compile.connectors.identity.identify`). Without ``--vllm-version`` the
-    message says which release it assumed. Sources: vllm 0.33.0 and 0.34.0 wheels
-    (shared/reference/upstream_2026_12.md §2 "MultiConnector role", "Configs valid on 0.30 but
-    wrong on 0.34" item 4); facts: ``presets/targets/kv_semantics.yaml``."""
+    message says which release it assumed. Sources: vLLM 0.33.0 and 0.34.0 wheels
+    (``config/kv_transfer.py``); facts: ``presets/targets/kv_semantics.yaml``."""
     new = ctx.target.version >= since("multi_connector_role")
     first = ".".join(map(str, since("multi_connector_role")))
     for s in sides(ctx):

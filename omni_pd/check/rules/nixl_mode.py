@@ -64,16 +64,15 @@ def nixl_transfer_mode(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     by ``kv_connector_extra_config.transfer_mode``: ``pull`` (default) -> NixlPullConnector,
     ``push`` -> NixlPushConnector, anything else -> ``ValueError("Invalid NixlConnector
     transfer_mode ...")`` at engine start (error). Pull and push never pair: the mode is in the
-    handshake compat hash (``v1/nixl/metadata.py``, NIXL connector version 16 in 0.34), so a
+    handshake compat hash (vLLM ``v1/nixl/metadata.py``, NIXL connector version 16 in 0.34), so a
     prefill and decode of one pair that name the same connector with different modes fail every
     handshake (error). Up to 0.33 the factory ignores ``transfer_mode`` and NixlConnector
     pulls, so a push config silently pulls (warning; ``kv_connector: NixlPushConnector`` pushes
     there, from 0.24). Only vLLM's NIXL connector is judged: a ``kv_connector_module_path``
     naming another package's class is that package's connector
     (:func:`omni_pd.compile.connectors.identity.identify`). Without ``--vllm-version`` the
-    message says which release it assumed. Sources: vllm 0.33.0 and 0.34.0 wheels
-    (shared/reference/upstream_2026_12.md §2, "NIXL pull/push selection", "NIXL handshake
-    compat"); facts: ``presets/targets/kv_semantics.yaml``."""
+    message says which release it assumed. Sources: vLLM 0.33.0 and 0.34.0 wheels
+    (``kv_connector/factory.py``, ``v1/nixl/metadata.py``); facts: ``presets/targets/kv_semantics.yaml``."""
     f = facts()["nixl_transfer_mode"]
     key, tgt = f["key"], ctx.target
     all_sides = sides(ctx)

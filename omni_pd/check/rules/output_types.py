@@ -61,7 +61,7 @@ def output_type(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     file breaks on the next release (``token_ids`` changes meaning). Without ``--vllm-version``
     the message says which release it assumed. Sources: vllm-omni 0.30.0 wheel
     ``vllm_omni/outputs/output_modality.py`` ``_MODALITY_ALIASES``; release notes of v0.31.0rc1
-    and v0.32.0 (shared/reference/upstream_2026_12.md §1); facts:
+    and v0.32.0 (https://github.com/vllm-project/vllm-omni/releases); facts:
     ``presets/targets/output_types.yaml``."""
     from omni_pd.compile.targets import parse_version
 
