@@ -336,3 +336,22 @@ def test_vllm_030_reads_neither_transfer_mode_nor_a_mooncake_lease() -> None:
     assert "transfer_mode" not in (kv / "factory.py").read_text()
     assert not any("kv_lease_duration" in f.read_text() for f in (kv / "v1" / "mooncake").glob("*.py"))
     assert found(pair(p=extra(transfer_mode="push")), "OPD626", opts=opts("0.30"))[0][0] == "warning"
+
+
+# --- OPD623 (NIXL lease) reads the connector's identity --------------------------------------------
+
+@pytest.mark.parametrize(("version", "fires"), [("0.29", False), ("0.30", True), ("0.34", True), ("0.24", False)])
+def test_opd623_nixl_lease_is_judged_from_0_30_to_0_34(version: str, fires: bool) -> None:
+    got = found(pair(p=extra(kv_lease_duration=0)), "OPD623", opts=opts(version))
+    assert [g[1] for g in got] == (["stage 0 (prefill): kv_lease_duration 0: prefill frees every request's KV blocks "
+                                    "at once, before decode can read them"] if fires else [])
+
+
+def test_opd623_a_nixl_class_from_another_package_is_not_vllms() -> None:
+    from omni_pd.check.rules.nixl_lease import planned_lease
+
+    mod = ", kv_connector_module_path: my_pkg.nixl"
+    assert found(pair(p=extra(kv_lease_duration=0) + mod, d=mod), "OPD623", opts=opts("0.34")) == []
+    kv = {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}
+    assert planned_lease(kv, "cpu", target("0.34")) == {**kv, EXTRA: {"kv_lease_duration": 480}}
+    assert planned_lease({**kv, "kv_connector_module_path": "my_pkg.nixl"}, "cpu", target("0.34")) is None

@@ -76,6 +76,16 @@ def configured(kv: dict[str, Any] | None) -> tuple[bool, Any]:
     return False, None
 
 
+def _vllm_name(kv: dict[str, Any], platform: str | None) -> str | None:
+    """The vLLM connector ``kv`` loads on ``platform``, or None when it loads another
+    package's class (``kv_connector_module_path``: :mod:`omni_pd.compile.connectors.identity`),
+    whose lease vLLM's facts do not describe."""
+    from omni_pd.compile.connectors.identity import identify
+
+    ident = identify(kv, platform)
+    return ident.vllm_row() if ident is not None else None
+
+
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -88,7 +98,7 @@ def planned_lease(kv: dict[str, Any] | None, platform: str | None, target: "Targ
     is not modified."""
     f = facts()
     need = f.needed_s(platform)
-    if kv is None or need is None or not f.applies(target, kv.get("kv_connector")) or configured(kv)[0]:
+    if kv is None or need is None or not f.applies(target, _vllm_name(kv, platform)) or configured(kv)[0]:
         return None
     extra = kv.get(EXTRA)
     return {**kv, EXTRA: {**(extra if isinstance(extra, dict) else {}), f.key: need}}
@@ -99,7 +109,7 @@ def _findings(ctx: Context, r: Rule, platform: str | None, unset_counts: bool, h
     need = f.needed_s(platform)
     for n in ctx.pd_pair or ():
         kv = n.kv or {}
-        if not f.applies(ctx.target, kv.get("kv_connector")):
+        if not f.applies(ctx.target, _vllm_name(kv, platform)):
             continue
         is_set, value = configured(kv)
         where = f"stage {n.stage_id} ({n.pd_role})"
@@ -191,7 +201,9 @@ def nixl_kv_lease(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     ``launch --platform cpu`` (dry run included) gives it before planning, and
     ``validate --platform cpu`` the same finding (cpu has no overlay: the base stages are
     judged). Judged for the releases the facts were read for (0.30-0.34: the 0.30,
-    0.33 and 0.34 wheels read the key with the same default)."""
+    0.33 and 0.34 wheels read the key with the same default). Only vLLM's NIXL connector is
+    judged: a ``kv_connector_module_path`` naming another package's class is that package's
+    connector (:func:`omni_pd.compile.connectors.identity.identify`)."""
     return _findings(ctx, r, ctx.platform, unset_counts=True, how="")
 
 
