@@ -50,9 +50,9 @@ def test_version_names_omni_pd_and_the_targets_from_data(capsys):
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     rc, out, err = run_cli(["--version"], capsys)
     assert rc == 0 and err == ""
-    # 0.30 / 0.11..0.33: presets/targets/vllm.yaml; vllm-omni 0.30: presets/targets/vllm_omni_stage_keys.yaml
+    # 0.30 / 0.11..0.34: presets/targets/vllm.yaml; vllm-omni 0.30: presets/targets/vllm_omni_stage_keys.yaml
     assert out == (f"omni-pd {project}\n"
-                   "targets vLLM 0.30 (--vllm-version 0.11 to 0.33), vllm-omni 0.30\n")
+                   "targets vLLM 0.30 (--vllm-version 0.11 to 0.34), vllm-omni 0.30\n")
 
 
 def test_version_follows_the_target_data(capsys, monkeypatch):
@@ -243,11 +243,11 @@ def test_explain_unknown_code_suggests(capsys):
      "--kv-buffer-device banana: vLLM's KVTransferConfig (vllm/config/kv_transfer.py) accepts cuda, cpu or xpu",
      "pass --kv-buffer-device cuda"),
     (["--vllm-version", "9.9"],
-     "--vllm-version 9.9: omni-pd has no facts for vLLM 9.9; known versions: 0.11 to 0.33 (presets/targets/vllm.yaml)",
-     "give a vLLM major.minor from 0.11 to 0.33"),
+     "--vllm-version 9.9: omni-pd has no facts for vLLM 9.9; known versions: 0.11 to 0.34 (presets/targets/vllm.yaml)",
+     "give a vLLM major.minor from 0.11 to 0.34"),
     (["--vllm-version", "latest"],
      "--vllm-version latest: not a vLLM version: 'latest' (expected MAJOR.MINOR, e.g. 0.30)",
-     "give a vLLM major.minor from 0.11 to 0.33"),
+     "give a vLLM major.minor from 0.11 to 0.34"),
     (["--kv-host", "bad_host!"],
      "--kv-host 'bad_host!': not an IP address or host name",
      "pass --kv-host with an address the other engine can reach, e.g. 10.0.0.1 or host-a"),

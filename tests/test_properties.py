@@ -33,11 +33,11 @@ from omni_pd.compile.pipelines import IdMap
 from omni_pd.compile.targets import target as make_target
 from omni_pd.compile.topology import resolve
 
-VERSIONS = ("0.11", "0.13", "0.18", "0.24", "0.30", "0.32", "0.33")
-#: --vllm-version values whose vllm-omni release (0.30, also the newest before 0.32/0.33) has
+VERSIONS = ("0.11", "0.13", "0.18", "0.24", "0.30", "0.32", "0.33", "0.34")
+#: --vllm-version values whose vllm-omni release (0.30, also the newest before 0.32-0.34) has
 #: omni-pd's Talker handoff fix for qwen3_omni_moe_pd (presets/targets/vllm_omni_compat.yaml
 #: talker_pipelines): the only targets where a Qwen3-Omni PD split with its Talker is written
-TALKER_COVERED = ("0.30", "0.32", "0.33")
+TALKER_COVERED = ("0.30", "0.32", "0.33", "0.34")
 #: vLLM minors before 0.30 (a generated --vllm-version): no vllm-omni release, or one the layer
 #: does not cover, so expand refuses the split with OPD704 (issue 21)
 UNCOVERED = st.integers(11, 29).map(lambda m: f"0.{m}")

@@ -23,7 +23,10 @@ ONE_RULE_MODULES = {"model_identity": "pd_pair", "hybrid_state": "capability", "
                     # validate ⊇ vllm-omni's loader (issue 35)
                     "stage_values": "schema",
                     # issue 35 item 7: the launch port plan
-                    "planned_ports": "ports"}
+                    "planned_ports": "ports",
+                    # issue 35: vLLM 0.34 and vllm-omni 0.31+
+                    "nixl_mode": "capability", "mooncake_lease": "capability", "multi_role": "capability",
+                    "extensible_kv": "capability", "output_types": "schema"}
 
 
 def test_registry_has_every_family_and_stable_codes() -> None:

@@ -61,6 +61,16 @@ def configured(kv: dict[str, Any] | None) -> tuple[bool, Any]:
     return False, None
 
 
+def vllm_name(kv: dict[str, Any], platform: str | None) -> str | None:
+    """The vLLM connector ``kv`` loads on ``platform``, or None when it loads another
+    package's class (``kv_connector_module_path``: :mod:`omni_pd.compile.connectors.identity`),
+    whose lease vLLM's facts do not describe."""
+    from omni_pd.compile.connectors.identity import identify
+
+    ident = identify(kv, platform)
+    return ident.vllm_row() if ident is not None else None
+
+
 def planned_lease(kv: dict[str, Any] | None, platform: str | None, target: "Target") -> dict[str, Any] | None:
     """``kv`` with the lease ``platform`` needs written into its extra config, for an
     engine the launcher starts (runtime ``vllm``); None when nothing is to be added (not a
@@ -69,7 +79,7 @@ def planned_lease(kv: dict[str, Any] | None, platform: str | None, target: "Targ
     is not modified."""
     f = facts()
     need = f.needed_s(platform)
-    if kv is None or need is None or not f.applies(target, kv.get("kv_connector")) or configured(kv)[0]:
+    if kv is None or need is None or not f.applies(target, vllm_name(kv, platform)) or configured(kv)[0]:
         return None
     extra = kv.get(EXTRA)
     return {**kv, EXTRA: {**(extra if isinstance(extra, dict) else {}), f.key: need}}

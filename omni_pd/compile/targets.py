@@ -143,6 +143,14 @@ class Target:
     def nixl_side_channel_default_port(self) -> int:
         return int(_stepped(self.version, _facts()["nixl"]["side_channel_default_port"], "value"))
 
+    @property
+    def nixl_connector_version(self) -> int | None:
+        """NIXL's ``NIXL_CONNECTOR_VERSION`` (v1/nixl/metadata.py, in the handshake compat
+        hash): 15 for 0.33, 16 from 0.34 (presets/targets/vllm.yaml ``nixl.connector_version``);
+        None for a release before the first one read."""
+        v = _stepped(self.version, _facts()["nixl"].get("connector_version") or [], "value")
+        return None if v is None else int(v)
+
     def nixl_side_channel_span(self, tp: int, dp: int) -> int:
         """Side-channel ports one NIXL engine binds from its base (per host)."""
         per = _stepped(self.version, _facts()["nixl"]["side_channel_span"], "per")

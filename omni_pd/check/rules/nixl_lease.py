@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from omni_pd.check.lease_facts import EXTRA, LeaseFacts, configured, facts, planned_lease  # noqa: F401  (re-exported)
+from omni_pd.check.lease_facts import EXTRA, LeaseFacts, configured, facts, planned_lease, vllm_name  # noqa: F401  (re-exported)
 from omni_pd.check.rules import Context, Example, Rule, rule
 from omni_pd.diagnostics import Diagnostic, Severity
 
@@ -34,7 +34,7 @@ def _findings(ctx: Context, r: Rule, platform: str | None, unset_counts: bool, h
     need = f.needed_s(platform)
     for n in ctx.pd_pair or ():
         kv = n.kv or {}
-        if not f.applies(ctx.target, kv.get("kv_connector")):
+        if not f.applies(ctx.target, vllm_name(kv, platform)):
             continue
         is_set, value = configured(kv)
         where = f"stage {n.stage_id} ({n.pd_role})"
@@ -125,7 +125,10 @@ def nixl_kv_lease(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     loaded CPU delivered requests to decode after more than 30 s) is a warning;
     ``launch --platform cpu`` (dry run included) gives it before planning, and
     ``validate --platform cpu`` the same finding (cpu has no overlay: the base stages are
-    judged). Judged for the releases the facts were read for (0.30)."""
+    judged). Judged for the releases the facts were read for (0.30-0.34: the 0.30,
+    0.33 and 0.34 wheels read the key with the same default). Only vLLM's NIXL connector is
+    judged: a ``kv_connector_module_path`` naming another package's class is that package's
+    connector (:func:`omni_pd.compile.connectors.identity.identify`)."""
     return _findings(ctx, r, ctx.platform, unset_counts=True, how="")
 
 

@@ -107,8 +107,10 @@ def ec_ports(ec: dict[str, Any], env: dict[str, Any] | None, tp: int, dp: int,
              version: tuple[int, int]) -> list[ECPortUse]:
     """Ports the EC connector of ``ec`` binds on its host for a stage of TP ``tp`` and DP
     ``dp`` at vLLM ``version`` (``ports`` in presets/targets/ec_connectors.yaml): one range
-    per DP rank (``base + dp_index x tp``) when the span is per TP rank. [] when the
-    connector binds none on this side, or the value is not a port."""
+    per DP rank (``base + dp_index x tp``) when the span is per TP rank; ``dp`` consecutive
+    ports from the base when it is per DP index (ECCPUConnector 0.34). [] when the connector
+    binds none on this side, the value is not a port, or it is 0 (OS-assigned: 0.34's
+    ECCPUConnector default)."""
     role = ec.get("ec_role")
     rows = [r for r in (ec_facts().get("ports") or {}).get(str(ec.get("ec_connector")), [])
             if version >= _v(r["since"])]
@@ -126,7 +128,11 @@ def ec_ports(ec: dict[str, Any], env: dict[str, Any] | None, tp: int, dp: int,
             base = int(str(raw))
         except ValueError:
             continue
-        if row["span"] == "tp":
+        if base == 0:  # 0.34's ECCPU default: the OS assigns a free port, none is fixed
+            continue
+        if row["span"] == "dp":
+            out.append(ECPortUse(base, max(dp, 1), row["purpose"], env_key, key))
+        elif row["span"] == "tp":
             out += [ECPortUse(base + i * tp, tp, row["purpose"], env_key, key) for i in range(max(dp, 1))]
         else:
             out.append(ECPortUse(base, int(row["span"]), row["purpose"], env_key, key))
