@@ -593,12 +593,15 @@ def test_bootstrap_facts_carry_a_source_per_runtime_and_version():
         target("0.30").mooncake_bootstrap("sglang")
 
 
-def test_a_stage_id_written_as_a_string_is_shifted_like_an_int():
-    # the model reads stage_id '1' as 1 (pydantic lax int); the rewrite must see the same id, or the
-    # Talker keeps id 1 next to decode's 1 (found by tests/test_fuzz.py)
-    res = expand("stages:\n  - stage_id: '1'\n")
-    assert [s.stage_id for s in res.config.stages] == [0, 1, 2]
-    assert "stage_id: 2  # talker (was stage 1)" in res.text
+def test_a_stage_id_written_as_a_string_is_refused_before_any_rewrite():
+    # vllm-omni 0.30 keeps stage_id '1' a string (StageDeployConfig is not coerced), so its PD check
+    # then finds no stage 1 (the oracle: "Stage-1 is marked for PD but has no 'kv_transfer_config'");
+    # expand refuses it at the key instead of shifting it (it used to read '1' as 1, pydantic's lax int)
+    with pytest.raises(OmniPdError) as e:
+        expand("stages:\n  - stage_id: '1'\n")
+    d = e.value.diagnostic
+    assert (d.code, d.message, d.location.line, d.location.column) == (
+        "OPD101", "`stage_id` must be an integer, found '1'", 2, 15)
 
 
 @pytest.mark.parametrize("connector,version,what", [
