@@ -91,3 +91,51 @@ def test_quoted_values_keep_their_quotes_and_overlaps_are_refused():
     assert res.text == 'a: "kv_producer"\n'
     assert [why for _e, why in res.skipped] == ["overlaps another fix"]
     assert apply_edits("k: vv\r\n", [Edit(1, 4, "vv", "w")]).text == "k: w\r\n"
+
+
+# --- the command line: validate --fix / --diff --------------------------------------------------
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+OMNI_PD = Path(sys.executable).with_name("omni-pd")
+BROKEN = PD.replace("    dtype: float32\n    devices: \"1\"", "    dtyp: float32\n    devices: \"1\"", 1).replace(
+    "async_chunk: false", "async_chnk: false")
+
+
+def omni_pd(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(OMNI_PD), *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env={"NO_COLOR": "1", "COLUMNS": "100", "PATH": "/usr/bin:/bin"})
+
+
+def test_diff_prints_the_fixes_writes_nothing_and_exits_1(tmp_path):
+    (tmp_path / "pd.yaml").write_text(BROKEN)
+    p = omni_pd("validate", "pd.yaml", "--diff", cwd=tmp_path)
+    assert p.returncode == 1, p.stderr
+    assert p.stdout == ("--- a/pd.yaml\n+++ b/pd.yaml\n@@ -1,6 +1,6 @@\n # my PD pair (comment kept)\n"
+                        " pipeline: llm_pd\n-async_chnk: false\n+async_chunk: false\n stages:\n"
+                        "   - stage_id: 0  # prefill\n     max_model_len: 1024\n@@ -13,7 +13,7 @@\n"
+                        "       engine_id: llm-prefill\n   - stage_id: 1  # decode\n     max_model_len: 1024\n"
+                        "-    dtyp: float32\n+    dtype: float32\n     devices: \"1\"\n"
+                        "     env: {VLLM_NIXL_SIDE_CHANNEL_HOST: \"127.0.0.1\", VLLM_NIXL_SIDE_CHANNEL_PORT: \"5601\"}\n"
+                        "     kv_transfer_config:\n")
+    assert (tmp_path / "pd.yaml").read_text() == BROKEN
+    (tmp_path / "ok.yaml").write_text(PD)
+    assert omni_pd("validate", "ok.yaml", "--diff", cwd=tmp_path).returncode == 0
+
+
+def test_fix_rewrites_the_file_and_reports_what_is_left(tmp_path):
+    (tmp_path / "pd.yaml").write_text(BROKEN)
+    p = omni_pd("validate", "pd.yaml", "--fix", cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (tmp_path / "pd.yaml").read_text() == PD
+    assert p.stderr == "pd.yaml: fixed 2 findings (3:1: `async_chnk` -> `async_chunk`, 16:5: `dtyp` -> `dtype`)\n"
+    assert p.stdout == "pd.yaml: ok (0 errors, 0 warnings, 0 info)\n"
+
+
+def test_fix_refuses_stdin_and_the_two_together(tmp_path):
+    (tmp_path / "pd.yaml").write_text(BROKEN)
+    assert omni_pd("validate", "-", "--fix", cwd=tmp_path).returncode == 2
+    assert omni_pd("validate", "pd.yaml", "--fix", "--diff", cwd=tmp_path).returncode == 2
+    assert (tmp_path / "pd.yaml").read_text() == BROKEN

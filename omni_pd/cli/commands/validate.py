@@ -38,6 +38,10 @@ def validate(
     model: Optional[str] = typer.Option(None, "--model", help="with --against-vllm-omni: the model vllm serve gets"),
     select: Optional[list[str]] = typer.Option(None, "--select", help=SELECT_HELP),
     ignore: Optional[list[str]] = typer.Option(None, "--ignore", help=IGNORE_HELP),
+    fix: bool = typer.Option(False, "--fix", help="apply the exact replacements findings carry (a key typo, reversed "
+                             "kv_roles, a misspelt name) to the files in place, then report what is left"),
+    diff: bool = typer.Option(False, "--diff", help="print those replacements as a unified diff; write nothing "
+                              "(exit 1 when a file would change)"),
 ) -> None:
     """Check deploy configs for every PD invariant; exit 0 clean, 1 errors, 2 unreadable input.
 
@@ -81,5 +85,11 @@ def validate(
                            cli={k.replace("-", "_").lstrip("_"): v for k, v in pairs(serve_arg, "--serve-arg").items()})
     if inputs and inputs.count("-") > 1:  # omni_pd/check/inputs.py STDIN
         raise typer.BadParameter("- (stdin) can be given once", param_hint="INPUTS")
+    if fix and diff:
+        raise typer.BadParameter("give either --fix or --diff", param_hint="--fix")
+    if (fix or diff) and (not inputs or "-" in inputs):
+        raise typer.BadParameter("--fix and --diff work on files named on the command line (not stdin or the "
+                                 "bundled preset)", param_hint="--fix")
     return run_validate(inputs, opts, cli_layer=cli_layer, known=known, fmt=fmt, quiet=quiet,
-                        against=against_vllm_omni, python=vllm_omni_python, model=model)
+                        against=against_vllm_omni, python=vllm_omni_python, model=model,
+                        fix="fix" if fix else "diff" if diff else None)
