@@ -8,8 +8,9 @@ fire on the verdicts that exit 1:
 * ``OmniPdInstanceDown``: ``up == 0`` for a prefill/decode target (instance down);
 * ``OmniPdLocalPrefillFallback``: decode's share of prompt tokens from external KV transfer
   below :data:`~omni_pd.status.verdict.MIN_SHARE` while decode counts prompt tokens;
-* ``OmniPdKVTransfersFailing``: NIXL's failure counters grew (failed transfers or
-  notifications on any engine, expired KV leases on prefill).
+* ``OmniPdKVTransfersFailing``: a KV connector's failure counters grew (NIXL: failed
+  transfers or notifications on any engine, expired KV leases on prefill, notifications
+  after expiry; Mooncake, vLLM 0.33 and later: failed transfers or receives, expired KV).
 
 Which series belong to decode or prefill is told by a selector: by default the label
 ``omni_pd_role`` (``decode``/``prefill``) that the scrape config attaches
@@ -26,13 +27,16 @@ from dataclasses import dataclass
 from typing import Mapping
 from urllib.parse import urlsplit
 
-from omni_pd.status.verdict import MIN_SHARE, Target
+from omni_pd.status.verdict import CONNECTOR, FAILURES, MIN_SHARE, Target
 
 #: the range of every rate/increase (PromQL duration)
 WINDOW = "5m"
-#: NIXL's failure counters (vLLM 0.30 nixl/stats.py; expired leases are counted on prefill)
-FAILURE_COUNTERS = ("vllm:nixl_num_failed_transfers_total", "vllm:nixl_num_failed_notifications_total",
-                    "vllm:nixl_num_kv_expired_reqs_total")
+#: the connectors' failure counters, as :mod:`.verdict` reads them (NIXL: vLLM 0.30-0.34
+#: nixl/stats.py, expired leases counted on prefill, notifications after expiry from 0.32;
+#: Mooncake: 0.33-0.34 mooncake/stats.py)
+FAILURE_COUNTERS = tuple(n for key in FAILURES for n in CONNECTOR[key])
+#: the connectors' transfer counts (one ``_count`` of their transfer-time histograms)
+TRANSFER_COUNTS = CONNECTOR["transfers"]
 
 
 @dataclass(frozen=True)
@@ -120,8 +124,8 @@ def rule_set(target: Target | None = None, min_share: float = MIN_SHARE, sel: Se
          "expr": f"omni_pd:decode_prompt_tokens_external:rate{WINDOW} / (omni_pd:decode_prompt_tokens_external:"
                  f"rate{WINDOW} + omni_pd:decode_prompt_tokens_local:rate{WINDOW})"},
         {"record": f"omni_pd:kv_transfer_failures:increase{WINDOW}", "expr": failures},
-        {"record": f"omni_pd:nixl_transfers:rate{WINDOW}",
-         "expr": f"sum by ({by}) (rate(vllm:nixl_xfer_time_seconds_count{{{s.engines}}}[{WINDOW}]))"},
+        {"record": f"omni_pd:kv_transfers:rate{WINDOW}",
+         "expr": f'sum by ({by}) (rate({{__name__=~"{"|".join(TRANSFER_COUNTS)}",{s.engines}}}[{WINDOW}]))'},
         {"record": f"omni_pd:ttft_seconds:p90_{WINDOW}",
          "expr": f"histogram_quantile(0.9, sum by ({by}, le) (rate(vllm:time_to_first_token_seconds_bucket"
                  f"{{{s.engines}}}[{WINDOW}])))"},
@@ -146,8 +150,9 @@ def rule_set(target: Target | None = None, min_share: float = MIN_SHARE, sel: Se
         {"alert": "OmniPdKVTransfersFailing", "expr": f"omni_pd:kv_transfer_failures:increase{WINDOW} > 0",
          "labels": {"severity": "warning", "verdict": "transfers failing"},
          "annotations": {"summary": "KV transfers fail on {{ $labels.instance }}",
-                         "description": "{{ $value }} NIXL failures (failed transfers, failed notifications, "
-                                        f"expired KV leases) in {WINDOW}"}},
+                         "description": "{{ $value }} KV connector failures (NIXL: failed transfers or "
+                                        "notifications, expired KV leases, notifications after expiry; Mooncake: "
+                                        f"failed transfers or receives, expired KV) in {WINDOW}"}},
     ]
     return {"groups": [{"name": "omni-pd-pd-health", "rules": rec + alerts}]}
 
