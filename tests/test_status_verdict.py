@@ -277,3 +277,27 @@ def test_nixl_notifications_after_expiry_of_vllm_032_are_transfers_failing():
     assert v.verdict == TRANSFERS_FAILING
     assert v.evidence[0] == "decode-0: vllm:nixl_num_notifications_after_expiry_total +3"
     assert rep.instances[1].connector["notifications_after_expiry"] == 3.0
+
+
+def test_vllm_omni_verdicts_the_recorded_pages_can_show():
+    """The vllm-omni runtime's other verdicts on its recorded pages (tests/fixtures/metrics/):
+    idle (one scrape before any request), not measurable (stats off: no ``vllm:*`` family,
+    as tests/test_smoke.py's ``without_vllm_families``), instance down (the one server's
+    ``/metrics`` refused: both stages down). Transfers failing has no recorded vllm-omni page:
+    the pages carry no connector family (rendered without a kv_transfer_config) and no vllm-omni
+    log with lease lines is recorded."""
+    p = page("omni_before", "metrics")
+    rep = assess(OMNI, None, {"prefill (stage 0)": Scrape(0.0, p, health=200),
+                              "decode (stage 1)": Scrape(0.0, p, health=200)})
+    (v,) = rep.pairs
+    assert (v.verdict, v.basis, rep.exit_code) == (IDLE, "since start", 0)
+    blind = Page(tuple(s for s in p.samples if not s.name.startswith("vllm:")))
+    rep = assess(OMNI, None, {"prefill (stage 0)": Scrape(0.0, blind, health=200),
+                              "decode (stage 1)": Scrape(0.0, blind, health=200)})
+    assert (rep.pairs[0].verdict, rep.exit_code) == (NOT_MEASURABLE, 1)
+    down = Scrape(0.0, error=f"GET {OMNI_URL}/metrics: connection refused", health=200)
+    rep = assess(OMNI, None, {"prefill (stage 0)": down, "decode (stage 1)": down})
+    assert (rep.pairs[0].verdict, rep.exit_code) == (INSTANCE_DOWN, 2)
+    assert rep.pairs[0].evidence == [
+        f"decode (stage 1) ({OMNI_URL}) down: GET {OMNI_URL}/metrics: connection refused",
+        f"prefill (stage 0) ({OMNI_URL}) down: GET {OMNI_URL}/metrics: connection refused"]
