@@ -214,7 +214,7 @@ def test_every_command_of_a_page_runs_as_written(name, tmp_path, request):
 def test_the_runner_reads_and_sorts_the_pages():
     """The page reader joins continuations and drops comments; the families are told apart."""
     readme = dict(page_commands("README.md"))
-    assert readme["omni-pd expand -o pd.yaml"] == "the bundled Qwen3-Omni preset as a four-stage PD config"
+    assert readme["omni-pd expand -o pd.yaml"].startswith("the bundled Qwen3-Omni preset")
     assert any(c.startswith("omni-pd size --model-info config.json") and "--write pd.yaml" in c for c in readme)
     migrate = next(n for c, n in readme.items() if c.startswith("omni-pd migrate tests/fixtures/legacy"))
     assert expected_exit(migrate) == 1

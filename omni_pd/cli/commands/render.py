@@ -55,6 +55,8 @@ def render(
                                "writes there (others are left alone)"),
     namespace: Optional[str] = typer.Option(None, "--namespace", "-n",
                                             help="kubernetes: the namespace of every object (and the Kustomization)"),
+    monitoring: bool = typer.Option(True, "--monitoring/--no-monitoring", help="kubernetes: monitoring.yaml (PodMonitor, "
+                                    "PrometheusRule, Grafana dashboard ConfigMap; needs the Prometheus Operator's CRDs)"),
 ) -> None:
     """Write what runs the deployment: one script per host, the config and the placement.
 
@@ -126,7 +128,7 @@ def render(
         where = _plan_placement(plan, inv, doc)
         files = _kubernetes_files(plan, planned.topology, doc, image, router_image, name, platform, secret,
                                   gpus_per_node, disaggregated_set,
-                                  tuple(where.addresses.values()) if where is not None else (), namespace)
+                                  tuple(where.addresses.values()) if where is not None else (), namespace, monitoring)
         if to_stdout:
             from omni_pd.render.kubernetes import as_stream
 
@@ -164,7 +166,7 @@ def _require_header_inventory(doc) -> None:
 
 def _kubernetes_files(plan, topo, doc, image: Optional[str], router_image: str, name: str, platform: str,
                       secret: str, gpus_per_node: Optional[int] = None, disaggregated_set: bool = False,
-                      addresses: tuple = (), namespace: Optional[str] = None) -> dict:
+                      addresses: tuple = (), namespace: Optional[str] = None, monitoring: bool = True) -> dict:
     """``render --target kubernetes``: the manifests (:mod:`omni_pd.render.kubernetes`),
     validated before anything is written: every core object with the kubernetes-validate
     package's schemas (strict), LeaderWorkerSet and DisaggregatedSet with their bundled CRD
@@ -182,7 +184,7 @@ def _kubernetes_files(plan, topo, doc, image: Optional[str], router_image: str, 
                                   platform=platform, secret=secret, stages=_role_stages(topo),
                                   gpus_per_node=gpus_per_node, disaggregated_set=disaggregated_set,
                                   stage_devices={s.stage_id: s.devices for s in topo.stages} if topo else {},
-                                  addresses=addresses, namespace=namespace)
+                                  addresses=addresses, namespace=namespace, monitoring=monitoring)
     except RenderError as e:
         raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR, message=f"render --target kubernetes: {e}",
                                      help=e.help)) from None
