@@ -12,7 +12,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "omni_pd"
 #: layer of each top-level part of the package; foundations are 0
-LAYER = {"diagnostics": 0, "io": 0, "io_errors": 0, "resources": 0, "compile": 1, "upstream": 2, "check": 3, "launch": 4, "render": 4, "cli": 5,
+LAYER = {"diagnostics": 0, "io": 0, "io_errors": 0, "io_write": 0, "resources": 0, "compile": 1, "upstream": 2, "check": 3, "launch": 4, "render": 4, "cli": 5,
          "cli_options": 5, "cli_graph": 5, "cli_validate": 5, "cli_entry": 5, "__main__": 5,
          "sizing": 4,  # sizing: the AIConfigurator adapter at the edge, beside launch
          "status": 4}  # status: reads a running deployment (launch plan, render addresses), beside launch

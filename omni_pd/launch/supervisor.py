@@ -78,7 +78,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TextIO
 
-from omni_pd.io import atomic_write
+from omni_pd.io_write import atomic_write
 from omni_pd.launch.spec import LaunchPlan
 from omni_pd.launch.run_state import EXIT_FAILED, EXIT_OK, _TICK_S, Failure, LaunchTimings, _describe_rc, _Interrupted, _Proc
 from omni_pd.launch.supervisor_health import _Health

@@ -12,7 +12,7 @@ import json
 import threading
 import time
 
-from omni_pd.io import atomic_write
+from omni_pd.io_write import atomic_write
 from omni_pd.launch.run_state import _Proc
 
 #: seconds: the most one health request may take (a hung server must not stall the gate)

@@ -1,9 +1,10 @@
 """Connector capability rules (OPD6xx) per (connector, vLLM version, platform): the
 connector registry (OPD601) and the KV fields a connector reads (OPD604-OPD611), with the
-helpers the family's other modules share. One module per capability family (issue 38):
-multi_connector.py (OPD602), hetero_tp.py (OPD603), pipeline_parallel.py (OPD612),
-lmcache_pd.py (OPD613), ec_connector.py (OPD614-OPD615), encoder.py (OPD616-OPD619) and
-the one-rule modules (hybrid_state, known_broken, nixl_lease, draft_kv, context_parallel).
+helpers the family's other modules share. One module per capability family (issue 38),
+beside this one in omni_pd/check/rules/: multi_connector (OPD602), hetero_tp (OPD603),
+pipeline_parallel (OPD612), lmcache_pd (OPD613), ec_connector (OPD614-OPD615), encoder
+(OPD616-OPD619) and the one-rule modules (hybrid_state, known_broken, nixl_lease,
+draft_kv, context_parallel).
 
 Facts come from ``presets/targets/vllm.yaml`` (registry, renames, kv fields per
 version) and the connector contracts in ``omni_pd/compile/connectors``; the tables below

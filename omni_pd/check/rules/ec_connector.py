@@ -1,8 +1,8 @@
 """Encoder-cache transfer (OPD614 ec-connector, OPD615 ec-key-unknown; CAP-EC-REGISTRY,
 capability family): ``ec_transfer_config`` per vLLM release, facts in
 ``presets/targets/ec_connectors.yaml`` (:mod:`omni_pd.compile.ec_connectors`). The EC
-topology rules (OPD616-OPD619) are in encoder.py (issue 38 split these out of
-capability.py).
+topology rules (OPD616-OPD619) are in omni_pd/check/rules/encoder.py. Issue 38 split
+these out of omni_pd/check/rules/capability.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 which connector can pair prefill TP with decode TP, from the table
 :func:`omni_pd.compile.tp_pairs.connector_tp_problem` shares with ``expand``. Sources: vLLM
 ``kv_connector/v1/nixl`` (tp_mapping.py) and the PRs named in the rule (issue 38 split it
-out of capability.py).
+out of omni_pd/check/rules/capability.py).
 """
 
 from __future__ import annotations

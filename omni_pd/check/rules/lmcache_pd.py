@@ -1,7 +1,7 @@
 """LMCacheConnectorV1 as the PD transport (OPD613, CAP-LMCACHE-PD, capability family):
 both sides must agree on one transport, LMCache's own P/D mode or one remote backend both
 hosts reach (:mod:`omni_pd.compile.connectors.lmcache` holds the facts and the verdict;
-issue 38 split it out of capability.py).
+issue 38 split it out of omni_pd/check/rules/capability.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ MultiConnector loads, which of them carries the P->D handoff, and the combinatio
 broken per vLLM release (presets/targets/multi_connector.yaml, read by
 :func:`_multi_facts`). Sources: vLLM
 ``vllm/distributed/kv_transfer/kv_connector/v1/multi_connector.py`` and the case reports
-named in the rule (issue 38 split it out of capability.py).
+named in the rule (issue 38 split it out of omni_pd/check/rules/capability.py).
 """
 
 from __future__ import annotations

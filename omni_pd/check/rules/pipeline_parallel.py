@@ -1,6 +1,6 @@
 """Pipeline parallelism per KV connector, side and vLLM release (OPD612, CAP-PP,
 capability family). Facts: ``presets/targets/kv_pp.yaml`` (:func:`pp_fact`); sources per
-row in that file (issue 38 split it out of capability.py).
+row in that file (issue 38 split it out of omni_pd/check/rules/capability.py).
 """
 
 from __future__ import annotations
