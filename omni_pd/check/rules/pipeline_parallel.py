@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Severity
 from omni_pd.check.rules import Context, Example, Rule, rule
-from omni_pd.check.rules.capability import _kv_nodes, _v, loaded_connectors
+from omni_pd.check.rules._shared import follow_same_as, row_for
+from omni_pd.check.rules.capability import _kv_nodes, loaded_connectors
 
 if TYPE_CHECKING:
     from omni_pd.compile.topology import StageNode
@@ -27,16 +28,7 @@ def pp_fact(name: str, version: tuple[int, int]) -> dict[str, Any] | None:
 
     Shape: ``{prefill: bool | None, decode: bool | None, requires: [...], why, fix,
     sources}``; ``same_as`` names are followed."""
-    table = _pp_table()
-    rows = table.get(name)
-    for _ in range(3):
-        if isinstance(rows, dict) and rows.get("same_as"):
-            rows = table.get(rows["same_as"])
-    out = None
-    for row in rows if isinstance(rows, list) else []:
-        if version >= _v(row["since"]):
-            out = row
-    return out
+    return row_for(follow_same_as(_pp_table(), name), version)
 
 
 
