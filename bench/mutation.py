@@ -69,6 +69,9 @@ TARGETS: dict[str, list[str]] = {
     "omni_pd/check/rules/runtime.py": RULE_TESTS + ["tests/test_rule_branches_runtime.py"],
     "omni_pd/check/rules/schema.py": RULE_TESTS + ["tests/test_rule_branches_schema.py"],
     "omni_pd/check/rules/capability.py": RULE_TESTS + ["tests/test_rule_branches_capability.py"],
+    # the capability family's modules split out of capability.py (issue 38): the same tests reach them
+    **{f"omni_pd/check/rules/{m}.py": RULE_TESTS + ["tests/test_rule_branches_capability.py"]
+       for m in ("multi_connector", "hetero_tp", "pipeline_parallel", "lmcache_pd", "ec_connector")},
     # Rule.explain/diag, the registry, Context's locating and parallel-size helpers, run_rules' OPD000:
     # every rule test reaches them; test_rules.py covers explain and the registry
     "omni_pd/check/rules/__init__.py": RULE_TESTS + ["tests/test_rules.py", "tests/test_rules_registry.py"],

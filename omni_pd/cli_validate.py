@@ -226,7 +226,7 @@ def _fix_file(name: str, diags: list, mode: str) -> tuple[bool, int]:
     if mode == "diff":
         sys.stdout.write(unified_diff(_display_name(name), before, res.text))
     else:
-        from omni_pd.io import atomic_write
+        from omni_pd.io_write import atomic_write
 
         atomic_write(name, res.text)
         sys.stderr.write(f"{_display_name(name)}: fixed {len(res.applied)} finding"

@@ -122,6 +122,22 @@ class OmniPdError(Exception):
         self.exit_code = exit_code
 
 
+
+def located_error(code: str, name: str, message: str, line: int | None = None,
+                  col: int | None = None, help: str | None = None,
+                  related: list | None = None) -> OmniPdError:
+    """An :class:`OmniPdError` (exit code 2) carrying one ERROR :class:`Diagnostic` with
+    ``code`` at ``name`` (the file as the user named it), 1-based ``line``/``col`` when
+    known, ``help`` and ``related`` locations: unreadable input (omni_pd/io.py) or output
+    that cannot be written (omni_pd/io_write.py)."""
+    return OmniPdError(
+        Diagnostic(code=code, severity=Severity.ERROR, message=message,
+                   location=Location(file=name, line=line, column=col),
+                   help=help, related=related or []),
+        exit_code=2,
+    )
+
+
 def sort_key(d: Diagnostic) -> tuple:
     loc = d.location
     return (loc.file if loc else "", loc.line or 0 if loc else 0,

@@ -1,7 +1,7 @@
 """YAML documents at the edge: load with source positions, dump, write atomically.
 
-Everything that touches the file system or parses bytes lives here, so the compiler
-passes can stay pure. YAML goes through ruamel.yaml's round-trip mode: comments, key
+Everything that parses bytes lives here, and writing output lives beside it in
+:mod:`omni_pd.io_write` (issue 38), so the compiler passes can stay pure. YAML goes through ruamel.yaml's round-trip mode: comments, key
 order and flow style survive a load/dump cycle.
 
 Paths into a document are tuples of keys and list indices, e.g.
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omni_pd.diagnostics import Diagnostic, Location, OmniPdError, Severity
+from omni_pd.diagnostics import Location, OmniPdError, located_error
 
 Path_ = tuple[Any, ...]
 
@@ -453,17 +453,6 @@ class Document:
         return lines[line - 1] if 1 <= line <= len(lines) else None
 
 
-def _load_error(code: str, name: str, message: str, line: int | None = None,
-                col: int | None = None, help: str | None = None,
-                related: list | None = None) -> OmniPdError:
-    return OmniPdError(
-        Diagnostic(code=code, severity=Severity.ERROR, message=message,
-                   location=Location(file=name, line=line, column=col),
-                   help=help, related=related or []),
-        exit_code=2,
-    )
-
-
 def parse_text(text: str, name: str = "<string>", *, own_output: bool = False,
                comments: bool = True) -> Document:
     """Parse YAML text into a :class:`Document`.
@@ -501,14 +490,14 @@ def parse_text(text: str, name: str = "<string>", *, own_output: bool = False,
     except _LoadLimit as e:
         mark = e.mark
         rel = [Location(file=name, line=ln, column=col, label="first defined here") for ln, col in e.related]
-        raise _load_error(e.code, name, e.message, mark.line + 1 if mark else None,
+        raise located_error(e.code, name, e.message, mark.line + 1 if mark else None,
                           mark.column + 1 if mark else None, help=e.help, related=rel) from None
     except ReaderError as e:  # a character YAML does not allow (control characters, ...)
         pos = e.position if isinstance(e.position, int) and 0 <= e.position <= len(text) else None
         line = text.count("\n", 0, pos) + 1 if pos is not None else None
         col = pos - (text.rfind("\n", 0, pos) + 1) + 1 if pos is not None else None
         ch = e.character if isinstance(e.character, int) else None
-        raise _load_error("OPD002", name, "invalid YAML: character "
+        raise located_error("OPD002", name, "invalid YAML: character "
                           + (f"U+{ch:04X} " if ch is not None else "") + "is not allowed in YAML",
                           line, col, help="remove the character, or write it as an escape in a double-quoted string") from None
     except MarkedYAMLError as e:  # in the user's terms, at the `{` left open (omni_pd/io_errors.py)
@@ -516,24 +505,24 @@ def parse_text(text: str, name: str = "<string>", *, own_output: bool = False,
 
         raise OmniPdError(syntax_diagnostic(e, text, name), exit_code=2) from None
     except YAMLError as e:
-        raise _load_error("OPD002", name, f"invalid YAML: {e}") from None
+        raise located_error("OPD002", name, f"invalid YAML: {e}") from None
     except RecursionError:  # not reached below MAX_DEPTH; kept as a last guard
-        raise _load_error("OPD002", name, "invalid YAML: nesting too deep") from None
+        raise located_error("OPD002", name, "invalid YAML: nesting too deep") from None
     except NotImplementedError as e:
         # the round-trip parser cannot attach some comments next to an empty value
         # (ruamel.yaml tokens.py move_old_comment: "overlap in comment"), e.g. `: #` over a
         # `|` block; it was an internal error (exit 3) before
         line, col = _comment_position(e)
-        raise _load_error("OPD002", name, "ruamel.yaml's round-trip loader cannot place this comment "
+        raise located_error("OPD002", name, "ruamel.yaml's round-trip loader cannot place this comment "
                           "(it is next to an empty value)", line, col,
                           help="move the comment to a line of its own, or give the value") from None
     from ruamel.yaml.comments import CommentedMap
 
     if tree is None:
-        raise _load_error("OPD004", name, "empty document: expected a deploy config mapping",
+        raise located_error("OPD004", name, "empty document: expected a deploy config mapping",
                           1, 1, help="a deploy config starts with top-level keys such as `stages:`")
     if not isinstance(tree, CommentedMap):
-        raise _load_error("OPD004", name,
+        raise located_error("OPD004", name,
                           f"expected a mapping at the top level, found {_value_kind(tree)}",
                           1, 1, help="a deploy config starts with top-level keys such as `stages:`")
     _check_alias_expansion(tree, name, node_limit=not own_output)
@@ -568,7 +557,7 @@ def _check_alias_expansion(tree: Any, name: str, *, node_limit: bool = True) -> 
         if over or depth > MAX_DEPTH:
             msg = (f"document expands to more than {MAX_NODES} nodes (alias bomb?)" if over
                    else f"document nests deeper than {MAX_DEPTH} levels")
-            raise _load_error("OPD002", name, msg, *(pos or (None, None)),
+            raise located_error("OPD002", name, msg, *(pos or (None, None)),
                               help="deploy configs are small and shallow; check anchors/aliases that nest or repeat")
         if isinstance(node, (dict, list)):
             lc = getattr(getattr(node, "lc", None), "data", None) or {}
@@ -601,7 +590,7 @@ def load_file(path: str | os.PathLike[str], *, comments: bool = True) -> Documen
     :func:`parse_text`."""
     p = Path(path)
     name = str(path)
-    too_big = _load_error("OPD001", name, f"file is larger than {MAX_INPUT_BYTES} bytes; larger inputs are refused",
+    too_big = located_error("OPD001", name, f"file is larger than {MAX_INPUT_BYTES} bytes; larger inputs are refused",
                           help="a deploy config is a few KiB; check that this is the right file")
     try:
         if p.stat().st_size > MAX_INPUT_BYTES:
@@ -613,14 +602,14 @@ def load_file(path: str | os.PathLike[str], *, comments: bool = True) -> Documen
         if len(data) > MAX_INPUT_BYTES:
             raise too_big
     except FileNotFoundError:
-        raise _load_error("OPD001", name, "file not found",
+        raise located_error("OPD001", name, "file not found",
                           help="check the path") from None
     except IsADirectoryError:
-        raise _load_error("OPD001", name, "is a directory, expected a YAML file") from None
+        raise located_error("OPD001", name, "is a directory, expected a YAML file") from None
     except PermissionError:
-        raise _load_error("OPD001", name, "permission denied") from None
+        raise located_error("OPD001", name, "permission denied") from None
     except OSError as e:
-        raise _load_error("OPD001", name, f"cannot read file: {e.strerror or e}") from None
+        raise located_error("OPD001", name, f"cannot read file: {e.strerror or e}") from None
     return parse_bytes(data, name, comments=comments)
 
 
@@ -631,7 +620,7 @@ def load_stream(stream: Any, name: str = "<stdin>", *, comments: bool = True) ->
     if isinstance(data, str):
         data = data.encode("utf-8")
     if len(data) > MAX_INPUT_BYTES:
-        raise _load_error("OPD001", name, f"input is larger than {MAX_INPUT_BYTES} bytes; larger inputs are refused",
+        raise located_error("OPD001", name, f"input is larger than {MAX_INPUT_BYTES} bytes; larger inputs are refused",
                           help="a deploy config is a few KiB; check that this is the right input")
     return parse_bytes(data, name, comments=comments)
 
@@ -646,7 +635,7 @@ def parse_bytes(data: bytes, name: str, *, comments: bool = True) -> Document:
         line = data[: e.start].count(b"\n") + 1
         line_start = data.rfind(b"\n", 0, e.start) + 1
         col = len(data[line_start: e.start].decode("utf-8", "replace")) + 1
-        raise _load_error("OPD001", name, f"not UTF-8 text (invalid byte 0x{data[e.start]:02x})",
+        raise located_error("OPD001", name, f"not UTF-8 text (invalid byte 0x{data[e.start]:02x})",
                           line, col, help="save the file as UTF-8") from None
     if text.startswith("\ufeff"):
         text = text[1:]
@@ -658,167 +647,3 @@ def dump(tree: Any) -> str:
     buf = _io.StringIO()
     _yaml().dump(tree, buf)
     return buf.getvalue()
-
-
-def _write_error(path: str | os.PathLike[str], parent: Path, e: OSError) -> OmniPdError:
-    """OPD005 for a write of ``path`` that failed with ``e``: the message names the path,
-    the help says what to change (the folder is missing, not writable, or the path is a
-    directory)."""
-    import errno
-
-    why = e.strerror or str(e)
-    if e.errno == errno.ENOENT and not parent.is_dir():
-        help_ = f"the folder {parent} does not exist: create it first, or write somewhere else with -o"
-    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        help_ = f"{parent} is not writable for this user: choose another -o path"
-    elif e.errno == errno.EISDIR or Path(path).is_dir():
-        help_ = f"{path} is a directory: give a file name inside it"
-    else:
-        help_ = "choose another -o path"
-    return _load_error("OPD005", str(path), f"cannot write output: {path}: {why}", help=help_)
-
-
-#: Paths that name this process's own streams (``/dev/stdout``, ``/proc/self/fd/1``):
-#: written through the open stream, never opened anew (that would truncate a redirect)
-#: and never replaced.
-_STREAM_FDS = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
-
-
-def _stream_fd(path: str) -> int | None:
-    """The file descriptor ``path`` names when it is one of this process's own
-    (``/dev/stdout``, ``/dev/fd/N``, ``/proc/self/fd/N``), else None."""
-    import re
-
-    p = os.path.normpath(os.path.abspath(path))
-    if p in _STREAM_FDS:
-        return _STREAM_FDS[p]
-    m = re.fullmatch(rf"/dev/fd/(\d+)|/proc/(?:self|thread-self|{os.getpid()})/fd/(\d+)", p)
-    return int(m.group(1) or m.group(2)) if m else None
-
-
-def _follow_links(path: str) -> tuple[str, int | None]:
-    """``path`` with every symbolic link in its last component followed, and the stream
-    fd it reaches (:func:`_stream_fd`) if any: ``/proc/self/fd/1`` is a "magic" link
-    whose target is no path to write. Raises OSError ELOOP for a loop."""
-    import errno
-
-    p = path
-    for _ in range(40):
-        fd = _stream_fd(p)
-        if fd is not None:
-            return p, fd
-        if not os.path.islink(p):
-            return p, None
-        p = os.path.join(os.path.dirname(p), os.readlink(p))
-    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
-
-
-def _write_through(path: str, text: str, fd: int | None) -> None:
-    """Write ``text`` into an existing character device, FIFO or stream without
-    replacing it: the process's own stream ``fd`` (sys.stdout/sys.stderr for 1 and 2,
-    so a redirect or a capture receives it), else ``path`` opened for writing."""
-    import sys
-
-    if fd in (1, 2):
-        stream = sys.stdout if fd == 1 else sys.stderr
-        stream.write(text)
-        stream.flush()
-        return
-    if fd is not None:
-        data = text.encode("utf-8")
-        while data:
-            data = data[os.write(fd, data):]
-        return
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        f.write(text)
-
-
-def atomic_write(path: str | os.PathLike[str], text: str, *, protect: list[str] | None = None) -> None:
-    """Write ``text`` to ``path``: atomically for a regular file or a new path (temp file
-    in the same folder + rename), through the open file for anything else.
-
-    * a regular file or a new path: temp file + rename; a failed write leaves no partial
-      output, a reader never sees half a file, the old file's mode is kept;
-    * a symbolic link: followed to the file it names, which is written as above (the link
-      stays); a note on stderr says so. A link to nothing (dangling) is refused: omni-pd
-      does not create files where a link happens to point;
-    * a character device or a FIFO (``/dev/null``, ``mkfifo``): opened and written, never
-      replaced; ``/dev/stdout``, ``/dev/stderr``, ``/dev/fd/N`` and ``/proc/self/fd/N``
-      write to this process's own stream;
-    * a block device is refused.
-
-    Raises :class:`OmniPdError` (exit 2, OPD005) when ``path`` is one of the ``protect``
-    paths (the inputs: never overwritten), is refused as above, or cannot be written.
-    """
-    import stat as _stat
-    import sys
-
-    shown = str(path)
-    try:
-        final, fd = _follow_links(os.fspath(path))
-        st = os.stat(final) if fd is None else None
-    except FileNotFoundError:
-        st = None
-    except OSError as e:
-        raise _write_error(path, Path(shown).parent, e) from None
-    if fd is not None:
-        try:
-            _write_through(final, text, fd)
-        except OSError as e:
-            raise _write_error(path, Path(shown).parent, e) from None
-        return
-    if st is None and final != os.fspath(path):
-        raise _load_error("OPD005", shown, f"cannot write output: {shown} is a symbolic link to {final}, "
-                          "which does not exist",
-                          help="create the file it points to first, or remove the link: omni-pd writes "
-                               "through a link only to an existing file")
-    if st is not None and _stat.S_ISBLK(st.st_mode):
-        raise _load_error("OPD005", shown, f"cannot write output: {shown} is a block device",
-                          help="omni-pd does not write onto a disk: choose another -o path")
-    if st is not None and (_stat.S_ISCHR(st.st_mode) or _stat.S_ISFIFO(st.st_mode)):
-        try:
-            _write_through(final, text, None)
-        except OSError as e:
-            raise _write_error(path, Path(final).parent, e) from None
-        return
-    target = Path(final)
-    for other in protect or []:
-        try:
-            if Path(other).exists() and target.exists() and os.path.samefile(other, target):
-                raise _load_error("OPD005", shown,
-                                  "refusing to overwrite the input file",
-                                  help="write the result to another path with -o OUT.yaml")
-        except OSError:
-            pass
-    import tempfile  # only for writing: not on the validate path (bench figure 2)
-
-    parent = target.parent if str(target.parent) else Path(".")
-    try:
-        tmp_fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
-    except OSError as e:
-        raise _write_error(path, parent, e) from None
-    try:
-        with os.fdopen(tmp_fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        mode = 0o644
-        if st is not None:
-            mode = st.st_mode & 0o777
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise _write_error(path, parent, e) from None
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    if final != os.fspath(path):
-        sys.stderr.write(f"{shown} is a symbolic link: wrote the file it points to, "
-                         f"{os.path.normpath(final)} (the link is kept)\n")

@@ -36,7 +36,7 @@ def _yaml(name: str) -> dict:
 
 
 def test_ec_connectors_and_their_options_match_vllm_0_30() -> None:
-    from omni_pd.check.rules.capability import ec_fact
+    from omni_pd.check.rules.ec_connector import ec_fact
 
     f = facts()
     table = _yaml("ec_connectors.yaml")
@@ -47,7 +47,7 @@ def test_ec_connectors_and_their_options_match_vllm_0_30() -> None:
 
 
 def test_pipeline_parallel_facts_match_vllm_0_30() -> None:
-    from omni_pd.check.rules.capability import pp_fact
+    from omni_pd.check.rules.pipeline_parallel import pp_fact
 
     f = facts()
     assert f["nixl_consumer_pp_refused"] and f["nixl_pull_reads_pp_rank0_only"]

@@ -9,17 +9,13 @@ fixtures (the script's output, gzipped) and re-check omni_pd/status/verdict.py.
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
-import subprocess
-from pathlib import Path
 
 import pytest
 
 from omni_pd.launch.smoke import samples
+from oracle_pages import fixture_page, oracle_pages, sample_set  # tests/oracle_pages.py
 
-ROOT = Path(__file__).resolve().parents[1]
 ORACLE = os.environ.get("OMNI_PD_ORACLE_PYTHON")
 NAMES = [f"{s}_{r}_{w}" for s in ("pd", "fallback", "failing") for r in ("prefill", "decode") for w in ("before", "after")]
 
@@ -28,22 +24,16 @@ pytestmark = pytest.mark.skipif(not ORACLE, reason="OMNI_PD_ORACLE_PYTHON not se
 
 @pytest.fixture(scope="module")
 def pages() -> dict[str, str]:
-    proc = subprocess.run([ORACLE, str(ROOT / "tests" / "oracle" / "status_pages.py")], capture_output=True,
-                          text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    return oracle_pages("status_pages.py")
 
 
 def _norm(text: str) -> set[tuple]:
-    return {(n, tuple(sorted(lb.items())), None if n.endswith("_created") else v) for n, lb, v in samples(text)
-            if n.startswith("vllm:")}
+    return sample_set(text, ("vllm:",))
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_status_fixture_page_matches_what_vllm_renders(pages, name):
-    with gzip.open(ROOT / "tests" / "fixtures" / "status" / f"{name}.prom.gz", "rt", encoding="utf-8") as f:
-        fixture = f.read()
-    assert _norm(pages[name]) == _norm(fixture)
+    assert _norm(pages[name]) == _norm(fixture_page("status", name))
 
 
 def test_nixl_families_are_on_the_page(pages):

@@ -170,7 +170,7 @@ def test_a_link_to_proc_self_fd_1_is_stdout_not_a_file_to_replace(tmp_path, caps
 
 
 def test_atomic_write_unit_regular_file_new_and_replaced(tmp_path):
-    from omni_pd.io import atomic_write
+    from omni_pd.io_write import atomic_write
 
     p = tmp_path / "x.txt"
     atomic_write(p, "one\n")

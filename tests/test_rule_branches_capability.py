@@ -1,5 +1,5 @@
 """Every branch of the connector capability rules (OPD601-OPD615,
-omni_pd/check/rules/capability.py) with exact messages, locations and help lines (issue 16:
+omni_pd/check/rules/capability.py and the modules split from it in issue 38) with exact messages, locations and help lines (issue 16:
 the rule examples' golden, tests/test_rule_branches.py, reaches one or two branches of each;
 these pin the others, named by the mutation run of bench/mutation.py).
 
@@ -229,7 +229,7 @@ PCP_STALL = ("NIXL on PCP ranks > 0 never reports sends done while OffloadingCon
 def _multi(children: list[str], side: str = "d", prefill: str = "") -> str:
     """A PD pair (llm_pd) whose ``side`` stage runs MultiConnector over ``children``;
     ``prefill`` adds keys to the prefill stage (line 4)."""
-    from omni_pd.check.rules.capability import _multi as multi
+    from omni_pd.check.rules.multi_connector import _multi as multi
 
     return multi(children, side).replace('devices: "0", kv_transfer_config', f'devices: "0"{prefill}, kv_transfer_config')
 
@@ -312,13 +312,13 @@ NPU30 = ValidateOptions(vllm_version="0.30", platform="npu")
 
 
 def _pp(c: str, pp: int, dp: int, pe: str = "", de: str = "", pipeline: str = "llm_pd") -> str:
-    from omni_pd.check.rules.capability import _pp_yaml
+    from omni_pd.check.rules.pipeline_parallel import _pp_yaml
 
     return _pp_yaml(c, pp, dp, pe, de).replace("pipeline: llm_pd", f"pipeline: {pipeline}")
 
 
 def _peer(pp: str = "") -> str:
-    from omni_pd.check.rules.capability import _ASCEND_PEER
+    from omni_pd.check.rules.pipeline_parallel import _ASCEND_PEER
 
     return _ASCEND_PEER.format(p=pp)
 
@@ -658,13 +658,13 @@ NO_TRANSPORT_HELP = ("use MultiConnector with NixlConnector (P->D handoff) and L
 
 def _two_hosts() -> ValidateOptions:
     from omni_pd.check.context import Inventory
-    from omni_pd.check.rules.capability import _TWO_HOSTS
+    from omni_pd.check.rules.lmcache_pd import _TWO_HOSTS
 
     return ValidateOptions(inventory=Inventory.from_dict(_TWO_HOSTS["inventory"]))
 
 
 def _lmc(**kw: str) -> str:
-    from omni_pd.check.rules.capability import _lmc as lmc
+    from omni_pd.check.rules.lmcache_pd import _lmc as lmc
 
     return lmc(**kw)
 
@@ -745,7 +745,7 @@ def test_opd610_a_broken_import_is_named_by_its_first_line_or_its_type_alone(mon
 # --- OPD614 EC roles along the edges ------------------------------------------------------------------------
 
 def test_opd614_an_ec_both_stage_downstream_consumes_the_producers_outputs() -> None:
-    from omni_pd.check.rules.capability import _ec
+    from omni_pd.check.rules.ec_connector import _ec
 
     assert found(_ec(dr="ec_both"), "OPD614", opts=V30) == []
 
@@ -769,13 +769,13 @@ V2_HELP = "set VLLM_USE_V2_MODEL_RUNNER=1 (and no `model_runner: v1`)"
 
 def _ec(**kw: str) -> str:
     """Stage 0 (line 2) an encoder-only EC producer, stage 1 (line 3) its consumer."""
-    from omni_pd.check.rules.capability import _ec as ec
+    from omni_pd.check.rules.ec_connector import _ec as ec
 
     return ec(**kw)
 
 
 def _cpu_ok() -> str:
-    from omni_pd.check.rules.capability import _CPU_OK
+    from omni_pd.check.rules.ec_connector import _CPU_OK
 
     return _CPU_OK
 

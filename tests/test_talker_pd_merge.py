@@ -15,6 +15,9 @@ from types import SimpleNamespace as NS
 import pytest
 
 from omni_pd.upstream import talker_pd as t
+from omni_pd.upstream import compat_pd as cpd
+from omni_pd.upstream import compat_stream as cst
+from omni_pd.upstream import compat_table as ct
 from omni_pd.upstream import vllm_omni_compat as c
 
 P = 21  # the oracle probe's prompt
@@ -139,7 +142,7 @@ def test_route_output_wrapper_keeps_prefills_rows_from_the_completion_output():
         if self._pd_pair is not None and stage_id == self._pd_pair[0] and output.finished:
             req_state.pd_prefill_multimodal_output = getattr(output, "multimodal_output", None)  # 0.30.0's read
 
-    wrapped = c._wrap_prefill_rows(route)
+    wrapped = cst._wrap_prefill_rows(route)
     me = NS(_pd_pair=(0, 1))
     out = NS(finished=True, outputs=[NS(multimodal_output=mm)])  # vLLM RequestOutput: no multimodal_output
     st = NS(pd_prefill_multimodal_output=None)
@@ -167,7 +170,7 @@ def token_only(source_outputs, prompt=None, requires_multimodal_data=False, stre
 def test_talker_input_wrapper_attaches_the_bridge_rows_and_drops_the_bridge_entry():
     layers = {0: Rows(range(P)), 3: Rows(range(P))}
     ctx = NS(enabled=False, bridge_states={t.BRIDGE_KEY: {"r1": {"hidden_states": {"layers": layers}}}})
-    wrapped = c._wrap_talker_input(token_only)
+    wrapped = cst._wrap_talker_input(token_only)
     [tp] = wrapped([NS(request_id="r1", prompt_token_ids=list(range(P)))], None, False, ctx)
     assert tp["additional_information"] == {"speaker": "ethan", **{t.key_of(i): v for i, v in layers.items()}}
     assert ctx.bridge_states[t.BRIDGE_KEY] == {}  # released: the rows now travel with the request
@@ -180,7 +183,7 @@ def test_talker_input_wrapper_keeps_the_signature_the_orchestrator_inspects():
     import inspect
 
     # StageEngineCoreClient._call_custom_process_input passes streaming_context by its name
-    assert list(inspect.signature(c._wrap_talker_input(token_only)).parameters) == [
+    assert list(inspect.signature(cst._wrap_talker_input(token_only)).parameters) == [
         "source_outputs", "prompt", "requires_multimodal_data", "streaming_context"]
 
 
@@ -194,14 +197,14 @@ def test_talker_prefill_wrapper_feeds_the_original_the_non_pd_rows_and_releases_
     me = NS(talker_config=NS(accept_hidden_layer=3), seen=[])
     pay = {**decode_payload(P, 7), **t.attach(None, {0: Rows(range(P)), 3: Rows(range(P))}, P)}
     with caplog.at_level(logging.INFO, logger=c.logger.name):
-        ids, embeds, upd = c._wrap_talker_prefill(fake_prefill)(me, "in", "emb", pay)
+        ids, embeds, upd = cst._wrap_talker_prefill(fake_prefill)(me, "in", "emb", pay)
     assert embeds.pos == list(range(26)) and me.seen[0]["embed"]["prefill"].pos == list(range(26))
     assert upd["embed"] == {"decode": None, "prefill": Rows(range(26))}
     assert upd["hidden_states"] == {"output": Rows(range(26))}
     assert upd["omni_pd_prefill_layer_0"] is None and upd["omni_pd_prefill_layer_3"] is None
     # a later chunk of a chunked prefill sees the buffer after that update: passes through
     later = {**pay, **upd, "embed": {**pay["embed"], **upd["embed"]}, "hidden_states": upd["hidden_states"]}
-    c._wrap_talker_prefill(fake_prefill)(me, "in", "emb", later)
+    cst._wrap_talker_prefill(fake_prefill)(me, "in", "emb", later)
     assert me.seen[1] is later
 
 
@@ -209,11 +212,11 @@ def test_talker_prefill_wrapper_passes_non_pd_payloads_through_unchanged():
     me = NS(talker_config=NS(accept_hidden_layer=3), seen=[])
     plain = {"embed": {"prefill": Rows(range(26))}, "hidden_states": {"output": Rows(range(26))},
              "ids": {"all": list(range(28)), "prompt": list(range(P))}}
-    _, embeds, upd = c._wrap_talker_prefill(fake_prefill)(me, "in", "emb", plain)
+    _, embeds, upd = cst._wrap_talker_prefill(fake_prefill)(me, "in", "emb", plain)
     assert me.seen == [plain] and embeds.pos == list(range(26)) and "hidden_states" not in upd
     # PD shape but no prefill rows (orchestrator patches off): upstream's behaviour, unchanged
     pd = decode_payload(P, 7)
-    c._wrap_talker_prefill(fake_prefill)(me, "in", "emb", pd)
+    cst._wrap_talker_prefill(fake_prefill)(me, "in", "emb", pd)
     assert me.seen[1] is pd
 
 
@@ -231,7 +234,7 @@ def talker_table():
         "base": {"target": "fake_orch:Orch._build_pd_decode_params", "kind": "function",
                  "signature": "(self, req_id, sp)", "why": "w", "source": "s"},
     }
-    return c.parse_table({"patches": rows, "versions": {"0.30": {"patches": ["base", "orch", "proc"]}}})
+    return ct.parse_table({"patches": rows, "versions": {"0.30": {"patches": ["base", "orch", "proc"]}}})
 
 
 def fake_modules():
@@ -246,7 +249,7 @@ def fake_modules():
 
 
 def test_install_wraps_module_level_functions_and_the_talker_switch_skips_only_those(caplog):
-    wrappers = {"orch": c._wrap_prefill_rows, "proc": c._wrap_talker_input, "base": c._wrap_decode_params}
+    wrappers = {"orch": cst._wrap_prefill_rows, "proc": cst._wrap_talker_input, "base": cpd._wrap_decode_params}
     mods = fake_modules()
     with pytest.MonkeyPatch.context() as mp:
         for k, v in wrappers.items():
@@ -268,7 +271,7 @@ def test_install_wraps_module_level_functions_and_the_talker_switch_skips_only_t
 
 def test_a_talker_patch_that_cannot_resolve_leaves_out_its_group_but_not_pd_detection(caplog):
     # e.g. the Qwen3-Omni model module fails to import: the Talker rows go, PD detection stays
-    wrappers = {"orch": c._wrap_prefill_rows, "proc": c._wrap_talker_input, "base": c._wrap_decode_params}
+    wrappers = {"orch": cst._wrap_prefill_rows, "proc": cst._wrap_talker_input, "base": cpd._wrap_decode_params}
     mods = fake_modules()
     del mods["fake_proc"]
     with pytest.MonkeyPatch.context() as mp:

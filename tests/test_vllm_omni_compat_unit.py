@@ -11,6 +11,8 @@ from types import SimpleNamespace as NS
 
 import pytest
 
+from omni_pd.upstream import compat_pd as cpd
+from omni_pd.upstream import compat_table as ct
 from omni_pd.upstream import vllm_omni_compat as c
 
 ALL = ("pd_detect", "pd_validate", "pd_connector_info", "engine_bootstrap_addr", "decode_kv_params",
@@ -57,41 +59,41 @@ def test_bundled_table_says_0_30_needs_all_twelve_patches_and_later_releases_non
 
 def test_table_with_an_unknown_patch_name_is_refused():
     with pytest.raises(ValueError, match=r"version 0.30 lists unknown patches \['nope'\]"):
-        c.parse_table({"patches": {}, "versions": {"0.30": {"patches": ["nope"]}}})
+        ct.parse_table({"patches": {}, "versions": {"0.30": {"patches": ["nope"]}}})
 
 
 def test_signature_of_renders_names_only():
     def f(self, a: int, b=2, *args, k, **kw) -> None: ...
     def g(self, *, k): ...
-    assert c.signature_of(f) == "(self, a, b, *args, k, **kw)"
-    assert c.signature_of(g) == "(self, *, k)"
+    assert ct.signature_of(f) == "(self, a, b, *args, k, **kw)"
+    assert ct.signature_of(g) == "(self, *, k)"
 
 
 def test_legacy_views_map_the_typed_fields_and_are_read_only():
-    views = c.legacy_views(PD4)
-    assert views[0] == c.LegacyStageView(0, True, False, (), c.EngineArgsView({"kv_role": "kv_producer"}, 2))
+    views = cpd.legacy_views(PD4)
+    assert views[0] == cpd.LegacyStageView(0, True, False, (), cpd.EngineArgsView({"kv_role": "kv_producer"}, 2))
     assert views[1].engine_input_source == (0,) and views[1].is_decode_only
     assert views[1].engine_args.kv_transfer_config is PD4[1].connector_config.kv_transfer_config  # not a copy
-    assert views[3] == c.LegacyStageView(3, False, False, (2,), c.EngineArgsView(None, 1))
+    assert views[3] == cpd.LegacyStageView(3, False, False, (2,), cpd.EngineArgsView(None, 1))
     with pytest.raises(AttributeError):
         views[0].is_prefill_only = False  # frozen
     assert not hasattr(PD4[0], "engine_args")  # nothing added to the typed config
 
 
 def test_legacy_views_leave_legacy_stage_lists_to_the_original():
-    assert c.legacy_views([{"stage_id": 0, "is_prefill_only": True}, NS(stage_id=1, engine_args={})]) is None
-    assert c.legacy_views([]) is None
+    assert cpd.legacy_views([{"stage_id": 0, "is_prefill_only": True}, NS(stage_id=1, engine_args={})]) is None
+    assert cpd.legacy_views([]) is None
 
 
 def test_detect_wrapper_finds_the_pair_only_through_the_views_and_keeps_upstream_answers():
-    detect = c._wrap_detect(legacy_detect)
+    detect = cpd._wrap_detect(legacy_detect)
     assert legacy_detect(PD4) is None  # the 0.30.0 bug, reproduced
     assert detect(PD4) == (0, 1)
     assert detect([typed(0), typed(1, (0,)), typed(2, (1,))]) is None  # 3-stage pipeline: still no pair
     legacy = [NS(is_prefill_only=True), NS(is_decode_only=True, engine_input_source=[0])]
     assert detect(legacy) == (0, 1)
     calls = []
-    upstream_fixed = c._wrap_detect(lambda s: calls.append(s) or (0, 1))
+    upstream_fixed = cpd._wrap_detect(lambda s: calls.append(s) or (0, 1))
     assert upstream_fixed(PD4) == (0, 1) and len(calls) == 1  # the original answered: no second run
 
 
@@ -103,30 +105,30 @@ def test_over_views_wrapper_steps_in_only_on_engine_args_attribute_errors():
         return self.stage_configs[0].engine_args.tensor_parallel_size, self.name
 
     host = NS(stage_configs=PD4, name="AsyncOmni")
-    assert c._wrap_over_views(validate)(host) == (2, "AsyncOmni")
-    assert seen[0] is PD4 and isinstance(seen[1][0], c.LegacyStageView)
+    assert cpd._wrap_over_views(validate)(host) == (2, "AsyncOmni")
+    assert seen[0] is PD4 and isinstance(seen[1][0], cpd.LegacyStageView)
     assert host.stage_configs is PD4  # self untouched
 
     def other_error(self):
         raise AttributeError("'X' object has no attribute 'kv_role'")
     with pytest.raises(AttributeError, match="kv_role"):
-        c._wrap_over_views(other_error)(host)
+        cpd._wrap_over_views(other_error)(host)
 
     def writes(self):
         self.stage_configs[0].engine_args  # noqa: B018 - raises on the typed config
         return None
     with pytest.raises(AttributeError, match="read-only"):
-        c._ViewedSelf(host, []).anything = 1
-    assert c._wrap_over_views(writes)(host) is None
+        cpd._ViewedSelf(host, []).anything = 1
+    assert cpd._wrap_over_views(writes)(host) is None
 
 
 def test_repair_prefill_kv_params_only_for_the_mooncake_shape():
     moon = {"transfer_id": "xfer-r1", "num_transfer_tokens": 17}
-    assert c.repair_prefill_kv_params("r1", moon) == {**moon, "remote_request_id": "r1"}
+    assert cpd.repair_prefill_kv_params("r1", moon) == {**moon, "remote_request_id": "r1"}
     assert "remote_request_id" not in moon
-    assert c.repair_prefill_kv_params("r1", {"remote_request_id": "p-r1", "transfer_id": "x"}) is None  # NIXL
-    assert c.repair_prefill_kv_params("r1", {"num_transfer_tokens": 3}) is None
-    assert c.repair_prefill_kv_params("r1", None) is None
+    assert cpd.repair_prefill_kv_params("r1", {"remote_request_id": "p-r1", "transfer_id": "x"}) is None  # NIXL
+    assert cpd.repair_prefill_kv_params("r1", {"num_transfer_tokens": 3}) is None
+    assert cpd.repair_prefill_kv_params("r1", None) is None
 
 
 def upstream_build_decode(self, req_id, sp):
@@ -143,14 +145,14 @@ def test_decode_params_wrapper_supplies_remote_request_id_and_reruns_the_origina
               _pd_bootstrap_addr="http://10.0.0.1:8998")
     with pytest.raises(RuntimeError):  # what every Mooncake request hits without the layer
         upstream_build_decode(NS(_pd_kv_params=dict(orch._pd_kv_params), _pd_bootstrap_addr=None), "r1", None)
-    got = c._wrap_decode_params(upstream_build_decode)(orch, "r1", None)
+    got = cpd._wrap_decode_params(upstream_build_decode)(orch, "r1", None)
     assert got == {"transfer_id": "xfer-r1", "num_transfer_tokens": 5, "remote_request_id": "r1",
                    "remote_bootstrap_addr": "http://10.0.0.1:8998", "do_remote_prefill": True,
                    "do_remote_decode": False}
     assert orch._pd_kv_params == {}  # consumed once, as upstream does
     empty = NS(_pd_kv_params={}, _pd_bootstrap_addr=None)
     with pytest.raises(RuntimeError, match="remote_request_id"):  # no transfer_id: upstream's error stands
-        c._wrap_decode_params(upstream_build_decode)(empty, "r2", None)
+        cpd._wrap_decode_params(upstream_build_decode)(empty, "r2", None)
 
 
 def mooncake_client(addr, engine_id, connector="MooncakeConnector"):
@@ -161,16 +163,16 @@ def mooncake_client(addr, engine_id, connector="MooncakeConnector"):
 def test_retarget_decode_params_only_replaces_the_orchestrators_single_defaults():
     r0, r1 = ("http://h:8998", "e-s0-r0"), ("http://h:8999", "e-s0-r1")
     moon = {"transfer_id": "x", "remote_bootstrap_addr": r0[0], "remote_engine_id": r0[1]}
-    assert c.retarget_decode_params(moon, r1, *r0) == {**moon, "remote_bootstrap_addr": r1[0],
+    assert cpd.retarget_decode_params(moon, r1, *r0) == {**moon, "remote_bootstrap_addr": r1[0],
                                                        "remote_engine_id": r1[1]}
-    assert c.retarget_decode_params(moon, r0, *r0) is None  # replica 0: nothing to change
+    assert cpd.retarget_decode_params(moon, r0, *r0) is None  # replica 0: nothing to change
     fixed_upstream = {**moon, "remote_bootstrap_addr": r1[0], "remote_engine_id": r1[1]}
-    assert c.retarget_decode_params(fixed_upstream, r1, *r0) is None
+    assert cpd.retarget_decode_params(fixed_upstream, r1, *r0) is None
     nixl = {"remote_engine_id": "n-s0-r1", "remote_host": "h", "remote_port": 5601}
-    assert c.retarget_decode_params(nixl, None, None, "n-s0-r0") is None
-    assert c.mooncake_endpoint(mooncake_client(*r1)) == r1
-    assert c.mooncake_endpoint(mooncake_client(*r1, connector="NixlConnector")) is None
-    assert c.mooncake_endpoint(NS(vllm_config=None)) is None
+    assert cpd.retarget_decode_params(nixl, None, None, "n-s0-r0") is None
+    assert cpd.mooncake_endpoint(mooncake_client(*r1)) == r1
+    assert cpd.mooncake_endpoint(mooncake_client(*r1, connector="NixlConnector")) is None
+    assert cpd.mooncake_endpoint(NS(vllm_config=None)) is None
 
 
 def test_decode_params_wrapper_points_decode_at_the_bound_prefill_replica():
@@ -185,7 +187,7 @@ def test_decode_params_wrapper_points_decode_at_the_bound_prefill_replica():
         kv = upstream_build_decode(self, req_id, sp)
         return NS(extra_args={"kv_transfer_params": {**kv, "remote_engine_id": self._pd_prefill_engine_id}})
 
-    wrapped = c._wrap_decode_params(orig)
+    wrapped = cpd._wrap_decode_params(orig)
     a, b = (wrapped(orch, k, None).extra_args["kv_transfer_params"] for k in "ab")
     assert (a["remote_bootstrap_addr"], a["remote_engine_id"]) == ("http://h:8998", "e-s0-r0")
     assert (b["remote_bootstrap_addr"], b["remote_engine_id"]) == ("http://h:8999", "e-s0-r1")
@@ -196,13 +198,13 @@ def test_engine_bootstrap_wrapper_takes_the_address_the_runtime_wrote():
     kv = NS(kv_connector_extra_config={"bootstrap_port": 8998, "bootstrap_addr": "http://127.0.0.1:8998"})
     eng = NS(stage_clients=[NS(vllm_config=NS(kv_transfer_config=kv)), NS(vllm_config=None)])
     orig = lambda self: {"pd_pair": (0, 1), "bootstrap_addr": None, "prefill_engine_id": "e-s0-r0"}  # noqa: E731
-    assert c._wrap_engine_bootstrap(orig)(eng) == {"pd_pair": (0, 1), "bootstrap_addr": "http://127.0.0.1:8998",
+    assert cpd._wrap_engine_bootstrap(orig)(eng) == {"pd_pair": (0, 1), "bootstrap_addr": "http://127.0.0.1:8998",
                                                    "prefill_engine_id": "e-s0-r0"}
-    assert c._wrap_engine_bootstrap(lambda self: None)(eng) is None
+    assert cpd._wrap_engine_bootstrap(lambda self: None)(eng) is None
     fixed = {"pd_pair": (0, 1), "bootstrap_addr": "http://h:1"}
-    assert c._wrap_engine_bootstrap(lambda self: fixed)(eng) is fixed
-    assert c.prefill_bootstrap_addr(eng.stage_clients, 1) is None  # NIXL / no client config
-    assert c.prefill_bootstrap_addr([], 0) is None
+    assert cpd._wrap_engine_bootstrap(lambda self: fixed)(eng) is fixed
+    assert cpd.prefill_bootstrap_addr(eng.stage_clients, 1) is None  # NIXL / no client config
+    assert cpd.prefill_bootstrap_addr([], 0) is None
 
 
 # --- the install gate, over a fake upstream module ------------------------------------

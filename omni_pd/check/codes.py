@@ -72,7 +72,7 @@ CODES: tuple[CodeDoc, ...] = (
             creating one where it points. A character device or a FIFO (``/dev/null``, ``mkfifo``)
             is written through, never replaced; ``/dev/stdout`` and ``/dev/stderr`` are omni-pd's
             own streams.""",
-            "omni_pd/io.py atomic_write()", exit=2),
+            "omni_pd/io_write.py atomic_write()", exit=2),
     CodeDoc("OPD006", "bad-usage", _E, "usage", "an option value omni-pd cannot use",
             """A malformed or unknown ``--vllm-version`` (omni-pd knows the releases listed by
             ``omni-pd --version``), an unknown ``--platform``, a ``--kv-buffer-device`` the chosen

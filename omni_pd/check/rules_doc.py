@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     from omni_pd.diagnostics import OmniPdError
-    from omni_pd.io import atomic_write
+    from omni_pd.io_write import atomic_write
 
     ap = argparse.ArgumentParser(prog="python -m omni_pd.check.rules_doc", description=__doc__.splitlines()[0])
     ap.add_argument("-o", "--output", help="write here instead of stdout")

@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
            if args.output.is_file() else None)
     merged = dict((old or {}).get("releases") or {})
     merged.update(data["releases"])
-    from omni_pd.io import atomic_write
+    from omni_pd.io_write import atomic_write
 
     atomic_write(args.output, render({"releases": dict(sorted(merged.items()))}))
     return 0

@@ -195,7 +195,8 @@ def run_expand(*, input: Optional[Path] = None, output: Optional[Path] = None, c
     from omni_pd import cli_options
     from omni_pd.compile.expand import expand_document
     from omni_pd.compile.passes.pd_split import ExpandOptions, side_dps, side_tps
-    from omni_pd.io import atomic_write, load_file
+    from omni_pd.io import load_file
+    from omni_pd.io_write import atomic_write
     from omni_pd.resources import preset_path
 
     tgt = cli_options.vllm_version(vllm_version)

@@ -2,7 +2,7 @@
 
 One table for everyone who needs it: ``expand --prefill-tp/--decode-tp`` refuses a pair
 here before writing anything, validate's OPD603 (connector) and OPD306 (vllm-omni runtime)
-report the same answers on a file (``omni_pd/check/rules/capability.py``,
+report the same answers on a file (``omni_pd/check/rules/hetero_tp.py``,
 ``omni_pd/check/rules/pd_pair.py``), and the npu pass checks the Ascend pair with it.
 
 Rows (sources per row):

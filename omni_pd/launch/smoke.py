@@ -662,7 +662,8 @@ def smoke_check(target: SmokeTarget, out: TextIO, *, report: str | os.PathLike[s
     rep = smoke_report(target, runtime)
     rc = _smoke_check(target, out, rep)
     if report is not None:
-        from omni_pd.io import OmniPdError, atomic_write
+        from omni_pd.diagnostics import OmniPdError
+        from omni_pd.io_write import atomic_write
 
         try:
             atomic_write(report, json.dumps(rep, indent=2) + "\n")

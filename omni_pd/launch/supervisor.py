@@ -55,14 +55,18 @@ or never became healthy); ``128 + signal`` when the launcher was stopped by a si
 (``130`` SIGINT, ``143`` SIGTERM, ``129`` SIGHUP), also after a clean teardown, so
 that scripts can tell an interrupted launch from a completed one; the readiness
 callback's own non-zero result is returned as is.
+
+The parts (issue 38): this module runs the processes (start in dependency order, reap,
+restart an xPyD instance, the exit code); :mod:`omni_pd.launch.supervisor_health` gates
+on health and monitors after readiness; :mod:`omni_pd.launch.supervisor_output` streams
+the logs and holds the views and :class:`SecretMasker`; :mod:`omni_pd.launch.teardown`
+stops everything and runs the orphan watchdog; :mod:`omni_pd.launch.run_state` holds the
+state they share.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import errno
-import io
 import json
 import os
 import re
@@ -71,267 +75,24 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, TextIO
+from typing import Any, Callable, Iterable, Iterator, TextIO
 
-from omni_pd.io import atomic_write
-from omni_pd.launch import proctree
-from omni_pd.launch.preflight import bind_error
-from omni_pd.launch.spec import MASK, LaunchPlan, ProcessSpec, is_secret
+from omni_pd.io_write import atomic_write
+from omni_pd.launch.spec import LaunchPlan
+from omni_pd.launch.run_state import EXIT_FAILED, EXIT_OK, _TICK_S, Failure, LaunchTimings, _describe_rc, _Interrupted, _Proc
+from omni_pd.launch.supervisor_health import _Health
+from omni_pd.launch.supervisor_output import SecretMasker, _isatty, _LiveView, _Output, _PlainView, _ReportStream
+from omni_pd.launch.teardown import LAUNCH_ENV, _Teardown
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-#: seconds: the most one health request may take (a hung server must not stall the gate)
-PROBE_TIMEOUT_S = 2.0
-#: seconds: how long teardown waits for SIGKILLed processes to disappear
-KILL_WAIT_S = 5.0
-#: secret values shorter than this are not masked (masking "0" would mangle every line)
-MIN_SECRET_LEN = 4
-#: an ECMA-48 escape sequence (CSI ``ESC [ ... final``, e.g. colours, and two-byte ``ESC x``)
-ANSI_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
-_TICK_S = 0.05
-#: seconds between looks for new processes of the launch during the grace period
-LOOK_S = 0.25
-#: environment variable set on every child (see :data:`omni_pd.launch.proctree.LAUNCH_ENV`)
-LAUNCH_ENV = proctree.LAUNCH_ENV
-_LAUNCHER = "omni-pd"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
-
-
-# --- secrets ---------------------------------------------------------------------------
-
-
-class SecretMasker:
-    """Replaces every occurrence of the given secret values by ``***``.
-
-    ``values``: secret strings; empty ones and those shorter than :data:`MIN_SECRET_LEN`
-    are ignored. Longer values are replaced first, so a secret containing another is
-    masked whole. Calling the masker on a string returns the masked string.
-    """
-
-    def __init__(self, values: Iterable[str]) -> None:
-        vals = sorted({v for v in values if len(v) >= MIN_SECRET_LEN}, key=lambda v: (-len(v), v))
-        self._re = re.compile("|".join(map(re.escape, vals))) if vals else None
-
-    @classmethod
-    def for_plan(cls, plan: LaunchPlan, environ: Mapping[str, str] | None = None) -> "SecretMasker":
-        """A masker for the secret env values of every process in ``plan`` and of
-        ``environ`` (default: ``os.environ``, which every child inherits)."""
-        env = os.environ if environ is None else environ
-        vals = [v for p in plan.processes for k, v in p.env.items() if is_secret(k)]
-        vals += [v for k, v in env.items() if is_secret(k)]
-        return cls(vals)
-
-    def __call__(self, text: str) -> str:
-        return self._re.sub(MASK, text) if self._re is not None else text
-
-    def deep(self, obj: Any) -> Any:
-        """``obj`` (JSON-like: dicts, lists, strings) with every string masked."""
-        if isinstance(obj, str):
-            return self(obj)
-        if isinstance(obj, dict):
-            return {self(str(k)): self.deep(v) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            return [self.deep(v) for v in obj]
-        return obj
-
-
-# --- data ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Why a launch failed: ``process`` (its name, or None for the launcher itself),
-    a one-line ``reason``, and the child's ``returncode`` when it exited (negative:
-    killed by that signal)."""
-
-    process: str | None
-    reason: str
-    returncode: int | None = None
-
-
-@dataclass
-class LaunchTimings:
-    """Start-up timings in seconds, all from ``time.monotonic()``.
-
-    ``started_s``: launcher start (the call of ``start_and_wait_healthy``) to each
-    process start. ``ready_s``: each process's own start to healthy (as observed by
-    the probe, so it includes up to one poll interval). ``all_healthy_s``: launcher
-    start to every process healthy (None until then). ``critical_path_s``: the longest
-    sum of ``ready_s`` along a ``depends_on`` chain, i.e. the time the slowest chain of
-    engines needs by itself; ``overhead_s = all_healthy_s - critical_path_s`` is what
-    the launcher added (spawning, polling, waiting for dependencies).
-    """
-
-    started_s: dict[str, float] = field(default_factory=dict)
-    ready_s: dict[str, float] = field(default_factory=dict)
-    all_healthy_s: float | None = None
-    critical_path_s: float | None = None
-    overhead_s: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain JSON-able dict (seconds rounded to milliseconds)."""
-        r = lambda x: None if x is None else round(x, 3)  # noqa: E731
-        return {
-            "started_s": {k: r(v) for k, v in self.started_s.items()},
-            "ready_s": {k: r(v) for k, v in self.ready_s.items()},
-            "all_healthy_s": r(self.all_healthy_s),
-            "critical_path_s": r(self.critical_path_s),
-            "overhead_s": r(self.overhead_s),
-        }
-
-
-class _Proc:
-    """Mutable run state of one child (owned by the supervisor's main thread, except
-    ``healthy_at``/``last_probe`` set by its health thread and ``tail`` by its reader)."""
-
-    def __init__(self, spec: ProcessSpec, run_dir: Path, tail_lines: int) -> None:
-        self.spec = spec
-        self.name = spec.name
-        self.state = "waiting"
-        self.popen: subprocess.Popen[bytes] | None = None
-        self.started_at: float | None = None
-        self.healthy_at: float | None = None
-        self.ended_at: float | None = None
-        self.returncode: int | None = None
-        self.last_probe = "no answer yet"
-        self.reported_healthy = False
-        self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
-        self.log_path = run_dir / f"{spec.name}.log"
-        self.reader: threading.Thread | None = None
-        self.prober: threading.Thread | None = None
-        self.restarts = 0
-        self.out = False  # left out of the deployment (did not come back)
-        self.monitored_ok = True  # last post-readiness probe verdict
-
-    @property
-    def pid(self) -> int | None:
-        return self.popen.pid if self.popen is not None else None
-
-    @property
-    def healthy(self) -> bool:
-        return self.healthy_at is not None
-
-    def elapsed(self, now: float) -> float | None:
-        if self.started_at is None:
-            return None
-        return (self.ended_at if self.ended_at is not None else now) - self.started_at
-
-
-class _Interrupted(BaseException):
-    """Raised by the signal handler to leave a readiness callback."""
-
-
-# --- views -----------------------------------------------------------------------------
-
-
-class _PlainView:
-    """Line output: ``[name] line`` for child output, ``[omni-pd] message`` for events."""
-
-    def __init__(self, out: TextIO) -> None:
-        self._out = out
-        self._lock = threading.Lock()
-
-    def start(self, sup: "Supervisor") -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def log(self, name: str, line: str) -> None:
-        self._write(f"[{name}] {line}\n")
-
-    def say(self, msg: str, *, error: bool = False) -> None:
-        self._write("".join(f"[{_LAUNCHER}] {ln}\n" for ln in msg.splitlines() or [""]))
-
-    def _write(self, text: str) -> None:
-        with self._lock:
-            try:
-                self._out.write(text)
-                self._out.flush()
-            except UnicodeEncodeError:
-                enc = getattr(self._out, "encoding", None) or "ascii"
-                with contextlib.suppress(Exception):
-                    self._out.write(text.encode(enc, "replace").decode(enc))
-                    self._out.flush()
-            except (OSError, ValueError):  # closed or broken pipe: the log files still have it
-                pass
-
-
-class _LiveView:
-    """A rich live status table with child output scrolling above it (terminals)."""
-
-    def __init__(self, out: TextIO) -> None:
-        from rich.console import Console  # lazy: rich costs ~100 ms of CLI cold start
-
-        self._console = Console(file=out, highlight=False, soft_wrap=True)
-        self._live: Any = None
-
-    def start(self, sup: "Supervisor") -> None:
-        from rich.live import Live
-
-        self._live = Live(
-            get_renderable=sup._render_table,
-            console=self._console,
-            refresh_per_second=4,
-            redirect_stdout=False,
-            redirect_stderr=False,
-        )
-        self._live.start()
-
-    def stop(self) -> None:
-        if self._live is not None:
-            with contextlib.suppress(Exception):
-                self._live.stop()
-            self._live = None
-
-    def log(self, name: str, line: str) -> None:
-        from rich.text import Text
-
-        t = Text(f"[{name}] ", style="cyan")
-        t.append_text(Text.from_ansi(line))  # keep the child's colours, drop other escapes
-        with contextlib.suppress(Exception):
-            self._console.print(t)
-
-    def say(self, msg: str, *, error: bool = False) -> None:
-        from rich.text import Text
-
-        with contextlib.suppress(Exception):
-            self._console.print(Text(msg, style="bold red" if error else "bold"))
-
-
-class _ReportStream(io.TextIOBase):
-    """:meth:`Supervisor.report_stream`: ``write`` splits on newlines and hands each whole
-    line to ``say``."""
-
-    def __init__(self, say: Callable[[str], None]) -> None:
-        super().__init__()
-        self._say_line, self._buf = say, ""
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, s: str) -> int:
-        *lines, self._buf = (self._buf + s).split("\n")
-        for line in lines:
-            self._say_line(line)
-        return len(s)
-
-    def flush(self) -> None:
-        if self._buf:
-            line, self._buf = self._buf, ""
-            self._say_line(line)
-
-
-_STATE_STYLE = {"waiting": "dim", "starting": "yellow", "healthy": "green", "stopping": "yellow"}
 
 
 # --- the supervisor --------------------------------------------------------------------
 
 
-class Supervisor:
+class Supervisor(_Output, _Health, _Teardown):
     """Starts the processes of ``plan``, gates on their health, supervises them and
     tears them down; usable as a context manager (``__exit__`` calls :meth:`shutdown`).
 
@@ -523,81 +284,6 @@ class Supervisor:
             for s, h in old.items():
                 signal.signal(s, h)
 
-    def shutdown(self) -> None:
-        """Stop every process group: SIGTERM, up to ``grace_s`` seconds, then SIGKILL
-        (at once after a second signal); wait for the readers, close the view, and print
-        the failure report if a process failed. Idempotent; never raises for processes
-        that are already gone."""
-        with self._shut_lock:
-            if self._shut:
-                return
-            self._shut = True
-        self._stop.set()
-        if self.stopped_by is not None:
-            self._say(f"received {_signame(self.stopped_by)}: stopping"
-                      + (" (killed at once: a second signal)" if self._force else " (send it again to kill at once)"))
-        self._reap(report=False)
-        started = [p for p in self._procs if p.popen is not None]
-        groups = [p.popen.pid for p in reversed(started) if p.popen is not None]
-        snap = proctree.snapshot()
-        escaped = self._find_escaped(groups, snap)
-        self._escaped = escaped  # a second signal kills these too
-        alive = [p for p in started if snap.group_alive(p.popen.pid)]  # type: ignore[union-attr]
-        killed: list[str] = []
-        if alive or escaped:
-            n = len(alive)
-            self._say(f"stopping {n} process group{'s' * (n != 1)} (SIGTERM, grace {self.grace_s:g} s)")
-            for p in alive:
-                if p.state != "failed":
-                    p.state = "stopping"
-            self._signal_all(signal.SIGTERM, escaped)
-            deadline = time.monotonic() + self.grace_s
-            look_at = time.monotonic() + LOOK_S
-            while not self._force and time.monotonic() < deadline:
-                if time.monotonic() >= look_at:  # processes started during the grace period
-                    new = [e for e in self._find_escaped(groups) if e not in escaped]
-                    proctree.signal_each(new, signal.SIGTERM)
-                    escaped += new
-                    look_at = time.monotonic() + LOOK_S
-                if not self._anything_alive(groups, escaped):
-                    break
-                if self._late_signal is not None:
-                    self._say(f"received {_signame(self._late_signal)} while stopping: waiting up to "
-                              f"{self.grace_s:g} s (send it again to kill at once)")
-                    self._late_signal = None
-                time.sleep(_TICK_S)
-            snap = proctree.snapshot()
-            escaped += [e for e in self._find_escaped(groups, snap) if e not in escaped]
-            if self._force or self._anything_alive(groups, escaped, snap):
-                killed = [p.name for p in started if snap.group_alive(p.popen.pid)]  # type: ignore[union-attr]
-                why = "a second signal" if self._force else f"still running after {self.grace_s:g} s"
-                who = ", ".join(killed) or ("every process group" if self._force else "leftover descendants")
-                self._say(f"SIGKILL to {who} ({why})", error=True)
-                self._signal_all(signal.SIGKILL, escaped)
-                deadline = time.monotonic() + KILL_WAIT_S
-                while self._anything_alive(groups, escaped) and time.monotonic() < deadline:
-                    time.sleep(_TICK_S)
-                if self._anything_alive(groups, escaped):
-                    self._say(f"could not kill every process (pids in {self.run_dir / 'pids'})", error=True)
-        self._reap(report=False)
-        for p in started:
-            if p.state == "stopping":
-                p.state = "killed" if p.name in killed else "stopped"
-        join_deadline = time.monotonic() + 2.0
-        for p in started:
-            if p.reader is not None:
-                p.reader.join(max(0.0, join_deadline - time.monotonic()))
-        busy = self._ports_in_use(started)
-        if self._view is not None:
-            self._view.stop()
-        if busy:
-            self._say(f"warning: still in use after teardown: {', '.join(busy)}", error=True)
-        self._stop_watchdog()
-        if self.failure is not None:
-            self._say(self._failure_report(), error=True)
-        elif started:
-            self._say(f"stopped {len(started)} process{'es' * (len(started) != 1)}")
-
     # -- main loop ----------------------------------------------------------------------
 
     def _stopping(self) -> bool:
@@ -683,19 +369,6 @@ class Supervisor:
         self._wake.set()
         return True
 
-    def _await_peer(self, p: _Proc) -> bool:
-        """Start probing a ``peer`` (a process of another host, :func:`omni_pd.launch.plan.
-        for_host`): nothing is started; it counts as healthy once its URL answers 200, and a
-        peer that does not answer within its ``timeout_s`` fails the launch like a process."""
-        assert self._t0 is not None and p.spec.health is not None
-        p.started_at = time.monotonic()
-        p.state = "waiting for peer"
-        self.timings.started_s[p.name] = p.started_at - self._t0
-        self._say(f"waiting for {p.name} on {p.spec.host or 'another host'} (GET {p.spec.health.url})")
-        p.prober = threading.Thread(target=self._probe, args=(p,), name=f"health-{p.name}", daemon=True)
-        p.prober.start()
-        return True
-
     def _reap(self, *, report: bool) -> bool:
         """Poll every child; with ``report``, a child that exited is a failure (True)."""
         for p in self._procs:
@@ -745,240 +418,12 @@ class Supervisor:
         p.last_probe, p.monitored_ok = "no answer yet", True
         return self._spawn(p) or True
 
-    def _monitor_health(self) -> None:
-        """Monitor thread: after readiness, probe every healthy process again every
-        ``monitor_interval_s`` seconds and report changes (with ``fail_fast``: fail)."""
-        import urllib.error
-        import urllib.request
-
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        while not self._stop.wait(self.monitor_interval_s):
-            for p in self._procs:
-                hc = p.spec.health
-                if hc is None or not p.reported_healthy or p.out or p.returncode is not None:
-                    continue
-                try:
-                    with opener.open(hc.url, timeout=PROBE_TIMEOUT_S) as r:
-                        ok, why = r.status == 200, f"HTTP {r.status}"
-                except urllib.error.HTTPError as e:
-                    ok, why = False, f"HTTP {e.code}"
-                    e.close()
-                except (urllib.error.URLError, OSError, ValueError) as e:
-                    ok, why = False, str(getattr(e, "reason", e)) or type(e).__name__
-                if ok == p.monitored_ok or self._stop.is_set():
-                    continue
-                p.monitored_ok = ok
-                if ok:
-                    p.state = "healthy"
-                    self._say(f"{p.name} healthy again")
-                elif self.fail_fast:
-                    self._fail(p, f"{p.name} unhealthy after readiness (GET {hc.url}: {why}) and --fail-fast")
-                    self._wake.set()
-                else:
-                    p.state = "unhealthy"
-                    self._say(f"{p.name} unhealthy after readiness (GET {hc.url}: {why}); "
-                              "the router routes around it", error=True)
-
-    def _start_watchdog(self) -> None:
-        """Start the orphan watchdog (see :mod:`omni_pd.launch.watchdog`)."""
-        r, w = os.pipe()  # both close-on-exec: no child inherits the write end
-        try:
-            self._watchdog = subprocess.Popen(
-                [sys.executable, "-m", "omni_pd.launch.watchdog", str(self.run_dir / "pids"), str(self.grace_s),
-                 self._launch_id],
-                stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                close_fds=True)
-        except OSError as e:
-            os.close(w)
-            self._say(f"warning: no orphan watchdog ({e}): a SIGKILLed launcher would leave its engines",
-                      error=True)
-            return
-        finally:
-            os.close(r)
-        self._watchdog_fd = w
-
-    def _stop_watchdog(self) -> None:
-        """Tell the watchdog the teardown was done here, and let it exit."""
-        if self._watchdog_fd is None:
-            return
-        with contextlib.suppress(OSError):
-            os.write(self._watchdog_fd, b"clean")
-        with contextlib.suppress(OSError):
-            os.close(self._watchdog_fd)
-        self._watchdog_fd = None
-        if self._watchdog is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._watchdog.wait(5)
-
     def _fail(self, p: _Proc | None, reason: str) -> None:
         if self.failure is None:
             self.failure = Failure(p.name if p else None, reason, p.returncode if p else None)
             if p is not None and p.returncode is None:
                 p.state = "failed"
             self._say(f"error: {reason}; stopping all", error=True)
-
-    def _all_healthy(self) -> None:
-        assert self._t0 is not None
-        t = self.timings
-        t.all_healthy_s = max((p.healthy_at for p in self._procs if p.healthy_at), default=self._t0) - self._t0
-        memo: dict[str, float] = {}
-
-        def chain(name: str) -> float:
-            if name not in memo:
-                deps = self.plan.process(name).depends_on
-                memo[name] = t.ready_s.get(name, 0.0) + max((chain(d) for d in deps), default=0.0)
-            return memo[name]
-
-        t.critical_path_s = max((chain(p.name) for p in self._procs), default=0.0)
-        t.overhead_s = t.all_healthy_s - t.critical_path_s
-        with contextlib.suppress(OSError):
-            atomic_write(self.run_dir / "timings.json", json.dumps(t.to_json(), indent=2) + "\n")
-        n = len(self._procs)
-        self._say(f"all {n} process{'es' * (n != 1)} healthy after {t.all_healthy_s:.2f} s "
-                  f"(slowest chain {t.critical_path_s:.2f} s, launcher overhead {t.overhead_s:.2f} s)")
-
-    # -- threads ------------------------------------------------------------------------
-
-    def _read(self, p: _Proc, popen: subprocess.Popen[bytes], log: TextIO) -> None:
-        """Reader thread: drain the child's merged output to its log and the view. It
-        never stops before EOF (a full pipe would block the child)."""
-        assert popen.stdout is not None
-        try:
-            for raw in iter(popen.stdout.readline, b""):
-                line = self.mask(ANSI_ESCAPE.sub("", raw.decode("utf-8", "replace").rstrip("\r\n")))
-                p.tail.append(line)
-                with contextlib.suppress(OSError, ValueError):
-                    log.write(line + "\n")
-                if self._view is not None:
-                    with contextlib.suppress(Exception):
-                        self._view.log(p.name, line)
-        finally:
-            with contextlib.suppress(OSError):
-                log.close()
-            with contextlib.suppress(OSError):
-                popen.stdout.close()
-            self._wake.set()
-
-    def _probe(self, p: _Proc) -> None:
-        """Health thread: GET the URL until 200, with doubling pauses."""
-        import http.client  # lazy, like urllib: ~60 ms of import the CLI does not need elsewhere
-        import urllib.error
-        import urllib.request
-
-        hc = p.spec.health
-        assert hc is not None and p.started_at is not None
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        deadline = p.started_at + hc.timeout_s
-        interval = hc.interval_s
-        while not self._stop.is_set() and p.returncode is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            try:
-                with opener.open(hc.url, timeout=min(PROBE_TIMEOUT_S, max(0.05, remaining))) as r:
-                    if r.status == 200:
-                        p.healthy_at = time.monotonic()
-                        self._wake.set()
-                        return
-                    p.last_probe = f"HTTP {r.status}"
-            except urllib.error.HTTPError as e:
-                p.last_probe = f"HTTP {e.code}"
-                e.close()
-            except urllib.error.URLError as e:
-                p.last_probe = str(e.reason)
-            except (OSError, ValueError, http.client.HTTPException) as e:
-                p.last_probe = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-            if self._stop.wait(max(0.0, min(interval, deadline - time.monotonic()))):
-                return
-            interval = min(interval * 2, max(hc.max_interval_s, hc.interval_s))
-
-    # -- teardown helpers ---------------------------------------------------------------
-
-    def _signal_all(self, sig: int, escaped: Iterable[int] = ()) -> None:
-        """``sig`` to every started process group, and to ``escaped`` pids. A group whose
-        leader was reaped is signalled only while a member of it still runs: once the
-        group is empty its pid may belong to another process."""
-        snap: proctree.Snapshot | None = None
-        for p in reversed(self._procs):
-            if p.popen is None:
-                continue
-            if p.popen.returncode is not None:  # leader reaped (poll/wait)
-                snap = snap or proctree.snapshot()
-                if not snap.group_alive(p.popen.pid):
-                    continue
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.popen.pid, sig)
-        proctree.signal_each(escaped, sig)
-
-    def _find_escaped(self, groups: list[int], snap: "proctree.Snapshot | None" = None) -> list[Any]:
-        """Processes of this launch outside the ``groups`` killpg reaches: descendants that
-        left their group, and any process carrying this launch's :data:`LAUNCH_ENV` (a
-        double-forked daemon re-parented away, a child started during the grace period)."""
-        snap = snap or proctree.snapshot()
-        gs = set(groups)
-        found = snap.escaped(groups)
-        for q in proctree.tagged(LAUNCH_ENV, self._launch_id):
-            if snap.pgid.get(q.pid) not in gs and q not in found and q.pid != os.getpid():
-                found.append(q)
-        return found
-
-    def _anything_alive(self, groups: list[int], escaped: list[Any], snap: Any = None) -> bool:
-        self._reap(report=False)  # a zombie leader keeps its group "alive" for killpg(0)
-        snap = snap or proctree.snapshot()
-        if any(snap.group_alive(g) for g in groups):
-            return True
-        return any(proctree.running(e) for e in escaped)
-
-    def _ports_in_use(self, started: list[_Proc]) -> list[str]:
-        busy = []
-        for p in started:
-            for u in p.spec.ports:
-                if _port_in_use(u.host, u.port):
-                    busy.append(f"{p.name} port {u.port} ({u.purpose})")
-        return busy
-
-    # -- output -------------------------------------------------------------------------
-
-    def _say(self, msg: str, *, error: bool = False) -> None:
-        if self._view is None:
-            self._view = _PlainView(self._out)
-        self._view.say(msg, error=error)
-
-    def _failure_report(self) -> str:
-        f = self.failure
-        assert f is not None
-        lines = [f"launch failed: {f.reason}"]
-        p = self._by_name.get(f.process) if f.process else None
-        if p is not None:
-            if p.returncode is not None:
-                lines.append(f"{p.name} exit code: {p.returncode}")
-            if p.popen is not None:
-                tail = list(p.tail)
-                lines.append(f"last {len(tail)} log line{'s' * (len(tail) != 1)} of {p.name} ({p.log_path}):")
-                lines += [f"  | {ln}" for ln in tail] or ["  | (no output)"]
-        return "\n".join(lines)
-
-    def _render_table(self) -> Any:
-        from rich.table import Table
-
-        now = time.monotonic()
-        table = Table(box=None, pad_edge=False, header_style="bold")
-        for col in ("process", "role", "state", "pid", "ports", "elapsed", "ready"):
-            table.add_column(col, justify="right" if col in ("pid", "elapsed", "ready") else "left")
-        for p in self._procs:
-            el = p.elapsed(now)
-            ready = self.timings.ready_s.get(p.name)
-            style = _STATE_STYLE.get(p.state, "red" if p.state.startswith(("exited", "failed", "killed")) else "")
-            table.add_row(
-                p.name,
-                p.spec.role,
-                f"[{style}]{p.state}[/]" if style else p.state,
-                str(p.pid or "-"),
-                ",".join(str(u.port) for u in p.spec.ports) or "-",
-                "-" if el is None else f"{el:.1f} s",
-                "-" if ready is None else f"{ready:.1f} s",
-            )
-        return table
 
 
 def run(
@@ -1098,33 +543,3 @@ def _check_plan(plan: LaunchPlan) -> None:
 
     for n in deps:
         visit(n, ())
-
-
-def _isatty(out: TextIO) -> bool:
-    try:
-        return bool(out.isatty())
-    except (AttributeError, ValueError, OSError):
-        return False
-
-
-def _signame(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
-
-
-def _describe_rc(rc: int) -> str:
-    if rc < 0:
-        try:
-            return f"signal {signal.Signals(-rc).name} (exit code {rc})"
-        except ValueError:
-            return f"signal {-rc} (exit code {rc})"
-    return f"exit code {rc}"
-
-
-def _port_in_use(host: str, port: int) -> bool:
-    """True when something still listens on ``host:port`` (preflight's try-bind; a host
-    that is not local is not checked)."""
-    e = bind_error(host, port)
-    return e is not None and e.errno == errno.EADDRINUSE

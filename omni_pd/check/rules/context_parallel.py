@@ -25,28 +25,19 @@ FAIL (vLLM 0.33 NIXL, a GQA model)::
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Severity
 from omni_pd.check.rules import Context, Example, Rule, rule
+from omni_pd.check.rules._shared import follow_same_as, load, row_for
 
 if TYPE_CHECKING:
     from omni_pd.compile.topology import StageNode
 
 
-@lru_cache(maxsize=1)
 def table() -> dict[str, Any]:
     """``presets/targets/context_parallel.yaml`` (shape in its comments)."""
-    from omni_pd.resources import data_dir, load_data
-
-    return dict(load_data(data_dir("presets") / "targets" / "context_parallel.yaml"))
-
-
-def _v(s: Any) -> tuple[int, int]:
-    from omni_pd.compile.targets import parse_version
-
-    return parse_version(str(s))
+    return load("context_parallel.yaml")
 
 
 def dcp_size(ctx: Context, n: "StageNode") -> int:
@@ -67,15 +58,7 @@ def dcp_size(ctx: Context, n: "StageNode") -> int:
 def connector_row(name: str, version: tuple[int, int]) -> dict[str, Any] | None:
     """The table's row for ``name`` on ``version`` (``same_as`` followed), None when the
     connector or release is not in it."""
-    rows: Any = table()["connectors"].get(name)
-    for _ in range(3):
-        if isinstance(rows, dict) and rows.get("same_as"):
-            rows = table()["connectors"].get(rows["same_as"])
-    out = None
-    for row in rows if isinstance(rows, list) else []:
-        if version >= _v(row["since"]):
-            out = row
-    return out
+    return row_for(follow_same_as(table()["connectors"], name), version)
 
 
 _Y = ("pipeline: llm_pd\nasync_chunk: false\nstages:\n"

@@ -1,7 +1,7 @@
 """Encoder-disaggregation topology rules (E -> PD, E -> P -> D): OPD616-OPD619.
 
 Connector names, roles, options per release and producer/consumer along the edges are
-OPD614/OPD615 (omni_pd/check/rules/capability.py, facts in
+OPD614/OPD615 (omni_pd/check/rules/ec_connector.py, facts in
 presets/targets/ec_connectors.yaml); these rules check what the topology adds: which
 stage consumes (the one that runs prefill), the shared storage both sides must see,
 what the encoder-only instance may carry, and the model. Layouts: ``omni-pd expand --encoder-split

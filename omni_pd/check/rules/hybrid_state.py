@@ -31,11 +31,11 @@ FAIL (any release: HMA switched off for a state model)::
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Severity
 from omni_pd.check.rules import Context, Example, Rule, rule
+from omni_pd.check.rules._shared import follow_same_as, load, pair_yaml, release as _v, row_for
 from omni_pd.check.rules.capability import loaded_connectors
 
 if TYPE_CHECKING:
@@ -46,18 +46,9 @@ if TYPE_CHECKING:
 KIND_WORDS = {"gdn": "GDN (linear-attention)", "mamba": "Mamba", "other": "recurrent-state"}
 
 
-@lru_cache(maxsize=1)
 def table() -> dict[str, Any]:
     """``presets/targets/hybrid_kv.yaml`` (shape in the file's header)."""
-    from omni_pd.resources import data_dir, load_data
-
-    return dict(load_data(data_dir("presets") / "targets" / "hybrid_kv.yaml"))
-
-
-def _v(s: Any) -> tuple[int, int]:
-    from omni_pd.compile.targets import parse_version
-
-    return parse_version(str(s))
+    return load("hybrid_kv.yaml")
 
 
 def state_kind(model: "ModelInfo | None") -> tuple[str, str] | None:
@@ -86,15 +77,7 @@ def state_kind(model: "ModelInfo | None") -> tuple[str, str] | None:
 
 def connector_row(name: str, version: tuple[int, int]) -> dict[str, Any] | None:
     """The hybrid_kv.yaml row for connector ``name`` on ``version`` (``same_as`` followed)."""
-    rows: Any = table()["connectors"].get(name)
-    for _ in range(3):
-        if isinstance(rows, dict) and rows.get("same_as"):
-            rows = table()["connectors"].get(rows["same_as"])
-    out = None
-    for row in rows if isinstance(rows, list) else []:
-        if version >= _v(row["since"]):
-            out = row
-    return out
+    return row_for(follow_same_as(table()["connectors"], name), version)
 
 
 def hma_mode(version: tuple[int, int]) -> tuple[str | None, list[str]]:
@@ -108,13 +91,10 @@ def hma_mode(version: tuple[int, int]) -> tuple[str | None, list[str]]:
 
 
 _GDN = {"layer_kinds": ["linear_attention", "full_attention"], "model_types": ["qwen3_5_moe", "qwen3_5_moe_text"]}
-_Y = ("pipeline: llm_pd\nasync_chunk: false\nstages:\n"
-      "  - {{stage_id: 0, devices: \"0\"{p}, kv_transfer_config: {{kv_connector: {c}, kv_role: kv_producer, engine_id: p0}}}}\n"
-      "  - {{stage_id: 1, devices: \"1\"{d}, kv_transfer_config: {{kv_connector: {c}, kv_role: kv_consumer, engine_id: d0}}}}\n")
 
 
 def _y(c: str = "MooncakeConnector", p: str = "", d: str = "") -> str:  # pragma: no mutate block (runs at import only)
-    return _Y.format(c=c, p=p, d=d)
+    return pair_yaml(c, p, d)
 
 
 _OFF = ", disable_hybrid_kv_cache_manager: false"

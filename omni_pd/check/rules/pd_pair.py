@@ -183,7 +183,7 @@ def connector_mismatch(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
 def _handoff_names(kv: dict) -> set[str]:
     """The connectors that move KV from P to D on one side: MultiConnector's children that
     presets/targets/multi_connector.yaml lists as handoff connectors, else the connector."""
-    from omni_pd.check.rules.capability import _multi_facts
+    from omni_pd.check.rules.multi_connector import _multi_facts
 
     name = kv.get("kv_connector")
     if name != "MultiConnector":
@@ -260,7 +260,7 @@ def tp_unequal(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     pair served as plain ``vllm serve`` engines (``llm_pd``, thinker-only pipelines)
     never meets that validator, vLLM pairs unequal TP and OPD603's table decides. Source: vllm-omni pd_utils.py
     ``_validate_pd_separation_config`` rule 6."""
-    from omni_pd.check.rules.capability import hetero_tp_problem
+    from omni_pd.check.rules.hetero_tp import hetero_tp_problem
 
     pair = ctx.pd_pair
     if pair is None or not (pair[0].kv and pair[1].kv):

@@ -99,7 +99,7 @@ def routing_params(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     c = connectors.get(name) if name else None
     fields = c.routing_fields if c is not None else ()
     router = ctx.inventory.router if ctx.inventory is not None else None
-    from omni_pd.check.rules.capability import lmcache_verdict
+    from omni_pd.check.rules.lmcache_pd import lmcache_verdict
 
     lmc = lmcache_verdict(ctx)
     if lmc is not None:

@@ -27,28 +27,19 @@ FAIL (EAGLE3 on decode only)::
 from __future__ import annotations
 
 import json
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Severity
 from omni_pd.check.rules import Context, Example, Rule, rule
+from omni_pd.check.rules._shared import follow_same_as, load, pair_yaml, release as _v
 
 if TYPE_CHECKING:
     from omni_pd.compile.topology import StageNode
 
 
-@lru_cache(maxsize=1)
 def table() -> dict[str, Any]:
     """``presets/targets/speculative.yaml`` (shape in the file's comments)."""
-    from omni_pd.resources import data_dir, load_data
-
-    return dict(load_data(data_dir("presets") / "targets" / "speculative.yaml"))
-
-
-def _v(s: Any) -> tuple[int, int]:
-    from omni_pd.compile.targets import parse_version
-
-    return parse_version(str(s))
+    return load("speculative.yaml")
 
 
 def spec_config(ctx: Context, n: "StageNode") -> dict[str, Any] | None:
@@ -98,12 +89,7 @@ def _describe(spec: dict[str, Any] | None) -> str:
 
 
 def _row(name: str) -> dict[str, Any] | None:
-    rows = table()["mismatch"]
-    row = rows.get(name)
-    for _ in range(3):
-        if isinstance(row, dict) and row.get("same_as"):
-            row = rows.get(row["same_as"])
-    return row
+    return follow_same_as(table()["mismatch"], name)
 
 
 def _is_hybrid(ctx: Context) -> bool:
@@ -112,13 +98,10 @@ def _is_hybrid(ctx: Context) -> bool:
     return ctx.model is not None and (ctx.model.is_hybrid or state_kind(ctx.model) is not None)
 
 
-_Y = ("pipeline: llm_pd\nasync_chunk: false\nstages:\n"
-      "  - {{stage_id: 0, devices: \"0\"{p}, kv_transfer_config: {{kv_connector: {c}, kv_role: kv_producer, engine_id: p0}}}}\n"
-      "  - {{stage_id: 1, devices: \"1\"{d}, kv_transfer_config: {{kv_connector: {c}, kv_role: kv_consumer, engine_id: d0}}}}\n")
 
 
 def _y(p: str = "", d: str = "", c: str = "NixlConnector") -> str:  # pragma: no mutate block (runs at import only)
-    return _Y.format(p=p, d=d, c=c)
+    return pair_yaml(c, p, d)
 
 
 _E3 = ", speculative_config: {method: eagle3, model: org/eagle3-head, num_speculative_tokens: 3}"

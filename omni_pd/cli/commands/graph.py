@@ -24,7 +24,8 @@ def graph(
     """Draw the stage graph: roles, devices, KV connectors with kv_role, ports (tree, Mermaid or DOT)."""
     from omni_pd import cli_options
     from omni_pd.compile.graph import stage_graph, to_dot, to_mermaid, to_tree_lines, to_tree_text
-    from omni_pd.io import atomic_write, load_file
+    from omni_pd.io import load_file
+    from omni_pd.io_write import atomic_write
     from omni_pd.resources import preset_path
 
     tgt = cli_options.vllm_version(vllm_version)

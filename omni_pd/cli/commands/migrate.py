@@ -36,7 +36,8 @@ def migrate(
     from omni_pd import cli_options
     from omni_pd.compile.migrate import is_legacy, migrate_text, serve_command, sorted_notes
     from omni_pd.compile.pipelines import load_catalogue
-    from omni_pd.io import atomic_write, load_file, parse_text
+    from omni_pd.io import load_file, parse_text
+    from omni_pd.io_write import atomic_write
 
     tgt = cli_options.vllm_version(vllm_omni_version, "--vllm-omni-version")
     src = cli_options.vllm_version(from_version, "--from") if from_version is not None else None

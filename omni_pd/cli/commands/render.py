@@ -65,7 +65,8 @@ def render(
     """
     from omni_pd import cli_options
     from omni_pd.diagnostics import render_text, summary
-    from omni_pd.io import atomic_write, load_file
+    from omni_pd.io import load_file
+    from omni_pd.io_write import atomic_write
     from omni_pd.launch.plan import LaunchOptions, plan_document
     from omni_pd.launch.preflight import plan_checks
     from omni_pd.render.scripts import DEPLOY, executable, render_scripts

@@ -24,7 +24,7 @@ def schema(output: Optional[Path] = typer.Option(
 
     from omni_pd import cli_options
     from omni_pd.compile.model import json_schema
-    from omni_pd.io import atomic_write
+    from omni_pd.io_write import atomic_write
     from omni_pd.resources import SCHEMA_FILENAME
 
     tgt = cli_options.vllm_version(vllm_version)

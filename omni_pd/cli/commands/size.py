@@ -44,7 +44,8 @@ def size(
     import json
 
     from omni_pd.compile.parse import parse_config
-    from omni_pd.io import atomic_write, load_file
+    from omni_pd.io import load_file
+    from omni_pd.io_write import atomic_write
     from omni_pd.resources import preset_path
     from omni_pd.sizing import aic, model_map, plan, rate, report, traffic
 
