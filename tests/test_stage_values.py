@@ -86,3 +86,28 @@ def test_a_pipeline_name_nobody_registers_is_an_error_with_the_nearest_name(pd_t
     assert (d.edit.old, d.edit.new) == ("qwen3_omni_pd", "qwen3_omni_moe_pd")
     # a pipeline vllm-omni registers that omni-pd does not catalogue stays an info
     assert "bagel" in table()["pipelines"]
+
+
+SAMPLES = [None, True, False, 0, 1, -1, 2, 0.0, 0.5, 1.0, 1.5, -0.1, 64, 64.5, "", "x", "auto", "16", "fp8", "fcfs",
+           [], [1], ["a"], [1, "a"], {}, {"a": 1}, {"a": "b"}]
+
+
+def test_the_evaluator_judges_as_jsonschema_over_the_whole_table():
+    """:func:`accepts` is the jsonschema library's verdict on every field of the table for a spread
+    of values (and the table uses no keyword it does not evaluate)."""
+    import jsonschema
+
+    from omni_pd.check.rules.stage_values import KEYWORDS, accepts
+
+    n = 0
+    for kind in ("fields", "kv_transfer_config_fields"):
+        for name, row in table()[kind].items():
+            schema = row["schema"]
+            v = jsonschema.Draft202012Validator(schema)
+            for value in SAMPLES + [e for s in [schema, *schema.get("anyOf", [])] for e in s.get("enum", [])]:
+                assert accepts(schema, value) == v.is_valid(value), (name, schema, value)
+                n += 1
+    assert n > 5000
+    with pytest.raises(ValueError):
+        accepts({"pattern": "a+"}, "a")
+    assert "anyOf" in KEYWORDS

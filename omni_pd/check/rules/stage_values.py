@@ -8,7 +8,8 @@ serve`` with a ``ValidationError`` before any engine starts. The field table
 (``omni_pd/upstream/stage_fields_table.py``), so every field and range is upstream's: a new
 field in the next release is in the table when it is regenerated, not when a report arrives.
 
-Values are judged as pydantic's lax mode judges them (the deploy file reaches the dataclasses as
+Values are checked against each field's JSON Schema (:func:`accepts`, the subset of JSON Schema
+the table uses) as pydantic's lax mode judges them (the deploy file reaches the dataclasses as
 Python objects): an integer field takes ``"16"``, ``16.0`` and ``true``; a number field takes an
 integer; a boolean field takes ``0``/``1`` and ``"yes"``/``"off"``; a string field takes only a
 string (``devices: 1`` is refused: ``OmniStageRuntimeConfig.devices: str | None``).
@@ -49,11 +50,59 @@ def table() -> dict[str, Any]:
     return load_data(data_dir("presets") / "targets" / "vllm_omni_stage_fields.yaml")["releases"][TABLE_RELEASE]
 
 
-@lru_cache(maxsize=None)
-def _validator(name: str, kind: str = "fields") -> Any:
-    import jsonschema
+#: the JSON Schema keywords the table uses (pydantic's json_schema of the stage configs); a schema
+#: with any other keyword is refused by :func:`accepts` (tests/test_stage_values.py checks the table
+#: and compares :func:`accepts` with the jsonschema library over it)
+KEYWORDS = frozenset({"type", "anyOf", "enum", "minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum",
+                      "items", "additionalProperties"})
+_TYPES = {"null": lambda v: v is None, "boolean": lambda v: isinstance(v, bool),
+          "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool))
+          or (isinstance(v, float) and v.is_integer()),
+          "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          "string": lambda v: isinstance(v, str), "array": lambda v: isinstance(v, list),
+          "object": lambda v: isinstance(v, dict)}
 
-    return jsonschema.Draft202012Validator(table()[kind][name]["schema"])
+
+def _same(a: Any, b: Any) -> bool:
+    """JSON Schema equality: ``1 == 1.0``, but a boolean equals only a boolean."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return a == b
+
+
+def accepts(schema: dict, value: Any) -> bool:
+    """True when ``value`` is valid for ``schema``, a JSON Schema (draft 2020-12) over
+    :data:`KEYWORDS`, as the jsonschema library judges it. A small evaluator instead of
+    jsonschema itself: validate runs on every save of an editor, and importing jsonschema (with
+    referencing, rpds, attrs) costs more than the check (bench/fig2_coldstart.py keeps it lazy).
+    Raises ValueError for a keyword outside :data:`KEYWORDS`."""
+    unknown = set(schema) - KEYWORDS
+    if unknown:
+        raise ValueError(f"JSON Schema keywords not evaluated here: {sorted(unknown)}")
+    if "anyOf" in schema and not any(accepts(s, value) for s in schema["anyOf"]):
+        return False
+    if "type" in schema:
+        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        if not any(_TYPES[t](value) for t in types):
+            return False
+    if "enum" in schema and not any(_same(value, e) for e in schema["enum"]):
+        return False
+    if _TYPES["number"](value):
+        if "minimum" in schema and value < schema["minimum"]:
+            return False
+        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
+            return False
+        if "maximum" in schema and value > schema["maximum"]:
+            return False
+        if "exclusiveMaximum" in schema and value >= schema["exclusiveMaximum"]:
+            return False
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        if not all(accepts(schema["items"], v) for v in value):
+            return False
+    if isinstance(value, dict) and isinstance(schema.get("additionalProperties"), dict):
+        if not all(accepts(schema["additionalProperties"], v) for v in value.values()):
+            return False
+    return True
 
 
 def lax_candidates(value: Any) -> list[Any]:
@@ -83,8 +132,8 @@ def refusal(name: str, value: Any, kind: str = "fields") -> str | None:
     (the stage configs) or ``kv_transfer_config_fields`` (vLLM's KVTransferConfig)."""
     if name not in table()[kind]:
         return None
-    v = _validator(name, kind)
-    if any(v.is_valid(cand) for cand in lax_candidates(value)):
+    schema = table()[kind][name]["schema"]
+    if any(accepts(schema, cand) for cand in lax_candidates(value)):
         return None
     return "the field accepts " + _accepts(table()[kind][name]["schema"])
 
@@ -148,6 +197,8 @@ def stage_value_refused(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     types is OPD101's.
     Source: vllm-omni 0.30.0 ``vllm_omni/config/omni_config.py`` (``OmniStage*Config``), read with
     pydantic's ``TypeAdapter(cls).json_schema()`` into presets/targets/vllm_omni_stage_fields.yaml."""
+    if not ctx.platform_first:  # every stage entry, platform overlays included, is read on the first pass
+        return
     owned = {d.location.path for d in ctx.parse_diagnostics if d.location is not None}
     for path, key, value, kind in _entries(ctx):
         fields = table()[kind]
