@@ -80,6 +80,10 @@ class LaunchOptions:
     served_model_name: str | None = None
     ready_timeout_s: float = 1200.0
     extra_args: tuple[str, ...] = ()
+    #: ``(role, argument)``: appended to the ``vllm serve`` of that role's engines only
+    #: (``--prefill-engine-arg``/``--decode-engine-arg``; the ``vllm`` runtime: one engine per
+    #: instance). The vllm-omni runtime serves every stage from one command line and refuses them
+    role_args: tuple[tuple[str, str], ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     python: str | None = None  # interpreter of the vllm install (preflight); None: next to `vllm`
     #: PD router processes (``--workers``); None: the router's default for this host's CPUs
@@ -213,6 +217,15 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
         return tuple(PortUse(x.port, x.purpose, bind) for x in planned if x.process == name)
 
     if topo.pipeline.launcher == "vllm-omni":
+        if opts.role_args:
+            from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
+
+            raise OmniPdError(Diagnostic(
+                code="OPD006", severity=Severity.ERROR,
+                message="--prefill-engine-arg/--decode-engine-arg: vllm-omni serves every stage of this pipeline "
+                        "from one `vllm serve --omni` command line, so a flag cannot reach one side only",
+                help="write the setting into that stage of the deploy file: `omni-pd expand --prefill-set KEY=VALUE "
+                     "--decode-set KEY=VALUE` (validated like the file)"))
         if where.across_hosts(topo):
             return _omni_across_hosts(topo, config_path, opts, target, where, served, env_all, engine_py, mods, p.kv,
                                       planned)
@@ -263,7 +276,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
             kv_flag = [] if role == PD_ROLE else ["--kv-transfer-config", json.dumps(inst.kv, separators=(",", ":"))]
             argv = [opts.vllm, "serve", opts.model, "--host", bind, "--port", str(port),
                     "--served-model-name", served, *kv_flag, *engine_flags(settings)]
-            argv += dp_flags + list(opts.extra_args)
+            argv += dp_flags + list(opts.extra_args) + [a for r, a in opts.role_args if r == role]
             procs.append(ProcessSpec(
                 name=f"{role}-{inst.replica}", role=role, argv=tuple(argv), env=env, **dev,
                 ports=uses(f"{role}-{inst.replica}", bind),

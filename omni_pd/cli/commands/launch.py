@@ -36,6 +36,10 @@ def launch(
     grace: float = typer.Option(10.0, "--grace", help="seconds between SIGTERM and SIGKILL at shutdown"),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="logs, pids, plan.json, timings.json, smoke.json (default: omni-pd-runs/<time>)"),
     extra_arg: Optional[list[str]] = typer.Option(None, "--engine-arg", help="extra `vllm serve` argument for every engine (repeatable)"),
+    prefill_arg: Optional[list[str]] = typer.Option(None, "--prefill-engine-arg", help="extra `vllm serve` argument for "
+                                                    "the prefill engines only (repeatable; the vllm runtime)"),
+    decode_arg: Optional[list[str]] = typer.Option(None, "--decode-engine-arg", help="extra `vllm serve` argument for "
+                                                   "the decode engines only (repeatable; the vllm runtime)"),
     env: Optional[list[str]] = typer.Option(None, "--env", help="KEY=VALUE for every process (repeatable; secrets masked)"),
     smoke: bool = typer.Option(False, "--smoke", help="after readiness, one request through the entrypoint must move KV"),
     once: bool = typer.Option(False, "--once", help="stop after readiness (and --smoke) instead of serving"),
@@ -78,6 +82,7 @@ def launch(
     opts = LaunchOptions(model=model, vllm=vllm, host=host, port=port, engine_port_base=engine_port_base,
                          platform=platform, served_model_name=served_model_name, ready_timeout_s=ready_timeout,
                          extra_args=tuple(extra_arg or ()), env=pairs(env, "--env"), python=python,
+                         role_args=tuple(("prefill", a) for a in prefill_arg or ()) + tuple(("decode", a) for a in decode_arg or ()),
                          router_workers=router_workers, launcher_env=launcher_visibility(os.environ),
                          local_host=on_host if on_host not in (None, "*") else None)
     # validate's findings first, rendered and counted as `omni-pd validate` does, before
