@@ -59,6 +59,20 @@ def _platform(ctx: Context, node: "StageNode") -> str:
     return h.accelerator if h is not None and h.accelerator else "cuda"
 
 
+def connector_row(ctx: Context, node: "StageNode", kv: dict | None = None) -> str:
+    """The name the per-connector tables key on for the connector ``node`` loads (``kv``: its
+    ``kv_transfer_config``, or a MultiConnector child): vLLM's registry name for vLLM's own class,
+    vllm-ascend's registered name for a class loaded from ``vllm_ascend.*``
+    (``MooncakeConnectorV1``), else ``"<module path>:<class>"``, which no vLLM row matches; ``""``
+    without a connector. So ``kv_connector: MooncakeConnector`` with another package's
+    ``kv_connector_module_path`` is not judged by vLLM's MooncakeConnector row
+    (:func:`omni_pd.compile.connectors.identity.identify`; vLLM ``KVConnectorFactory``)."""
+    from omni_pd.compile.connectors.identity import identify
+
+    ident = identify(node.kv if kv is None else kv, _platform(ctx, node))
+    return ident.name if ident is not None else ""
+
+
 @rule("OPD601", "connector-unknown", Severity.ERROR,
       "kv_connector is not registered for this vLLM version / platform",
       fail=_pair_yaml("PyNcclConnector"), passing=_pair_yaml("NixlConnector"), labels=("CAP-REGISTRY",))
@@ -172,7 +186,7 @@ def mla_unsupported(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     if ctx.model is None or not ctx.model.is_mla:
         return
     for n in _kv_nodes(ctx):
-        name = (n.kv or {}).get("kv_connector")
+        name = connector_row(ctx, n)
         if MLA_SUPPORT.get(name) is False:
             yield r.diag(f"stage {n.stage_id}: {name} has no MLA KV layout support and the model uses MLA",
                          ctx.sloc(n, "kv_transfer_config", "kv_connector", value=True),
@@ -212,7 +226,7 @@ def fp8_kv(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     if pair is None:
         return
     p, _d = pair
-    name = str((p.kv or {}).get("kv_connector") or "")
+    name = connector_row(ctx, p)
     if name.startswith("Nixl") and str(ctx.setting(p, "kv_cache_dtype", "")).startswith("fp8"):
         yield r.diag("fp8 KV cache over NIXL P/D has been reported to corrupt output for this model family",
                      ctx.sloc(p, "kv_cache_dtype", value=True),
@@ -238,7 +252,7 @@ def block_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     p, d = pair
     pb, db = ctx.setting(p, "block_size"), ctx.setting(d, "block_size")
     # the pair's connector: prefill's, else decode's (as hetero_tp_problem reads it)
-    name = str(p.kv.get("kv_connector") or d.kv.get("kv_connector") or "")  # type: ignore[union-attr]
+    name = connector_row(ctx, p) or connector_row(ctx, d)
     if pb is not None and db is not None and str(pb) != str(db):
         try:
             nixl_multiple = name.startswith("Nixl") and ctx.target.version >= (0, 13) and int(db) % int(pb) == 0
@@ -306,7 +320,7 @@ def extra_required(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     yield from _lmcache_rank_ports(ctx, r)
     for n in _kv_nodes(ctx):
         kv = n.kv or {}
-        name = kv.get("kv_connector")
+        name = connector_row(ctx, n)
         extra = kv.get("kv_connector_extra_config") or {}
         need: tuple[str, ...] = REQUIRED_EXTRA.get(name, ())
         if name == "P2pNcclConnector" and (extra.get("proxy_ip") or extra.get("proxy_port")):
@@ -456,7 +470,7 @@ def kv_buffer_device(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     for n in _kv_nodes(ctx):
         kv = n.kv or {}
         dev = kv.get("kv_buffer_device")
-        table = BUFFER_DEVICES.get(str(kv.get("kv_connector")))
+        table = BUFFER_DEVICES.get(connector_row(ctx, n))
         if dev is None or table is None:
             continue
         plat = _platform(ctx, n)

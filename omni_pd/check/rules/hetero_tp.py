@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Severity
 from omni_pd.check.rules import Context, Example, Rule, rule
-from omni_pd.check.rules.capability import _pair_yaml
+from omni_pd.check.rules.capability import _pair_yaml, connector_row
 
 if TYPE_CHECKING:
     from omni_pd.compile.topology import StageNode
@@ -24,7 +24,7 @@ def hetero_tp_problem(ctx: Context, p: "StageNode", d: "StageNode") -> str | Non
     and the model's facts when ``--model-info`` gives them."""
     from omni_pd.compile.tp_pairs import connector_tp_problem
 
-    name = (p.kv or {}).get("kv_connector") or (d.kv or {}).get("kv_connector")
+    name = connector_row(ctx, p) or connector_row(ctx, d)
     m = ctx.model
     return connector_tp_problem(name, ctx.stage_tp(p), ctx.stage_tp(d), ctx.target,
                                 num_kv_heads=m.num_kv_heads if m is not None else None,
@@ -98,7 +98,7 @@ def hetero_tp(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                           f"`tensor_parallel_size: {dtp}` (equal TP), or pick TPs the connector pairs")
         return
     m = ctx.model
-    name = str((p.kv or {}).get("kv_connector") or (d.kv or {}).get("kv_connector") or "")
+    name = connector_row(ctx, p) or connector_row(ctx, d)
     split = kv_head_split_problem(name, ptp, dtp, ctx.target, m.num_kv_heads if m is not None else None,
                                   bool(m is not None and m.is_mla))
     if split is not None and split[0] == "unpinned":
