@@ -45,13 +45,16 @@ def test_max_num_seqs_is_judged_as_pydantic_lax_mode_does(pd_text, value, refuse
     assert bool(found) is refused, found
 
 
-def test_refusal_names_what_the_field_accepts():
+def test_refusal_names_what_the_field_accepts(pd_text):
     assert refusal("gpu_memory_utilization", 0) == "the field accepts a number > 0.0, <= 1.0 or null"
     assert refusal("gpu_memory_utilization", 0.5) is None
     assert refusal("devices", 1) == "the field accepts a string or null"
     assert refusal("max_model_len", "32k") == "the field accepts an integer >= -1 or null"
     assert refusal("enforce_eager", "yes") is None
     assert refusal("kv_ip", None, "kv_transfer_config_fields") == "the field accepts a string"
+    text = _in_decode(pd_text, 'kv_ip: "127.0.0.1"', "kv_ip: null")
+    assert ("OPD114", "`kv_ip: null` is refused by vllm-omni (KVTransferConfig.kv_ip): the field accepts a string"
+            ) in errors(text)
     assert refusal("not_a_field", object()) is None
     assert lax_candidates("16") == ["16", 16] and lax_candidates(True) == [True, 1]
 
@@ -84,6 +87,10 @@ def test_a_pipeline_name_nobody_registers_is_an_error_with_the_nearest_name(pd_t
     [d] = [d for d in res.diagnostics if d.code == "OPD207"]
     assert d.severity.value == "error" and "did you mean `qwen3_omni_moe_pd`?" in d.help
     assert (d.edit.old, d.edit.new) == ("qwen3_omni_pd", "qwen3_omni_moe_pd")
+    # the rest is judged as the nearest catalogued pipeline: reversed roles still show (the walkthrough's g3.yaml)
+    swapped = (text.replace("kv_role: kv_producer", "kv_role: KV_P").replace("kv_role: kv_consumer", "kv_role: kv_producer")
+               .replace("kv_role: KV_P", "kv_role: kv_consumer"))
+    assert [c for c, _ in errors(swapped)].count("OPD302") == 2
     # a pipeline vllm-omni registers that omni-pd does not catalogue stays an info
     assert "bagel" in table()["pipelines"]
 

@@ -396,6 +396,8 @@ def choose_pipeline(cfg: DeployConfig, loc: Locator, cat: Catalogue, opts: Valid
                        "loaded (presets/targets/vllm_omni_stage_fields.yaml); assumed for later releases"],
                 help=(f"did you mean `{near[0]}`? " if near else "") + "`omni-pd pipelines` lists omni-pd's",
                 edit=Edit(at.line, at.column, name, near[0]) if (near and at and at.line and at.column) else None))
+            if near and cat.get(near[0]) is not None:  # a typo of a catalogued pipeline: judge the rest as that one
+                return cat.get(near[0]), diags  # type: ignore[return-value]
             return _chain(f"<{name}: linear chain>", sorted({int(s.stage_id) for s in cfg.stages}), None), diags
         diags.append(Diagnostic(
             code="OPD207", severity=Severity.INFO,

@@ -153,6 +153,18 @@ def _accepts(schema: dict) -> str:
     return words + (" " + ", ".join(rng) if rng else "")
 
 
+def _yaml(value: Any) -> str:
+    """``value`` as the YAML flow text a user writes (``null``, ``true``, ``'x'``, ``[1, 2]``)."""
+    import json
+
+    if isinstance(value, str):
+        return repr(value)
+    try:
+        return json.dumps(value, ensure_ascii=False).replace('"', "'")
+    except (TypeError, ValueError):
+        return repr(value)
+
+
 def _entries(ctx: Context) -> Iterable[tuple[tuple, str, Any, str]]:
     """``(path, key, value, table)`` of every key of every stage entry and of its ``engine_args``
     (table ``fields``), and of their ``kv_transfer_config`` (table ``kv_transfer_config_fields``)."""
@@ -211,7 +223,7 @@ def stage_value_refused(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         fix = None
         if isinstance(value, int) and not isinstance(value, bool) and _accepts(fields[key]["schema"]).startswith("a string"):
             fix = (str(value), f'"{value}"')
-        yield r.diag(f"`{key}: {value!r}` is refused by vllm-omni ({owner}.{key}): {why}",
+        yield r.diag(f"`{key}: {_yaml(value)}` is refused by vllm-omni ({owner}.{key}): {why}",
                      ctx.loc(path, value=True),
                      notes=[f"`vllm serve --omni` stops at load with a ValidationError (resolve_omni_config); "
                             f"{ctx.release_words()}, table read from vllm-omni {TABLE_RELEASE}.0"],

@@ -280,7 +280,8 @@ def pipeline_inferred(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     chain; role-dependent checks are then weaker. A ``pipeline:`` that omni-pd does not
     catalogue is an info while vllm-omni registers it, and an error when vllm-omni does not
     either (``vllm serve`` refuses the file: ``KeyError ... not registered to OMNI_PIPELINES``),
-    with the nearest registered name (vLLM/vllm-omni 0.30+; the names are read from vllm-omni
+    with the nearest registered name, and the rest of the file is judged as that pipeline when
+    omni-pd catalogues it, so a typo does not hide the PD-pair checks (vLLM/vllm-omni 0.30+; the names are read from vllm-omni
     0.30.0 with omni-pd's plugin loaded, presets/targets/vllm_omni_stage_fields.yaml). Emitted
     while choosing the pipeline (omni_pd/check/validate.py). Source: vllm-omni 0.30.0
     config/pipeline_registry.py, config/stage_config.py ``_get_deploy_override_pipe_config``."""
