@@ -139,7 +139,9 @@ def self_check(text: str, doc, vllm_version: Optional[str], output: Optional[Pat
     OPD202 look new, an OPD000 for a user's choice). ``placed``: the device options given
     (``"--downstream-devices 0"``); new errors that are all device findings (OPD4xx: world
     size, memory budget) then come from where the user put the stages: OPD805, exit 2,
-    naming the options."""
+    naming the options. New errors that are all the inventory's router against the pair
+    (OPD705-OPD707: a router that cannot relay the connector expand chose) are the user's
+    choice too: OPD805, exit 2, naming --connector and the `router:` block."""
     from dataclasses import replace
 
     from omni_pd.check.validate import ValidateOptions, validate_document
@@ -167,6 +169,14 @@ def self_check(text: str, doc, vllm_version: Optional[str], output: Optional[Pat
                     f"({', '.join(sorted({d.code for d in new}))})",
             help="give other devices (the findings above say which stages clash), or leave the option out "
                  "for expand's own layout; nothing was written"))
+    router = {"OPD705", "OPD706", "OPD707"}  # the inventory's router against the pair expand wrote
+    if inventory is not None and all(d.code in router for d in new):
+        raise OmniPdError(Diagnostic(
+            code="OPD805", severity=Severity.ERROR,
+            message=f"the inventory's router cannot serve the PD pair expand wrote "
+                    f"({', '.join(sorted({d.code for d in new}))}, above)",
+            help="pick a KV connector that router speaks (e.g. --connector NixlConnector), or change the "
+                 "inventory's `router:` block; nothing was written"))
     raise OmniPdError(Diagnostic(
         code="OPD000", severity=Severity.ERROR,
         message=f"internal error: expand produced a config its own validate rejects ({', '.join(sorted({d.code for d in new}))})",
