@@ -1,8 +1,10 @@
 """validate ⊇ vllm-omni's loader: every generated file vllm-omni 0.30 refuses gets an error (issue 35).
 
 Runs where the oracle venv exists (``OMNI_PD_ORACLE_PYTHON``, .ci/oracle_venv.sh). The bases are
-expand's outputs (the Qwen3-Omni preset streaming and one-piece, NIXL, the Thinker alone, the
-single-stage LLM); every base is valid to both. The cases of ``../shared/cases`` are not bases:
+expand's outputs that vllm-omni serves (the Qwen3-Omni preset streaming and one-piece, NIXL, the
+Thinker alone); every base is valid to both. The single-stage LLM's PD output (``pipeline: llm_pd``)
+is not a base: it is launched with plain ``vllm serve`` pairs, and vllm-omni's loader refuses its
+pipeline name (not registered to OMNI_PIPELINES), so it has no vllm-omni verdict to compare. The cases of ``../shared/cases`` are not bases:
 their repaired configs are partial overlays of plain vLLM pairs without ``pipeline:``, which
 vllm-omni would load as the model's own three-stage pipeline (tests/test_cases.py runs them). Each base's one-edit mutations (tests/oracle/mutations.py:
 types, ranges, names, ids, ports, keys dropped or moved) go through vllm-omni's own resolver and PD
@@ -57,8 +59,6 @@ def bases() -> dict[str, dict]:
         "preset_one_piece": _expand(None, ExpandOptions(stream=False)),
         "preset_nixl": _expand(None, ExpandOptions(connector="NixlConnector")),
         "thinker_only": _expand(None, ExpandOptions(), pipeline="qwen3_omni_moe_thinker_only"),
-        "llm": _expand(ROOT / "tests" / "fixtures" / "llm.yaml", ExpandOptions(connector="NixlConnector"),
-                       pipeline="llm"),
     }
     return {name: safe.load(text) for name, text in texts.items()}
 

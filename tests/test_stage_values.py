@@ -95,6 +95,18 @@ def test_a_pipeline_name_nobody_registers_is_an_error_with_the_nearest_name(pd_t
     assert "bagel" in table()["pipelines"]
 
 
+def test_a_quoted_async_chunk_is_an_error_at_both_levels(pd_text):
+    # vllm-omni 0.30 keeps the raw value and tests its truthiness (stage_config.py:
+    # ``bool(deploy.async_chunk and stage.async_chunk is not False)``), so "false" streams; on the
+    # Thinker-only PD pipeline, which has no async-chunk processor, it is refused at resolve
+    # (found by tests/test_oracle_differential.py's type:async_chunk:str mutation).
+    assert "async_chunk: true" in pd_text
+    text = pd_text.replace("async_chunk: true", 'async_chunk: "false"', 1)
+    assert errors(text) == [("OPD101", "`async_chunk` must be true or false, found 'false'")]
+    text = _in_decode(pd_text, "devices:", 'async_chunk: "no"\n    devices:')
+    assert errors(text) == [("OPD101", "`async_chunk` must be true or false, found 'no'")]
+
+
 SAMPLES = [None, True, False, 0, 1, -1, 2, 0.0, 0.5, 1.0, 1.5, -0.1, 64, 64.5, "", "x", "auto", "16", "fp8", "fcfs",
            [], [1], ["a"], [1, "a"], {}, {"a": 1}, {"a": "b"}]
 

@@ -364,9 +364,12 @@ def _registered_pipelines(vllm_version: str | None) -> frozenset[str] | None:
 
 
 def choose_pipeline(cfg: DeployConfig, loc: Locator, cat: Catalogue, opts: ValidateOptions,
-                    base_name: str | None = None) -> tuple[Pipeline, list[Diagnostic]]:
+                    base_name: str | None = None, judge_typo: bool = False) -> tuple[Pipeline, list[Diagnostic]]:
     """``--pipeline``, ``pipeline:``, the deploy file name, the model's ``model_type``,
     a kv_producer/kv_consumer pair (PD), one stage (``llm``), else a linear chain.
+    With ``judge_typo`` (validate's own call), a name nobody registers that is a typo of a
+    catalogued pipeline returns that pipeline, so the rules still judge the file (OPD207 is
+    reported either way); ``graph`` and ``status`` draw what the file names.
     Raises OPD006 (exit 2) when ``--pipeline`` and ``pipeline:`` name different pipelines
     (:func:`omni_pd.compile.topology.pipeline_conflict`)."""
     from difflib import get_close_matches
@@ -396,7 +399,7 @@ def choose_pipeline(cfg: DeployConfig, loc: Locator, cat: Catalogue, opts: Valid
                        "loaded (presets/targets/vllm_omni_stage_fields.yaml); assumed for later releases"],
                 help=(f"did you mean `{near[0]}`? " if near else "") + "`omni-pd pipelines` lists omni-pd's",
                 edit=Edit(at.line, at.column, name, near[0]) if (near and at and at.line and at.column) else None))
-            if near and cat.get(near[0]) is not None:  # a typo of a catalogued pipeline: judge the rest as that one
+            if judge_typo and near and cat.get(near[0]) is not None:  # a typo of a catalogued pipeline: judge the rest as that one
                 return cat.get(near[0]), diags  # type: ignore[return-value]
             return _chain(f"<{name}: linear chain>", sorted({int(s.stage_id) for s in cfg.stages}), None), diags
         diags.append(Diagnostic(
@@ -516,7 +519,8 @@ def validate_document(doc: Document, opts: ValidateOptions | None = None) -> Val
                       inventory=opts.inventory, model=opts.model, env=dict(opts.env), cli=dict(cli),
                       raw=merged, parse_diagnostics=parse_diags)
         return ValidateResult(_finish(diags + run_rules(ctx, rules)), locator.docs())
-    pipe, pdiags = choose_pipeline(cfg, locator, cat, opts, base_name=plain.get("base_config"))
+    pipe, pdiags = choose_pipeline(cfg, locator, cat, opts, base_name=plain.get("base_config"),
+                                   judge_typo=True)
     diags += pdiags
     placement = _placement(opts.inventory, pipe)
     inventory = (replace(opts.inventory, placement=dict(placement.stage_host))  # type: ignore[type-var]

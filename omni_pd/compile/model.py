@@ -152,7 +152,8 @@ class StageDeploy(_Open):
     devices: str | None = None
     num_replicas: int | None = Field(None, ge=1)
     env: dict[str, Any] | None = None
-    async_chunk: bool | None = None
+    # Strict as the pipeline-wide key: vllm-omni tests `stage.async_chunk is not False`.
+    async_chunk: Annotated[bool, Strict()] | None = None
     output_connectors: dict[str, ConnectorRef] | None = None
     input_connectors: dict[str, ConnectorRef] | None = None
     default_sampling_params: dict[str, Any] | None = None
@@ -226,7 +227,10 @@ class DeployConfig(_Open):
 
     base_config: str | None = None
     pipeline: str | None = Field(None, description="pipeline registry key; selects structural variants such as qwen3_omni_moe_pd")
-    async_chunk: bool | None = Field(None, description="pipeline-wide chunked streaming (vllm-omni default true)")
+    # Strict: vllm-omni 0.30 stores the raw value (stage_config.py load_deploy_config) and tests its
+    # truthiness, so `async_chunk: "false"` streams; only a YAML boolean means what it says.
+    async_chunk: Annotated[bool, Strict()] | None = Field(
+        None, description="pipeline-wide chunked streaming (vllm-omni default true)")
     session_mode: str | None = None
     model_runner: Literal["v1", "v2"] | None = None
     active_stream_window: int | None = None

@@ -9,6 +9,7 @@ settings, equal TP), vllm-omni ``docs/features/pd_disaggregation.md``, vLLM
 
 from __future__ import annotations
 
+from difflib import get_close_matches
 from typing import Any, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Severity
@@ -103,9 +104,12 @@ def kv_role(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             yield r.diag(f"stage {n.stage_id}: kv_connector is set but kv_role is not", ctx.sloc(n, "kv_transfer_config"),
                          help=help_)
         elif role is not None and role not in ROLES:
+            near = get_close_matches(role, ROLES, n=1, cutoff=0.6) if isinstance(role, str) else []
             yield r.diag(f"stage {n.stage_id}: unsupported kv_role `{role}`",
                          ctx.sloc(n, "kv_transfer_config", "kv_role", value=True),
-                         help="kv_role is one of kv_producer, kv_consumer, kv_both")
+                         help=(f"did you mean `{near[0]}`? " if near else "")
+                         + "kv_role is one of kv_producer, kv_consumer, kv_both",
+                         replace=(role, near[0]) if near else None)
     pair = ctx.pd_pair
     if pair is None:
         return

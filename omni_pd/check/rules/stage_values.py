@@ -165,6 +165,11 @@ def _yaml(value: Any) -> str:
         return repr(value)
 
 
+# Values a dedicated rule judges on every stage of the topology, with a message and fix of its own:
+# OPD114 does not report them a second time (OPD302 pd-kv-role: kv_role outside the three roles).
+_DEDICATED = {("kv_transfer_config_fields", "kv_role")}
+
+
 def _entries(ctx: Context) -> Iterable[tuple[tuple, str, Any, str]]:
     """``(path, key, value, table)`` of every key of every stage entry and of its ``engine_args``
     (table ``fields``), and of their ``kv_transfer_config`` (table ``kv_transfer_config_fields``)."""
@@ -214,7 +219,7 @@ def stage_value_refused(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     owned = {d.location.path for d in ctx.parse_diagnostics if d.location is not None}
     for path, key, value, kind in _entries(ctx):
         fields = table()[kind]
-        if path in owned or key not in fields:
+        if path in owned or key not in fields or (kind, key) in _DEDICATED and ctx.topology is not None:
             continue
         why = refusal(key, value, kind)
         if why is None:
