@@ -129,6 +129,19 @@ def runs(tmp_path_factory, tiny_model):
             after = prompt_tokens_by_source(get(base + "/metrics"), DECODE_STAGE)
             m["by_source"][name] = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
         m["pd_at_once"] = at_once(base, prompts)
+        # issue 37: `omni-pd status RUN_DIR` on the running four-stage pipeline, as a user runs it; one
+        # scrape (--window 0: totals since start), so its numbers are those of the page kept beside it
+        # (tests/fixtures/status/omni_cpu_run.prom.gz, the README's block, is such a page)
+        pages = Path(os.environ.get("OMNI_PD_STATUS_PAGES") or tmp / "status-pages")  # pytest's tmp rotates away
+        pages.mkdir(parents=True, exist_ok=True)
+        page = get(base + "/metrics")
+        (pages / "omni_cpu_run.prom").write_text(page)
+        m["status_tokens"] = prompt_tokens_by_source(page, DECODE_STAGE)
+        for fmt in ("json", "text"):
+            proc = subprocess.run([sys.executable, "-m", "omni_pd.cli", "status", str(tmp / "run"), "--window", "0",
+                                   "--format", fmt], capture_output=True, text=True, timeout=120)
+            m[f"status_{fmt}"] = (proc.returncode, proc.stdout, proc.stderr)
+        print(m["status_text"][1], "status page of this run:", pages / "omni_cpu_run.prom")
     finally:
         launcher.proc.send_signal(signal.SIGINT)
         try:
@@ -143,7 +156,7 @@ def runs(tmp_path_factory, tiny_model):
     m["ports_free"] = all(port_free(p) for p in (OMNI, BOOTSTRAP))
     m["launcher"] = launcher
     rep = {k: ({n: summary(a) for n, a in v.items()} if k in ("plain", "pd", "plain_at_once", "pd_at_once") else v)
-           for k, v in m.items() if k not in ("log", "launcher", "pd_file")}
+           for k, v in m.items() if k not in ("log", "launcher", "pd_file", "status_json", "status_text")}
     rep["first_audio_ratio_median"] = statistics.median(
         m["pd"][n]["first_audio_s"] / m["plain"][n]["first_audio_s"] for n in prompts
         if m["pd"][n].get("first_audio_s") and m["plain"][n].get("first_audio_s")) if all(
@@ -193,6 +206,24 @@ def test_pd_concurrent_streams_each_equal_their_own_reference(runs):
         ref = runs["plain"][name]
         assert "error" not in got, (name, got["error"])
         assert (got["text"], got["audio"]) == (ref["text"], ref["audio"]), (name, summary(got), summary(ref))
+
+
+def test_status_on_the_running_pipeline_says_pd_working_with_decodes_own_share(runs):
+    """``omni-pd status RUN_DIR`` (the launch's plan.json: the vllm-omni runtime, its PD stages 0 and
+    1 read from the compiled config) on the live server: PD working since start, with the share
+    decode's own counters give (the stage-1 series of the page scraped just before), and the table
+    says the same; every instance answers."""
+    rc, out, err = runs["status_json"]
+    assert out.startswith("{"), out[-2000:] + err[-2000:]
+    rep = json.loads(out)
+    tokens = runs["status_tokens"]
+    ext, loc = tokens["external_kv_transfer"], tokens.get("local_compute", 0.0)
+    (pair,) = rep["pairs"]
+    assert (rc, rep["runtime"], pair["verdict"], pair["basis"]) == (0, "vllm-omni", "PD working", "since start"), rep
+    assert pair["share"] == ext / (ext + loc) and ext > 0, (pair, tokens)
+    assert all(i["up"] for i in rep["instances"]), rep["instances"]
+    rc, out, err = runs["status_text"]
+    assert rc == 0 and f"PD working ({100 * pair['share']:.1f}% of decode's prompt tokens from prefill)" in out, out
 
 
 def test_teardown_leaves_no_process_or_port(runs):

@@ -87,6 +87,10 @@ def test_opd302_connector_without_role() -> None:
 def test_opd302_unknown_role_value() -> None:
     assert hits(PD.replace("kv_role: kv_consumer", "kv_role: consumer"), "OPD302") == [(
         E, "stage 1: unsupported kv_role `consumer`", (18, 16),
+        "did you mean `kv_consumer`? kv_role is one of kv_producer, kv_consumer, kv_both", [], None)]
+    # a value no role resembles gets no guess
+    assert hits(PD.replace("kv_role: kv_consumer", "kv_role: reader"), "OPD302") == [(
+        E, "stage 1: unsupported kv_role `reader`", (18, 16),
         "kv_role is one of kv_producer, kv_consumer, kv_both", [], None)]
 
 

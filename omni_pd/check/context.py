@@ -53,6 +53,10 @@ class Host:
     generation: str | None = None
 
 
+#: the keys of one ``hosts:`` entry (:class:`Host`'s fields but its name)
+HOST_KEYS = ("accelerator", "count", "memory_gib", "address", "generation")
+
+
 @dataclass(frozen=True)
 class Inventory:
     """Hosts, stage placement (stage id -> host name) and the router, if any."""
@@ -106,6 +110,14 @@ class Inventory:
             h = h or {}
             if not isinstance(h, dict):
                 raise ValueError(f"hosts.{name} must be a mapping")
+            stray = sorted(set(map(str, h)) - set(HOST_KEYS))
+            if stray:
+                from difflib import get_close_matches
+
+                near = get_close_matches(stray[0], HOST_KEYS, n=1, cutoff=0.6)
+                raise ValueError(f"hosts.{name}: unknown key `{stray[0]}`"
+                                 + (f" (did you mean `{near[0]}`?)" if near else "")
+                                 + f"; a host takes {', '.join(HOST_KEYS)}")
             acc = h.get("accelerator")
             if acc is not None and acc not in ACCELERATORS:
                 raise ValueError(f"hosts.{name}.accelerator must be one of {', '.join(ACCELERATORS)}")
@@ -127,6 +139,15 @@ class Inventory:
                                      f"{acc + ' ' if acc else ''}generation (known: {', '.join(allowed)})")
                 gen = str(gen)
             hosts[str(name)] = Host(str(name), acc, count, mem, h.get("address"), gen)
+        by_address: dict[str, str] = {}
+        for hname, host in hosts.items():
+            if host.address is None:
+                continue
+            if str(host.address) in by_address:
+                raise ValueError(f"hosts.{by_address[str(host.address)]} and hosts.{hname} have one address "
+                                 f"{host.address}: each host needs its own (peers dial a stage by its host's "
+                                 "address; two names for one machine would also share its devices and ports)")
+            by_address[str(host.address)] = hname
         placement: dict[int, str] = {}
         spans: dict[int, tuple[str, ...]] = {}
         default = None

@@ -164,3 +164,63 @@ def cross_host_advertised(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                                   for m, mb in ((p, _block(p, row).get(row.role_key)) for p in peers[:2])],  # type: ignore[union-attr]
                          notes=[f"source: {s}" for s in row.sources],
                          help=f"set {_where(row)}: {_addr(ctx, here)} on stage {n.stage_id}")
+
+
+_N = ("pipeline: llm_pd\nasync_chunk: false\nstages:\n"
+      "  - {{stage_id: 0, devices: \"0\", env: {{VLLM_NIXL_SIDE_CHANNEL_HOST: {p}}}, kv_transfer_config: "
+      "{{kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}}}}\n"
+      "  - {{stage_id: 1, devices: \"0\", kv_transfer_config: {{kv_connector: NixlConnector, kv_role: kv_consumer, "
+      "engine_id: d}}}}\n")
+_M = ("pipeline: llm_pd\nasync_chunk: false\nstages:\n"
+      "  - {{stage_id: 0, devices: \"0\", kv_transfer_config: {{kv_connector: MooncakeConnector, kv_role: kv_producer, "
+      "kv_ip: {p}, kv_port: 25201}}}}\n"
+      "  - {{stage_id: 1, devices: \"0\", kv_transfer_config: {{kv_connector: MooncakeConnector, kv_role: kv_consumer, "
+      "kv_port: 25201}}}}\n")
+
+
+@rule("OPD511", "advertised-address-of-another-host", Severity.ERROR,
+      "a stage advertises the inventory address of another host for a listener its peers dial",
+      fail=_N.format(p="10.0.0.2"), passing=_N.format(p="10.0.0.1"), example_context=_INV2,
+      examples=(
+          Example("Mooncake bootstrap kv_ip of decode's host on prefill (a file compiled for another placement)",
+                  _M.format(p="10.0.0.2"), True, _INV2, contains="the address of host-b"),
+          Example("Mooncake bootstrap kv_ip of prefill's own host", _M.format(p="10.0.0.1"), False, _INV2),
+          Example("an address the inventory does not list (another interface of the host, e.g. an RDMA NIC)",
+                  _N.format(p="192.168.7.1"), False, _INV2),
+          Example("one host: both stages share it", _N.format(p="10.0.0.1"), False,
+                  {"inventory": {"hosts": {"host-a": {"address": "10.0.0.1"}}, "placement": {"all": "host-a"}}}),
+      ))
+def advertised_address_of_another_host(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
+    """Every row of ``presets/targets/advertised_addresses.yaml`` (the KV side channels OPD503
+    owns included) whose address a stage writes explicitly: when the address is the inventory
+    ``address`` of a host other than the one the stage is placed on, its peers dial that other
+    host (the NIXL handshake or the Mooncake bootstrap reaches the wrong machine: connection
+    refused, or a hang until the request times out). Typical cause: a file compiled with
+    ``expand --inventory`` for one placement, then validated or launched with another. An
+    address the inventory does not list is not judged (a host can have several interfaces; the
+    inventory names one). Sources: the rows' ``sources`` (vLLM 0.30.0 envs.py
+    ``VLLM_NIXL_SIDE_CHANNEL_HOST``, ``VLLM_HOST_IP``; config/kv_transfer.py ``kv_ip``)."""
+    topo, inv = ctx.topology, ctx.inventory
+    if topo is None or inv is None:
+        return
+    owner = {str(h.address): name for name, h in inv.hosts.items() if h.address}
+    for row in listeners():
+        if not row.in_config or row.setting is None or row.kind != "listener":
+            continue
+        for n in topo.stages:
+            b = _block(n, row)
+            if b is None or b.get(row.role_key) not in row.advertiser:
+                continue
+            v, written, path = _value(ctx, n, row, b)
+            here = ctx.host_of(n)
+            other = owner.get(str(v).strip()) if written and v is not None else None
+            if other is None or other == here:
+                continue
+            yield r.diag(f"stage {n.stage_id} ({b.get(row.role_key)}) on {here} advertises {str(v)!r} as its "
+                         f"{b.get(row.connector_key)} address ({_where(row)}), the address of {other} in the "
+                         "inventory: its peers would dial the wrong host",
+                         ctx.sloc(n, *path, value=True),
+                         notes=[f"source: {s}" for s in row.sources],
+                         help=f"set {_where(row)}: {_addr(ctx, here)} on stage {n.stage_id}, or re-run "
+                              "`omni-pd expand --inventory` for this placement",
+                         replace=(str(v), str(_addr(ctx, here))) if inv.host(here) and inv.host(here).address else None)
