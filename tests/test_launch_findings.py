@@ -54,14 +54,16 @@ def test_validate_gives_the_warning_the_launch_must_show(preset_pd, capsys):
     assert (rc, out) == (0, f"{preset_pd}: ok (0 errors, 0 warnings, 0 info)\n")
 
 
-def test_dry_run_prints_validates_findings_and_verdict_before_the_plan(preset_pd, capsys):
+def test_dry_run_says_validates_findings_on_stderr_and_the_plan_alone_on_stdout(preset_pd, capsys):
     rc, vout, _ = _run(capsys, "validate", preset_pd, "--serve-arg", "max_num_seqs=4")
     assert rc == 0
     rc, out, err = _run(capsys, "launch", preset_pd, "--model", "m", "--dry-run", "--vllm", "/nonexistent/vllm",
                         "--engine-arg=--max-num-seqs=4")
     assert rc == 0, err
-    assert out.startswith(vout)  # validate's exact text, verdict line included, then the plan
-    assert out[len(vout):].startswith("# launch plan: qwen3_omni_moe_pd (vllm serve --omni), MooncakeConnector")
+    # validate's exact text, verdict line included, on stderr; stdout the plan alone, so `launch --dry-run
+    # > plan.sh` saves a script that runs (the second-hour walkthrough: findings on stdout broke it)
+    assert err == vout
+    assert out.startswith("# launch plan: qwen3_omni_moe_pd (vllm serve --omni), MooncakeConnector")
 
 
 def test_dry_run_of_a_config_without_findings_prints_the_plan_alone(preset_pd, capsys):

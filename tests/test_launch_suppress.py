@@ -58,25 +58,26 @@ def test_an_inline_suppression_launches_the_dry_run_and_counts_what_it_hid(tmp_p
     assert (rc, vout) == (0, "pd.yaml: ok (0 errors, 0 warnings, 0 info; 2 suppressed)\n")
     rc, out, err = _launch(capsys, cfg)
     assert rc == 0, out + err
-    assert out.startswith(vout + "# launch plan: llm_pd (vllm serve per engine + router), NixlConnector")
+    # --dry-run: validate's text on stderr, stdout the plan alone (a shell script a user can save)
+    assert err == vout and out.startswith("# launch plan: llm_pd (vllm serve per engine + router), NixlConnector")
     assert out.count("  --some-new-vllm-flag 4 \\\n") == 2  # the key reaches both engines
 
 
 def test_a_rule_name_in_the_comment_works_as_in_validate(tmp_path, capsys):
     cfg = _config(tmp_path, "  # omni-pd: ignore[serve-flag-unknown]")
     rc, vout, _ = _run(capsys, tmp_path, "validate", cfg.name)
-    rc2, out, _ = _launch(capsys, cfg)
+    rc2, out, err = _launch(capsys, cfg)
     assert (rc, rc2) == (0, 0)
-    assert out.startswith(vout) and vout.endswith("; 2 suppressed)\n")
+    assert err == vout and vout.endswith("; 2 suppressed)\n") and out.startswith("# launch plan: ")
 
 
 def test_an_unused_suppression_is_reported_as_validate_reports_it(tmp_path, capsys):
     cfg = _config(tmp_path, "  # omni-pd: ignore[OPD107, OPD103]")
     rc, vout, _ = _run(capsys, tmp_path, "validate", cfg.name)
     assert rc == 0 and vout.count("warning[OPD009]: unused suppression `OPD103`: no OPD103 finding on line") == 2
-    rc, out, _ = _launch(capsys, cfg)
+    rc, out, err = _launch(capsys, cfg)
     assert rc == 0
-    assert out.startswith(vout) and vout.endswith("pd.yaml: ok (0 errors, 2 warnings, 0 info; 2 suppressed)\n")
+    assert err == vout and vout.endswith("pd.yaml: ok (0 errors, 2 warnings, 0 info; 2 suppressed)\n")
 
 
 @pytest.mark.parametrize("args", [("--ignore", "OPD107"), ("--ignore", "serve-flag-unknown"),
@@ -87,7 +88,7 @@ def test_ignore_and_select_on_the_command_line(tmp_path, capsys, args):
     assert (rc, vout) == (0, "pd.yaml: ok (0 errors, 0 warnings, 0 info; 2 suppressed)\n")
     rc, out, err = _launch(capsys, cfg, *args)
     assert rc == 0, out + err
-    assert out.startswith(vout + "# launch plan: ")
+    assert err == vout and out.startswith("# launch plan: ")
 
 
 @pytest.mark.parametrize("name,text", [
@@ -101,7 +102,7 @@ def test_the_project_settings_file_is_read_walking_up(tmp_path, capsys, name, te
     cfg = _config(sub)
     rc, out, err = _launch(capsys, cfg)
     assert rc == 0, out + err
-    assert out.startswith("pd.yaml: ok (0 errors, 0 warnings, 0 info; 2 suppressed)\n# launch plan: ")
+    assert err == "pd.yaml: ok (0 errors, 0 warnings, 0 info; 2 suppressed)\n" and out.startswith("# launch plan: ")
 
 
 def test_a_selector_that_names_no_code_is_a_usage_error(tmp_path, capsys):

@@ -86,8 +86,9 @@ def launch(
                          router_workers=router_workers, launcher_env=launcher_visibility(os.environ),
                          local_host=on_host if on_host not in (None, "*") else None)
     # validate's findings first, rendered and counted as `omni-pd validate` does, before
-    # anything is planned (issue 24 item 3); stderr under --format json (stdout is the plan)
-    found_out = sys.stderr if (dry_run and fmt == "json") else sys.stdout
+    # anything is planned (issue 24 item 3); stderr under --dry-run, so stdout is the plan alone
+    # (JSON, or shell a user can save and run: the second-hour walkthrough)
+    found_out = sys.stderr if dry_run else sys.stdout  # a refused dry run keeps them on stdout (no plan follows)
     planned = plan_document(doc, str(config.resolve()), opts, inventory=inv, suppress=kept,
                             model=served_model_facts(model), on_validated=lambda r: _say_launch_findings(r, doc.name, found_out, hidden[0]))
     res, topo, plan = planned.validation, planned.topology, planned.plan
@@ -193,6 +194,8 @@ def _say_launch_findings(res, name: str, out, hidden: int = 0) -> None:
     diags = list(res.diagnostics)
     if not diags and not hidden:
         return
+    if out is sys.stderr and any(d.severity is Severity.ERROR for d in diags):
+        out = sys.stdout  # refused: no plan follows, so the findings and the verdict stay together on stdout
     text = render_text(diags, _line_source(res.docs)) if diags else ""
     if text:
         out.write(text + ("" if text.endswith("\n") else "\n"))
