@@ -581,9 +581,9 @@ def test_opd608_moriio_without_extra_config_is_located_at_kv_transfer_config() -
 def test_opd609_removed_fields_typos_and_unknown_keys_and_the_warning_before_018() -> None:
     text = _pair("NixlConnector", p_kv=", kv_ip: 10.0.0.1, kv_rank: 0", d_kv=", kv_bufer_size: 1, foo_bar_baz: 1")
     assert found(text, "OPD609", opts=ValidateOptions(vllm_version="0.32")) == [
-        ("error", "stage 0: `kv_ip` was removed from KVTransferConfig in vLLM 0.32 (target 0.32)", _col(text, "kv_ip"),
+        ("error", "stage 0: `kv_ip` was removed from KVTransferConfig in vLLM 0.32; judged for vLLM 0.32", _col(text, "kv_ip"),
          "remove `kv_ip` (vllm-omni reads the Mooncake address from kv_connector_extra_config / env)", []),
-        ("error", "stage 0: `kv_rank` was removed from KVTransferConfig in vLLM 0.32 (target 0.32)", _col(text, "kv_rank"),
+        ("error", "stage 0: `kv_rank` was removed from KVTransferConfig in vLLM 0.32; judged for vLLM 0.32", _col(text, "kv_rank"),
          "remove `kv_rank`", []),
         ("error", "stage 1: `kv_bufer_size` is not a KVTransferConfig field", _col(text, "kv_bufer_size"),
          "did you mean `kv_buffer_device`?", []),
@@ -594,6 +594,16 @@ def test_opd609_removed_fields_typos_and_unknown_keys_and_the_warning_before_018
         ("warning", "stage 1: `kv_bufer_size` is not a KVTransferConfig field", _col(text, "kv_bufer_size"),
          "did you mean `kv_buffer_size`?", [])]
     assert found(text, "OPD609", opts=ValidateOptions(vllm_version="0.10")) == []
+    # a field newer than the target names the release it came in; without --vllm-version the
+    # finding says which release it assumed
+    text = _pair("NixlConnector", d_kv=", kv_load_failure_policy: fail")
+    assert found(text, "OPD609", opts=ValidateOptions(vllm_version="0.11")) == [
+        ("warning", "stage 1: `kv_load_failure_policy` is a KVTransferConfig field from vLLM 0.13 on; judged for "
+                    "vLLM 0.11", _col(text, "kv_load_failure_policy"),
+         "remove `kv_load_failure_policy`, or pass --vllm-version 0.13 or later if the engines run it", [])]
+    text = _pair("NixlConnector", p_kv=", kv_rank: 0")
+    assert [g[1] for g in found(text, "OPD609", opts=ValidateOptions(vllm_version="0.34"))] == [
+        "stage 0: `kv_rank` was removed from KVTransferConfig in vLLM 0.32; judged for vLLM 0.34"]
 
 
 # --- OPD611 kv_buffer_device per platform and release ---------------------------------------------------
@@ -891,7 +901,7 @@ FORK = ("a key of the closed fork PR https://github.com/vllm-project/vllm/pull/4
 def test_opd615_removed_fields_typos_and_unknown_fields_a_warning_before_018_nothing_before_013() -> None:
     text = _ec(px=", ec_rank: 0, ec_parallel_size: 1")
     assert found(text, "OPD615", opts=ValidateOptions(vllm_version="0.32")) == [
-        ("error", f"stage 0: ec_transfer_config.{k} was removed in vLLM 0.32 (target 0.32)", _col(text, k), f"remove `{k}`", [])
+        ("error", f"stage 0: ec_transfer_config.{k} was removed in vLLM 0.32; judged for vLLM 0.32", _col(text, k), f"remove `{k}`", [])
         for k in ("ec_rank", "ec_parallel_size")]
     assert found(text, "OPD615", opts=V30) == []
     text = _ec(px=", ec_bufer_size: 1.0e9, zzz_qqq: 1")

@@ -86,8 +86,8 @@ def test_removed_kv_fields_are_errors_from_0_32(version: str, fires: bool) -> No
         assert [g for g in got if g[0] != "info"] == []
         return
     assert [(g[0], g[1]) for g in got] == [
-        ("error", f"stage 0: `kv_buffer_size` was removed from KVTransferConfig in vLLM 0.32 (target {version})"),
-        ("error", f"stage 0: `kv_ip` was removed from KVTransferConfig in vLLM 0.32 (target {version})")]
+        ("error", f"stage 0: `kv_buffer_size` was removed from KVTransferConfig in vLLM 0.32; judged for vLLM {version}"),
+        ("error", f"stage 0: `kv_ip` was removed from KVTransferConfig in vLLM 0.32; judged for vLLM {version}")]
 
 
 def test_every_release_pinned_facts_reach_the_newest_known_release() -> None:

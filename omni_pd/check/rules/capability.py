@@ -386,9 +386,15 @@ def kv_field(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         for key in (n.kv or {}):
             if key in allowed:
                 continue
-            if tgt.kv_field_known(key):
-                msg = f"stage {n.stage_id}: `{key}` was removed from KVTransferConfig in vLLM 0.32 (target {tgt.label})"
+            hist = tgt.kv_field_history(key)
+            if hist.get("removed"):
+                msg = (f"stage {n.stage_id}: `{key}` was removed from KVTransferConfig in vLLM {hist['removed']}; "
+                       f"judged for {ctx.release_words()}")
                 help_ = f"remove `{key}`" + (" (vllm-omni reads the Mooncake address from kv_connector_extra_config / env)" if key == "kv_ip" else "")
+            elif hist:
+                msg = (f"stage {n.stage_id}: `{key}` is a KVTransferConfig field from vLLM {hist['since']} on; "
+                       f"judged for {ctx.release_words()}")
+                help_ = f"remove `{key}`, or pass --vllm-version {hist['since']} or later if the engines run it"
             else:
                 close = get_close_matches(str(key), sorted(allowed), n=1)
                 msg = f"stage {n.stage_id}: `{key}` is not a KVTransferConfig field"
