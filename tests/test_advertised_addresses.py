@@ -3,6 +3,8 @@ addresses for every transport that advertises one)."""
 
 from __future__ import annotations
 
+import pytest
+
 from rule_found import col, found_with_notes  # tests/rule_found.py
 
 from omni_pd.check.rules import registry
@@ -22,7 +24,20 @@ def test_ec_cpu_producer_default_localhost_exact() -> None:
         "set env VLLM_EC_SIDE_CHANNEL_HOST: 10.0.0.1 on stage 0", [(*col(text, "{stage_id: 1"), "stage 1 (ec_consumer) on host-b")],
         ["source: vllm 0.30.0 vllm/envs.py:230 VLLM_EC_SIDE_CHANNEL_HOST (default localhost)",
          "source: vllm 0.30.0 vllm/distributed/ec_transfer/ec_connector/cpu/scheduler/__init__.py:164-166: the "
-         "producer's peer host is VLLM_EC_SIDE_CHANNEL_HOST"])]
+         "producer's peer host is VLLM_EC_SIDE_CHANNEL_HOST",
+         "source: vllm 0.34.0 vllm/envs.py:1861-1865 (default \"\") and ec_connector/cpu/scheduler/__init__.py:176-190: "
+         "an empty host is get_ip(), the host's routable address"])]
+
+
+@pytest.mark.parametrize("version, fires", [("0.33", True), ("0.34", False)])
+def test_ec_cpu_default_host_is_the_hosts_own_address_from_0_34(version, fires) -> None:
+    """vLLM 0.34 changed VLLM_EC_SIDE_CHANNEL_HOST's default from localhost to "" (get_ip()):
+    an unset host is routable there; a written localhost stays an error on both releases."""
+    assert bool(found_with_notes(_epd(), "OPD507", {**INV, "vllm_version": version})) is fires
+    local = _epd(e=", env: {VLLM_EC_SIDE_CHANNEL_HOST: localhost}")
+    assert len(found_with_notes(local, "OPD507", {**INV, "vllm_version": version})) == 1
+    empty = _epd(e=", env: {VLLM_EC_SIDE_CHANNEL_HOST: ''}")
+    assert bool(found_with_notes(empty, "OPD507", {**INV, "vllm_version": version})) is fires
 
 
 def test_a_written_loopback_is_located_at_its_value_and_the_routable_one_passes() -> None:

@@ -36,6 +36,17 @@ class Listener:
     checked_by: str | None
     in_config: bool
     sources: tuple[str, ...]
+    #: ``(major, minor)`` from which an absent or empty setting is the advertiser's own routable
+    #: address (vLLM's ``get_ip()``: ECCPUConnector from 0.34); None: the ``default`` always holds
+    own_ip_since: tuple[int, int] | None = None
+
+    def own_ip(self, version: tuple[int, ...], value: Any, written: bool) -> bool:
+        """True when, on vLLM ``version``, the setting (``value``, ``written`` or the default)
+        resolves to the advertiser's own routable address: unset or empty from
+        :attr:`own_ip_since` on."""
+        if self.own_ip_since is None or tuple(version[:2]) < self.own_ip_since:
+            return False
+        return not written or str(value).strip() == ""
 
     @property
     def role_key(self) -> str:
@@ -58,7 +69,9 @@ def _row(d: dict[str, Any]) -> Listener:
                     kind=str(d["kind"]), setting=setting,
                     default=None if d.get("default") is None else str(d["default"]),
                     checked_by=d.get("checked_by"), in_config=bool(d.get("in_config", True)),
-                    sources=tuple(map(str, d.get("sources") or ())))
+                    sources=tuple(map(str, d.get("sources") or ())),
+                    own_ip_since=tuple(int(x) for x in str(d["own_ip_since"]).split(".")[:2])  # type: ignore[arg-type]
+                    if d.get("own_ip_since") else None)
 
 
 @lru_cache(maxsize=1)

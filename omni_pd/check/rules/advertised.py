@@ -106,6 +106,11 @@ _INV2 = {"inventory": {"hosts": {"host-a": {"address": "10.0.0.1"}, "host-b": {"
                   _L.format(pp="localhost", dp="localhost", peer="10.0.0.2"), True, _INV2, contains="pd_proxy_host"),
           Example("LMCache with routable receiver and proxy addresses",
                   _L.format(pp="10.0.0.9", dp="10.0.0.9", peer="10.0.0.2"), False, _INV2),
+          Example("ECCPUConnector producer without a host on vLLM 0.34 (an empty host is get_ip())",
+                  _epd(), False, {**_INV, "vllm_version": "0.34"}),
+          Example("ECCPUConnector producer naming localhost on vLLM 0.34",
+                  _epd(e=", env: {VLLM_EC_SIDE_CHANNEL_HOST: localhost}"), True, {**_INV, "vllm_version": "0.34"},
+                  contains="'localhost'"),
       ))
 def cross_host_advertised(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """For each row of ``presets/targets/advertised_addresses.yaml`` not owned by another
@@ -117,7 +122,9 @@ def cross_host_advertised(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     an inventory every stage is on one host and nothing is reported. Sources: the rows'
     ``sources`` (vLLM 0.30.0 envs.py:230 ``VLLM_EC_SIDE_CHANNEL_HOST``,
     ec_connector/cpu/scheduler/__init__.py:165, ec_connector/mooncake/config.py:109,
-    config/ec_transfer.py:52; LMCache pd_backend.py ``PDConfig``)."""
+    config/ec_transfer.py:52; LMCache pd_backend.py ``PDConfig``). A row's ``own_ip_since`` release
+    on: an unset or empty setting is the host's own routable address (ECCPUConnector from vLLM 0.34,
+    envs.py ``VLLM_EC_SIDE_CHANNEL_HOST`` default ``""`` resolved by ``get_ip()``), not localhost."""
     topo = ctx.topology
     if topo is None or ctx.inventory is None:
         return
@@ -147,7 +154,7 @@ def cross_host_advertised(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             if b.get(row.role_key) not in row.advertiser:
                 continue
             v, written, path = _value(ctx, n, row, b)
-            if v is None or str(v).strip() not in LOCAL:
+            if v is None or str(v).strip() not in LOCAL or row.own_ip(ctx.target.version, v, written):
                 continue
             here = ctx.host_of(n)
             peers = [m for m, mb in stages if m is not n and mb.get(row.role_key) in row.dialed_by
