@@ -117,3 +117,12 @@ def test_namespace_for_scripts_is_refused(pd, tmp_path, capsys):
     assert ("error[OPD006]: --namespace places Kubernetes objects; scripts have none\n"
             "  = help: add --target kubernetes, or drop --namespace\n") in out + err
     assert not (tmp_path / "s").exists()
+
+
+def test_no_monitoring_for_scripts_is_refused(pd, tmp_path, capsys):
+    # issue 37's leftover: --no-monitoring with --target scripts was accepted and did nothing
+    rc, out, err = render([str(pd), "--to", str(tmp_path / "s"), "--no-monitoring", "--model", "M"], capsys, tmp_path)
+    assert rc == 2
+    assert ("error[OPD006]: --no-monitoring leaves monitoring.yaml out of a Kubernetes render; scripts write none\n"
+            "  = help: add --target kubernetes, or drop --no-monitoring\n") in out + err
+    assert not (tmp_path / "s").exists()

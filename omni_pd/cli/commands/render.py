@@ -93,6 +93,11 @@ def render(
         raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
                                      message="--gpus-per-node and --disaggregated-set shape Kubernetes workloads",
                                      help="add --target kubernetes, or drop them for scripts"))
+    if target != "kubernetes" and not monitoring:
+        raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
+                                     message="--no-monitoring leaves monitoring.yaml out of a Kubernetes render; "
+                                             "scripts write none",
+                                     help="add --target kubernetes, or drop --no-monitoring"))
     if target != "kubernetes" and namespace is not None:
         raise OmniPdError(Diagnostic(code="OPD006", severity=Severity.ERROR,
                                      message="--namespace places Kubernetes objects; scripts have none",
