@@ -51,7 +51,7 @@ _EDGE_VALUES = [True, False, 0, 1, 2, -1, 64, 64.0, 64.5, 1.0, 0.0, -0.0, 2.0, 1
                 "off", "no", "false", "t", "f", "y", "n", "TRUE", "Yes", " true", "inf", "-inf", "+inf", "nan",
                 "NaN", "Infinity", "-Infinity", "infinit", "1.5", "1.", ".5", ".", "-.5", "+.5e1", "1.e5", "0.0",
                 "1.0", 9.223372036854775807e18, -9.223372036854775807e18, 2.0 ** 63 + 2048, 2 ** 63, 2 ** 63 - 1, -2 ** 63, -2 ** 63 - 1, "00064", "١٢", "\u00a064", "\u300064\u2028", "\x1c64", "64\n", "\t64", "1_000.5", "1_0e1_0", "0.", "-0", "+0.0", "--1",
-                None, [], {}, [1], {"a": 1}]
+                None, [], {}, [1], {"a": 1}, b"1", b" 64 ", b"true", b"x", b"1.5", b"\xff", b"", bytes("é", "utf-8")]
 _SCALAR_TYPES = {("int", False): int, ("float", False): float, ("bool", False): bool, ("str", False): str,
                  ("int", True): "sint", ("bool", True): "sbool"}
 

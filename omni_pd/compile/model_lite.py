@@ -225,13 +225,32 @@ def _value(t: dict[str, Any], v: Any, loc: tuple, errors: list) -> Any:
         shown = [repr(x) for x in vals]
         expected = " or ".join(shown) if len(shown) <= 2 else ", ".join(shown[:-1]) + " or " + shown[-1]
         return _err(errors, "literal_error", loc, f"Input should be {expected}", v)
-    out = _SCALAR[kind](t, v, loc, errors)
+    if isinstance(v, bytes) and not t["strict"]:  # a YAML !!binary: lax mode reads it as UTF-8 text
+        out = _from_bytes(t, v, loc, errors)
+    else:
+        out = _SCALAR[kind](t, v, loc, errors)
     if out is _FAIL:
         return out
     if t.get("ge") is not None and not out >= t["ge"]:
         return _err(errors, "greater_than_equal", loc, f"Input should be greater than or equal to {t['ge']}", v)
     if t.get("gt") is not None and not out > t["gt"]:
         return _err(errors, "greater_than", loc, f"Input should be greater than {t['gt']}", v)
+    return out
+
+
+def _from_bytes(t: dict, v: bytes, loc: tuple, errors: list) -> Any:
+    try:
+        text = v.decode("utf-8")
+    except UnicodeDecodeError:
+        if t["kind"] == "str":
+            return _err(errors, "string_unicode", loc,
+                        "Input should be a valid string, unable to parse raw data as a unicode string", v)
+        text = "\ufffd"  # parses as no number or boolean: the kind's own parsing error
+    errs: list = []
+    out = _SCALAR[t["kind"]](t, text, loc, errs)
+    for e in errs:
+        e["input"] = v
+    errors += errs
     return out
 
 
