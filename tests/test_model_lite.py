@@ -119,7 +119,7 @@ def _valid(t: dict[str, Any], draw: Any, depth: int) -> Any:
     from omni_pd.compile import model_lite
 
     if draw(st.integers(0, 9)) == 0:
-        return draw(_hostile())
+        return copy.deepcopy(draw(_hostile()))
     kind = t["kind"]
     if kind == "optional":
         return None if draw(st.integers(0, 5)) == 0 else _valid(t["of"], draw, depth)
@@ -199,7 +199,7 @@ def _mutated_goldens(draw: Any) -> tuple[str, Any]:
         for p in path[:-1]:
             parent = parent[p]
         if draw(st.booleans()):
-            parent[path[-1]] = draw(_hostile())
+            parent[path[-1]] = copy.deepcopy(draw(_hostile()))  # a shared [] or {} must not grow cycles
         else:
             del parent[path[-1]]
     return "DeployConfig", tree
