@@ -342,9 +342,9 @@ def run_default(inputs: list[str], quiet: bool = False) -> None:
     """``omni-pd validate [-q] INPUT...`` with every other option at its default: what the
     typer command does for those arguments (:func:`omni_pd.cli.commands.validate.validate`), without typer.
     ``inputs`` holds no ``-`` (the typer path reports a repeated one as a usage error)."""
-    with _no_pydantic_plugins():  # builds the deploy model's pydantic classes
-        from omni_pd.check.context import Inventory, ModelInfo  # noqa: F401  (the typer command's imports)
-        from omni_pd.check.validate import ValidateOptions
+    # no pydantic here: validate parses with the deploy model's projection (compile/model_lite.py)
+    from omni_pd.check.context import Inventory, ModelInfo  # noqa: F401  (the typer command's imports)
+    from omni_pd.check.validate import ValidateOptions
 
     from omni_pd import cli_options
 

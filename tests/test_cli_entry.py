@@ -72,6 +72,35 @@ def test_plain_validate_runs_without_typer_click_or_rich() -> None:
     assert "omni_pd.cli" not in res["mods"]
 
 
+@pytest.mark.parametrize("entry", ["omni_pd.cli_entry", "omni_pd.cli"])
+def test_validate_parses_without_the_pydantic_model_on_either_path(entry: str, tmp_path: Path) -> None:
+    """Issue 38: validate parses with the deploy model's compiled projection
+    (omni_pd/compile/model_lite.py), so neither the fast path nor the typer command imports
+    the deploy model's pydantic classes, on a clean file and on one with type errors (OPD101), a
+    ``base_config`` chain and a nested ``engine_args.kv_transfer_config``; the fast path imports
+    no pydantic, typer or rich at all (the typer app imports pydantic for its own adapters)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pipeline: qwen3_omni_moe\nasync_chunk: 'no'\nstages:\n"
+                   "  - {stage_id: '0', tensor_parallel_size: 0, devices: 'x'}\n"
+                   "  - {stage_id: 1, engine_args: {kv_transfer_config: {kv_port: abc}}}\n", encoding="utf-8")
+    child = tmp_path / "child.yaml"
+    child.write_text(f"base_config: {GOLDEN}\nstages:\n  - {{stage_id: 0, max_num_seqs: '8'}}\n", encoding="utf-8")
+    code = (f"import json, sys\nfrom {entry} import main\nrcs = []\n"
+            "for f in sys.argv[1:]:\n"
+            "    try:\n        rcs.append(main(['validate', '-q', f]))\n"
+            "    except SystemExit as e:\n        rcs.append(e.code)\n"
+            "print(json.dumps({'rc': rcs, 'mods': sorted(m for m in sys.modules)}))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(GOLDEN), str(bad), str(child)], capture_output=True,
+                         text=True, check=True)
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["rc"] == [0, 1, 0]  # findings: exit 1
+    assert "OPD101" in out.stdout + out.stderr
+    if entry == "omni_pd.cli_entry":  # the typer app imports pydantic itself (typer/_adapters.py)
+        unwanted = ("pydantic", "pydantic_core", "annotated_types", "typer", "click", "rich")
+        assert [m for m in res["mods"] if m.split(".")[0] in unwanted] == []
+    assert "omni_pd.compile.model" not in res["mods"] and "omni_pd.compile.model_lite" in res["mods"]
+
+
 def test_the_console_script_is_the_entry_point() -> None:
     text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
     assert 'omni-pd = "omni_pd.cli_entry:main"' in text

@@ -350,6 +350,8 @@ def check_serve_args(cli: dict[str, Any]) -> tuple[dict[str, Any], list[Diagnost
     types (tests/test_walkthrough_cli_values.py compares them with the oracle's vLLM). Pure. Source of the refusal: vLLM
     ``EngineArgs.add_cli_args`` (vllm/engine/arg_utils.py) gives each flag its field's
     type, so ``vllm serve --tensor-parallel-size x`` exits with "invalid int value"."""
+    if not cli:  # no --serve-arg (every plain validate): nothing to type, and no pydantic import
+        return {}, []
     from pydantic import ValidationError
 
     from omni_pd.compile.model import StageDeploy

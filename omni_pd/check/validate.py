@@ -11,16 +11,18 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omni_pd.check.context import Inventory, ModelInfo
 from omni_pd.check.serve_flags import check_serve_args
 from omni_pd.diagnostics import Diagnostic, Edit, Location, OmniPdError, Severity, sort_key
 from omni_pd.io import Document, get_path
-from omni_pd.compile.model import DeployConfig
 from omni_pd.compile.pipelines import Catalogue, Pipeline, PipelineStage, load_catalogue
 from omni_pd.compile.devices import RUN_PLATFORMS
 from omni_pd.compile.topology import PLATFORMS
+
+if TYPE_CHECKING:  # the validate path never imports pydantic: model_lite parses (issue 38)
+    from omni_pd.compile.model import DeployConfig
 
 
 @dataclass
@@ -206,8 +208,12 @@ def _drop(plain: Any, path: tuple) -> bool:
     return False
 
 
-def parse_all(plain: dict, loc: Locator) -> tuple[DeployConfig | None, list[Diagnostic]]:
+def parse_all(plain: dict, loc: Locator) -> tuple["DeployConfig | None", list[Diagnostic]]:
     """Validate ``plain``; every pydantic error is an OPD101 located at its key.
+
+    Parsed by the deploy model's compiled projection (:mod:`omni_pd.compile.model_lite`:
+    pydantic's errors and attribute access without importing pydantic; tests/test_model_lite.py
+    holds it to the pydantic model), so the returned config is a ``model_lite`` object.
 
     Offending keys are dropped and validation repeated, so the rules still run on the
     rest. Returns (None, diags) when the config cannot be repaired that way (e.g. a
@@ -215,9 +221,10 @@ def parse_all(plain: dict, loc: Locator) -> tuple[DeployConfig | None, list[Diag
     """
     import copy
 
-    from pydantic import ValidationError
-
+    from omni_pd.compile.model_lite import ValidationError, model
     from omni_pd.compile.parse import _TYPE_WORDS, _show, type_help
+
+    deploy = model("DeployConfig")
 
     work = copy.deepcopy(plain)
     diags: list[Diagnostic] = []
@@ -226,7 +233,7 @@ def parse_all(plain: dict, loc: Locator) -> tuple[DeployConfig | None, list[Diag
     _check_nested_kv(work, loc, diags, seen)
     for _ in range(20):
         try:
-            return DeployConfig.model_validate(work), diags
+            return deploy.model_validate(work), diags
         except ValidationError as e:
             progress = False
             for err in e.errors():
@@ -271,9 +278,7 @@ def _check_nested_kv(work: dict, loc: Locator, diags: list[Diagnostic], seen: se
     it and dropped from ``work`` (mutated in place), so no rule meets it; e.g. a list
     ``kv_connector_extra_config`` (vLLM types it ``dict[str, Any]``).
     """
-    from pydantic import ValidationError
-
-    from omni_pd.compile.model import KVTransferConfig
+    from omni_pd.compile.model_lite import ValidationError, model
     from omni_pd.compile.parse import _TYPE_WORDS, _show, type_help
 
     entries: list[tuple[tuple, Any]] = []  # every stage entry: stages[i] and platforms.<p>.stages[j]
@@ -290,7 +295,7 @@ def _check_nested_kv(work: dict, loc: Locator, diags: list[Diagnostic], seen: se
             continue
         base = at + ("engine_args", "kv_transfer_config")
         try:
-            KVTransferConfig.model_validate(kv)
+            model("KVTransferConfig").model_validate(kv)
         except ValidationError as e:
             for err in e.errors():
                 sub = tuple(p for p in err.get("loc", ()) if isinstance(p, int) or p in _keys_along(kv, err.get("loc", ())))

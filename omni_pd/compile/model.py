@@ -20,21 +20,25 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
 from omni_pd.resources import SCHEMA_FILENAME  # noqa: F401  (re-exported)
 
 
-def _devices_as_str(v: Any) -> Any:
-    """vllm-omni accepts ``devices: 3`` for ``"3"`` (set_stage_devices). A string must
-    read as device indices (``"0,1"``) or ``"cpu"``: anything else is a located OPD101
-    at parse time, so later passes never meet a malformed device list."""
-    v = str(v) if isinstance(v, int) and not isinstance(v, bool) else v
-    if isinstance(v, str):
-        from pydantic_core import PydanticCustomError
+def _check(name: str) -> Any:
+    """A pydantic ``mode="before"`` field validator running the shared check ``name`` of
+    :data:`omni_pd.compile.model_checks.CHECKS`; its refusal becomes a
+    ``PydanticCustomError`` of the check's type. The spec generator
+    (:mod:`omni_pd.compile.model_spec`) reads the name back from ``check_name``."""
+    from omni_pd.compile.model_checks import CHECKS, FieldCheckError
 
-        from omni_pd.compile.devices import parse_devices
+    fn = CHECKS[name]
 
+    def run(cls: Any, v: Any) -> Any:
         try:
-            parse_devices(v)
-        except ValueError as e:
-            raise PydanticCustomError("devices_format", "{why}", {"why": str(e)}) from None
-    return v
+            return fn(v)
+        except FieldCheckError as e:
+            from pydantic_core import PydanticCustomError
+
+            raise PydanticCustomError(e.type, "{why}", {"why": e.message}) from None
+
+    run.check_name = name  # type: ignore[attr-defined]
+    return classmethod(run)
 
 
 class _Open(BaseModel):
@@ -104,7 +108,7 @@ class Runtime(_Open):
     num_replicas: int | None = Field(None, ge=1)
     env: dict[str, Any] | None = None
 
-    _devices_str = field_validator("devices", mode="before")(classmethod(lambda cls, v: _devices_as_str(v)))
+    _devices_str = field_validator("devices", mode="before")(_check("devices_as_str"))
 
 
 class ParallelConfig(_Open):
@@ -195,7 +199,7 @@ class StageDeploy(_Open):
     runtime: Runtime | None = None
     engine_extras: dict[str, Any] | None = None
 
-    _devices_str = field_validator("devices", mode="before")(classmethod(lambda cls, v: _devices_as_str(v)))
+    _devices_str = field_validator("devices", mode="before")(_check("devices_as_str"))
 
 
 class StageOverlay(StageDeploy):

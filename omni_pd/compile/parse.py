@@ -7,11 +7,13 @@ reported as a pile of type errors.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
 from omni_pd.io import Document
-from omni_pd.compile.model import DeployConfig
+
+if TYPE_CHECKING:  # pydantic is imported by parse_config only: validate reads to_plain/_TYPE_WORDS here
+    from omni_pd.compile.model import DeployConfig
 
 
 def to_plain(node: Any) -> Any:
@@ -91,6 +93,8 @@ def parse_config(doc: Document) -> DeployConfig:
     located at the offending key, with the expected type.
     """
     from pydantic import ValidationError
+
+    from omni_pd.compile.model import DeployConfig
 
     if "stage_args" in doc.tree and "stages" not in doc.tree:
         raise OmniPdError(Diagnostic(

@@ -16,13 +16,15 @@ A :class:`Topology` joins the two, one :class:`StageNode` per pipeline stage, wi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omni_pd.diagnostics import Diagnostic, OmniPdError, Severity
 from omni_pd.io import Document
-from omni_pd.compile.model import DeployConfig
 from omni_pd.compile.devices import PLATFORMS, Devices, format_devices, parse_devices  # noqa: F401  (re-exported)
 from omni_pd.compile.pipelines import Catalogue, Pipeline
+
+if TYPE_CHECKING:  # annotations only: validate hands in model_lite objects (issue 38)
+    from omni_pd.compile.model import DeployConfig
 
 _RESERVED = frozenset({"async_chunk", "stage_id", "devices", "num_replicas", "env", "output_connectors",
                        "input_connectors", "default_sampling_params", "default_pooling_params",

@@ -94,9 +94,9 @@ def stage_entries(ctx: Context) -> list[tuple[tuple, dict]]:
 
 
 def _stage_fields() -> frozenset[str]:
-    from omni_pd.compile.model import KVTransferConfig, StageDeploy
+    from omni_pd.compile.model_lite import model  # the model's projection: no pydantic on the validate path
 
-    return frozenset(StageDeploy.model_fields) | frozenset(KVTransferConfig.model_fields)
+    return frozenset(model("StageDeploy").model_fields) | frozenset(model("KVTransferConfig").model_fields)
 
 
 @rule("OPD103", "unknown-key", Severity.ERROR,
@@ -142,7 +142,9 @@ def unknown_key(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     Sources: vllm-omni 0.30.0 ``vllm_omni/config/stage_config.py`` (``load_deploy_config``,
     ``_apply_platform_overrides``), ``vllm_omni/config/omni_config.py``
     (``_validate_stage_engine_override_ownership``, ``extract_diffusion_stage_config_kwargs``)."""
-    from omni_pd.compile.model import TOP_LEVEL_KEYS
+    from omni_pd.compile.model_lite import top_level_keys
+
+    TOP_LEVEL_KEYS = top_level_keys()
     from omni_pd.compile.topology import PLATFORMS
 
     if ctx.legacy or ctx.platform_first is False:
