@@ -224,7 +224,13 @@ def place_devices(base: Mapping[int, Devices], overlays: Mapping[str, Mapping[in
                   placement: Placement) -> tuple[dict[int, Devices], dict[str, dict[int, Devices]]]:
     """:func:`host_devices` of the base device map and of every platform overlay's map
     (each overlay renumbered together with the base entries it does not override; only
-    its own entries are returned). Pure."""
+    its own entries are returned). Pure.
+
+    Pass each overlay's whole layout (every stage's devices on that platform, expand's
+    ``OverlayLayout.devices``): an overlay map holding only the entries that differ from the
+    input would be renumbered against base entries that are not its devices on that platform
+    (the Thinker's copied ``devices: "0,1"`` on npu kept 0,1 while the Talker beside it on
+    the same host was renumbered onto 1: OPD404)."""
     new_base = host_devices(base, placement.stage_host, placement.spans)
     new_over: dict[str, dict[int, Devices]] = {}
     for pname, over in overlays.items():
