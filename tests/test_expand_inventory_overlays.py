@@ -6,11 +6,14 @@ with the Talker and Code2Wav, decode on B) made ``expand -q --inventory hosts.ya
 overlays were renumbered per host from the entries that differed from the input only, so
 prefill kept the Thinker's copied npu ``devices: "0,1"`` while the Talker beside it on A was
 renumbered onto 1. ``placement: {0: A, 1: B}`` (Talker and Code2Wav with decode) worked by
-luck: prefill was alone on A.
+luck: prefill was alone on A. Every placement of the four stages over two hosts is run here:
+expand exits 0 (and the file validates with the inventory on every platform) or refuses with
+the user-facing OPD805 (exit 2), never 3.
 """
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -107,5 +110,39 @@ def test_an_overlay_entry_that_inherits_its_base_devices_is_placed_with_the_over
     assert main(["expand", "-q", str(src), "--inventory", str(inv), "-o", str(out)]) == 0, capsys.readouterr().err
     assert _devices(out) == {"base": {0: (0,), 1: (0,), 2: (1,), 3: (1,)},
                              "npu": {0: (1, 2), 1: (0, 1), 2: (0,), 3: (0,)}}
+    assert main(["validate", "-q", str(out), "--inventory", str(inv), "--all-platforms"]) == 0, \
+        capsys.readouterr().out
+
+
+def test_an_overlay_that_does_not_fit_a_host_is_refused_naming_the_overlay(tmp_path, capsys):
+    """Every stage on host-a: the base needs 3 devices, but the preset's xpu overlay (TP 4 per
+    side and the Talker) needs 9 of its 8; validate --all-platforms would report OPD402, which
+    expand said as OPD000 (exit 3). It is the placement's: OPD805, exit 2."""
+    rc, err, out = _expand(tmp_path, _inventory(tmp_path, "{all: host-a}", MOONCAKE_ROUTERS[0]), capsys)
+    assert rc == 2 and not out.exists()
+    assert err == ("error[OPD805]: cannot place the stages: host host-a has 8 device(s) but stages 0, 1, 2, 3 placed "
+                   "on it need 9 with the platforms.xpu overlay\n"
+                   "  = help: place some of them on another host (placement: in the inventory), or raise "
+                   "hosts.host-a.count, or leave platforms.xpu out of the input\n")
+
+
+PLACEMENTS = list(itertools.product(("host-a", "host-b"), repeat=4))
+
+
+@pytest.mark.parametrize("hosts", PLACEMENTS, ids=["".join(h[-1] for h in p) for p in PLACEMENTS])
+def test_no_placement_of_the_four_stages_over_two_hosts_is_an_internal_error(tmp_path, capsys, hosts):
+    """Stage 0 placed by ``all:``, stages 1-3 each named. With the docs' relay router expand
+    refuses (OPD805: the router, or a host the overlays do not fit); with a router that speaks
+    Mooncake it writes a file that validates with the inventory on every platform, or refuses
+    with OPD805 for a host the overlays do not fit."""
+    placement = "{all: %s, 1: %s, 2: %s, 3: %s}" % hosts
+    rc, err, out = _expand(tmp_path, _inventory(tmp_path, placement, RELAY), capsys)
+    assert rc == 2 and "error[OPD805]" in err and "OPD000" not in err, err
+    inv = _inventory(tmp_path, placement, MOONCAKE_ROUTERS[0])
+    rc, err, out = _expand(tmp_path, inv, capsys)
+    assert rc in (0, 2) and "OPD000" not in err, err
+    if rc == 2:
+        assert err.startswith("error[OPD805]: cannot place the stages: host ") and "platforms.xpu" in err, err
+        return
     assert main(["validate", "-q", str(out), "--inventory", str(inv), "--all-platforms"]) == 0, \
         capsys.readouterr().out

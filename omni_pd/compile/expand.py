@@ -280,7 +280,8 @@ def _placement_options(topo: Topology, cat: Catalogue, opts: ExpandOptions, inve
 
 def _place(plan: PDSplitPlan, where: "Placement", inventory: "InventoryLike") -> PDSplitPlan:
     """``plan`` with device ids restarting per host (:func:`~omni_pd.compile.placement.
-    place_devices`), after checking each host holds its stages (OPD805).
+    place_devices`), after checking each host holds its stages (OPD805), on the base and on
+    every platform overlay that places stages.
 
     The base map and every platform overlay's whole layout (``plan.overlay_layouts``: each
     stage's devices on that platform, also the ones its entry inherits or carries as copied)
@@ -294,6 +295,8 @@ def _place(plan: PDSplitPlan, where: "Placement", inventory: "InventoryLike") ->
         base, layouts = place_devices(plan.base_devices,
                                       {p: lay.devices for p, lay in plan.overlay_layouts.items()}, where)
         check_capacity(base, where, inventory)
+        for pname, layout in sorted(layouts.items()):
+            check_capacity(layout, where, inventory, pname)
     except PlacementError as e:
         raise OmniPdError(Diagnostic(code="OPD805", severity=Severity.ERROR, message=f"cannot place the stages: {e}",
                                      help=e.help)) from None

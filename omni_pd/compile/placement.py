@@ -191,18 +191,25 @@ def host_devices(layout: Mapping[int, Devices], stage_host: Mapping[int, str],
     return out
 
 
-def check_capacity(devices: Mapping[int, Devices], placement: Placement, inventory: InventoryLike) -> None:
+def check_capacity(devices: Mapping[int, Devices], placement: Placement, inventory: InventoryLike,
+                   platform: str | None = None) -> None:
     """Raise :class:`PlacementError` when a host's stages need more distinct devices
-    (after :func:`host_devices`) than its ``count``; hosts of unknown count pass."""
+    (after :func:`host_devices`) than its ``count``; hosts of unknown count pass.
+    ``platform``: ``devices`` is the whole layout of the ``platforms.<platform>`` overlay
+    (validate ``--all-platforms`` judges each overlay against the host's count too: OPD402),
+    named in the message; None: the base stages."""
     for host in placement.hosts:
         need = {d for sid in placement.stages_on(host) for d in (devices.get(sid) or ())
                 if isinstance(devices.get(sid), tuple)}
         count = inventory.hosts[host].count
         if count is not None and len(need) > count:
             stages = ", ".join(str(s) for s in placement.stages_on(host))
+            where = f" with the platforms.{platform} overlay" if platform else ""
+            drop = f", or leave platforms.{platform} out of the input" if platform else ""
             raise PlacementError(
-                f"host {host} has {count} device(s) but stages {stages} placed on it need {len(need)}",
-                help=f"place some of them on another host (placement: in the inventory), or raise hosts.{host}.count")
+                f"host {host} has {count} device(s) but stages {stages} placed on it need {len(need)}{where}",
+                help=f"place some of them on another host (placement: in the inventory), or raise "
+                     f"hosts.{host}.count{drop}")
 
 
 def side_addresses(placement: Placement, prefill_id: int, decode_id: int,
