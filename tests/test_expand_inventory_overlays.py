@@ -146,3 +146,27 @@ def test_no_placement_of_the_four_stages_over_two_hosts_is_an_internal_error(tmp
         return
     assert main(["validate", "-q", str(out), "--inventory", str(inv), "--all-platforms"]) == 0, \
         capsys.readouterr().out
+
+
+def test_the_docs_inventory_expands_and_validates_as_printed(tmp_path, capsys):
+    """docs/validate.md's inventory names a router that speaks Mooncake's bootstrap protocol
+    (vllm-router with ``kv_connector: mooncake``), so ``expand --inventory`` with expand's
+    default connector writes a file, which validates with it on every platform; the relay its
+    text names instead needs ``--connector NixlConnector``."""
+    from docs_pages import fenced_blocks, page, section
+
+    [block] = [b for b in fenced_blocks(section(page("docs/validate.md"), "## Inventory and model facts"), "yaml")
+               if b.startswith("hosts:")]
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(block)
+    rc, err, out = _expand(tmp_path, inv, capsys)
+    assert rc == 0, err
+    assert _devices(out) == WANT
+    assert main(["validate", "-q", str(out), "--inventory", str(inv), "--all-platforms"]) == 0, \
+        capsys.readouterr().out
+    relay = _inventory(tmp_path, "{all: host-a, 1: host-b}", RELAY)
+    capsys.readouterr()
+    assert main(["expand", "-q", "--inventory", str(relay), "--connector", "NixlConnector", "-o", str(out)]) == 0, \
+        capsys.readouterr().err
+    assert main(["validate", "-q", str(out), "--inventory", str(relay), "--all-platforms"]) == 0, \
+        capsys.readouterr().out
