@@ -170,3 +170,24 @@ def test_the_docs_inventory_expands_and_validates_as_printed(tmp_path, capsys):
         capsys.readouterr().err
     assert main(["validate", "-q", str(out), "--inventory", str(relay), "--all-platforms"]) == 0, \
         capsys.readouterr().out
+
+
+def test_an_overlay_entry_of_a_stage_spanning_hosts_lists_one_hosts_devices(tmp_path, capsys):
+    """``placement: {0: [A, B], 1: B}``: prefill (TP 2) spans A and B, one device on each. The
+    rocm overlay's own Thinker entry ``devices: "2,3"`` was kept whole (only entries listed as
+    differing were spanned), so validate --all-platforms found OPD401 and expand exited 3; it
+    is now spanned and renumbered with the rest of the overlay's layout: on B the spanning
+    prefill takes local 0 first, decode 1, 2 after it (as in the base)."""
+    src = tmp_path / "in.yaml"
+    src.write_text('stages:\n  - stage_id: 0\n    max_model_len: 1024\n    devices: "0,1"\n'
+                   '    tensor_parallel_size: 2\nplatforms:\n  rocm:\n    stages:\n'
+                   '      - {stage_id: 0, devices: "2,3", tensor_parallel_size: 2}\n')
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text("hosts:\n  A: {address: 10.0.0.1, count: 8}\n  B: {address: 10.0.0.2, count: 8}\n"
+                   "placement: {0: [A, B], 1: B}\n")
+    out = tmp_path / "pd.yaml"
+    assert main(["expand", "-q", str(src), "--pipeline", "llm", "--connector", "NixlConnector",
+                 "--inventory", str(inv), "-o", str(out)]) == 0, capsys.readouterr().err
+    assert _devices(out) == {"base": {0: (0,), 1: (1, 2)}, "rocm": {0: (0,), 1: (1, 2)}}
+    assert main(["validate", "-q", str(out), "--inventory", str(inv), "--all-platforms"]) == 0, \
+        capsys.readouterr().out
