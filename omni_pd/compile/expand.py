@@ -21,6 +21,7 @@ from omni_pd.compile.topology import Topology, resolve, select_pipeline
 
 if TYPE_CHECKING:
     from omni_pd.compile.placement import InventoryLike, Placement
+    from omni_pd.compile.passes.pd_split import OverlayLayout
     from omni_pd.compile.passes.encoder_split import EncoderOptions, EncoderSplitPlan
 
 
@@ -279,17 +280,37 @@ def _placement_options(topo: Topology, cat: Catalogue, opts: ExpandOptions, inve
 
 def _place(plan: PDSplitPlan, where: "Placement", inventory: "InventoryLike") -> PDSplitPlan:
     """``plan`` with device ids restarting per host (:func:`~omni_pd.compile.placement.
-    place_devices`), after checking each host holds its stages (OPD805)."""
+    place_devices`), after checking each host holds its stages (OPD805), on the base and on
+    every platform overlay that places stages.
+
+    The base map and every platform overlay's whole layout (``plan.overlay_layouts``: each
+    stage's devices on that platform, also the ones its entry inherits or carries as copied)
+    are renumbered per host the same way; the overlay entries to write are then derived
+    again (:func:`~omni_pd.compile.passes.pd_split.overlay_entries`), so an entry that keeps
+    the input's ``devices`` is rewritten when its host's numbering moves it."""
     from omni_pd.compile.placement import PlacementError, check_capacity, place_devices
 
     try:
         plan = _span(plan, where)
-        base, overlays = place_devices(plan.base_devices, plan.overlay_devices, where)
+        base, layouts = place_devices(plan.base_devices,
+                                      {p: lay.devices for p, lay in plan.overlay_layouts.items()}, where)
         check_capacity(base, where, inventory)
+        for pname, layout in sorted(layouts.items()):
+            check_capacity(layout, where, inventory, pname)
     except PlacementError as e:
         raise OmniPdError(Diagnostic(code="OPD805", severity=Severity.ERROR, message=f"cannot place the stages: {e}",
                                      help=e.help)) from None
-    return replace(plan, base_devices=base, overlay_devices=overlays)
+    return _with_overlays(replace(plan, base_devices=base),
+                          {p: replace(lay, devices=layouts[p]) for p, lay in plan.overlay_layouts.items()})
+
+
+def _with_overlays(plan: PDSplitPlan, layouts: "dict[str, OverlayLayout]") -> PDSplitPlan:
+    """``plan`` with the overlay ``layouts`` and the entries each must spell out over
+    ``plan.base_devices`` (:func:`~omni_pd.compile.passes.pd_split.overlay_entries`)."""
+    from omni_pd.compile.passes.pd_split import overlay_entries
+
+    return replace(plan, overlay_layouts=layouts,
+                   overlay_devices={p: overlay_entries(lay, plan.base_devices) for p, lay in layouts.items()})
 
 
 def _span(plan: PDSplitPlan, where: "Placement") -> PDSplitPlan:
@@ -319,10 +340,10 @@ def _span(plan: PDSplitPlan, where: "Placement") -> PDSplitPlan:
                                  "instance across hosts", help=f"drop --{role}-replicas, or place stage {sid} on one host")
         base = dict(out.base_devices)
         base[sid] = span_devices(base.get(sid), len(hosts), sid)
-        overlays = {p: ({**m, sid: span_devices(m[sid], len(hosts), sid)} if sid in m else dict(m))
-                    for p, m in out.overlay_devices.items()}
-        out = replace(out, base_devices=base, overlay_devices=overlays,
-                      **{f"{role}_nnodes": len(hosts)})
+        layouts = {p: (replace(lay, devices={**lay.devices, sid: span_devices(lay.devices[sid], len(hosts), sid)})
+                       if sid in lay.devices else lay)
+                   for p, lay in out.overlay_layouts.items()}
+        out = _with_overlays(replace(out, base_devices=base, **{f"{role}_nnodes": len(hosts)}), layouts)
     return out
 
 

@@ -191,18 +191,25 @@ def host_devices(layout: Mapping[int, Devices], stage_host: Mapping[int, str],
     return out
 
 
-def check_capacity(devices: Mapping[int, Devices], placement: Placement, inventory: InventoryLike) -> None:
+def check_capacity(devices: Mapping[int, Devices], placement: Placement, inventory: InventoryLike,
+                   platform: str | None = None) -> None:
     """Raise :class:`PlacementError` when a host's stages need more distinct devices
-    (after :func:`host_devices`) than its ``count``; hosts of unknown count pass."""
+    (after :func:`host_devices`) than its ``count``; hosts of unknown count pass.
+    ``platform``: ``devices`` is the whole layout of the ``platforms.<platform>`` overlay
+    (validate ``--all-platforms`` judges each overlay against the host's count too: OPD402),
+    named in the message; None: the base stages."""
     for host in placement.hosts:
         need = {d for sid in placement.stages_on(host) for d in (devices.get(sid) or ())
                 if isinstance(devices.get(sid), tuple)}
         count = inventory.hosts[host].count
         if count is not None and len(need) > count:
             stages = ", ".join(str(s) for s in placement.stages_on(host))
+            where = f" with the platforms.{platform} overlay" if platform else ""
+            drop = f", or leave platforms.{platform} out of the input" if platform else ""
             raise PlacementError(
-                f"host {host} has {count} device(s) but stages {stages} placed on it need {len(need)}",
-                help=f"place some of them on another host (placement: in the inventory), or raise hosts.{host}.count")
+                f"host {host} has {count} device(s) but stages {stages} placed on it need {len(need)}{where}",
+                help=f"place some of them on another host (placement: in the inventory), or raise "
+                     f"hosts.{host}.count{drop}")
 
 
 def side_addresses(placement: Placement, prefill_id: int, decode_id: int,
@@ -224,7 +231,13 @@ def place_devices(base: Mapping[int, Devices], overlays: Mapping[str, Mapping[in
                   placement: Placement) -> tuple[dict[int, Devices], dict[str, dict[int, Devices]]]:
     """:func:`host_devices` of the base device map and of every platform overlay's map
     (each overlay renumbered together with the base entries it does not override; only
-    its own entries are returned). Pure."""
+    its own entries are returned). Pure.
+
+    Pass each overlay's whole layout (every stage's devices on that platform, expand's
+    ``OverlayLayout.devices``): an overlay map holding only the entries that differ from the
+    input would be renumbered against base entries that are not its devices on that platform
+    (the Thinker's copied ``devices: "0,1"`` on npu kept 0,1 while the Talker beside it on
+    the same host was renumbered onto 1: OPD404)."""
     new_base = host_devices(base, placement.stage_host, placement.spans)
     new_over: dict[str, dict[int, Devices]] = {}
     for pname, over in overlays.items():

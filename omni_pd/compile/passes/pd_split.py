@@ -72,9 +72,34 @@ class ExpandOptions:
 
 
 @dataclass(frozen=True)
+class OverlayLayout:
+    """One ``platforms.<P>`` overlay after the split, both maps ``{new stage id: Devices}``.
+
+    ``devices``: every stage of the PD pipeline as it runs on P (prefill, decode and the
+    shifted downstream stages; :func:`_plan_overlays`). ``own``: the devices the rewritten
+    overlay entry of a stage carries by itself, copied from the input's entry (prefill and
+    decode both carry the Thinker's: omni_pd/compile/emit.py ``_split_list``); a stage absent
+    from ``own`` inherits its base stage's ``devices`` on P (vllm-omni
+    ``_apply_platform_overrides`` merges an overlay entry over the base stage by ``stage_id``;
+    :func:`~omni_pd.compile.topology.apply_overlay`)."""
+
+    devices: dict[int, Devices]
+    own: dict[int, Devices]
+
+
+def overlay_entries(layout: OverlayLayout, base: dict[int, Devices]) -> dict[int, Devices]:
+    """The entries overlay ``layout`` must spell out over the base device map ``base``
+    (``{new stage id: Devices}``): each stage whose devices on the platform differ from what
+    its rewritten entry already implies (its ``own`` devices, else ``base``'s). Pure."""
+    return {sid: dev for sid, dev in sorted(layout.devices.items())
+            if dev != (layout.own[sid] if sid in layout.own else base.get(sid))}
+
+
+@dataclass(frozen=True)
 class PDSplitPlan:
     """Everything the rewrite needs. Device maps are keyed by *new* stage id;
-    ``overlay_devices[p]`` lists only the entries that platform ``p`` must spell out."""
+    ``overlay_devices[p]`` lists only the entries that platform ``p`` must spell out
+    (:func:`overlay_entries` of ``overlay_layouts[p]`` against ``base_devices``)."""
 
     source: Pipeline
     target_pipeline: Pipeline
@@ -104,6 +129,10 @@ class PDSplitPlan:
     #: keep ``async_chunk: true`` (streaming PD, omni_pd/compile/stream_pd.py): the output
     #: then has no prefill -> decode entry in ``edges:``
     stream: bool = False
+    #: per platform overlay that places stages: every stage's devices there and the devices
+    #: its rewritten entry carries by itself (:class:`OverlayLayout`); a placement across
+    #: hosts renumbers these, then ``overlay_devices`` is derived again (omni_pd/compile/expand.py)
+    overlay_layouts: dict[str, "OverlayLayout"] = field(default_factory=dict)
 
 
 #: Most devices one engine (TP x PP x DP) may take: far above any host's accelerator
@@ -391,7 +420,8 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
             location=doc.loc(("stages", thinker.index)) if (doc and thinker.index is not None) else None,
             help="pass --prefill-devices/--decode-devices to choose them"))
 
-    overlay_devices = _plan_overlays(topo, t.stage_id, ids, base_devices, given, given_dp)
+    overlay_layouts = _plan_overlays(topo, t.stage_id, ids, given, given_dp)
+    overlay_devices = {p: overlay_entries(lay, base_devices) for p, lay in overlay_layouts.items()}
 
     # ports and connector config ----------------------------------------------------
     runtime = src.runtime
@@ -485,7 +515,8 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
         ))
     _talker_refusal(target_pipe, topo, doc, target)
     return PDSplitPlan(source=src, target_pipeline=target_pipe, ids=ids, connector=contract.name,
-                       base_devices=base_devices, overlay_devices=overlay_devices, tp=tp,
+                       base_devices=base_devices, overlay_devices=overlay_devices,
+                       overlay_layouts=overlay_layouts, tp=tp,
                        prefill=p_cfg, decode=d_cfg, prefill_engine_id=p_id, decode_engine_id=d_id,
                        diagnostics=tuple(notes), prefill_replicas=opts.prefill_replicas,
                        decode_replicas=opts.decode_replicas, prefill_tp=given[0], decode_tp=given[1],
@@ -562,22 +593,25 @@ def _merge_user_kv(cfg: SideConfig, user: dict[str, Any] | None, target: Target,
     return SideConfig(kv_transfer_config=ordered, env=cfg.env, env_remove=cfg.env_remove)
 
 
-def _plan_overlays(topo: Topology, t: int, ids: IdMap, base_new: dict[int, Devices],
+def _plan_overlays(topo: Topology, t: int, ids: IdMap,
                    side_tps: tuple[int | None, int | None] = (None, None),
-                   side_dps: tuple[int | None, int | None] = (None, None)) -> dict[str, dict[int, Devices]]:
-    """Per platform overlay that places stages: the devices each new stage must be given
-    there so that prefill and decode stay disjoint and downstream stages follow.
+                   side_dps: tuple[int | None, int | None] = (None, None)) -> dict[str, OverlayLayout]:
+    """Per platform overlay that places stages (an entry sets ``devices``): the devices every
+    new stage has there so that prefill and decode stay disjoint and downstream stages
+    follow, with the devices each rewritten entry carries by itself (:class:`OverlayLayout`).
+    An overlay whose entries set no ``devices`` inherits the base layout, already split: absent.
 
     ``side_tps``/``side_dps``: the (prefill, decode) TPs and DPs written on the base stages
     (None: unchanged). A side runs its TP (DP) on the platform too unless the overlay's
     Thinker entry sets its own ``tensor_parallel_size`` (``data_parallel_size``), copied to
     both halves, so it wins there: each side then gets one engine's TP x PP x DP devices (as before, an overlay places one engine per side;
     xPyD instances share them there, and the npu pass runs one replica on npu, OPD904).
-    Only entries whose devices differ from what the rewritten overlay already implies (its
-    own copied ``devices``, else the new base value) are listed.
+    Every stage is in the layout, also one that inherits its devices: a placement across
+    hosts renumbers the whole layout per host (:func:`~omni_pd.compile.placement.place_devices`),
+    and :func:`overlay_entries` then lists the entries the overlay must spell out.
     """
     cfg = topo.config
-    out: dict[str, dict[int, Devices]] = {}
+    out: dict[str, OverlayLayout] = {}
     for pname, pov in (cfg.platforms or {}).items():
         if pov is None or not pov.stages or all(
                 effective_stage(o.model_dump(by_alias=True, exclude_unset=True)).get("devices") is None
@@ -611,10 +645,7 @@ def _plan_overlays(topo: Topology, t: int, ids: IdMap, base_new: dict[int, Devic
         own = {sid: e.get("devices") for sid, e in entries.items()}
         placed = [(ids.prefill, t, res.prefill), (ids.decode, t, res.decode)]
         placed += [(ids.shift(old), old, dev) for old, dev in res.others.items()]
-        must: dict[int, Devices] = {}
-        for new_id, old, dev in placed:
-            inherited = parse_devices(own[old]) if own.get(old) is not None else base_new.get(new_id)
-            if dev != inherited:
-                must[new_id] = dev
-        out[pname] = must
+        out[pname] = OverlayLayout(
+            devices={new_id: dev for new_id, _, dev in placed},
+            own={new_id: parse_devices(own[old]) for new_id, old, _ in placed if own.get(old) is not None})
     return out
