@@ -117,8 +117,16 @@ def test_an_overlay_entry_that_inherits_its_base_devices_is_placed_with_the_over
 def test_an_overlay_that_does_not_fit_a_host_is_refused_naming_the_overlay(tmp_path, capsys):
     """Every stage on host-a: the base needs 3 devices, but the preset's xpu overlay (TP 4 per
     side and the Talker) needs 9 of its 8; validate --all-platforms would report OPD402, which
-    expand said as OPD000 (exit 3). It is the placement's: OPD805, exit 2."""
+    expand said as OPD000 (exit 3). On xpu hosts it is the placement's: OPD805, exit 2. On cuda
+    hosts the xpu overlay never runs (vllm-omni applies the overlay of the platform it runs on),
+    so the one-host layout of the README's 8-GPU machine expands and validates."""
     rc, err, out = _expand(tmp_path, _inventory(tmp_path, "{all: host-a}", MOONCAKE_ROUTERS[0]), capsys)
+    assert rc == 0, err
+    assert main(["validate", "-q", str(out), "--inventory", str(tmp_path / "hosts.yaml"), "--all-platforms"]) == 0, \
+        capsys.readouterr().out
+    inv = _inventory(tmp_path, "{all: host-a}", MOONCAKE_ROUTERS[0])
+    inv.write_text(inv.read_text().replace("accelerator: cuda", "accelerator: xpu"))
+    rc, err, out = _expand(tmp_path, inv, capsys)
     assert rc == 2 and not out.exists()
     assert err == ("error[OPD805]: cannot place the stages: host host-a has 8 device(s) but stages 0, 1, 2, 3 placed "
                    "on it need 9 with the platforms.xpu overlay\n"

@@ -197,11 +197,15 @@ def check_capacity(devices: Mapping[int, Devices], placement: Placement, invento
     (after :func:`host_devices`) than its ``count``; hosts of unknown count pass.
     ``platform``: ``devices`` is the whole layout of the ``platforms.<platform>`` overlay
     (validate ``--all-platforms`` judges each overlay against the host's count too: OPD402),
-    named in the message; None: the base stages."""
+    named in the message; None: the base stages. A host whose ``accelerator`` is another
+    platform's is not judged for that overlay (it applies only where that platform runs)."""
     for host in placement.hosts:
         need = {d for sid in placement.stages_on(host) for d in (devices.get(sid) or ())
                 if isinstance(devices.get(sid), tuple)}
         count = inventory.hosts[host].count
+        acc = getattr(inventory.hosts[host], "accelerator", None)
+        if platform not in (None, "cpu") and acc is not None and platform != acc:
+            continue  # an overlay for another accelerator never runs on this host (OPD402 judges alike)
         if count is not None and len(need) > count:
             stages = ", ".join(str(s) for s in placement.stages_on(host))
             where = f" with the platforms.{platform} overlay" if platform else ""

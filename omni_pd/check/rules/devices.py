@@ -67,9 +67,18 @@ def _count(ctx: Context, node: "StageNode") -> tuple[int | None, str]:
         return len(vis), "the launcher's visibility variable lists"
     if ctx.inventory is not None:
         h = ctx.inventory.host(ctx.host_of(node))
-        if h is not None and h.count is not None:
+        if h is not None and h.count is not None and not overlay_elsewhere(ctx.platform, h.accelerator):
             return h.count, f"host {h.name} has"
     return None, ""
+
+
+def overlay_elsewhere(platform: str | None, accelerator: str | None) -> bool:
+    """True when the ``platforms.<platform>`` overlay being judged cannot run on a host of
+    ``accelerator`` (an xpu overlay on a cuda host: vllm-omni applies the overlay of the
+    platform it runs on, vllm_omni/config/stage_config.py ``_apply_platform_overrides``), so the
+    host's ``count`` says nothing about it. The base stages (None) and hosts of unknown kind
+    are judged."""
+    return platform not in (None, "cpu") and accelerator is not None and platform != accelerator
 
 
 def _physicals(ctx: Context, node: "StageNode") -> tuple[str | None, ...]:
