@@ -29,7 +29,7 @@ HELP = "  = help: see `omni-pd explain OPD402` for the inventory format\n"
     ("hosts: {a: {memory_gib: 0}}\n", "hosts.a: memory_gib must be a positive number, found 0.0"),
     # the second-hour walkthrough: a typo'd host key and two hosts with one address passed silently
     ("hosts: {a: {adress: 10.0.0.1}}\n", "hosts.a: unknown key `adress` (did you mean `address`?); a host takes "
-                                         "accelerator, count, memory_gib, address, generation"),
+                                         "accelerator, count, memory_gib, address, generation, processes"),
     ("hosts: {a: {address: 10.0.0.1}, b: {address: 10.0.0.1}}\n",
      "hosts.a and hosts.b have one address 10.0.0.1: each host needs its own (peers dial a stage by its host's "
      "address; two names for one machine would also share its devices and ports)"),

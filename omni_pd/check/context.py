@@ -53,8 +53,9 @@ class Host:
     generation: str | None = None
 
 
-#: the keys of one ``hosts:`` entry (:class:`Host`'s fields but its name)
-HOST_KEYS = ("accelerator", "count", "memory_gib", "address", "generation")
+#: the keys of one ``hosts:`` entry (:class:`Host`'s fields but its name, and ``processes``: the
+#: processes ``render``'s placement.yaml lists per host, so that file reads back as an inventory)
+HOST_KEYS = ("accelerator", "count", "memory_gib", "address", "generation", "processes")
 
 
 @dataclass(frozen=True)
