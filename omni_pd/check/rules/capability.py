@@ -73,6 +73,53 @@ def connector_row(ctx: Context, node: "StageNode", kv: dict | None = None) -> st
     return ident.name if ident is not None else ""
 
 
+def connector_label(ctx: Context, node: "StageNode", kv: dict | None = None) -> str:
+    """How a message names the connector ``node`` loads (``kv``: as for :func:`connector_row`):
+    ``kv_connector`` as the user wrote it, or ``ConnectorIdentity.describe()`` when a
+    ``kv_connector_module_path`` loads another package's class of that name (``"vllm-ascend's
+    MooncakeConnectorV1 (MooncakeConnector from vllm_ascend....)"``); ``""`` without one."""
+    from omni_pd.compile.connectors.identity import identify
+
+    ident = identify(node.kv if kv is None else kv, _platform(ctx, node))
+    if ident is None:
+        return ""
+    return ident.class_name if ident.module_path is None or ident.is_vllm else ident.describe()
+
+
+def connector_contract(ctx: Context, node: "StageNode", kv: dict | None = None) -> Any:
+    """The ``omni_pd.compile.connectors`` contract (router protocol, routing fields, ports) of
+    the connector ``node`` loads, by its :func:`connector_row`: vLLM's MooncakeConnector for
+    the registry name, vllm-ascend's pull connector (``MooncakeConnectorV1``) for
+    ``MooncakeConnector`` from ``vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_connector``;
+    None for a class omni-pd has no contract for (an out-of-tree module path)."""
+    from omni_pd.compile import connectors
+
+    row = connector_row(ctx, node, kv)
+    return connectors.get(row) if row else None
+
+
+def loaded_rows(ctx: Context, node: "StageNode") -> list[tuple[str, str]]:
+    """``(row, label)`` per connector ``node``'s ``kv_transfer_config`` loads: the connector, or
+    every MultiConnector child (each with its own ``kv_connector_module_path``), ``row`` as
+    :func:`connector_row` names it and ``label`` as :func:`connector_label` does. ``[]`` when
+    no name is given."""
+    kv = node.kv or {}
+    kids = (kv.get("kv_connector_extra_config") or {}).get("connectors")
+    if kv.get("kv_connector") == "MultiConnector":
+        kvs = [c for c in kids if isinstance(c, dict) and c.get("kv_connector")] if isinstance(kids, list) else []
+    else:
+        kvs = [kv] if kv.get("kv_connector") else []
+    return [(connector_row(ctx, node, c), connector_label(ctx, node, c)) for c in kvs]
+
+
+def same_connector(ctx: Context, a: "StageNode", b: "StageNode") -> bool:
+    """Whether the two stages load the same connector class: the same :func:`connector_row`
+    (``kv_connector`` and the package ``kv_connector_module_path`` loads it from). Two sides
+    with one ``kv_connector`` but different packages' module paths are different connectors,
+    which vLLM's handshake refuses (vLLM ``KVConnectorFactory``)."""
+    return connector_row(ctx, a) == connector_row(ctx, b)
+
+
 @rule("OPD601", "connector-unknown", Severity.ERROR,
       "kv_connector is not registered for this vLLM version / platform",
       fail=_pair_yaml("PyNcclConnector"), passing=_pair_yaml("NixlConnector"), labels=("CAP-REGISTRY",))
