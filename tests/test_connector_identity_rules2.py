@@ -106,3 +106,28 @@ def test_opd404_counts_vllms_p2pnccl_buffer_only():
     ctx = {"inventory": {"hosts": {"h": {"memory_gib": 80}}}}
     assert found("OPD404", text, ctx)  # vLLM's P2pNccl allocates kv_buffer_size on the device
     assert found("OPD404", with_path(text, OOT), ctx) == []
+
+
+def test_opd502_opd505_bootstrap_port_facts_are_vllms_mooncake():
+    for code in ("OPD502", "OPD505"):
+        r = registry()[code]
+        assert found(code, r.fail, r.example_context), code
+        assert found(code, with_path(r.fail, "vllm.distributed.kv_transfer.kv_connector.v1.mooncake_connector"),
+                     r.example_context), code
+        # vllm-ascend's MooncakeConnector runs no vllm-omni bootstrap server; an OOT class reads its own keys
+        assert found(code, with_path(r.fail, ASCEND_MOONCAKE), r.example_context) == [], code
+        assert found(code, with_path(r.fail, OOT), r.example_context) == [], code
+
+
+def test_opd503_the_nixl_side_channel_is_vllms_nixls():
+    r = registry()["OPD503"]  # vLLM's NIXL prefill advertising localhost across hosts
+    assert found("OPD503", r.fail, r.example_context)
+    assert found("OPD503", with_path(r.fail, OOT), r.example_context) == []
+
+
+def test_opd506_judges_vllm_ascends_class_under_vllms_name():
+    r = registry()["OPD506"]
+    ascend = r.fail.replace("MooncakeConnectorV1", "MooncakeConnector")
+    assert found("OPD506", with_path(ascend, ASCEND_MOONCAKE), r.example_context)  # vllm-ascend's kv_port range
+    assert found("OPD506", with_path(r.fail, OOT), r.example_context) == []  # not vllm-ascend's class
+    assert found("OPD506", r.fail, r.example_context)

@@ -67,10 +67,16 @@ def connector_row(ctx: Context, node: "StageNode", kv: dict | None = None) -> st
     without a connector. So ``kv_connector: MooncakeConnector`` with another package's
     ``kv_connector_module_path`` is not judged by vLLM's MooncakeConnector row
     (:func:`omni_pd.compile.connectors.identity.identify`; vLLM ``KVConnectorFactory``)."""
+    ident = connector_ident(ctx, node, kv)
+    return ident.name if ident is not None else ""
+
+
+def connector_ident(ctx: Context, node: "StageNode", kv: dict | None = None) -> Any:
+    """The :class:`~omni_pd.compile.connectors.identity.ConnectorIdentity` ``node`` (or ``kv``)
+    loads on the platform it runs on; None without a connector."""
     from omni_pd.compile.connectors.identity import identify
 
-    ident = identify(node.kv if kv is None else kv, _platform(ctx, node))
-    return ident.name if ident is not None else ""
+    return identify(node.kv if kv is None else kv, _platform(ctx, node))
 
 
 def connector_label(ctx: Context, node: "StageNode", kv: dict | None = None) -> str:
@@ -78,9 +84,7 @@ def connector_label(ctx: Context, node: "StageNode", kv: dict | None = None) -> 
     ``kv_connector`` as the user wrote it, or ``ConnectorIdentity.describe()`` when a
     ``kv_connector_module_path`` loads another package's class of that name (``"vllm-ascend's
     MooncakeConnectorV1 (MooncakeConnector from vllm_ascend....)"``); ``""`` without one."""
-    from omni_pd.compile.connectors.identity import identify
-
-    ident = identify(node.kv if kv is None else kv, _platform(ctx, node))
+    ident = connector_ident(ctx, node, kv)
     if ident is None:
         return ""
     return ident.class_name if ident.module_path is None or ident.is_vllm else ident.describe()
@@ -380,12 +384,12 @@ def extra_required(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
 
 
 def _lmcache_rank_ports(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
-    """OPD608 for LMCache's per-rank port lists (ports.py :data:`LMCACHE_RANK_PORTS`):
+    """OPD608 for LMCache's per-rank port lists (omni_pd/compile/connectors/lmcache.py :data:`LMCACHE_RANK_PORTS`):
     each needs one entry per worker of the stage that reads it (TP x PP ranks; LMCache
     indexes it with the worker's rank), and in ``kv_connector_extra_config`` it must be a
     YAML list (the adapter sets ``lmcache.*`` values as written; a scalar is indexed and
     fails at start). A longer list is fine (the extra entries are unread)."""
-    from omni_pd.check.rules.ports import lmcache_rank_ports
+    from omni_pd.compile.connectors.lmcache import lmcache_rank_ports
 
     for n in _kv_nodes(ctx):
         tp, pp = ctx.stage_tp(n), ctx.stage_pp(n)
