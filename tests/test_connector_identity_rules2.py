@@ -131,3 +131,49 @@ def test_opd506_judges_vllm_ascends_class_under_vllms_name():
     assert found("OPD506", with_path(ascend, ASCEND_MOONCAKE), r.example_context)  # vllm-ascend's kv_port range
     assert found("OPD506", with_path(r.fail, OOT), r.example_context) == []  # not vllm-ascend's class
     assert found("OPD506", r.fail, r.example_context)
+
+
+def pair(connector: str, p_path: str | None = None, d_path: str | None = None) -> str:
+    def kv(role: str, eid: str, path: str | None) -> str:
+        mod = f", kv_connector_module_path: {path}" if path else ""
+        return f"{{kv_connector: {connector}{mod}, kv_role: {role}, engine_id: {eid}}}"
+    return ("pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
+            f"  - {{stage_id: 0, devices: \"0\", kv_transfer_config: {kv('kv_producer', 'p', p_path)}}}\n"
+            f"  - {{stage_id: 1, devices: \"1\", kv_transfer_config: {kv('kv_consumer', 'd', d_path)}}}\n")
+
+
+def test_opd304_one_name_from_two_packages_is_two_connectors():
+    assert found("OPD304", pair("MooncakeConnector")) == []
+    # vLLM's own class by module path is the registry's class: the same connector
+    vllm_path = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake_connector"
+    assert found("OPD304", pair("MooncakeConnector", vllm_path, None)) == []
+    got = found("OPD304", pair("MooncakeConnector", None, ASCEND_MOONCAKE))
+    assert [s for s, _ in got] == ["error"] and "different module paths" in got[0][1]
+    res = validate_text(pair("MooncakeConnector", None, ASCEND_MOONCAKE), "pd.yaml", options_from_example({}))
+    d = next(x for x in res.diagnostics if x.code == "OPD304")
+    assert "vllm-ascend's MooncakeConnectorV1" in (d.label or "") and "kv_connector_module_path" in (d.help or "")
+    assert found("OPD304", pair("MooncakeConnector", OOT, OOT)) == []  # both sides load mypkg's class
+
+
+def test_opd303_nixls_kv_both_deprecation_is_vllms():
+    r = registry()["OPD303"]
+    assert any("deprecated for NixlConnector" in m for _, m in found("OPD303", r.fail, r.example_context))
+    other = found("OPD303", with_path(r.fail, OOT), r.example_context)
+    assert other and not any("deprecated" in m for _, m in other)
+
+
+def test_opd312_judges_vllm_ascends_class_under_vllms_name():
+    r = registry()["OPD312"]
+    assert found("OPD312", r.fail, r.example_context)
+    ascend = with_path(r.fail.replace("MooncakeConnectorV1", "MooncakeConnector"), ASCEND_MOONCAKE)
+    assert found("OPD312", ascend, r.example_context)  # vllm-ascend's worker asserts the blocks
+    assert found("OPD312", with_path(r.fail, OOT), r.example_context) == []  # not vllm-ascend's class
+
+
+def test_opd301_help_copies_the_other_sides_module_path():
+    text = pair("MooncakeConnector", OOT, OOT).replace(
+        f"kv_transfer_config: {{kv_connector: MooncakeConnector, kv_connector_module_path: {OOT}, kv_role: kv_consumer, "
+        "engine_id: d}", "max_model_len: 4096")
+    res = validate_text(text, "pd.yaml", options_from_example({}))
+    helps = [d.help for d in res.diagnostics if d.code == "OPD301"]
+    assert helps and f"kv_connector_module_path: {OOT}" in helps[0]
