@@ -177,3 +177,41 @@ def test_opd301_help_copies_the_other_sides_module_path():
     res = validate_text(text, "pd.yaml", options_from_example({}))
     helps = [d.help for d in res.diagnostics if d.code == "OPD301"]
     assert helps and f"kv_connector_module_path: {OOT}" in helps[0]
+
+
+def test_opd602_multiconnector_facts_key_on_each_childs_loaded_class():
+    from omni_pd.check.rules.multi_connector import _multi
+
+    two = _multi(["NixlConnector", "MooncakeConnector"])  # two of vLLM's handoff children
+    assert any("two P->D handoff children" in m for _, m in found("OPD602", two, {"vllm_version": "0.30"}))
+    oot = two.replace("{kv_connector: MooncakeConnector, kv_role",
+                      f"{{kv_connector: MooncakeConnector, kv_connector_module_path: {OOT}, kv_role")
+    assert not any("two P->D handoff children" in m for _, m in found("OPD602", oot, {"vllm_version": "0.30"}))
+    # an out-of-tree class named MultiConnector is not vLLM's: its extra config is its own
+    empty = ("pipeline: llm_pd\nasync_chunk: false\nstages:\n"
+             "  - {stage_id: 0, devices: \"0\", kv_transfer_config: {kv_connector: MultiConnector, kv_role: kv_producer, "
+             "engine_id: p}}\n"
+             "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: MultiConnector, kv_role: kv_consumer, "
+             "engine_id: d}}\n")
+    assert found("OPD602", empty)
+    assert found("OPD602", with_path(empty, OOT)) == []
+
+
+def test_all_platforms_checks_a_base_of_vllm_ascend_classes_on_npu(monkeypatch):
+    import omni_pd.check.validate as v
+    from omni_pd.check.validate import ValidateOptions
+
+    seen: list = []
+    real = v._base_platform
+    monkeypatch.setattr(v, "_base_platform", lambda cfg, pipe: seen.append(real(cfg, pipe)) or seen[-1])
+    for conn, path in (("MooncakeConnectorV1", None), ("MooncakeConnector", ASCEND_MOONCAKE),
+                       ("MooncakeConnectorV1", OOT), ("MooncakeConnector", None)):
+        validate_text(pair(conn, path, path), "pd.yaml", ValidateOptions(all_platforms=True))
+    # vllm-ascend's class by name or by its module path runs on npu only; an OOT class and vLLM's do not
+    assert seen == ["npu", "npu", None, None]
+
+
+def test_opd613_lmcache_transport_is_vllms_lmcache_adapter():
+    r = registry()["OPD613"]
+    assert found("OPD613", r.fail, r.example_context)
+    assert found("OPD613", with_path(r.fail, OOT), r.example_context) == []  # not vLLM's LMCache adapter
