@@ -704,19 +704,23 @@ def _run_platform_findings(ctx: Any, platform: str, rules: list) -> list[Diagnos
 
 def _base_platform(cfg: Any, pipe: Any) -> str | None:
     """The platform ``--all-platforms`` checks the base stages on: ``npu`` when every KV
-    connector the base stages name is a vllm-ascend one (``expand --platform npu`` output,
+    connector the base stages load is a vllm-ascend one (``identify``: also vLLM's name from a
+    vllm-ascend ``kv_connector_module_path``; ``expand --platform npu`` output,
     which runs nowhere else; its ``platforms.npu`` overlay, if any, applies there), else
     None (a platform without its own overlay: the rules assume cuda unless the inventory
     says otherwise). Another overlay over such a base is still checked on its platform."""
     from omni_pd.compile import ascend
+    from omni_pd.compile.connectors.identity import identify
     from omni_pd.compile.topology import resolve
 
     try:
         topo = resolve(cfg, pipe, None, None)
     except OmniPdError:
         return None
-    names = [str(n.kv.get("kv_connector")) for n in topo.stages if n.kv and n.kv.get("kv_connector")]
-    return "npu" if names and all(ascend.is_ascend(x) for x in names) else None
+    # the loaded classes: MooncakeConnector from vllm-ascend's module path is vllm-ascend's
+    # MooncakeConnectorV1; an out-of-tree class under a vllm-ascend name is not vllm-ascend's
+    idents = [identify(n.kv) for n in topo.stages if n.kv and n.kv.get("kv_connector")]
+    return "npu" if idents and all(i is not None and ascend.is_ascend(i.name) for i in idents) else None
 
 
 def _tag(d: Diagnostic, platform: str) -> Diagnostic:

@@ -67,10 +67,61 @@ def connector_row(ctx: Context, node: "StageNode", kv: dict | None = None) -> st
     without a connector. So ``kv_connector: MooncakeConnector`` with another package's
     ``kv_connector_module_path`` is not judged by vLLM's MooncakeConnector row
     (:func:`omni_pd.compile.connectors.identity.identify`; vLLM ``KVConnectorFactory``)."""
+    ident = connector_ident(ctx, node, kv)
+    return ident.name if ident is not None else ""
+
+
+def connector_ident(ctx: Context, node: "StageNode", kv: dict | None = None) -> Any:
+    """The :class:`~omni_pd.compile.connectors.identity.ConnectorIdentity` ``node`` (or ``kv``)
+    loads on the platform it runs on; None without a connector."""
     from omni_pd.compile.connectors.identity import identify
 
-    ident = identify(node.kv if kv is None else kv, _platform(ctx, node))
-    return ident.name if ident is not None else ""
+    return identify(node.kv if kv is None else kv, _platform(ctx, node))
+
+
+def connector_label(ctx: Context, node: "StageNode", kv: dict | None = None) -> str:
+    """How a message names the connector ``node`` loads (``kv``: as for :func:`connector_row`):
+    ``kv_connector`` as the user wrote it, or ``ConnectorIdentity.describe()`` when a
+    ``kv_connector_module_path`` loads another package's class of that name (``"vllm-ascend's
+    MooncakeConnectorV1 (MooncakeConnector from vllm_ascend....)"``); ``""`` without one."""
+    ident = connector_ident(ctx, node, kv)
+    if ident is None:
+        return ""
+    return ident.class_name if ident.module_path is None or ident.is_vllm else ident.describe()
+
+
+def connector_contract(ctx: Context, node: "StageNode", kv: dict | None = None) -> Any:
+    """The ``omni_pd.compile.connectors`` contract (router protocol, routing fields, ports) of
+    the connector ``node`` loads, by its :func:`connector_row`: vLLM's MooncakeConnector for
+    the registry name, vllm-ascend's pull connector (``MooncakeConnectorV1``) for
+    ``MooncakeConnector`` from ``vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_connector``;
+    None for a class omni-pd has no contract for (an out-of-tree module path)."""
+    from omni_pd.compile import connectors
+
+    row = connector_row(ctx, node, kv)
+    return connectors.get(row) if row else None
+
+
+def loaded_rows(ctx: Context, node: "StageNode") -> list[tuple[str, str]]:
+    """``(row, label)`` per connector ``node``'s ``kv_transfer_config`` loads: the connector, or
+    every MultiConnector child (each with its own ``kv_connector_module_path``), ``row`` as
+    :func:`connector_row` names it and ``label`` as :func:`connector_label` does. ``[]`` when
+    no name is given."""
+    kv = node.kv or {}
+    kids = (kv.get("kv_connector_extra_config") or {}).get("connectors")
+    if kv.get("kv_connector") == "MultiConnector":
+        kvs = [c for c in kids if isinstance(c, dict) and c.get("kv_connector")] if isinstance(kids, list) else []
+    else:
+        kvs = [kv] if kv.get("kv_connector") else []
+    return [(connector_row(ctx, node, c), connector_label(ctx, node, c)) for c in kvs]
+
+
+def same_connector(ctx: Context, a: "StageNode", b: "StageNode") -> bool:
+    """Whether the two stages load the same connector class: the same :func:`connector_row`
+    (``kv_connector`` and the package ``kv_connector_module_path`` loads it from). Two sides
+    with one ``kv_connector`` but different packages' module paths are different connectors,
+    which vLLM's handshake refuses (vLLM ``KVConnectorFactory``)."""
+    return connector_row(ctx, a) == connector_row(ctx, b)
 
 
 @rule("OPD601", "connector-unknown", Severity.ERROR,
@@ -333,12 +384,12 @@ def extra_required(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
 
 
 def _lmcache_rank_ports(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
-    """OPD608 for LMCache's per-rank port lists (ports.py :data:`LMCACHE_RANK_PORTS`):
+    """OPD608 for LMCache's per-rank port lists (omni_pd/compile/connectors/lmcache.py :data:`LMCACHE_RANK_PORTS`):
     each needs one entry per worker of the stage that reads it (TP x PP ranks; LMCache
     indexes it with the worker's rank), and in ``kv_connector_extra_config`` it must be a
     YAML list (the adapter sets ``lmcache.*`` values as written; a scalar is indexed and
     fails at start). A longer list is fine (the extra entries are unread)."""
-    from omni_pd.check.rules.ports import lmcache_rank_ports
+    from omni_pd.compile.connectors.lmcache import lmcache_rank_ports
 
     for n in _kv_nodes(ctx):
         tp, pp = ctx.stage_tp(n), ctx.stage_pp(n)

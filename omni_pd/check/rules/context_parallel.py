@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from omni_pd.diagnostics import Diagnostic, Severity
 from omni_pd.check.rules import Context, Example, Rule, rule
 from omni_pd.check.rules._shared import follow_same_as, load, row_for
+from omni_pd.check.rules.capability import connector_label as loaded_label, connector_row as loaded_row
 
 if TYPE_CHECKING:
     from omni_pd.compile.topology import StageNode
@@ -56,7 +57,8 @@ def dcp_size(ctx: Context, n: "StageNode") -> int:
 
 
 def connector_row(name: str, version: tuple[int, int]) -> dict[str, Any] | None:
-    """The table's row for ``name`` on ``version`` (``same_as`` followed), None when the
+    """The table's row for ``name`` (a loaded connector's row name: vLLM's registry name, or
+    vllm-ascend's registered name) on ``version`` (``same_as`` followed), None when the
     connector or release is not in it."""
     return row_for(follow_same_as(table()["connectors"], name), version)
 
@@ -97,7 +99,10 @@ def dcp_transfer(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     decides. Error when the row says DCP is MLA-only and the model is not MLA
     (``--model-info``), or the row needs the two DCP sizes to divide each other and they do
     not (vLLM 0.33 NIXL); info when the connector or release is not in the table (the
-    transfer is not known either way), or the model is unknown for an MLA-only row. Located
+    transfer is not known either way), or the model is unknown for an MLA-only row. The row is
+    the loaded connector's (:func:`omni_pd.check.rules.capability.connector_row`): the table's
+    NixlConnector rows are vLLM's class, MooncakeConnectorV1 is vllm-ascend's; a class another
+    package's ``kv_connector_module_path`` loads under those names is not in the table. Located
     at decode's ``decode_context_parallel_size`` (prefill's when only prefill sets it).
     Sources: vLLM 0.33 ``kv_connector/v1/nixl`` (``dcp_size`` in the handshake params);
     https://github.com/vllm-project/vllm-ascend/pull/4183,
@@ -113,8 +118,9 @@ def dcp_transfer(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     loc = ctx.sloc(here, "decode_context_parallel_size", value=True)
     rel = [ctx.sloc(p if here is d else d, "decode_context_parallel_size", value=True,
                     label=f"{'prefill' if here is d else 'decode'} DCP {cp if here is d else cd}")]
-    name = str((p.kv or {}).get("kv_connector") or (d.kv or {}).get("kv_connector") or "")
-    row = connector_row(name, ctx.target.version)
+    side = p if (p.kv or {}).get("kv_connector") else d
+    name = loaded_label(ctx, side)  # as written, or which package's class a module path loads
+    row = connector_row(loaded_row(ctx, side), ctx.target.version)
     both = f"prefill (stage {p.stage_id}) DCP {cp}, decode (stage {d.stage_id}) DCP {cd}"
     if row is None:
         yield r.diag(f"{both}: whether {name} moves DCP-sharded KV on {ctx.release_words()} is not pinned in "

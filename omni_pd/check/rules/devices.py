@@ -416,9 +416,13 @@ def memory_budget(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
 
 
 def _buffer_fraction(ctx: Context, n: "StageNode") -> float:
-    """P2pNccl's device-side ``kv_buffer_size`` (bytes) as a fraction of the device."""
+    """vLLM's P2pNcclConnector's device-side ``kv_buffer_size`` (bytes) as a fraction of the
+    device (vLLM ``v1/p2p/p2p_nccl_engine.py`` allocates it on the device); another package's
+    class loaded under that name (``kv_connector_module_path``) is not counted."""
+    from omni_pd.check.rules.capability import connector_row
+
     kv = n.kv or {}
-    if kv.get("kv_connector") != "P2pNcclConnector" or kv.get("kv_buffer_size") is None:
+    if connector_row(ctx, n) != "P2pNcclConnector" or kv.get("kv_buffer_size") is None:
         return 0.0
     if str(kv.get("kv_buffer_device") or "cuda") == "cpu" or ctx.inventory is None:
         return 0.0

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Severity
 from omni_pd.check.rules import Context, Example, Rule, rule
+from omni_pd.check.rules.capability import connector_label, connector_row
 from omni_pd.check.rules.speculative import _DRAFT, _E3, _MTP, _v, _y, method_of, spec_config, table
 
 if TYPE_CHECKING:
@@ -59,7 +60,8 @@ def separate_draft(ctx: Context, n: "StageNode") -> str | None:
       ))
 def draft_kv_not_transferred(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """A separate draft model (``speculative_config`` with ``model:`` of a draft model or an
-    MTP assistant, e.g. Gemma 4's ``-assistant``) on a NixlConnector pair: NIXL excludes
+    MTP assistant, e.g. Gemma 4's ``-assistant``) on a pair of vLLM's NixlConnector (a class
+    another package's ``kv_connector_module_path`` loads under that name is not judged): NIXL excludes
     the draft model's KV cache groups from its transfer groups, so decode rebuilds the
     draft KV for every prompt and the speculation gives no speed-up (warning, vLLM 0.30 on,
     vllm#54926 open). Before vllm#51718 + #53779 (0.27 and before) decode fails at start
@@ -74,9 +76,9 @@ def draft_kv_not_transferred(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         return
     p, d = pair
     t = table()["draft_kv"]
-    name = str((p.kv or {}).get("kv_connector") or "")
-    if name not in t["connectors"]:
-        return
+    if connector_row(ctx, p) not in t["connectors"]:
+        return  # vLLM's NIXL classes only: another package's class of that name is not judged
+    name = connector_label(ctx, p)
     dp_, dd_ = separate_draft(ctx, p), separate_draft(ctx, d)
     if dp_ is None and dd_ is None:
         return

@@ -113,14 +113,17 @@ def _resolved_at_runtime(default: Any) -> bool:
 
 def _condition_holds(ctx: Context, row: ArgRow, p: "StageNode", d: "StageNode") -> bool:
     """True when an ``agree_if`` row's ``when`` holds for the pair: ``hybrid`` (the
-    ``--model-info`` checkpoint is a hybrid model), ``connectors`` (either side's
-    kv_connector is one of them). False when there is no ``when`` or nothing to test it on."""
+    ``--model-info`` checkpoint is a hybrid model), ``connectors`` (either side
+    loads one of them: vLLM's classes by ``capability.connector_row``, not another package's
+    class of that name). False when there is no ``when`` or nothing to test it on."""
     if not row.when:
         return False
     if "hybrid" in row.when and not (ctx.model is not None and ctx.model.is_hybrid == bool(row.when["hybrid"])):
         return False
     if "connectors" in row.when:
-        names = {str((n.kv or {}).get("kv_connector")) for n in (p, d)}
+        from omni_pd.check.rules.capability import connector_row
+
+        names = {connector_row(ctx, n) for n in (p, d)}  # the loaded classes (a row names vLLM's)
         if not names & set(row.when["connectors"]):
             return False
     return True

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Severity
 from omni_pd.check.rules import PARALLEL_SIZE_KEYS, Context, Example, Rule, rule
+from omni_pd.check.rules.capability import loaded_rows
 
 if TYPE_CHECKING:
     from omni_pd.compile.topology import StageNode
@@ -50,14 +51,6 @@ def _holds(v: Any, cond: dict[str, Any]) -> bool:
     if "gt" in cond:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and v > cond["gt"]
     raise ValueError(f"unknown condition {cond!r}")
-
-
-def _names(kv: dict[str, Any]) -> list[str]:
-    name = kv.get("kv_connector")
-    if name == "MultiConnector":
-        kids = (kv.get("kv_connector_extra_config") or {}).get("connectors")
-        return [str(c.get("kv_connector")) for c in kids if isinstance(c, dict)] if isinstance(kids, list) else []
-    return [str(name)] if name else []
 
 
 def _sides(ctx: Context) -> list[tuple["StageNode", str]]:
@@ -105,7 +98,9 @@ def known_broken(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     them, global CLI flags included) and the releases it is broken on (``since`` up to
     ``fixed_in``, or every release from ``since`` while the fix is not released). A
     stage that matches on the target release is an error at the row's key, with the
-    row's message, help and sources. First row: MooncakeConnector prefill with
+    row's message, help and sources. A row's connectors are vLLM's classes of those names
+    (``capability.loaded_rows``: a class another package's ``kv_connector_module_path`` loads
+    under the name is not judged by vLLM's report). First row: vLLM's MooncakeConnector prefill with
     ``data_parallel_size`` > 1 and ``data_parallel_multi_port_external_lb`` (every DP
     engine reads one ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` and registers as dp_rank 0).
     Sources: https://github.com/vllm-project/vllm/issues/51531,
@@ -114,11 +109,11 @@ def known_broken(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     for n, side in _sides(ctx):
         if not n.kv:
             continue
-        names = _names(n.kv)
+        names = loaded_rows(ctx, n)  # the loaded classes: a row names vLLM's connectors
         for row in table():
             if row.get("side", "any") not in ("any", side):
                 continue
-            hit = next((c for c in names if c in row["connectors"]), None)
+            hit = next((label for c, label in names if c in row["connectors"]), None)
             if hit is None or ver < _v(row["since"]) or (row.get("fixed_in") and ver >= _v(row["fixed_in"])):
                 continue
             if not all(_holds(_value(ctx, n, k), cond) for k, cond in row["when"].items()):

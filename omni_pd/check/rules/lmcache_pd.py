@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Severity
 from omni_pd.check.rules import Context, Example, Rule, rule
-from omni_pd.check.rules.capability import _PD, loaded_connectors
+from omni_pd.check.rules.capability import _PD, connector_row, loaded_rows
 
 if TYPE_CHECKING:
     from omni_pd.compile.topology import StageNode
@@ -31,14 +31,16 @@ _TWO_HOSTS = {"inventory": {"hosts": {"host-a": {"address": "10.0.0.1"}, "host-b
 
 
 def _lmcache_sides(ctx: Context) -> "tuple[StageNode, StageNode] | None":
-    """The PD pair when LMCacheConnectorV1 is its transfer connector (MultiConnector:
-    the only child that could move KV)."""
+    """The PD pair when vLLM's LMCacheConnectorV1 is its transfer connector (MultiConnector:
+    the only child that could move KV), by the loaded classes (``capability.loaded_rows``): a
+    class another package's ``kv_connector_module_path`` loads under that name is not vLLM's
+    LMCache adapter and is not judged."""
     from omni_pd.compile.connectors import lmcache
 
     pair = ctx.pd_pair
     if pair is None or not (pair[0].kv and pair[1].kv):
         return None
-    names = set(loaded_connectors(pair[0].kv)) | set(loaded_connectors(pair[1].kv))
+    names = {row for n in pair for row, _ in loaded_rows(ctx, n)}
     movers = {n for n in names if n not in ("OffloadingConnector", "SimpleCPUOffloadConnector", "LMCacheMPConnector")}
     return pair if movers and movers <= lmcache.NAMES else None
 
@@ -56,8 +58,8 @@ def lmcache_verdict(ctx: Context) -> Any:
     def side(n: "StageNode") -> Any:
         kv = n.kv or {}
         kids = (kv.get("kv_connector_extra_config") or {}).get("connectors")
-        if kv.get("kv_connector") == "MultiConnector" and isinstance(kids, list):
-            kv = next((c for c in kids if isinstance(c, dict) and c.get("kv_connector") in lmcache.NAMES), kv)
+        if connector_row(ctx, n) == "MultiConnector" and isinstance(kids, list):
+            kv = next((c for c in kids if isinstance(c, dict) and connector_row(ctx, n, c) in lmcache.NAMES), kv)
         return lmcache.side_config(kv, {**ctx.env, **n.env})
 
     return lmcache.transport(side(p), side(d), ctx.host_of(p) == ctx.host_of(d))
@@ -114,7 +116,8 @@ def lmcache_pd_transport(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     environment (``LMCACHE_*``) and ``kv_connector_extra_config`` ``lmcache.*`` keys;
     an ``LMCACHE_CONFIG_FILE`` omni-pd cannot read gives an info. The LMCache
     maintainers' supported shape is MultiConnector(NixlConnector, LMCacheMPConnector),
-    which this rule leaves alone. Sources: https://github.com/volcano-sh/kthena/issues/1069,
+    which this rule leaves alone. Only vLLM's LMCacheConnectorV1 (the adapter above) is judged:
+    a class another package's ``kv_connector_module_path`` loads under that name is not. Sources: https://github.com/volcano-sh/kthena/issues/1069,
     https://github.com/LMCache/LMCache/issues/4614; vLLM 0.30.0
     kv_connector/v1/lmcache_integration/vllm_v1_adapter.py (``lmcache.`` extra keys,
     ``disagg_spec``) and utils.py (``LMCACHE_CONFIG_FILE``, environment)."""

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Severity
 from omni_pd.check.rules import Context, Example, Rule, rule
-from omni_pd.check.rules.capability import ALIASES, _kv_nodes, _platform, _v
+from omni_pd.check.rules.capability import ALIASES, _kv_nodes, _platform, _v, connector_label, connector_row
 
 if TYPE_CHECKING:
     from omni_pd.compile.topology import StageNode
@@ -116,7 +116,11 @@ def multi_connector(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     OffloadingConnector on a replicated-KV PCP prefill stalled (vLLM PR #53903; fixed in
     0.30 read, no release read with it: info on 0.25-0.29). The
     NIXL-under-HMA loss of vLLM issue #36547 reached no release (0.17.0, 0.18.0 read): no
-    finding. Facts: ``presets/targets/multi_connector.yaml``.
+    finding. Facts: ``presets/targets/multi_connector.yaml``, keyed on vLLM's classes: the
+    wrapper and each child are judged as the class they load (``capability.connector_row``), so
+    an out-of-tree ``MultiConnector`` is not checked and a child another package's
+    ``kv_connector_module_path`` loads is no handoff, cache or layout row of vLLM's (the
+    ``broken`` rows match LMCache's own copies by name, as above).
     Sources: vLLM 0.24.0 and 0.30.0 kv_connector/v1/multi_connector.py
     (``get_num_new_matched_tokens``, ``request_finished``, ``_aggregate_request_finished``,
     ``get_required_kvcache_layout``), ``lmcache_mp_connector.py``,
@@ -129,8 +133,8 @@ def multi_connector(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     https://github.com/vllm-project/vllm-ascend/issues/16932."""
     for n in _kv_nodes(ctx):
         kv = n.kv or {}
-        if kv.get("kv_connector") != "MultiConnector":
-            continue
+        if connector_row(ctx, n) != "MultiConnector":
+            continue  # vLLM's MultiConnector (vllm-ascend's on npu), not a same-named out-of-tree class
         kids = (kv.get("kv_connector_extra_config") or {}).get("connectors")
         if not isinstance(kids, list) or not kids:
             yield r.diag(f"stage {n.stage_id}: MultiConnector needs a non-empty kv_connector_extra_config.connectors list",
@@ -152,7 +156,8 @@ def multi_connector(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                              f"found a {type(name).__name__}", ctx.sloc(n, *path, "kv_connector", value=True),
                              severity=Severity.ERROR, help="write the child's connector class name, e.g. `NixlConnector`")
                 continue
-            alias = ALIASES.get((plat, name))
+            # a module path bypasses the registry, so the platform's alias does not apply
+            alias = None if c.get("kv_connector_module_path") else ALIASES.get((plat, name))
             if alias:
                 yield r.diag(f"MultiConnector child '{c.get('kv_connector')}' is an alias of {alias} on {plat}; "
                              "stats reconstruction can crash EngineCore on unpatched vLLM",
@@ -172,9 +177,12 @@ def _multi_facts() -> dict[str, Any]:
 def _multi_children(ctx: Context, r: Rule, n: "StageNode", kids: list[dict]) -> Iterable[Diagnostic]:
     """One handoff owner, the handoff child first on decode, one KV layout."""
     facts = _multi_facts()
-    names = [str(c.get("kv_connector") or "") for c in kids]
-    handoff = [i for i, x in enumerate(names) if x in facts["handoff"]]
-    cache = [i for i, x in enumerate(names) if x in facts["cache"]]
+    # the facts key on vLLM's classes: each child's loaded class (its own module path), named
+    # in messages as written (or which package's class a module path loads)
+    rows = [connector_row(ctx, n, c) for c in kids]
+    names = [connector_label(ctx, n, c) for c in kids]
+    handoff = [i for i, x in enumerate(rows) if x in facts["handoff"]]
+    cache = [i for i, x in enumerate(rows) if x in facts["cache"]]
     base = ("kv_transfer_config", "kv_connector_extra_config", "connectors")
     if len(handoff) > 1:
         a, b = handoff[0], handoff[1]
@@ -188,7 +196,7 @@ def _multi_children(ctx: Context, r: Rule, n: "StageNode", kids: list[dict]) -> 
     pair = ctx.pd_pair
     is_decode = (pair is not None and n is pair[1]) or role == "kv_consumer"
     if handoff:
-        yield from _broken_combinations(ctx, r, n, kids, names[handoff[0]], facts, prefill=not is_decode)
+        yield from _broken_combinations(ctx, r, n, kids, rows[handoff[0]], facts, prefill=not is_decode)
     if is_decode and handoff and cache and cache[0] < handoff[0]:
         c, h = cache[0], handoff[0]
         yield r.diag(f"stage {n.stage_id}: MultiConnector lists {names[c]} before the handoff child {names[h]}; decode loads "
@@ -205,11 +213,11 @@ def _multi_children(ctx: Context, r: Rule, n: "StageNode", kids: list[dict]) -> 
         return
     mla = ctx.model is not None and ctx.model.is_mla
     need: dict[str, str] = {}
-    for x in names:
+    for x, shown_as in zip(rows, names):
         f = layouts.get(x)
         if f is None or (mla and f.get("mla") == "none"):
             continue
-        need.setdefault(f["layout"], x)
+        need.setdefault(f["layout"], shown_as)
     if len(need) > 1:
         shown = ", ".join(f"{x} {lay}" for lay, x in need.items())
         yield r.diag(f"stage {n.stage_id}: MultiConnector children require different KV cache layouts ({shown}): vLLM "

@@ -96,8 +96,8 @@ def nixl_transfer_mode(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     if not new or len(all_sides) != 2 or ctx.pd_pair is None:
         return
     p, d = all_sides
-    if (p.node.kv or {}).get("kv_connector") != (d.node.kv or {}).get("kv_connector"):
-        return  # different names: OPD304 (pd-connector-mismatch) reports the pair
+    if p.ident is None or d.ident is None or p.ident.name != d.ident.name:
+        return  # different connectors: OPD304 (pd-connector-mismatch) reports the pair
     mp, md = effective_mode(p, tgt.version), effective_mode(d, tgt.version)
     if mp is None or md is None or mp == md:
         return

@@ -21,6 +21,7 @@ from functools import lru_cache
 from typing import Any, Iterable
 
 from omni_pd.check.rules import Context, Example, Rule, rule
+from omni_pd.check.rules.capability import connector_row
 from omni_pd.diagnostics import Diagnostic, Severity
 
 
@@ -58,7 +59,9 @@ _Y = ("pipeline: llm_pd\nasync_chunk: false\nstages:\n"
 def pd_generation(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Reads each side's host ``generation`` (inventory) and the rows of
     presets/targets/accelerator_generations.yaml ``refused_pairs`` (platform, connectors,
-    prefill and decode generations, symmetric); a PD pair that matches a row is an error
+    prefill and decode generations, symmetric; a row's connectors are vllm-ascend's registered
+    classes, matched by the loaded connector's row name (``connector_row``), so an out-of-tree
+    class of the same name is not judged by it); a PD pair that matches a row is an error
     at decode's stage with prefill as related location and the row's source as a note.
     Without an inventory, or a host without a generation, nothing is reported. Source:
     vllm-ascend docs/source/developer_guide/feature_guide/disaggregated_prefill.md
@@ -70,7 +73,7 @@ def pd_generation(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     hp, hd = ctx.inventory.host(ctx.host_of(p)), ctx.inventory.host(ctx.host_of(d))
     if hp is None or hd is None or not hp.generation or not hd.generation:
         return
-    name = str((p.kv or {}).get("kv_connector") or "")
+    name = connector_row(ctx, p)  # the loaded class's row: rows name vllm-ascend's registered classes
     for row in refused_pairs():
         plat = row["platform"]
         if not ({hp.accelerator, hd.accelerator} == {plat} or (ctx.platform == plat and not (hp.accelerator or hd.accelerator))):

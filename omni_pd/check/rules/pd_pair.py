@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Severity
 from omni_pd.check.rules import Context, Example, Rule, rule
+from omni_pd.check.rules.capability import connector_ident, connector_label, connector_row, same_connector
 
 PRODUCERS = ("kv_producer", "kv_both")
 CONSUMERS = ("kv_consumer", "kv_both")
@@ -71,10 +72,9 @@ def kv_missing(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         other = d if n is p else p
         side = "prefill" if n is p else "decode"
         role = "kv_producer" if n is p else "kv_consumer"
-        conn = (other.kv or {}).get("kv_connector") or "MooncakeConnector"
         yield r.diag(f"{side} stage {n.stage_id} has no kv_transfer_config", ctx.sloc(n),
                      related=[ctx.sloc(other, "kv_transfer_config", label=f"the other side (stage {other.stage_id}) has one")],
-                     help=f"add `kv_transfer_config: {{kv_connector: {conn}, kv_role: {role}}}`",
+                     help=f"add `kv_transfer_config: {{kv_connector: {_same_as(other)}, kv_role: {role}}}`",
                      reads=ctx.reads(n, "kv_transfer_config"))
 
 
@@ -148,8 +148,10 @@ def kv_both(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     for n, side, want in ((pair[0], "prefill", "kv_producer"), (pair[1], "decode", "kv_consumer")):
         kv = n.kv or {}
         if kv.get("kv_role") == "kv_both":
+            ident = connector_ident(ctx, n)  # the deprecation is vLLM's NIXL's, not a same-named class's
+            nixl = ident is not None and ident.is_vllm and "nixl" in ident.name.lower()
             why = (f"deprecated for {kv.get('kv_connector')} since vLLM 0.24" if ctx.target.kv_both_deprecated
-                   and "nixl" in str(kv.get("kv_connector", "")).lower() else "the stage then also accepts the other direction")
+                   and nixl else "the stage then also accepts the other direction")
             yield r.diag(f"{side} stage {n.stage_id} uses kv_role kv_both ({why})",
                          ctx.sloc(n, "kv_transfer_config", "kv_role", value=True), help=f"write `kv_role: {want}`")
 
@@ -160,7 +162,10 @@ def kv_both(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
       passing=_pd_yaml(OK_P, OK_D))
 def connector_mismatch(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``kv_connector`` must be set and equal on both sides: a NIXL producer and a
-    Mooncake consumer never exchange a block. On plain ``vllm serve`` engines a
+    Mooncake consumer never exchange a block. Equal is the loaded class
+    (``capability.same_connector``): one ``kv_connector`` loaded from different packages'
+    ``kv_connector_module_path`` (vLLM's MooncakeConnector and vllm-ascend's) is two
+    connectors whose handshakes never meet. On plain ``vllm serve`` engines a
     MultiConnector side whose handoff child is the other side's connector pairs
     (:func:`_same_handoff`). Source: vllm-omni
     ``vllm_omni/entrypoints/pd_utils.py`` ``_validate_pd_separation_config`` ("PD
@@ -175,32 +180,47 @@ def connector_mismatch(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         if not c:
             other = d if n is p else p
             yield r.diag(f"stage {n.stage_id}: kv_transfer_config has no kv_connector", ctx.sloc(n, "kv_transfer_config"),
-                         help=f"add `kv_connector: {(other.kv or {}).get('kv_connector') or 'MooncakeConnector'}`")
-    if pc and dc and pc != dc and not _same_handoff(ctx, p.kv, d.kv):  # type: ignore[arg-type]
-        yield r.diag("prefill and decode use different KV connectors",
-                     ctx.sloc(d, "kv_transfer_config", "kv_connector", value=True), label=f"decode uses {dc}",
+                         help=f"add `kv_connector: {_same_as(other)}`")
+    if pc and dc and not same_connector(ctx, p, d) and not _same_handoff(ctx, p, d):
+        same_name = pc == dc  # one name, two packages' classes: name which class each side loads
+        shown = (lambda n, c: connector_label(ctx, n) if same_name else c)
+        yield r.diag("prefill and decode use different KV connectors"
+                     + (f" (both name {pc}, loaded from different module paths)" if same_name else ""),
+                     ctx.sloc(d, "kv_transfer_config", "kv_connector", value=True), label=f"decode uses {shown(d, dc)}",
                      related=[ctx.sloc(p, "kv_transfer_config", "kv_connector", value=True,
-                                       label=f"prefill (stage {p.stage_id}) uses {pc}")],
-                     help="use the same kv_connector on both stages of the PD pair")
+                                       label=f"prefill (stage {p.stage_id}) uses {shown(p, pc)}")],
+                     help="use the same kv_connector" + (" and kv_connector_module_path" if same_name else "")
+                          + " on both stages of the PD pair")
 
 
-def _handoff_names(kv: dict) -> set[str]:
-    """The connectors that move KV from P to D on one side: MultiConnector's children that
-    presets/targets/multi_connector.yaml lists as handoff connectors, else the connector."""
+def _same_as(other: Any) -> str:
+    """What to write for the connector ``other`` names: its ``kv_connector`` and, when set, its
+    ``kv_connector_module_path`` (the same name without it is vLLM's class, another connector);
+    MooncakeConnector when it names none."""
+    kv = other.kv or {}
+    name = kv.get("kv_connector") or "MooncakeConnector"
+    path = kv.get("kv_connector_module_path") if kv.get("kv_connector") else None
+    return f"{name}, kv_connector_module_path: {path}" if isinstance(path, str) and path.strip() else str(name)
+
+
+def _handoff_names(ctx: Context, n: Any) -> set[str]:
+    """The connectors that move KV from P to D on stage ``n``, as loaded classes
+    (``capability.connector_row``): vLLM MultiConnector's children that
+    presets/targets/multi_connector.yaml lists as handoff connectors (vLLM's classes of those
+    names), else the connector."""
     from omni_pd.check.rules.multi_connector import _multi_facts
 
-    name = kv.get("kv_connector")
-    if name != "MultiConnector":
-        return {str(name)}
+    kv = n.kv or {}
+    if connector_row(ctx, n) != "MultiConnector":
+        return {connector_row(ctx, n)}
     kids = (kv.get("kv_connector_extra_config") or {}).get("connectors") if isinstance(
         kv.get("kv_connector_extra_config"), dict) else None
     handoff = set(_multi_facts()["handoff"])
-    return {str(c["kv_connector"]) for c in kids
-            if isinstance(c, dict) and isinstance(c.get("kv_connector"), str) and c["kv_connector"] in handoff} \
-        if isinstance(kids, list) else set()
+    rows = [connector_row(ctx, n, c) for c in kids if isinstance(c, dict)] if isinstance(kids, list) else []
+    return {row for row in rows if row in handoff}
 
 
-def _same_handoff(ctx: Context, pk: dict, dk: dict) -> bool:
+def _same_handoff(ctx: Context, p: Any, d: Any) -> bool:
     """True when two plain ``vllm serve`` engines exchange KV through one connector although
     their ``kv_connector`` names differ: one side (or both) is a MultiConnector whose
     handoff child is the other side's connector (a NIXL prefill that also offloads to
@@ -209,7 +229,7 @@ def _same_handoff(ctx: Context, pk: dict, dk: dict) -> bool:
     (``_validate_pd_separation_config``), so its runtime keeps the finding."""
     if ctx.topology is None or ctx.topology.pipeline.runtime == "vllm-omni":
         return False
-    a, b = _handoff_names(pk), _handoff_names(dk)
+    a, b = _handoff_names(ctx, p), _handoff_names(ctx, d)
     return bool(a & b)
 
 
@@ -528,7 +548,9 @@ def ascend_peer_blocks_missing(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     takes the peer TP per request). A missing key is an ``AssertionError`` at engine start;
     the help gives the block from the stages' real sizes (what ``expand`` writes). The
     connectors that read the blocks: presets/targets/vllm_ascend.yaml ``rules.connectors``
-    (``peer_blocks``); a vllm-ascend connector not listed there (UCMConnector, the store
+    (``peer_blocks``), by the loaded class (``capability.connector_row``: ``MooncakeConnector``
+    from vllm-ascend's module path is MooncakeConnectorV1, an out-of-tree class of a vllm-ascend
+    name is not vllm-ascend's); a vllm-ascend connector not listed there (UCMConnector, the store
     connectors) is not checked. Sources: ``extracted.*.pull_peer_blocks`` /
     ``push_peer_blocks`` (vllm-ascend kv_p2p/mooncake_connector.py
     ``_get_prefill_decode_size``, 0.13-0.23.0.post1); vllm-ascend v0.23.0
@@ -542,9 +564,10 @@ def ascend_peer_blocks_missing(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     release = ascend.release_for_vllm(ctx.target.label)
     real = {"prefill": pair[0], "decode": pair[1]}
     for n in pair:
-        name = (n.kv or {}).get("kv_connector")
-        if not ascend.is_ascend(name) or not ascend.peer_blocks_read(name, release):
+        row = connector_row(ctx, n)  # vllm-ascend's class, also under vLLM's name from its module path
+        if not ascend.is_ascend(row) or not ascend.peer_blocks_read(row, release):
             continue
+        name = connector_label(ctx, n)
         extra = (n.kv or {}).get("kv_connector_extra_config") or {}
         for side, peer in real.items():
             blk = extra.get(side)

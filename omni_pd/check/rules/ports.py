@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Location, Severity
 from omni_pd.check.rules import Context, Example, Rule, rule
+from omni_pd.compile.connectors.lmcache import lmcache_rank_ports
 from omni_pd.compile.versions import runtime_release
 
 if TYPE_CHECKING:
@@ -60,55 +61,6 @@ def _as_port(v: Any) -> int | None:
         return None
 
 
-#: LMCache settings that hold one port per worker of the engine that reads them: LMCache's
-#: PD backend takes ``config.pd_peer_init_port[tp_rank]`` (``tp_rank`` = the worker's rank
-#: in its engine, ``metadata.worker_id``) for each (LMCache lmcache/v1/storage_backend/
-#: pd_backend.py ``PDConfig.from_cache_engine_config``; ``pd_peer_query_port`` in newer
-#: releases; ``nixl_peer_*`` are the LMCache <= 0.3 names, aliases in lmcache/v1/config.py
-#: ``_CONFIG_ALIASES``). LMCache/LMCache#1381, #1966: too few entries -> IndexError at start.
-LMCACHE_RANK_PORTS = ("pd_peer_init_port", "pd_peer_alloc_port", "pd_peer_query_port",
-                      "nixl_peer_init_port", "nixl_peer_alloc_port")
-
-
-@dataclass(frozen=True)
-class RankPorts:
-    """One LMCache per-rank port setting of a stage. ``keys``: its path under the stage
-    (``("kv_transfer_config", "kv_connector_extra_config", "lmcache.pd_peer_init_port")`` or
-    ``("env", "LMCACHE_PD_PEER_INIT_PORT")``); ``raw``: the value as written; ``ports``:
-    the list LMCache ends up with, None when the shape is one LMCache cannot index
-    (a scalar or a string in ``kv_connector_extra_config``: vLLM's LMCache adapter sets
-    ``lmcache.*`` values as written, ``_validate_and_set_config_value``)."""
-
-    name: str
-    keys: tuple
-    raw: Any
-    ports: list | None
-
-
-def lmcache_rank_ports(n: "StageNode") -> list[RankPorts]:
-    """The LMCache per-rank port lists stage ``n`` sets (:data:`LMCACHE_RANK_PORTS`), for
-    ``LMCacheConnectorV1`` stages only. Both forms vLLM's LMCache adapter reads: the
-    ``lmcache.``-prefixed ``kv_connector_extra_config`` key (a YAML list; it wins) and the
-    ``LMCACHE_<KEY>`` environment variable (LMCache's ``_to_int_list``: ``7300`` or
-    ``"7300,7301"``). Elements are kept as written (OPD504 checks each is a port)."""
-    kv = n.kv or {}
-    if kv.get("kv_connector") != "LMCacheConnectorV1":
-        return []
-    extra = kv.get("kv_connector_extra_config")
-    extra = extra if isinstance(extra, dict) else {}
-    out: list[RankPorts] = []
-    for key in LMCACHE_RANK_PORTS:
-        if f"lmcache.{key}" in extra:
-            v = extra[f"lmcache.{key}"]
-            out.append(RankPorts(key, ("kv_transfer_config", "kv_connector_extra_config", f"lmcache.{key}"), v,
-                                 list(v) if isinstance(v, list) else None))
-        elif f"LMCACHE_{key.upper()}" in n.env:
-            v = n.env[f"LMCACHE_{key.upper()}"]
-            parts = v if isinstance(v, list) else [p.strip() for p in str(v).strip().strip("'\"").split(",") if p.strip()]
-            out.append(RankPorts(key, ("env", f"LMCACHE_{key.upper()}"), v, list(parts)))
-    return out
-
-
 def _side(n: "StageNode") -> str:
     if n.pd_role:
         return n.pd_role
@@ -116,15 +68,19 @@ def _side(n: "StageNode") -> str:
 
 
 def bound_ports(ctx: Context, n: "StageNode") -> list[Bound]:
-    """Every port range stage ``n`` binds on its host (per engine; ranks included)."""
-    from omni_pd.compile import connectors
+    """Every port range stage ``n`` binds on its host (per engine; ranks included). The
+    connector's ports are the loaded class's (``capability.connector_contract`` /
+    ``connector_row``): ``kv_connector: MooncakeConnector`` from vllm-ascend's module path binds
+    vllm-ascend's ``kv_port`` range, not vLLM's bootstrap port; an out-of-tree class binds no
+    port omni-pd knows."""
+    from omni_pd.check.rules.capability import connector_contract, connector_label, connector_row
     from omni_pd.compile.connectors.base import launched_replicas
 
     out: list[Bound] = []
     kv = n.kv or {}
-    name = kv.get("kv_connector")
+    row, name = connector_row(ctx, n), connector_label(ctx, n)
     tp, pp, dp = ctx.stage_tp(n), ctx.stage_pp(n), ctx.stage_dp(n)
-    c = connectors.get(name) if name else None
+    c = connector_contract(ctx, n)
     if c is not None and ctx.target.version >= (0, 11):
         runtime = runtime_of(ctx)
         reps = launched_replicas(n.num_replicas)
@@ -139,16 +95,16 @@ def bound_ports(ctx: Context, n: "StageNode") -> list[Bound]:
                 loc = ctx.sloc(n, "kv_transfer_config", "kv_connector", value=True)
             purpose = pu.purpose if pu.key or "default" in pu.purpose else f"{pu.purpose} ({pu.env} default)"
             out.append(Bound(n, pu.port, pu.span, purpose, loc, pu.replica, reps))
-    elif name in ("P2pNcclConnector", "MooncakeConnectorV1", "MooncakeLayerwiseConnector"):
+    elif row in ("P2pNcclConnector", "MooncakeConnectorV1", "MooncakeLayerwiseConnector"):
         port = _as_port(kv.get("kv_port", DEFAULT_KV_PORT))
         if port is not None:
-            span = tp * pp * (1 if name == "P2pNcclConnector" else dp)
+            span = tp * pp * (1 if row == "P2pNcclConnector" else dp)
             out.append(Bound(n, port, max(span, 1), f"kv_port + rank ({name})",
                              ctx.sloc(n, "kv_transfer_config", "kv_port", value=True)))
     p = _as_port(n.settings.get("port"))  # None when unset
     if p is not None:
         out.append(Bound(n, p, 1, "API server --port", ctx.sloc(n, "port", value=True)))
-    if name == "P2pNcclConnector":
+    if row == "P2pNcclConnector":  # vLLM's p2p_nccl_connector.py serves its own http_port
         p = _as_port((kv.get("kv_connector_extra_config") or {}).get("http_port"))
         if p is not None and not any(b.purpose.startswith("API") and b.port == p for b in out):
             out.append(Bound(n, p, 1, "API server (http_port)",
@@ -235,13 +191,15 @@ _MC_D = "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: Mo
 
 def _bootstrap_facts(ctx: Context, n: "StageNode"):
     """(facts, deciding setting, port replica 0 binds, replicas) for a Mooncake stage that
-    runs a bootstrap server, else None. One source with expand and launch:
-    omni_pd.compile.connectors.mooncake.bootstrap_ports."""
+    runs a bootstrap server, else None: vLLM's MooncakeConnector only (``connector_row``; another
+    package's class of that name runs no bootstrap server omni-pd knows). One source with expand
+    and launch: omni_pd.compile.connectors.mooncake.bootstrap_ports."""
+    from omni_pd.check.rules.capability import connector_row
     from omni_pd.compile.connectors.base import launched_replicas
     from omni_pd.compile.connectors.mooncake import bootstrap_ports, deciding_setting
 
     kv = n.kv or {}
-    if kv.get("kv_connector") != "MooncakeConnector" or kv.get("kv_role") not in ("kv_producer", "kv_both"):
+    if connector_row(ctx, n) != "MooncakeConnector" or kv.get("kv_role") not in ("kv_producer", "kv_both"):
         return None
     runtime = runtime_of(ctx)
     reps = launched_replicas(n.num_replicas)
@@ -317,9 +275,12 @@ def bootstrap_key_unread(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     On a ``kv_consumer`` the key a producer reads is unread too (vllm-omni 0.30 reads
     ``bootstrap_port`` for a ``kv_producer`` only: engine/stage_runtime.py
     ``_prepare_replica_vllm_config``): the paths are the contract's for the stage's side
-    (``MooncakeConnector.unread_keys``), the ones expand drops.
+    (``MooncakeConnector.unread_keys``), the ones expand drops. Only vLLM's MooncakeConnector
+    (``capability.connector_row``): a class another package's ``kv_connector_module_path``
+    loads under that name reads its own keys.
     Source: vllm_omni/entrypoints/pd_utils.py (0.18.0-0.30.0 wheels); facts per runtime and
     version, each with its source: presets/targets/mooncake_bootstrap.yaml."""
+    from omni_pd.check.rules.capability import connector_row
     from omni_pd.compile import connectors
 
     if ctx.topology is None:
@@ -328,8 +289,8 @@ def bootstrap_key_unread(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     facts = ctx.target.mooncake_bootstrap(runtime)
     for n in ctx.topology.stages:
         kv = n.kv or {}
-        if kv.get("kv_connector") != "MooncakeConnector":
-            continue
+        if connector_row(ctx, n) != "MooncakeConnector":
+            continue  # vLLM's class only: another package's reads its own keys
         extra = kv.get("kv_connector_extra_config") or {}  # a mapping: validate types it (OPD101)
         got = _bootstrap_facts(ctx, n)
         # the contract's list for this stage's side, the one expand drops by: on decode it
@@ -373,7 +334,9 @@ def cross_host_localhost(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     vllm-ascend's connectors and plain ``vllm serve`` do not read it, so a missing
     ``kv_ip`` there is no finding). A Mooncake prefill whose ``VLLM_HOST_IP`` is a
     loopback address advertises it (vLLM ``vllm/utils/network_utils.py`` ``get_ip``).
-    The failure is a handshake error and silent recompute. Sources:
+    The failure is a handshake error and silent recompute. The connector is the loaded class
+    (``capability.connector_row``): a class another package's ``kv_connector_module_path`` loads
+    under these names advertises what that package decides, and is not judged. Sources:
     https://github.com/vllm-project/vllm/issues/27083; vLLM PR #53018; dynamo PR #1327."""
     pair = ctx.pd_pair
     if pair is None:
@@ -382,7 +345,10 @@ def cross_host_localhost(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     hp, hd = ctx.host_of(p), ctx.host_of(d)
     if hp == hd:
         return
-    name = str((p.kv or {}).get("kv_connector") or "")
+    from omni_pd.check.rules.capability import connector_ident
+
+    ident = connector_ident(ctx, p)  # the loaded class: vLLM's NIXL, vLLM's or vllm-ascend's Mooncake
+    name = ident.name if ident is not None and ident.registered else ""
     addr = None
     if ctx.inventory is not None and ctx.inventory.host(hp) is not None:
         addr = ctx.inventory.host(hp).address  # type: ignore[union-attr]
@@ -444,7 +410,7 @@ def _reads_kv_ip(ctx: Context, name: str) -> bool:
 def port_invalid(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Ports (``kv_port``, ``*_port`` extra-config keys, ``*_PORT`` env vars) must be
     integers in 1..65535 (P2pNccl rejects ``kv_port`` 0); LMCache's per-rank port lists
-    (:data:`LMCACHE_RANK_PORTS`, a list such as ``[7300, 7301]`` or ``"7300,7301"`` in the
+    (:data:`omni_pd.compile.connectors.lmcache.LMCACHE_RANK_PORTS`, a list such as ``[7300, 7301]`` or ``"7300,7301"`` in the
     environment) are checked element by element, their length and shape by OPD608; a range ``[base, base + span)``
     must also end at or below 65535 (the operating system's port range; vLLM does not
     range-check ``kv_port``). Sources: vLLM ``vllm/config/kv_transfer.py``
@@ -523,9 +489,11 @@ def ascend_transport_range(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     if topo is None:
         return
     for n in topo.stages:
-        name = (n.kv or {}).get("kv_connector")
-        if not ascend.is_ascend(name):
-            continue
+        from omni_pd.check.rules.capability import connector_label, connector_row
+
+        if not ascend.is_ascend(connector_row(ctx, n)):
+            continue  # vllm-ascend's classes, also under vLLM's name from vllm-ascend's module path
+        name = connector_label(ctx, n)
         host = ctx.inventory.host(ctx.host_of(n)) if ctx.inventory is not None else None
         npus = int(host.count) if host is not None and host.count else 16
         lo, hi = ascend.transport_range(npus)

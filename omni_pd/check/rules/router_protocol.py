@@ -57,10 +57,12 @@ def speaks(router: dict[str, Any]) -> tuple[str, ...]:
     return tuple((table()["kinds"].get(kind) or {}).get("speaks") or ()) if kind else ()
 
 
-def _protocol(name: str) -> str | None:
-    from omni_pd.compile import connectors
+def _protocol(ctx: Context, node: Any) -> str | None:
+    """The request protocol of the connector ``node`` loads (its contract's, by the loaded
+    class: vllm-ascend's MooncakeConnector pulls, vLLM's bootstraps); None without a contract."""
+    from omni_pd.check.rules.capability import connector_contract
 
-    c = connectors.get(name)
+    c = connector_contract(ctx, node)
     return c.router_protocol if c is not None else None
 
 
@@ -95,8 +97,10 @@ def router_protocol(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     (MooncakeLayerwiseConnector) drives no transfer: requests fail at the router or
     decode recomputes. Error at prefill's ``kv_connector``, naming what to run instead
     (``omni-pd launch``'s router speaks all of them; other routers with the flag or
-    release that adds the protocol). The connector's protocol is its contract's
-    ``router_protocol``; the routers' protocols are ``presets/targets/routers.yaml``. A
+    release that adds the protocol). The connector's protocol is the contract's
+    ``router_protocol`` of the class loaded (``capability.connector_contract``: vLLM's
+    MooncakeConnector bootstraps, vllm-ascend's class of that name, loaded by its
+    ``kv_connector_module_path``, pulls; an out-of-tree class is not judged); the routers' protocols are ``presets/targets/routers.yaml``. A
     router that relays nothing (``relays_kv_transfer_params: false``) is OPD702's.
     Sources: https://github.com/ai-dynamo/dynamo/pull/9414,
     https://github.com/vllm-project/router/pull/151,
@@ -108,10 +112,12 @@ def router_protocol(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     if router.get("relays_kv_transfer_params") is False or router_kind(router) in (None, "none"):
         return
     p, d = pair
-    name = str(p.kv.get("kv_connector") or "")  # type: ignore[union-attr]
-    proto = _protocol(name)
+    proto = _protocol(ctx, p)
     if proto is None:
-        return  # a connector without a router contract (LMCache, NixlPush, MultiConnector): OPD702/OPD613 say it
+        return  # a connector without a router contract (LMCache, NixlPush, MultiConnector, out-of-tree): OPD702/OPD613 say it
+    from omni_pd.check.rules.capability import connector_label
+
+    name = connector_label(ctx, p)
     have = speaks(router)
     if proto in have:
         return

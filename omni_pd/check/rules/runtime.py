@@ -87,16 +87,18 @@ def routing_params(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     last one only when prefill's ``engine_id`` is set: warning when it is not). An
     inventory ``router:`` that does not relay them is an error: answers stay correct but
     decode recomputes every prompt (the passing example is the same YAML without that
-    router). Sources: https://github.com/vllm-project/vllm/issues/26896,
+    router). The fields are the loaded connector's (``capability.connector_contract``): vLLM's
+    NIXL and Mooncake above, vllm-ascend's class when its ``kv_connector_module_path`` loads it.
+    Sources: https://github.com/vllm-project/vllm/issues/26896,
     https://github.com/vllm-project/vllm/pull/42703."""
-    from omni_pd.compile import connectors
-
     pair = ctx.pd_pair
     if pair is None or not (pair[0].kv and pair[1].kv):
         return
     p, d = pair
-    name = str(p.kv.get("kv_connector") or "")  # type: ignore[union-attr]
-    c = connectors.get(name) if name else None
+    from omni_pd.check.rules.capability import connector_contract, connector_label
+
+    name = connector_label(ctx, p)  # as written, or which package's class a module path loads
+    c = connector_contract(ctx, p)  # the loaded class's fields, not vLLM's of that name
     fields = c.routing_fields if c is not None else ()
     router = ctx.inventory.router if ctx.inventory is not None else None
     from omni_pd.check.rules.lmcache_pd import lmcache_verdict
@@ -129,7 +131,7 @@ def routing_params(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                           "orchestrator or a PD-aware proxy")
     # an engine_id of the wrong type (an int: KVTransferConfig's `engine_id: str | None`) is
     # OPD101's finding, not a missing one
-    if "mooncake" in name.lower() and not p.kv.get("engine_id") and \
+    if c is not None and "mooncake" in c.name.lower() and not p.kv.get("engine_id") and \
             ctx.stage_path(p, "kv_transfer_config", "engine_id")[-1:] != ("engine_id",):  # type: ignore[union-attr]
         yield r.diag(f"prefill stage {p.stage_id} has no engine_id: vllm-omni cannot send remote_engine_id to decode",
                      ctx.sloc(p, "kv_transfer_config"), severity=Severity.WARNING,

@@ -161,7 +161,10 @@ def speculative_mismatch(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     loc = ctx.sloc(here, "speculative_config", value=True)
     rel = [ctx.sloc(there, "speculative_config", value=True, label=f"{other} (stage {there.stage_id})")
            if ts is not None else ctx.sloc(there, label=f"{other} (stage {there.stage_id}): no speculative_config")]
-    name = str((p.kv or {}).get("kv_connector") or (d.kv or {}).get("kv_connector") or "")
+    from omni_pd.check.rules.capability import connector_label, connector_row
+
+    side_kv = p if (p.kv or {}).get("kv_connector") else d
+    name = connector_label(ctx, side_kv)  # as written, or which package's class a module path loads
     same = bp and bd and mp == md and (sp or {}).get("model") == (sd or {}).get("model")
     if same:
         tp_, td_ = (sp or {}).get("num_speculative_tokens"), (sd or {}).get("num_speculative_tokens")
@@ -173,7 +176,7 @@ def speculative_mismatch(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                          help=f"write `num_speculative_tokens: {td_}` in prefill's speculative_config too")
         return
     src = ["https://github.com/vllm-project/vllm/pull/49230"]
-    row = _row(name)
+    row = _row(connector_row(ctx, side_kv))  # the loaded class's row: vLLM's NIXL, not a same-named class
     fix = json.dumps(hs if (hs is not None and model_based(method_of(hs), hs)) else ts, separators=(", ", ": "))
     target_side = there if (hs is not None and model_based(method_of(hs), hs)) else here
     help_ = (f"give stage {target_side.stage_id} the same model-based speculative_config: `speculative_config: {fix}` "

@@ -42,6 +42,12 @@ class ConnectorIdentity:
         """True when vLLM's own connector of that name is loaded (vLLM's rows apply)."""
         return self.package == "vllm"
 
+    @property
+    def registered(self) -> bool:
+        """True for a class registered in vLLM's or vllm-ascend's factory (``name`` is a row
+        name), False for a class only a module path names (``"<module path>:<class>"``)."""
+        return ":" not in self.name
+
     def vllm_row(self) -> str | None:
         """The name to look up in vLLM's per-connector tables; None for another package's
         connector (vLLM's row of a same-named class does not describe it)."""

@@ -118,3 +118,57 @@ def transport(p: SideConfig, d: SideConfig, same_host: bool) -> Verdict:
     if p.config_file or d.config_file:
         return Verdict("unknown")
     return Verdict("none")
+
+
+#: LMCache settings that hold one port per worker of the engine that reads them: LMCache's
+#: PD backend takes ``config.pd_peer_init_port[tp_rank]`` (``tp_rank`` = the worker's rank
+#: in its engine, ``metadata.worker_id``) for each (LMCache lmcache/v1/storage_backend/
+#: pd_backend.py ``PDConfig.from_cache_engine_config``; ``pd_peer_query_port`` in newer
+#: releases; ``nixl_peer_*`` are the LMCache <= 0.3 names, aliases in lmcache/v1/config.py
+#: ``_CONFIG_ALIASES``). LMCache/LMCache#1381, #1966: too few entries -> IndexError at start.
+LMCACHE_RANK_PORTS = ("pd_peer_init_port", "pd_peer_alloc_port", "pd_peer_query_port",
+                      "nixl_peer_init_port", "nixl_peer_alloc_port")
+
+
+@dataclass(frozen=True)
+class RankPorts:
+    """One LMCache per-rank port setting of a stage. ``keys``: its path under the stage
+    (``("kv_transfer_config", "kv_connector_extra_config", "lmcache.pd_peer_init_port")`` or
+    ``("env", "LMCACHE_PD_PEER_INIT_PORT")``); ``raw``: the value as written; ``ports``:
+    the list LMCache ends up with, None when the shape is one LMCache cannot index
+    (a scalar or a string in ``kv_connector_extra_config``: vLLM's LMCache adapter sets
+    ``lmcache.*`` values as written, ``_validate_and_set_config_value``)."""
+
+    name: str
+    keys: tuple
+    raw: Any
+    ports: list | None
+
+
+def lmcache_rank_ports(n: Any) -> list[RankPorts]:
+    """The LMCache per-rank port lists stage ``n`` (a ``StageNode``) sets (:data:`LMCACHE_RANK_PORTS`), for
+    ``LMCacheConnectorV1`` stages only. Both forms vLLM's LMCache adapter reads: the
+    ``lmcache.``-prefixed ``kv_connector_extra_config`` key (a YAML list; it wins) and the
+    ``LMCACHE_<KEY>`` environment variable (LMCache's ``_to_int_list``: ``7300`` or
+    ``"7300,7301"``). Elements are kept as written (OPD504 checks each is a port). vLLM's
+    LMCacheConnectorV1 only (``identify(kv).vllm_row()``): a class another package's
+    ``kv_connector_module_path`` loads under that name reads what that package reads."""
+    from omni_pd.compile.connectors.identity import identify
+
+    kv = n.kv or {}
+    ident = identify(kv)  # LMCacheConnectorV1 is vLLM's on every platform
+    if ident is None or ident.vllm_row() != "LMCacheConnectorV1":
+        return []
+    extra = kv.get("kv_connector_extra_config")
+    extra = extra if isinstance(extra, dict) else {}
+    out: list[RankPorts] = []
+    for key in LMCACHE_RANK_PORTS:
+        if f"lmcache.{key}" in extra:
+            v = extra[f"lmcache.{key}"]
+            out.append(RankPorts(key, ("kv_transfer_config", "kv_connector_extra_config", f"lmcache.{key}"), v,
+                                 list(v) if isinstance(v, list) else None))
+        elif f"LMCACHE_{key.upper()}" in n.env:
+            v = n.env[f"LMCACHE_{key.upper()}"]
+            parts = v if isinstance(v, list) else [p.strip() for p in str(v).strip().strip("'\"").split(",") if p.strip()]
+            out.append(RankPorts(key, ("env", f"LMCACHE_{key.upper()}"), v, list(parts)))
+    return out
