@@ -101,3 +101,31 @@ def test_the_readme_block_is_what_status_prints_on_the_recorded_pages(capsys):
     # the README shows the title and the pairs' table, without the instances' table below it
     assert window(shown) == window(printed[:len(shown)])
     assert printed[len(shown)].startswith("┏━━━━━━━━━━━┳━━━━━━━━━┳")  # the instance table starts right after
+
+
+OMNI_COMMAND = ("$ omni-pd status --url prefill=http://127.0.0.1:8000#stage=0 "
+                "--url decode=http://127.0.0.1:8000#stage=1 --window 0")
+
+
+def test_the_readme_omni_block_is_what_status_prints_on_the_cpu_rehearsals_page(capsys):
+    """The README's second status block: the four-stage Qwen3-Omni pipeline of the CPU rehearsal
+    (tests/test_e2e_omni_stream_pd.py, `omni-pd launch --platform cpu` of `expand --stream`), its
+    one server's /metrics page kept after the run's requests (tests/fixtures/status/omni_cpu_run.prom.gz;
+    the e2e test writes it to OMNI_PD_STATUS_PAGES). One scrape (--window 0): totals since start."""
+    block = next(b for b in fenced_blocks(page("README.md"), "text") if b.startswith(OMNI_COMMAND.split(" --url")[0])
+                 and "#stage=" in b.splitlines()[0])
+    command, *shown = block.splitlines()
+    assert command == OMNI_COMMAND
+    srv = _serve([_page("omni_cpu_run")])
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        capsys.readouterr()
+        rc = main(["status", "--url", f"prefill={url}#stage=0", "--url", f"decode={url}#stage=1", "--window", "0"])
+        out = capsys.readouterr().out
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert rc == 0
+    printed = [ln.rstrip().replace(url, "http://127.0.0.1:8000") for ln in out.splitlines()]
+    assert shown == printed[:len(shown)]
+    assert "PD working" in "\n".join(shown)

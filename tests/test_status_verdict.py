@@ -152,6 +152,9 @@ def test_no_traffic_in_the_window_reads_the_totals_since_start():
     assert (v.verdict, v.basis) == (PD_WORKING, "since start")
     assert v.evidence[0] == ("Decode took 378 of 381 prompt tokens from prefill (99.2%) since decode started "
                              "(no prompt tokens in the window)")
+    # one scrape (--window 0): there is no window to speak of
+    (v,) = assess(PLAIN, None, after).pairs
+    assert v.evidence[0] == "Decode took 378 of 381 prompt tokens from prefill (99.2%) since decode started"
     before, _ = scenario("pd")
     (v,) = assess(PLAIN, before, before).pairs
     assert (v.verdict, v.share, assess(PLAIN, before, before).exit_code) == (IDLE, None, 0)

@@ -178,6 +178,8 @@ class InstanceStats:
     health: int | None = None
     basis: str = "window"
     seconds: float = 0.0
+    #: True when there was one scrape (``--window 0``): no window, the totals since start
+    one_scrape: bool = False
     requests: float | None = None
     prompt_tokens: dict[str, float] = field(default_factory=dict)
     external_share: float | None = None
@@ -277,7 +279,8 @@ def instance_stats(inst: Instance, before: Scrape | None, after: Scrape, window:
     instance saw prompt tokens in it or has no prompt-token series (else since start);
     True/False force it."""
     st = InstanceStats(inst.name, inst.role, inst.url, inst.stage, after.up, after.error, after.health,
-                       seconds=max(0.0, after.at - before.at) if before is not None else 0.0)
+                       seconds=max(0.0, after.at - before.at) if before is not None else 0.0,
+                       one_scrape=before is None)
     if inst.role == "router":
         st.backends = _backends(before, after)
         return st
@@ -397,7 +400,8 @@ def pair_verdict(pair: Pair, stats: Mapping[str, InstanceStats], router: Instanc
     if ev:
         return PairVerdict(pair.name, pair.decode, pair.prefills, INSTANCE_DOWN, d.external_share, d.basis, ev)
     basis = d.basis
-    where = "over the window" if basis == "window" else "since decode started (no prompt tokens in the window)"
+    where = ("over the window" if basis == "window" else "since decode started"
+             + ("" if d.one_scrape else " (no prompt tokens in the window)"))
     if "external_kv_transfer" not in d.prompt_tokens or "local_compute" not in d.prompt_tokens:
         xfers = d.connector.get("transfers")
         return PairVerdict(pair.name, pair.decode, pair.prefills, NOT_MEASURABLE, None, basis, [
