@@ -1,7 +1,9 @@
 """``omni-pd status``'s documentation says what the code reads (issue 37): docs/launch.md's
 verdict table names every verdict with its exit status and the failure counters the verdict
 reads, its per-release table names every series ``status`` reads, and the README's status
-block is what ``omni-pd status`` prints on the recorded pages (tests/fixtures/status/pd_*).
+block is what ``omni-pd status`` prints on the Qwen3-Omni CPU rehearsal's page
+(tests/fixtures/status/omni_cpu_run.prom.gz), docs/launch.md's on the recorded vLLM pages
+(tests/fixtures/status/pd_*).
 """
 
 from __future__ import annotations
@@ -77,8 +79,9 @@ def _page(name: str) -> bytes:
         return f.read()
 
 
-def test_the_readme_block_is_what_status_prints_on_the_recorded_pages(capsys):
-    block = next(b for b in fenced_blocks(page("README.md"), "text") if b.startswith("$ omni-pd status"))
+def test_the_launch_page_block_is_what_status_prints_on_the_recorded_pages(capsys):
+    block = next(b for b in fenced_blocks(page("docs/launch.md"), "text")
+                 if b.startswith("$ omni-pd status --url prefill=http://127.0.0.1:8100"))
     command, *shown = block.splitlines()
     assert command == "$ omni-pd status --url prefill=http://127.0.0.1:8100 --url decode=http://127.0.0.1:8200"
     servers = [_serve([_page("pd_prefill_before"), _page("pd_prefill_after")]),
@@ -98,7 +101,7 @@ def test_the_readme_block_is_what_status_prints_on_the_recorded_pages(capsys):
     def window(lines: list[str]) -> list[str]:  # the measured window's length differs run to run
         return [re.sub(r"\(window \d+\.\d s\)", "(window N s)", ln) for ln in lines]
 
-    # the README shows the title and the pairs' table, without the instances' table below it
+    # the page shows the title and the pairs' table, without the instances' table below it
     assert window(shown) == window(printed[:len(shown)])
     assert printed[len(shown)].startswith("┏━━━━━━━━━━━┳━━━━━━━━━┳")  # the instance table starts right after
 
