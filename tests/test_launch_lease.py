@@ -132,16 +132,16 @@ def test_a_long_enough_lease_in_the_file_is_kept_silently(cpu_recipe):
 
 def test_vllm_omni_on_cpu_without_a_lease_is_warned_about_since_launch_cannot_add_it(tmp_path, capsys):
     cfg = _compiled(tmp_path, OMNI_CPU, connector="NixlConnector", kv_buffer_device="cpu")
-    rc, out, _ = _run(capsys, "launch", cfg, "--model", "m", "--platform", "cpu", "--dry-run")
-    assert rc == 0
+    rc, plan, out = _run(capsys, "launch", cfg, "--model", "m", "--platform", "cpu", "--dry-run")
+    assert rc == 0 and plan.startswith("# launch plan: ")  # --dry-run: the findings on stderr, the plan on stdout
     assert [line for line in out.splitlines() if line.startswith("warning[")] == [
         f"warning[OPD623]: stage {i} ({role}): kv_lease_duration unset (vLLM 0.30's default 30 s) is shorter than "
         "the 480 s NIXL KV lease cpu needs: prefill can free a request's KV blocks before decode reads them, and "
         "decode then uses blocks that may hold another request's KV" for i, role in ((0, "prefill"), (1, "decode"))]
     assert "vllm-omni passes the file's kv_transfer_config as written, so `launch` cannot add it" in out
     assert f"{cfg}: ok (0 errors, 2 warnings, 0 info)\n" in out
-    rc, out, _ = _run(capsys, "launch", cfg, "--model", "m", "--platform", "cuda", "--dry-run")
-    assert rc == 0 and "OPD623" not in out
+    rc, plan, out = _run(capsys, "launch", cfg, "--model", "m", "--platform", "cuda", "--dry-run")
+    assert rc == 0 and "OPD623" not in out + plan
 
 
 def test_the_lease_facts_are_vllm_030s_to_034s():

@@ -13,10 +13,12 @@ def test_not_pd_without_pipeline_key_says_so(tmp_path, capsys):
     (tmp_path / "my_deploy.yaml").write_text((ROOT / "presets" / "qwen3_omni_moe.yaml").read_text())
     rc, out, err = run_cli(["launch", "my_deploy.yaml", "--model", "M", "--dry-run"], capsys, cwd=tmp_path)
     assert rc == 2
-    # validate's findings and verdict first, as `omni-pd validate` prints them (issue 24 item 3)
-    assert out.startswith("info[OPD207]: no `pipeline:` key and none can be inferred")
-    assert out.endswith("my_deploy.yaml: ok (0 errors, 0 warnings, 1 info)\n")
-    head, help_ = err.splitlines()
+    # validate's findings and verdict first, as `omni-pd validate` prints them (issue 24 item 3), on
+    # stderr under --dry-run (stdout is for the plan), then the refusal
+    assert out == ""
+    assert err.startswith("info[OPD207]: no `pipeline:` key and none can be inferred")
+    found, refusal = err.split("my_deploy.yaml: ok (0 errors, 0 warnings, 1 info)\n")
+    head, help_ = refusal.splitlines()
     assert head == "error[OPD966]: my_deploy.yaml is not a PD config (it names no `pipeline:`)"
     assert help_.startswith("  = help: compile it first: `omni-pd expand ")
     assert help_.endswith("my_deploy.yaml --pipeline NAME -o pd.yaml` (NAME from `omni-pd pipelines`), "

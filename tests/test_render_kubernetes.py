@@ -598,5 +598,5 @@ def test_every_accepted_omni_placement_renders_manifests_that_validate(tmp_path_
         for flag in ("--host", "--omni-replica-address"):
             assert all(words[i + 1].strip("'") == OWN for i, w in enumerate(words) if w == flag)
         on_head = d["metadata"]["name"] == "omni-pd-head"
-        assert all(words[i + 1] == (OWN if on_head else "omni-pd-head")
+        assert all(words[i + 1].strip("'") == (OWN if on_head else "omni-pd-head")  # shell-quoted on the head pod
                    for i, w in enumerate(words) if w == "--omni-master-address")
