@@ -142,6 +142,16 @@ def test_opd703_every_reason_that_applies_is_named_in_order() -> None:
                 "prefill -> decode transfer succeeded", (16, 5), _VERIFY_HELP, [], [])]
 
 
+def test_opd703_omni_pds_own_router_is_not_called_someone_elses() -> None:
+    # `router: {kind: omni-pd}` is omni-pd's router: the "not omni-pd's" reason does not apply
+    ctx = {"inventory": {"hosts": {"host-a": {}, "host-b": {}}, "placement": {"all": "host-a", "1": "host-b"},
+                         "router": {"kind": "omni-pd"}}}
+    [(_, msg, *_)] = found(PD, "OPD703", ctx)
+    assert msg.startswith("PD pair stage 0 -> 1: prefill runs on host-a and decode on host-b: only a real transfer")
+    ctx["inventory"]["placement"] = {"all": "host-a"}
+    assert found(PD, "OPD703", ctx) == []
+
+
 def test_opd703_two_hosts_with_both_sides_on_one_of_them_and_a_plain_model_say_nothing() -> None:
     ctx = {"model": {"attention": "GQA"},
            "inventory": {"hosts": {"host-a": {}, "host-b": {}}, "placement": {"all": "host-a"}}}

@@ -187,7 +187,8 @@ def verify_transfer(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         why.append(f"prefill runs on {ctx.host_of(p)} and decode on {ctx.host_of(d)}")
     if ctx.model is not None and ctx.model.is_hybrid:
         why.append("a hybrid-attention model decides its physical block size at start")
-    if ctx.inventory is not None and ctx.inventory.router is not None:
+    router = ctx.inventory.router if ctx.inventory is not None else None
+    if isinstance(router, dict) and str(router.get("kind") or "") != "omni-pd":
         why.append("the inventory's router is not omni-pd's and must relay kv_transfer_params")
     if not why:
         return
