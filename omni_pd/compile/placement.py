@@ -191,6 +191,14 @@ def host_devices(layout: Mapping[int, Devices], stage_host: Mapping[int, str],
     return out
 
 
+def overlay_elsewhere(platform: str | None, accelerator: str | None) -> bool:
+    """True when the ``platforms.<platform>`` overlay cannot run on a host of ``accelerator``
+    (an xpu overlay on a cuda host: vllm-omni applies the overlay of the platform it runs on,
+    vllm_omni/config/stage_config.py ``_apply_platform_overrides``), so the host's ``count``
+    says nothing about it. The base stages (None) and hosts of unknown kind are judged."""
+    return platform not in (None, "cpu") and accelerator is not None and platform != accelerator
+
+
 def check_capacity(devices: Mapping[int, Devices], placement: Placement, inventory: InventoryLike,
                    platform: str | None = None) -> None:
     """Raise :class:`PlacementError` when a host's stages need more distinct devices
@@ -203,9 +211,8 @@ def check_capacity(devices: Mapping[int, Devices], placement: Placement, invento
         need = {d for sid in placement.stages_on(host) for d in (devices.get(sid) or ())
                 if isinstance(devices.get(sid), tuple)}
         count = inventory.hosts[host].count
-        acc = getattr(inventory.hosts[host], "accelerator", None)
-        if platform not in (None, "cpu") and acc is not None and platform != acc:
-            continue  # an overlay for another accelerator never runs on this host (OPD402 judges alike)
+        if overlay_elsewhere(platform, getattr(inventory.hosts[host], "accelerator", None)):
+            continue  # validate's OPD402 judges alike
         if count is not None and len(need) > count:
             stages = ", ".join(str(s) for s in placement.stages_on(host))
             where = f" with the platforms.{platform} overlay" if platform else ""

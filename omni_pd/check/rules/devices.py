@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Location, Severity
 from omni_pd.check.rules import PARALLEL_SIZE_KEYS, Context, Example, Rule, rule
+from omni_pd.compile.placement import overlay_elsewhere
 from omni_pd.compile.devices import (DEVICE_VARS, device_name, parse_visible, passed_through, physical_ids,
                                      rank_names, visible_value)
 
@@ -71,14 +72,6 @@ def _count(ctx: Context, node: "StageNode") -> tuple[int | None, str]:
             return h.count, f"host {h.name} has"
     return None, ""
 
-
-def overlay_elsewhere(platform: str | None, accelerator: str | None) -> bool:
-    """True when the ``platforms.<platform>`` overlay being judged cannot run on a host of
-    ``accelerator`` (an xpu overlay on a cuda host: vllm-omni applies the overlay of the
-    platform it runs on, vllm_omni/config/stage_config.py ``_apply_platform_overrides``), so the
-    host's ``count`` says nothing about it. The base stages (None) and hosts of unknown kind
-    are judged."""
-    return platform not in (None, "cpu") and accelerator is not None and platform != accelerator
 
 
 def _physicals(ctx: Context, node: "StageNode") -> tuple[str | None, ...]:
