@@ -252,11 +252,10 @@ def ec_key_unknown(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             if key in live:
                 continue
             if key in fields:
-                msg = (f"stage {n.stage_id}: ec_transfer_config.{key} was removed in vLLM {fields[key]['removed']}; "
-                       f"judged for {ctx.release_words()}") if fields[key].get("removed") and \
-                    tgt.version >= _v(fields[key]["removed"]) else (
-                    f"stage {n.stage_id}: ec_transfer_config.{key} is a field from vLLM {fields[key]['since']} on; "
-                    f"judged for {ctx.release_words()}")
+                f = fields[key]
+                gone = f.get("removed") and tgt.version >= _v(f["removed"])
+                when = f"was removed in vLLM {f['removed']}" if gone else f"is a field from vLLM {f['since']} on"
+                msg = f"stage {n.stage_id}: ec_transfer_config.{key} {when}; judged for {ctx.release_words()}"
                 help_ = f"remove `{key}`"
             else:
                 close = get_close_matches(str(key), live, n=1, cutoff=0.75)
