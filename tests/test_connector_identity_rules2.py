@@ -215,3 +215,26 @@ def test_opd613_lmcache_transport_is_vllms_lmcache_adapter():
     r = registry()["OPD613"]
     assert found("OPD613", r.fail, r.example_context)
     assert found("OPD613", with_path(r.fail, OOT), r.example_context) == []  # not vLLM's LMCache adapter
+
+
+def test_opd621_hybrid_state_row_is_the_loaded_connectors():
+    """OPD621 reads hybrid_kv.yaml's row of the class loaded: vLLM's MooncakeConnector on 0.21
+    cannot move a GDN model's state (error); the same name from an out-of-tree module path has no
+    row, so it is 'not pinned' (info), naming the class as loaded."""
+    text, ctx = example("OPD621")
+    assert [s for s, _ in found("OPD621", text, ctx)] == ["error"]
+    assert [s for s, _ in found("OPD621", with_path(text, "vllm.distributed.kv_transfer.kv_connector.v1"
+                                                          ".mooncake.mooncake_connector"), ctx)] == ["error"]
+    oot = found("OPD621", with_path(text, OOT), ctx)
+    assert [s for s, _ in oot] == ["info"]
+    assert oot[0][1].startswith(f"MooncakeConnector from {OOT} (out-of-tree) on vLLM 0.21: moving the")
+
+
+def test_opd612_pipeline_parallel_row_is_the_loaded_connectors():
+    """OPD612 reads kv_pp.yaml's row of the class loaded: vLLM's pull NIXL with PP on decode is an
+    error on 0.30; an out-of-tree NixlConnector has no row (info: no fact for it)."""
+    text, ctx = example("OPD612")
+    assert {s for s, _ in found("OPD612", text, ctx)} == {"error"}
+    oot = found("OPD612", with_path(text, OOT), ctx)
+    assert oot and {s for s, _ in oot} == {"info"}
+    assert all(f"over NixlConnector from {OOT} (out-of-tree):" in m for _, m in oot)

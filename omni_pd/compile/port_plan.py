@@ -137,7 +137,8 @@ def hccl_port(raw: Any, node: StageNode, replica: int) -> int | None:
     return base + replica * ascend.hccl_span(ascend.Sizes(tp=node.tp, dp=node.dp, pp=node.pp))
 
 
-def connector_ports(node: StageNode, target: Any, host: str, runtime: str = "vllm") -> tuple[PortUse, ...]:
+def connector_ports(node: StageNode, target: Any, host: str, runtime: str = "vllm",
+                    platform: str | None = None) -> tuple[PortUse, ...]:
     """Every connector port the engines of ``node`` bind on ``host``, one entry per port.
 
     The same function as ``expand``'s allocation and ``validate``'s OPD501/OPD502
@@ -147,16 +148,18 @@ def connector_ports(node: StageNode, target: Any, host: str, runtime: str = "vll
     ``_prepare_replica_vllm_config``). ``runtime``: ``vllm-omni`` starts ``num_replicas``
     engines per stage, ``vllm`` one per process omni-pd starts.
     """
-    return tuple(PortUse(port, purpose, host) for port, purpose, _ in _connector_port_keys(node, target, runtime))
+    return tuple(PortUse(port, purpose, host)
+                 for port, purpose, _ in _connector_port_keys(node, target, runtime, platform))
 
 
-def _connector_port_keys(node: StageNode, target: Any, runtime: str) -> list[tuple[int, str, str | None]]:
+def _connector_port_keys(node: StageNode, target: Any, runtime: str,
+                         platform: str | None = None) -> list[tuple[int, str, str | None]]:
     """:func:`connector_ports` as (port, purpose, deciding key)."""
     from omni_pd.compile import connectors
     from omni_pd.compile.connectors.base import launched_replicas
 
     kv = node.kv or {}
-    conn = connectors.get(str(kv.get("kv_connector", "")))
+    conn = connectors.contract_of(kv, platform)
     if conn is None or target is None:
         return []
     side = "prefill" if node.pd_role == "prefill" else "decode"
@@ -218,18 +221,20 @@ def instance_devices(devices: Any, replicas: int, replica: int) -> Any:
     return devices
 
 
-def instances(node: StageNode, target: Any) -> list[Instance]:
+def instances(node: StageNode, target: Any, platform: str | None = None) -> list[Instance]:
     """The ``vllm serve`` instances omni-pd's launcher starts for a prefill or decode
     stage: ``num_replicas`` of them, instance r with its own devices
     (:func:`instance_devices`), ``engine_id`` (:func:`~omni_pd.compile.connectors.base.
     instance_engine_id`) and connector ports (the contract's ``ports`` on the ``vllm``
-    runtime: ``base + r*span``, the same function validate and expand use)."""
+    runtime: ``base + r*span``, the same function validate and expand use) of the connector
+    the stage loads on ``platform`` (:func:`omni_pd.compile.connectors.contract_of`: a
+    ``kv_connector_module_path`` decides it)."""
     from omni_pd.compile import connectors
     from omni_pd.compile.connectors.base import instance_engine_id, launched_replicas
 
     kv = dict(node.kv or {})
     reps = launched_replicas(node.num_replicas)
-    conn = connectors.get(str(kv.get("kv_connector", "")))
+    conn = connectors.contract_of(kv, platform)
     side = "prefill" if node.pd_role == "prefill" else "decode"
     uses = (conn.ports(side, kv, node.env or {}, node.tp, node.dp, target, runtime="vllm", replicas=reps)
             if conn is not None and target is not None else [])
@@ -296,7 +301,7 @@ def plan_ports(topo: Topology, target: Any, *, port: int = 8000, engine_port_bas
             for s in topo.stages:
                 if s.pd_role:
                     out += [PlannedPort("omni", s.stage_id, h, p, what, "config", key)
-                            for p, what, key in _connector_port_keys(s, target, "vllm-omni")]
+                            for p, what, key in _connector_port_keys(s, target, "vllm-omni", platform)]
             return tuple(out)
         payload = payload_ports(topo)
         head = min(s.stage_id for s in topo.stages)
@@ -309,7 +314,7 @@ def plan_ports(topo: Topology, target: Any, *, port: int = 8000, engine_port_bas
                                        how=f"--engine-port-base {engine_port_base} + {OMNI_MASTER_PORT_OFFSET}"))
             if s.pd_role:
                 out += [PlannedPort(name, s.stage_id, h, p, what, "config", key)
-                        for p, what, key in _connector_port_keys(s, target, "vllm-omni")]
+                        for p, what, key in _connector_port_keys(s, target, "vllm-omni", platform)]
             out += [PlannedPort(name, s.stage_id, h, p, what, "config", "zmq_port")
                     for p, what in payload.get(s.stage_id, ())]
         return tuple(out)
@@ -320,7 +325,7 @@ def plan_ports(topo: Topology, target: Any, *, port: int = 8000, engine_port_bas
     for role, node in sides:
         h = host(node.stage_id)
         settings = {**wide, **node.settings}
-        for inst in instances(node, target):
+        for inst in instances(node, target, platform):
             name = f"{role}-{inst.replica}"
             http = engine_http_port(role, inst.replica, engine_port_base)
             plus = http - engine_port_base

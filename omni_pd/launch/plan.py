@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from omni_pd.check.serve_flags import DEPLOY_ONLY_KEYS
+from omni_pd.compile import connectors
 from omni_pd.compile.devices import DEVICE_VARS, visible_value
 from omni_pd.compile.port_plan import (DP_RPC, DP_RPC_PORT_OFFSET, ENCODER_PORT_OFFSET,  # noqa: F401  (re-exported)
                                        MASTER_PURPOSE, PD_ROLE, PORT_MAX, SPAN_MASTER_PORT_OFFSET, Instance,
@@ -52,8 +53,6 @@ def connector_modules(connector: str) -> tuple[str, ...]:
     """The Python module the engines import for ``connector``'s transport (preflight
     checks it): the connector module's ``import_name`` (omni_pd/compile/connectors), ()
     for an unknown connector or one without a transport package."""
-    from omni_pd.compile import connectors
-
     c = connectors.get(connector)
     return (c.import_name,) if c is not None and c.import_name else ()
 
@@ -126,7 +125,6 @@ def _router_workers_args(conn: str, opts: LaunchOptions) -> list[str]:
     default for this host (:func:`omni_pd.launch.router.sizing.default_workers`). None for
     a decode-first connector (``router_protocol`` ``push_front``): its front keeps the
     metaserver state in one process."""
-    from omni_pd.compile import connectors
     from omni_pd.launch.router.sizing import default_workers
 
     contract = connectors.get(conn)
@@ -203,7 +201,9 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
         raise ValueError("the config has no prefill/decode pair: run `omni-pd expand` first")
     p, d = pair if pair is not None else (whole, whole)
     where = _Where(opts)
-    conn = str((p.kv or {}).get("kv_connector", "")) if pair is not None else NO_CONNECTOR
+    # the connector prefill loads (a kv_connector_module_path decides which: its contract's name, so
+    # vllm-ascend's MooncakeConnector module path gets MooncakeConnectorV1's router protocol and ports)
+    conn = connectors.row_name(p.kv, opts.platform) if pair is not None else NO_CONNECTOR
     served = opts.served_model_name or opts.model
     env_all = dict(opts.env)
     engine_py = opts.python or _python_of(opts.vllm)
@@ -254,7 +254,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
     for role, node in sides:
         on = where.host(node.stage_id)
         bind = where.address(on)
-        for inst in instances(node, target):
+        for inst in instances(node, target, opts.platform):
             leased = planned_lease(inst.kv, opts.platform, target)
             if leased is not None:
                 inst, lease_set = replace(inst, kv=leased), True
@@ -512,7 +512,7 @@ def _omni_across_hosts(topo: Topology, config_path: str, opts: LaunchOptions, ta
              "(the stage control sockets are the head's, at ephemeral ports)",
              "headless stages: " + ", ".join(f"{p.name} on {p.host}" for p in procs[1:])
              + "; each registers with the head, which answers /health once every stage is attached")
-    return LaunchPlan(runtime="vllm-omni", model=opts.model, connector=str((prefill_kv or {}).get("kv_connector", "")),
+    return LaunchPlan(runtime="vllm-omni", model=opts.model, connector=connectors.row_name(prefill_kv, opts.platform),
                       entrypoint=head.health.url.rsplit("/", 1)[0], config=config_path,  # type: ignore[union-attr]
                       processes=procs, notes=notes + _lease_note(prefill_kv, opts.platform, target, False))
 

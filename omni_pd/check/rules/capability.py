@@ -540,17 +540,3 @@ def kv_buffer_device(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                          f"accepts kv_buffer_device {' or '.join(allowed)}, not {dev}",
                          ctx.sloc(n, "kv_transfer_config", "kv_buffer_device", value=True),
                          help=f"write `kv_buffer_device: {allowed[0]}`")
-
-
-
-def loaded_connectors(kv: dict[str, Any]) -> list[str]:
-    """The connector names a stage's ``kv_transfer_config`` loads: the connector, or every
-    MultiConnector child (vLLM ``MultiConnector`` builds each child; per-connector facts
-    such as PP support and HMA, ``MultiConnector.all_children_support_hma``, apply to all
-    of them). ``[]`` when no name is given."""
-    name = kv.get("kv_connector")
-    if name == "MultiConnector":
-        kids = (kv.get("kv_connector_extra_config") or {}).get("connectors")
-        return [str(c["kv_connector"]) for c in kids if isinstance(c, dict) and c.get("kv_connector")] \
-            if isinstance(kids, list) else []
-    return [str(name)] if name else []

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from omni_pd.diagnostics import Diagnostic, Severity
 from omni_pd.check.rules import Context, Example, Rule, rule
 from omni_pd.check.rules._shared import follow_same_as, load, pair_yaml, release as _v, row_for
-from omni_pd.check.rules.capability import loaded_connectors
+from omni_pd.check.rules.capability import loaded_rows
 
 if TYPE_CHECKING:
     from omni_pd.check.context import ModelInfo
@@ -165,11 +165,12 @@ def hybrid_state(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
               "the Mamba and attention specs cannot be unified (EngineCore ValueError at start on "
               + ("both stages" if len(unset) == 2 else f"stage {unset[0].stage_id}") + ")") \
         if mode == "forced_off" and unset else ""
-    names = loaded_connectors(p.kv)  # type: ignore[arg-type]
+    # the connector prefill loads (each MultiConnector child; a kv_connector_module_path decides
+    # which package's class): its row by identity, its name in messages as loaded
     loc = ctx.sloc(p, "kv_transfer_config", "kv_connector", value=True)
     verdicts = []
-    for name in names:
-        row = connector_row(name, ver)
+    for row_name, name in loaded_rows(ctx, p):  # type: ignore[arg-type]
+        row = connector_row(row_name, ver)
         verdicts.append((name, row, None if row is None else row.get(kind)))
     bad = [(n, row) for n, row, v in verdicts if v is False]
     if bad:

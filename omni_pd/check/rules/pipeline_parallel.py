@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from omni_pd.diagnostics import Diagnostic, Severity
 from omni_pd.check.rules import Context, Example, Rule, rule
 from omni_pd.check.rules._shared import follow_same_as, row_for
-from omni_pd.check.rules.capability import _kv_nodes, loaded_connectors
+from omni_pd.check.rules.capability import _kv_nodes, loaded_rows
 
 if TYPE_CHECKING:
     from omni_pd.compile.topology import StageNode
@@ -126,8 +126,8 @@ def pp_unsupported(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         pp = ctx.parallel(n)["pipeline_parallel_size"]
         if pp <= 1:
             continue
-        for name in loaded_connectors(n.kv or {}):
-            row = pp_fact(name, ctx.target.version)
+        for row_name, name in loaded_rows(ctx, n):  # by identity: a module path decides the package
+            row = pp_fact(row_name, ctx.target.version)
             ok = row.get(side) if row is not None else None
             loc = _pp_loc(ctx, n)
             if ok is None:

@@ -54,10 +54,14 @@ class ConnectorIdentity:
         return self.name if self.is_vllm else None
 
     def describe(self) -> str:
-        """How a message names it: ``"MooncakeConnector"`` for vLLM's, else
-        ``"vllm-ascend's MooncakeConnectorV1 (MooncakeConnector from vllm_ascend....)"``."""
+        """How a message names it: ``"MooncakeConnector"`` for vLLM's,
+        ``"vllm-ascend's MooncakeConnectorV1 (MooncakeConnector from vllm_ascend....)"`` for a
+        registered class of another package, ``"MooncakeConnector from mypkg.conn (out-of-tree)"``
+        for a class only its module path names."""
         if self.is_vllm and self.module_path is None:
             return self.name
+        if not self.registered:
+            return f"{self.class_name} from {self.module_path} ({self.package})"
         origin = f"{self.class_name} from {self.module_path}" if self.module_path else self.class_name
         return f"{self.package}'s {self.name}" + (f" ({origin})" if origin != self.name else "")
 
