@@ -29,11 +29,12 @@ is its output for the default target.
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 from omni_pd.compile import ascend
 from omni_pd.compile.devices import PLATFORMS
-from omni_pd.compile.ec_connectors.base import ec_facts
+from omni_pd.compile.ec_connectors.base import ec_facts, zero_port_envs
 from omni_pd.compile.targets import Target
 from omni_pd.compile.tp_pairs import ASCEND_CONNECTORS
 
@@ -162,7 +163,7 @@ def flatten_nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def _stage(d: dict[str, Any]) -> None:
+def _stage(d: dict[str, Any], target: Target) -> None:
     """Ranges of a stage entry's engine sizes (``StageDeploy``, ``StageOverlay``) and its env ports."""
     p = d["properties"]
     p["gpu_memory_utilization"] = _describe(
@@ -175,7 +176,7 @@ def _stage(d: dict[str, Any]) -> None:
     p["max_model_len"] = _describe(
         {"type": ["integer", "null"], "minimum": -1}, p["max_model_len"],
         ">= -1, -1: fit to memory (vLLM vllm/config/model.py ModelConfig.max_model_len: Field(ge=-1))")
-    _env(p["env"])
+    _env(p["env"], target)
 
 
 def stage_key_names(target: Target) -> frozenset[str] | None:
@@ -222,10 +223,24 @@ def _catalogued_stage_keys(s: dict[str, Any], defs: dict[str, Any], target: Targ
                        "arguments it places, or `vllm serve` flags as keys (omni-pd OPD103/OPD111)"}]
 
 
-def _env(prop: dict[str, Any]) -> None:
+def _env(prop: dict[str, Any], target: Target) -> None:
     """``*_PORT`` variables of an ``env:`` mapping hold ports (VLLM_NIXL_SIDE_CHANNEL_PORT,
-    VLLM_MOONCAKE_BOOTSTRAP_PORT, ...; omni-pd OPD504); other variables stay free."""
-    _object_branch(prop)["patternProperties"] = {"_PORT$": port_schema(lists=True)}
+    VLLM_MOONCAKE_BOOTSTRAP_PORT, ...; omni-pd OPD504); other variables stay free. A variable
+    ``target`` reads as "0: the OS picks a free port" (ECCPUConnector's
+    ``VLLM_EC_SIDE_CHANNEL_PORT`` from vLLM 0.34: omni_pd/compile/ec_connectors/base.py
+    ``zero_port_envs``) also takes 0, and the ``*_PORT`` pattern leaves it out (JSON Schema
+    applies every matching pattern and property)."""
+    zero = sorted(zero_port_envs(target.version))
+    branch = _object_branch(prop)
+    if not zero:
+        branch["patternProperties"] = {"_PORT$": port_schema(lists=True)}
+        return
+    names = "|".join(re.escape(z) for z in zero)
+    branch["patternProperties"] = {rf"^(?!(?:{names})$).*_PORT$": port_schema(lists=True)}
+    branch.setdefault("properties", {}).update({z: {
+        "type": ["integer", "string"], "minimum": 0, "maximum": 65535, "pattern": rf"^\s*(?:0+|{_PORT})\s*$",
+        "description": "0 (the OS picks a free port; the release's default) or a port 1..65535 (vLLM 0.34 "
+                       "vllm/envs.py, omni-pd OPD504)"} for z in zero})
 
 
 def _kv(d: dict[str, Any], target: Target) -> None:
@@ -282,8 +297,8 @@ def tighten(schema: dict[str, Any], target: Target) -> dict[str, Any]:
     s = flatten_nullable(copy.deepcopy(schema))
     defs = s["$defs"]
     for name in ("StageDeploy", "StageOverlay"):
-        _stage(defs[name])
-    _env(defs["Runtime"]["properties"]["env"])
+        _stage(defs[name], target)
+    _env(defs["Runtime"]["properties"]["env"], target)
     _kv(defs["KVTransferConfig"], target)
     _ec(defs["ECTransferConfig"])
     _object_branch(s["properties"]["platforms"])["propertyNames"] = {

@@ -89,6 +89,20 @@ _CPU_OK = ", ec_connector_extra_config: {ec_cpu_bytes: 1073741824, ec_enable_nix
               'devices: "0", mm_encoder_only', 'devices: "0,1", tensor_parallel_size: 2, mm_encoder_only'), True,
               {"vllm_version": "0.30"}, contains="tensor_parallel_size 1"),
           Example("EC before vLLM 0.13", _ec(), True, {"vllm_version": "0.11"}, contains="0.13"),
+          Example("ECCPUConnector producer with a wildcard side-channel host on vLLM 0.34", _ec(
+              c="ECCPUConnector", px=_CPU_OK, dx=_CPU_OK, pe=', env: {VLLM_EC_SIDE_CHANNEL_HOST: "0.0.0.0"}'), True,
+              {"vllm_version": "0.34"}, contains="refuses the wildcard side-channel host"),
+          Example("the same wildcard host on vLLM 0.33 (bound on every interface; across hosts OPD507)", _ec(
+              c="ECCPUConnector", px=_CPU_OK, dx=_CPU_OK, pe=', env: {VLLM_EC_SIDE_CHANNEL_HOST: "0.0.0.0"}'), False,
+              {"vllm_version": "0.33"}),
+          Example("ECCPUConnector side-channel port past 65535 with DP 2 on vLLM 0.34", _ec(
+              c="ECCPUConnector", px=_CPU_OK, dx=_CPU_OK,
+              pe=', data_parallel_size: 2, env: {VLLM_EC_SIDE_CHANNEL_PORT: "65535"}').replace(
+              'devices: "0", mm_encoder_only', 'devices: "0,2", mm_encoder_only'), True,
+              {"vllm_version": "0.34"}, contains="65535..65536"),
+          Example("ECCPUConnector side-channel port 0 on vLLM 0.34 (the OS picks)", _ec(
+              c="ECCPUConnector", px=_CPU_OK, dx=_CPU_OK, pe=', env: {VLLM_EC_SIDE_CHANNEL_PORT: "0"}'), False,
+              {"vllm_version": "0.34"}),
       ))
 def ec_connector(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Encoder disaggregation (E -> PD) through ``ec_transfer_config``, per vLLM release
@@ -169,6 +183,8 @@ def ec_connector(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                 yield r.diag(f"stage {n.stage_id}: {name} requires the V2 model runner, which is switched off here",
                              ctx.sloc(n, "env", "VLLM_USE_V2_MODEL_RUNNER") if v2 is not None else ctx.loc(("model_runner",)),
                              help="set VLLM_USE_V2_MODEL_RUNNER=1 (and no `model_runner: v1`)")
+        if row.get("side_channel") and role in ("ec_producer", "ec_both"):
+            yield from _side_channel(ctx, r, n, str(name), row["side_channel"])
         if row.get("producer_single_rank") and role in ("ec_producer", "ec_both"):
             par = ctx.parallel(n)
             for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
@@ -176,6 +192,38 @@ def ec_connector(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                     yield r.diag(f"stage {n.stage_id}: {name} producers need {key} 1 (got {par[key]})",
                                  ctx.sloc(n, key, value=True), help=f"run the encoder stage with `{key}: 1`")
     yield from _ec_roles_along_edges(ctx, r, nodes)
+
+
+def _side_channel(ctx: Context, r: Rule, n: "StageNode", name: str, sc: dict[str, Any]) -> Iterable[Diagnostic]:
+    """The producer's side-channel host and port values the release refuses at start
+    (``side_channel`` of its ec_connectors.yaml row: ECCPUConnector from vLLM 0.34 raises
+    ValueError on a wildcard ``VLLM_EC_SIDE_CHANNEL_HOST`` and on a set port whose
+    ``base + DP index`` leaves 1..65535; 0 lets the OS pick). The stage's env wins over the
+    launcher's ``--env``."""
+    env = {**ctx.env, **n.env}
+    host = env.get(sc["host_env"])
+    where = (lambda key: ctx.sloc(n, "env", key, value=True) if key in n.env else ctx.sloc(n, "ec_transfer_config"))
+    if host is not None and str(host).strip() in sc["wildcard_hosts"]:
+        yield r.diag(f"stage {n.stage_id}: {name} on vLLM {ctx.target.label} refuses the wildcard side-channel host "
+                     f"{sc['host_env']}={str(host).strip()} (ValueError at start: the producer advertises this host to "
+                     "its consumers, who cannot dial a wildcard)", where(sc["host_env"]),
+                     notes=[f"source: {sc['source']}"],
+                     help=f"remove {sc['host_env']} (vLLM {ctx.target.label} then uses the host's routable address, "
+                          "get_ip()) or set it to that address")
+    raw = env.get(sc["port_env"])
+    if raw is None:
+        return
+    try:
+        base = int(str(raw).strip())
+    except ValueError:
+        return  # not a number: vLLM's int() of the env refuses it; not judged here
+    lo, hi = sc["port_range"]
+    dp = ctx.parallel(n)["data_parallel_size"]
+    if base != 0 and (base < lo or base + dp - 1 > hi):
+        span = f"{base}..{base + dp - 1} (base + DP index, data_parallel_size {dp})" if dp > 1 else str(base)
+        yield r.diag(f"stage {n.stage_id}: {name} on vLLM {ctx.target.label} binds its side channel at {span}, outside "
+                     f"{lo}..{hi} (ValueError at start)", where(sc["port_env"]), notes=[f"source: {sc['source']}"],
+                     help=f"set {sc['port_env']} to a port from {lo} to {hi - dp + 1}, or 0 (the OS picks a free port)")
 
 
 def _ec_roles_along_edges(ctx: Context, r: Rule, nodes: list) -> Iterable[Diagnostic]:

@@ -401,26 +401,45 @@ def _reads_kv_ip(ctx: Context, name: str) -> bool:
     return runtime_of(ctx) == "vllm-omni"
 
 
+_EC0 = ("stages:\n"
+        "  - {stage_id: 0, devices: \"0\", mm_encoder_only: true, env: {VLLM_EC_SIDE_CHANNEL_PORT: \"0\"}, "
+        "ec_transfer_config: {ec_connector: ECCPUConnector, ec_role: ec_producer, "
+        "ec_connector_extra_config: {ec_cpu_bytes: 1073741824, ec_enable_nixl: true}}}\n"
+        "  - {stage_id: 1, devices: \"1\", ec_transfer_config: {ec_connector: ECCPUConnector, ec_role: ec_consumer, "
+        "ec_connector_extra_config: {ec_cpu_bytes: 1073741824, ec_enable_nixl: true}}}\n")
+
+
 @rule("OPD504", "port-invalid", Severity.ERROR,
       "a port is not an integer in 1..65535",
       fail=(_PD + "  - {stage_id: 0, devices: \"0\", env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"70000\"}, kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}}\n"
             "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}}\n"),
       passing=(_PD + "  - {stage_id: 0, devices: \"0\", env: {VLLM_NIXL_SIDE_CHANNEL_PORT: \"7000\"}, kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p}}\n"
-               "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}}\n"))
+               "  - {stage_id: 1, devices: \"1\", kv_transfer_config: {kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}}\n"),
+      examples=(
+          Example("ECCPUConnector side-channel port 0 on vLLM 0.34: the OS picks a free port (0.34's default)",
+                  _EC0, False, {"vllm_version": "0.34"}),
+          Example("ECCPUConnector side-channel port 0 on vLLM 0.33 (default 5601; 0 is no port)",
+                  _EC0, True, {"vllm_version": "0.33"}, contains="VLLM_EC_SIDE_CHANNEL_PORT = '0'"),
+      ))
 def port_invalid(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Ports (``kv_port``, ``*_port`` extra-config keys, ``*_PORT`` env vars) must be
     integers in 1..65535 (P2pNccl rejects ``kv_port`` 0); LMCache's per-rank port lists
     (:data:`omni_pd.compile.connectors.lmcache.LMCACHE_RANK_PORTS`, a list such as ``[7300, 7301]`` or ``"7300,7301"`` in the
     environment) are checked element by element, their length and shape by OPD608; a range ``[base, base + span)``
     must also end at or below 65535 (the operating system's port range; vLLM does not
-    range-check ``kv_port``). Sources: vLLM ``vllm/config/kv_transfer.py``
+    range-check ``kv_port``). 0 is accepted where the release reads it as "the OS picks a free port"
+    (ECCPUConnector's ``VLLM_EC_SIDE_CHANNEL_PORT`` from vLLM 0.34, whose default it is:
+    :func:`omni_pd.compile.ec_connectors.base.zero_port_settings`). Sources: vLLM ``vllm/config/kv_transfer.py``
     ``KVTransferConfig`` (``kv_port: int``), ``v1/p2p/p2p_nccl_engine.py`` (0.11-0.22)."""
+    from omni_pd.compile.ec_connectors.base import zero_port_settings
+
     if ctx.topology is None:
         return
     for n in ctx.topology.stages:
         kv = n.kv or {}
         items: list[tuple[tuple, Any]] = []
         lists = {rp.keys: rp for rp in lmcache_rank_ports(n)}  # one port per rank: each element is a port
+        zero_ok = zero_port_settings(n.settings.get("ec_transfer_config"), ctx.target.version)
         if "kv_port" in kv:
             items.append((("kv_transfer_config", "kv_port"), kv["kv_port"]))
         for k, v in (kv.get("kv_connector_extra_config") or {}).items():
@@ -439,6 +458,8 @@ def port_invalid(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                                  help="one port per rank, each a free port number between 1024 and 65535")
                 continue
             p = _as_port(v)
+            if p == 0 and keys[0] == "env" and keys[-1] in zero_ok:
+                continue  # the OS picks a free port (ECCPUConnector 0.34's default)
             if p is None or not 1 <= p <= 65535:
                 yield r.diag(f"stage {n.stage_id}: {keys[-1]} = {v!r} is not a port (1..65535)",
                              ctx.sloc(n, *keys, value=True), help="use a free port number between 1024 and 65535")

@@ -137,3 +137,26 @@ def ec_ports(ec: dict[str, Any], env: dict[str, Any] | None, tp: int, dp: int,
         else:
             out.append(ECPortUse(base, int(row["span"]), row["purpose"], env_key, key))
     return out
+
+
+def zero_port_settings(ec: dict[str, Any] | None, version: tuple[int, int]) -> frozenset[str]:
+    """The env variables and ``ec_transfer_config`` keys of the EC connector ``ec`` loads whose
+    value 0 asks the operating system for a free port at vLLM ``version``: those of its
+    ``ports`` row (presets/targets/ec_connectors.yaml) whose default is 0, i.e.
+    ECCPUConnector's ``VLLM_EC_SIDE_CHANNEL_PORT`` from 0.34 (vllm 0.34.0 envs.py:1861-1865).
+    Empty for every other connector and release (0 is no port there)."""
+    if not isinstance(ec, dict):
+        return frozenset()
+    rows = [r for r in (ec_facts().get("ports") or {}).get(str(ec.get("ec_connector")), [])
+            if version >= _v(r["since"])]
+    return frozenset(str(r.get("env") or r.get("key")) for r in rows[-1:] if r.get("default") == 0)
+
+
+def zero_port_envs(version: tuple[int, int]) -> frozenset[str]:
+    """Every env variable some EC connector reads as "0: the OS picks a free port" at vLLM
+    ``version`` (:func:`zero_port_settings` over all connectors of
+    presets/targets/ec_connectors.yaml ``ports``; ``VLLM_EC_SIDE_CHANNEL_PORT`` from 0.34)."""
+    out: set[str] = set()
+    for name in (ec_facts().get("ports") or {}):
+        out |= {k for k in zero_port_settings({"ec_connector": name}, version) if k.isupper()}
+    return frozenset(out)
