@@ -441,3 +441,14 @@ def test_schema_command_writes_the_schema_of_the_target(tmp_path, capsys) -> Non
     assert json.loads(out.read_text()) == json_schema("0.22")
     rc, stdout, err = run_cli(["schema", "--vllm-version", "0.9"], capsys)
     assert (rc, stdout) == (2, "") and err.startswith("error[OPD006]: --vllm-version 0.9: omni-pd has no facts for vLLM 0.9")
+
+
+def test_the_one_deliberate_difference_a_quoted_number_is_underlined_but_validates() -> None:
+    """docs/expand.md: the schema wants a value in its own YAML type; validate follows pydantic's
+    lax mode (vLLM's and vllm-omni's configs coerce "16" to 16), so it accepts what the editor
+    underlines. Pinned both ways, so neither side drifts silently."""
+    text = 'pipeline: qwen3_omni_moe\nstages:\n  - stage_id: 0\n    devices: "0"\n    max_num_seqs: "16"\n'
+    tree = _load(text)
+    assert schema_findings(tree, None) == [(("stages", 0, "max_num_seqs"), 5, "'16' is not of type 'integer', 'null'")]
+    assert [d.code for d in validate_text(text, "s.yaml", options_from_example({})).diagnostics
+            if d.severity.value == "error"] == []
