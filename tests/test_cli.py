@@ -323,8 +323,8 @@ def test_expand_output_that_validate_rejects_is_a_bug_and_not_written(tmp_path, 
                             "-o", str(out_file)], capsys)
     assert (rc, out) == (3, "")
     assert not out_file.exists()
-    assert err.count("error[OPD611]: stage 0: NixlConnector on cuda with vLLM 0.30 accepts kv_buffer_device "
-                     "cuda or cpu, not gpu") == 1
+    assert err.count("error[OPD611]: stage 0: NixlConnector on cuda with vLLM 0.30 (assumed: no --vllm-version "
+                     "given; pass --vllm-version X.Y) accepts kv_buffer_device cuda or cpu, not gpu") == 1
     assert f" --> {out_file} (not written):" in err
     assert err.endswith("error[OPD000]: internal error: expand produced a config its own validate rejects (OPD611)\n"
                         "  = help: this is a bug in omni-pd (nothing was written); please report it with the "

@@ -219,7 +219,8 @@ def test_unknown_connector_suggests_the_rename() -> None:
     res = validate_text(PD.replace("NixlConnector", "SharedStorageConnector"), "t.yaml")
     hits = [d for d in res.diagnostics if d.code == "OPD601"]
     assert [h.location.line for h in hits] == [9, 17]
-    assert hits[0].message == "stage 0: SharedStorageConnector is not registered in vLLM 0.30; did you mean ExampleConnector?"
+    assert hits[0].message == ("stage 0: SharedStorageConnector is not registered in vLLM 0.30 (assumed: no "
+                               "--vllm-version given; pass --vllm-version X.Y); did you mean ExampleConnector?")
     res = validate_text(PD.replace("NixlConnector", "NIXLConnector"), "t.yaml")
     assert "did you mean NixlConnector?" in [d for d in res.diagnostics if d.code == "OPD601"][0].message
 

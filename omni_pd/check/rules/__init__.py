@@ -283,8 +283,13 @@ class Context:
     def release_words(self) -> str:
         """``"vLLM 0.30"``, with ``" (assumed: no --vllm-version given)"`` when the user did
         not name the release, for messages whose finding depends on it."""
-        return f"vLLM {self.target.label}" + ("" if self.vllm_version_given else
-                                              " (assumed: no --vllm-version given; pass --vllm-version X.Y)")
+        return f"vLLM {self.target.label}" + self.assumed_note()
+
+    def assumed_note(self) -> str:
+        """``" (assumed: no --vllm-version given; pass --vllm-version X.Y)"`` when the user did
+        not name the release, else ``""``: appended to a release a finding names (vLLM's, or the
+        vllm-omni release aligned with it)."""
+        return "" if self.vllm_version_given else " (assumed: no --vllm-version given; pass --vllm-version X.Y)"
 
     def host_of(self, node: "StageNode") -> str:
         """Host a stage runs on (inventory placement; one implicit host otherwise)."""

@@ -163,14 +163,14 @@ def connector_unknown(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         hist = tgt.connector_history(name)
         if name in renames:
             alts = " or ".join(renames[name])
-            why = "is not a V1 connector" if hist is None else f"is not registered in vLLM {tgt.label}"
+            why = "is not a V1 connector" if hist is None else f"is not registered in {ctx.release_words()}"
             yield r.diag(f"stage {n.stage_id}: {name} {why}; did you mean {alts}?",
                          ctx.sloc(n, "kv_transfer_config", "kv_connector", value=True),
                          help=f"write `kv_connector: {renames[name][0]}`")
         elif hist is not None:
             when = (f"added in vLLM {hist['since']}" if hist.get("since") and tgt.version < _v(hist["since"])
                     else f"removed in vLLM {hist.get('removed')}")
-            yield r.diag(f"stage {n.stage_id}: {name} is not available in vLLM {tgt.label} ({when})",
+            yield r.diag(f"stage {n.stage_id}: {name} is not available in {ctx.release_words()} ({when})",
                          ctx.sloc(n, "kv_transfer_config", "kv_connector", value=True),
                          help="pick a connector your vLLM has: " + ", ".join(sorted(c for c in registered if "Connector" in c)[:6]))
         else:
@@ -196,7 +196,7 @@ def _ascend_release_lacks(ctx: Context, r: Rule, n: "StageNode", name: str) -> I
     others = [rel for rel in ascend.releases() if name in ascend.registered(rel)]
     where = f" (registered in vllm-ascend {', '.join(others)})" if others else ""
     yield r.diag(f"stage {n.stage_id}: {name} is not registered in vllm-ascend {release} "
-                 f"(the release for vLLM {ctx.target.label}){where}",
+                 f"(the release for {ctx.release_words()}){where}",
                  ctx.sloc(n, "kv_transfer_config", "kv_connector", value=True),
                  help=(f"run vllm-ascend {others[0]} (`--vllm-version {ascend.releases()[others[0]]}`) or use "
                        if others else "use ") + "one of " + ", ".join(sorted(c for c in have if ascend.is_ascend(c))))
@@ -536,7 +536,7 @@ def kv_buffer_device(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             if p == plat and ctx.target.version >= since:
                 allowed = vals
         if allowed is not None and str(dev) not in allowed:
-            yield r.diag(f"stage {n.stage_id}: {kv.get('kv_connector')} on {plat} with vLLM {ctx.target.label} "
+            yield r.diag(f"stage {n.stage_id}: {kv.get('kv_connector')} on {plat} with {ctx.release_words()} "
                          f"accepts kv_buffer_device {' or '.join(allowed)}, not {dev}",
                          ctx.sloc(n, "kv_transfer_config", "kv_buffer_device", value=True),
                          help=f"write `kv_buffer_device: {allowed[0]}`")

@@ -98,7 +98,7 @@ def stage_device_overlap(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     nodes = [n for n in ctx.topology.stages if isinstance(n.devices, tuple) and n.devices]
     sets = {n.stage_id: init_sets(ctx, n) for n in nodes}
     assumed = ctx.target.version > (0, 28)  # 0.28: reproduced (vllm-omni#4894); 0.30: not read
-    rel = f"vllm-omni {ctx.target.label}" + ("" if ctx.vllm_version_given else " (assumed: no --vllm-version given)")
+    rel = f"vllm-omni {ctx.target.label}" + ctx.assumed_note()
     for i, a in enumerate(nodes):
         for b in nodes[i + 1:]:
             if {a.stage_id, b.stage_id} == pd_ids or ctx.host_of(a) != ctx.host_of(b):

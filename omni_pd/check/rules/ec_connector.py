@@ -150,7 +150,7 @@ def ec_connector(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         if row is None:
             rows = facts["connectors"].get(name)
             if rows:
-                yield r.diag(f"stage {n.stage_id}: {name} is not registered in vLLM {tgt.label} (added in vLLM {rows[0]['since']})",
+                yield r.diag(f"stage {n.stage_id}: {name} is not registered in {ctx.release_words()} (added in vLLM {rows[0]['since']})",
                              where, help="pick an EC connector your vLLM has: " + ", ".join(
                                  c for c in known if ec_fact(c, tgt.version)))
             elif (facts.get("renames") or {}).get(name):
@@ -166,13 +166,13 @@ def ec_connector(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         extra = ec.get("ec_connector_extra_config") or {}
         for key, why in (row.get("not_read") or {}).items():
             if key in extra:
-                yield r.diag(f"stage {n.stage_id}: ec_connector_extra_config.{key} is not read by {name} in vLLM {tgt.label}: "
+                yield r.diag(f"stage {n.stage_id}: ec_connector_extra_config.{key} is not read by {name} in {ctx.release_words()}: "
                              f"{why}", ctx.sloc(n, "ec_transfer_config", "ec_connector_extra_config", key),
                              help=f"target the release that reads {key}, or use an EC connector that moves encoder "
                                   "outputs on this release (ECExampleConnector with a shared directory)")
         for key in row.get("required") or []:
             if extra.get(key) in (None, "", 0):
-                yield r.diag(f"stage {n.stage_id}: {name} in vLLM {tgt.label} requires ec_connector_extra_config.{key}",
+                yield r.diag(f"stage {n.stage_id}: {name} in {ctx.release_words()} requires ec_connector_extra_config.{key}",
                              ctx.sloc(n, "ec_transfer_config", "ec_connector_extra_config"),
                              help=f"add `{key}: <bytes>` (the CPU region size for encoder outputs)" if key.endswith("bytes")
                              else f"add `{key}:`")
@@ -204,7 +204,7 @@ def _side_channel(ctx: Context, r: Rule, n: "StageNode", name: str, sc: dict[str
     host = env.get(sc["host_env"])
     where = (lambda key: ctx.sloc(n, "env", key, value=True) if key in n.env else ctx.sloc(n, "ec_transfer_config"))
     if host is not None and str(host).strip() in sc["wildcard_hosts"]:
-        yield r.diag(f"stage {n.stage_id}: {name} on vLLM {ctx.target.label} refuses the wildcard side-channel host "
+        yield r.diag(f"stage {n.stage_id}: {name} on {ctx.release_words()} refuses the wildcard side-channel host "
                      f"{sc['host_env']}={str(host).strip()} (ValueError at start: the producer advertises this host to "
                      "its consumers, who cannot dial a wildcard)", where(sc["host_env"]),
                      notes=[f"source: {sc['source']}"],
@@ -221,7 +221,7 @@ def _side_channel(ctx: Context, r: Rule, n: "StageNode", name: str, sc: dict[str
     dp = ctx.parallel(n)["data_parallel_size"]
     if base != 0 and (base < lo or base + dp - 1 > hi):
         span = f"{base}..{base + dp - 1} (base + DP index, data_parallel_size {dp})" if dp > 1 else str(base)
-        yield r.diag(f"stage {n.stage_id}: {name} on vLLM {ctx.target.label} binds its side channel at {span}, outside "
+        yield r.diag(f"stage {n.stage_id}: {name} on {ctx.release_words()} binds its side channel at {span}, outside "
                      f"{lo}..{hi} (ValueError at start)", where(sc["port_env"]), notes=[f"source: {sc['source']}"],
                      help=f"set {sc['port_env']} to a port from {lo} to {hi - dp + 1}, or 0 (the OS picks a free port)")
 
@@ -327,5 +327,5 @@ def ec_key_unknown(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                              help=f"remove `{key}`")
             elif keys is not None and key not in keys:
                 close = get_close_matches(str(key), keys, n=1, cutoff=0.75)
-                yield r.diag(f"stage {n.stage_id}: `{key}` is not an option {name} reads in vLLM {tgt.label}", loc,
+                yield r.diag(f"stage {n.stage_id}: `{key}` is not an option {name} reads in {ctx.release_words()}", loc,
                              help=f"did you mean `{close[0]}`?" if close else f"{name} reads: " + ", ".join(keys))

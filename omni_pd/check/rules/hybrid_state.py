@@ -151,6 +151,7 @@ def hybrid_state(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     p, d = pair
     ver = ctx.target.version
     label = ctx.target.label
+    rel = ctx.release_words()  # says which release it assumed when none was given
     # 1. HMA explicitly off on a stage: never works with a state model
     for n in (p, d):
         if ctx.setting(n, "disable_hybrid_kv_cache_manager") is True:
@@ -161,7 +162,7 @@ def hybrid_state(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                               "the manager on for this connector)")
     mode, hma_src = hma_mode(ver)
     unset = [n for n in (p, d) if ctx.setting(n, "disable_hybrid_kv_cache_manager") is None]
-    forced = ("; and vLLM " + label + " turns the hybrid KV cache manager off because kv_transfer_config is set, so "
+    forced = ("; and " + rel + " turns the hybrid KV cache manager off because kv_transfer_config is set, so "
               "the Mamba and attention specs cannot be unified (EngineCore ValueError at start on "
               + ("both stages" if len(unset) == 2 else f"stage {unset[0].stage_id}") + ")") \
         if mode == "forced_off" and unset else ""
@@ -177,7 +178,7 @@ def hybrid_state(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         name, row = bad[0]
         why = f" ({row['why']})" if row.get("why") else ""
         fix = row.get("fix")
-        yield r.diag(f"{name} on vLLM {label} cannot transfer the {words} state groups of a hybrid model "
+        yield r.diag(f"{name} on {rel} cannot transfer the {words} state groups of a hybrid model "
                      f"({evidence}){why}" + forced, loc,
                      related=[ctx.sloc(d, "kv_transfer_config", "kv_connector", value=True, label="decode")],
                      notes=[f"source: {s}" for s in row.get("sources") or []],
@@ -188,17 +189,17 @@ def hybrid_state(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     unknown = [n for n, row, v in verdicts if v is None]
     if mode == "forced_off" and unset:
         for n in unset:
-            yield r.diag(f"stage {n.stage_id}: vLLM {label} turns the hybrid KV cache manager off because kv_transfer_config "
+            yield r.diag(f"stage {n.stage_id}: {rel} turns the hybrid KV cache manager off because kv_transfer_config "
                          f"is set, and a hybrid {words} model ({evidence}) cannot run without it (EngineCore ValueError "
                          "at start)", ctx.sloc(n, "kv_transfer_config"),
                          notes=[f"source: {s}" for s in hma_src],
                          help="write `disable_hybrid_kv_cache_manager: false` on both stages of the PD pair")
     elif mode is None and unset and not unknown:
-        yield r.diag(f"vLLM {label}: whether a configured KV connector turns the hybrid KV cache manager off is not "
+        yield r.diag(f"{rel}: whether a configured KV connector turns the hybrid KV cache manager off is not "
                      f"pinned for this release (vllm#41847), and a hybrid {words} model needs it on", ctx.sloc(unset[0], "kv_transfer_config"),
                      severity=Severity.INFO, help="write `disable_hybrid_kv_cache_manager: false` on both stages")
     for name in unknown:
-        yield r.diag(f"{name} on vLLM {label}: moving the {words} state of a hybrid model ({evidence}) is not pinned "
+        yield r.diag(f"{name} on {rel}: moving the {words} state of a hybrid model ({evidence}) is not pinned "
                      "for this connector and release in omni-pd's table; not checked", loc, severity=Severity.INFO,
                      help="prove one transfer before serving (`omni-pd launch --smoke`), or use a release the table "
                           "knows (omni-pd explain OPD621)")

@@ -124,7 +124,7 @@ def known_broken(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             fields.update(connector=hit, side=side, dp=ctx.parallel(n)["data_parallel_size"])
             fix = row.get("fix")
             msg = " ".join(str(row["message"]).format(**fields).split())
-            yield r.diag(msg + (f" on vLLM {ctx.target.label}" + (f"; fix pending {fix}" if fix else "")),
+            yield r.diag(msg + (f" on {ctx.release_words()}" + (f"; fix pending {fix}" if fix else "")),
                          ctx.sloc(n, row["at"], value=True),
                          notes=[f"source: {s}" for s in row.get("sources") or []],
                          help=" ".join(str(row["help"]).split()))

@@ -187,7 +187,7 @@ def _multi_children(ctx: Context, r: Rule, n: "StageNode", kids: list[dict]) -> 
     if len(handoff) > 1:
         a, b = handoff[0], handoff[1]
         yield r.diag(f"stage {n.stage_id}: MultiConnector has two P->D handoff children ({names[a]}, {names[b]}): both return "
-                     f"kv_transfer_params, which vLLM {ctx.target.label} {_params_refusal(ctx, facts)}; decode loads "
+                     f"kv_transfer_params, which {ctx.release_words()} {_params_refusal(ctx, facts)}; decode loads "
                      "from one of them only",
                      ctx.sloc(n, *base, b, "kv_connector", value=True), severity=Severity.ERROR,
                      related=[ctx.sloc(n, *base, a, "kv_connector", value=True, label="first handoff child")],
@@ -220,8 +220,8 @@ def _multi_children(ctx: Context, r: Rule, n: "StageNode", kids: list[dict]) -> 
         need.setdefault(f["layout"], shown_as)
     if len(need) > 1:
         shown = ", ".join(f"{x} {lay}" for lay, x in need.items())
-        yield r.diag(f"stage {n.stage_id}: MultiConnector children require different KV cache layouts ({shown}): vLLM "
-                     f"{ctx.target.label} stops with \"KV cache layout mismatch\"",
+        yield r.diag(f"stage {n.stage_id}: MultiConnector children require different KV cache layouts ({shown}): "
+                     f"{ctx.release_words()} stops with \"KV cache layout mismatch\"",
                      ctx.sloc(n, "kv_transfer_config", "kv_connector_extra_config", "connectors"), severity=Severity.ERROR,
                      help="combine children that use the same KV cache layout")
 
@@ -280,15 +280,15 @@ def _broken_combinations(ctx: Context, r: Rule, n: "StageNode", kids: list[dict]
                 seen = (f"on vLLM {span} (releases read)" if row.get("since")
                         else f"reported before vLLM {row['first_fixed_read']} (no release read with it)")
                 yield r.diag(f"{what}: {seen} {row['symptom']}; "
-                             f"vLLM {ctx.target.label} lies between the releases read, so this is not pinned",
+                             f"{ctx.release_words()} lies between the releases read, so this is not pinned",
                              loc, severity=Severity.INFO, help=f"check that your vLLM has {row['sources'][-1]}")
             elif c.get("kv_connector_module_path") and row.get("fixed_out_of_tree"):
-                yield r.diag(f"{what} (loaded from {c['kv_connector_module_path']}) on vLLM {ctx.target.label}: "
+                yield r.diag(f"{what} (loaded from {c['kv_connector_module_path']}) on {ctx.release_words()}: "
                              f"{row['symptom']}, unless that copy has {row['fixed_out_of_tree']}", loc,
                              severity=Severity.WARNING,
                              help=f"use a release of it with {row['fixed_out_of_tree']}, or vLLM {row['first_fixed_read']}+")
             else:
-                yield r.diag(f"{what} on vLLM {ctx.target.label}: {row['symptom']} ({', '.join(row['sources'])})", loc,
+                yield r.diag(f"{what} on {ctx.release_words()}: {row['symptom']} ({', '.join(row['sources'])})", loc,
                              severity=Severity.ERROR, help=f"drop {row['child']} from prefill's connectors, or target vLLM "
                                                            f"{row['first_fixed_read']}+ (which merges the params)")
 

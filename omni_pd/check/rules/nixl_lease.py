@@ -39,8 +39,8 @@ def _findings(ctx: Context, r: Rule, platform: str | None, unset_counts: bool, h
         is_set, value = configured(kv)
         where = f"stage {n.stage_id} ({n.pd_role})"
         if is_set and not _number(value):
-            yield r.diag(f"{where}: {f.key} is {value!r}, not a number of seconds: vLLM {ctx.target.label}'s NIXL "
-                         f"connector computes with it (lease // 6, lease * 2 // 3) and the engine fails to start",
+            yield r.diag(f"{where}: {f.key} is {value!r}, not a number of seconds: the NIXL "
+                         f"connector of {ctx.release_words()} computes with it (lease // 6, lease * 2 // 3) and the engine fails to start",
                          ctx.sloc(n, "kv_transfer_config", EXTRA, f.key, value=True), severity=Severity.ERROR,
                          help=f"give {f.key} in seconds as an integer, e.g. {need or f.default_s}")
             continue
@@ -54,7 +54,7 @@ def _findings(ctx: Context, r: Rule, platform: str | None, unset_counts: bool, h
         lease = value if is_set else f.default_s
         if lease >= need:
             continue
-        said = f"{f.key} {lease:g} s" if is_set else f"{f.key} unset (vLLM {ctx.target.label}'s default {f.default_s} s)"
+        said = f"{f.key} {lease:g} s" if is_set else f"{f.key} unset (the default of {ctx.release_words()}: {f.default_s} s)"
         yield r.diag(
             f"{where}: {said} is shorter than the {need} s NIXL KV lease {platform} needs: prefill can free a "
             "request's KV blocks before decode reads them, and decode then uses blocks that may hold another "

@@ -134,7 +134,7 @@ def pp_unsupported(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                 why = (f"; {row['why']}" if row and row.get("why") else "")
                 srcs = ", ".join(s for s in (row or {}).get("sources", []) if s.startswith("http"))
                 yield r.diag(f"stage {n.stage_id} ({side}) runs pipeline_parallel_size {pp} over {name}: omni-pd has no "
-                             f"pipeline-parallel fact for {name} on the {side} side in vLLM {ctx.target.label}{why}",
+                             f"pipeline-parallel fact for {name} on the {side} side in {ctx.release_words()}{why}",
                              loc, severity=Severity.INFO,
                              help="check the connector's PP support for your release before launch" +
                                   (f" ({srcs})" if srcs else ""))
@@ -153,7 +153,7 @@ def pp_unsupported(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         where = ", ".join(f"stage {n.stage_id} PP {pp}" for n, _, pp in stages)
         on = "" if row.get("prefill") is False and row.get("decode") is False else " on " + " and ".join(sides)
         first = hits[0][0]
-        yield r.diag(f"{name} does not support pipeline_parallel_size > 1{on} in vLLM {ctx.target.label} ({where})",
+        yield r.diag(f"{name} does not support pipeline_parallel_size > 1{on} in {ctx.release_words()} ({where})",
                      _pp_loc(ctx, first),
                      related=[_pp_loc(ctx, n, label=f"stage {n.stage_id} ({s}) PP {pp}") for n, s, pp in stages[1:]],
                      notes=[row["why"]] if row.get("why") else [],

@@ -587,6 +587,13 @@ _LLM_PD = ("pipeline: llm_pd\nasync_chunk: false\nstages:\n"
            "  - {{stage_id: 1, devices: \"1\", kv_transfer_config: {{kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d}}}}\n")
 
 
+def _flags_release(ctx: Context, fs: Any) -> str:
+    """How an OPD107 message names the release whose `vllm serve` flags it read: the target
+    (with the "assumed" note when no --vllm-version was given), or the nearest release omni-pd
+    has a flag list for when it differs."""
+    return ctx.release_words() if fs.release == ctx.target.label else f"vLLM {fs.release}"
+
+
 @rule("OPD107", "serve-flag-unknown", Severity.ERROR,
       "a `vllm serve` flag (or a stage key that becomes one) is not a flag the target vllm serve accepts",
       fail=_TWO, passing=_TWO, example_context={"cli": {"stage_0_devices": "0"}, "vllm_version": "0.30"},
@@ -653,7 +660,7 @@ def serve_flag_unknown(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             near = fs.nearest(str(key), omni)
             only_omni = not omni and fs.accepts(str(key), True)
             why = " (a `vllm serve --omni` flag; this pipeline runs plain `vllm serve` engines)" if only_omni else ""
-            yield r.diag(f"{flag} is not a `{cmd}` flag in vLLM {fs.release}{why}", loc,
+            yield r.diag(f"{flag} is not a `{cmd}` flag in {_flags_release(ctx, fs)}{why}", loc,
                          help=f"did you mean {near}?" if near and not only_omni else
                          "remove it" if only_omni else "see `vllm serve --help` for the flags of this release")
     if unchecked:
@@ -675,5 +682,5 @@ def serve_flag_unknown(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                 continue  # a near-miss typo is OPD103's (one report per key)
             near = fs.nearest(k, False)
             yield r.diag(f"stage {n.stage_id}: `{k}` becomes `{flag_name(k)}` on this engine's `vllm serve` command line, "
-                         f"which vLLM {fs.release} does not accept", ctx.loc(path),
+                         f"which {_flags_release(ctx, fs)} does not accept", ctx.loc(path),
                          help=(f"did you mean `{near[2:].replace('-', '_')}`?" if near else "remove it"))
