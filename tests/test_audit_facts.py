@@ -1,0 +1,50 @@
+"""Issue 35's audit (docs/facts.md): one test per fact the audit changed, each judging the same
+config on the release before and after the boundary the fact names (one finding on one side,
+none or another on the other)."""
+
+from __future__ import annotations
+
+import pytest
+
+from omni_pd.check.context import ModelInfo
+from omni_pd.check.validate import ValidateOptions
+from rule_found import found
+
+_PAIR = ("pipeline: llm_pd\nasync_chunk: false\nstages:\n"
+         "  - {{stage_id: 0, devices: \"0,1\", tensor_parallel_size: 2{p}, kv_transfer_config: {{kv_connector: {c}, "
+         "kv_role: kv_producer, engine_id: p0{pk}}}}}\n"
+         "  - {{stage_id: 1, devices: \"2,3\", tensor_parallel_size: 2{d}, env: {{VLLM_NIXL_SIDE_CHANNEL_PORT: \"5700\"}}, "
+         "kv_transfer_config: {{kv_connector: {c}, kv_role: kv_consumer, engine_id: d0{dk}}}}}\n")
+DCP2 = ", decode_context_parallel_size: 2"
+MLA = ModelInfo(num_kv_heads=1, attention="MLA")
+
+
+def pair(c: str, p: str = "", d: str = "", pk: str = "", dk: str = "") -> str:
+    return _PAIR.format(c=c, p=p, d=d, pk=pk, dk=dk)
+
+
+def sev(text: str, code: str, version: str, **kw) -> list[str]:
+    return [g[0] for g in found(text, code, opts=ValidateOptions(vllm_version=version, **kw))]
+
+
+# --- OPD625: NixlPushConnector refuses DCP > 1 (vLLM 0.29.0-0.34.0 nixl/connector.py) -----------
+
+def test_opd625_push_nixl_dcp_is_refused_from_0_29_and_not_pinned_on_0_28() -> None:
+    text = pair("NixlPushConnector", DCP2, DCP2)
+    got = found(text, "OPD625", opts=ValidateOptions(vllm_version="0.29", model=MLA))
+    assert [g[0] for g in got] == ["error"]
+    assert "NixlPushConnector on vLLM 0.29 cannot move DCP-sharded KV" in got[0][1]
+    assert "does not support decode_context_parallel_size > 1" in got[0][1] or "raises ValueError" in got[0][1]
+    assert sev(text, "OPD625", "0.28", model=MLA) == ["info"]
+    assert sev(text, "OPD625", "0.34", model=MLA) == ["error"]
+
+
+def test_opd625_pull_nixl_dcp_on_mla_passes_where_push_is_refused() -> None:
+    assert sev(pair("NixlConnector", DCP2, DCP2), "OPD625", "0.29", model=MLA) == []
+
+
+@pytest.mark.parametrize(("version", "want"), [("0.33", []), ("0.34", ["error"])])
+def test_opd625_transfer_mode_push_is_push_only_from_0_34(version: str, want: list[str]) -> None:
+    push = ", kv_connector_extra_config: {transfer_mode: push}"
+    text = pair("NixlConnector", DCP2, DCP2, push, push)
+    assert sev(text, "OPD625", version, model=MLA) == want
