@@ -48,3 +48,24 @@ def test_opd625_transfer_mode_push_is_push_only_from_0_34(version: str, want: li
     push = ", kv_connector_extra_config: {transfer_mode: push}"
     text = pair("NixlConnector", DCP2, DCP2, push, push)
     assert sev(text, "OPD625", version, model=MLA) == want
+
+
+# --- OPD608: MoRIIO's handshake_port / notify_port default (vLLM 0.18.0-0.34.0) -----------------
+
+_MORIIO_HTTP = ", kv_connector_extra_config: {{http_port: {port}}}"
+
+
+@pytest.mark.parametrize("version", ["0.18", "0.34"])
+def test_opd608_moriio_needs_http_port_only(version: str) -> None:
+    ok = pair("MoRIIOConnector", pk=_MORIIO_HTTP.format(port=8100), dk=_MORIIO_HTTP.format(port=8200))
+    assert sev(ok, "OPD608", version) == []
+    missing = pair("MoRIIOConnector", pk=_MORIIO_HTTP.format(port=8100))
+    got = found(missing, "OPD608", opts=ValidateOptions(vllm_version=version))
+    assert [g[1] for g in got] == ["stage 1: MoRIIOConnector requires kv_connector_extra_config.http_port"]
+
+
+def test_opd608_moriio_is_not_a_connector_before_0_18() -> None:
+    """The boundary below: MoRIIO is registered from 0.18 (OPD601 on 0.13), so OPD608 has no
+    MoRIIO fact to apply there."""
+    text = pair("MoRIIOConnector", pk=_MORIIO_HTTP.format(port=8100))
+    assert sev(text, "OPD601", "0.13") and not sev(text, "OPD601", "0.18")

@@ -35,8 +35,11 @@ ALIASES = {("npu", "OffloadingConnector"): "AscendOffloadingConnector"}
 #: (vllm#14324); MooncakeConnector: added by vllm PR #46807.
 MLA_SUPPORT = {"NixlConnector": True, "NixlPullConnector": True, "NixlPushConnector": True,
                "PyNcclConnector": False, "LMCacheConnector": False}
-#: Required kv_connector_extra_config keys (vLLM v1/moriio/moriio_common.py ``MoRIIOConfig``).
-REQUIRED_EXTRA = {"MoRIIOConnector": ("http_port", "handshake_port", "notify_port")}
+#: Required kv_connector_extra_config keys (vLLM v1/moriio/moriio_common.py ``MoRIIOConfig``:
+#: ``int(extra_config["http_port"])``). ``handshake_port`` and ``notify_port`` are not required:
+#: ``MoRIIOConnector.__init__`` fills them first (``_set_port_defaults``: 6301 and 61005) in every
+#: release with MoRIIO (0.18.0, 0.24.0, 0.29.0, 0.30.0, 0.33.0, 0.34.0 wheels; issue 35 audit).
+REQUIRED_EXTRA = {"MoRIIOConnector": ("http_port",)}
 
 _PD = "pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
 
@@ -341,7 +344,7 @@ def _lmc_rx(init: str, alloc: str) -> str:  # pragma: no mutate block (runs at i
 
 @rule("OPD608", "extra-config-required", Severity.ERROR,
       "kv_connector_extra_config lacks a key the connector requires",
-      fail=_pair_yaml("MoRIIOConnector", p_kv=", kv_connector_extra_config: {http_port: 8100}",
+      fail=_pair_yaml("MoRIIOConnector", p_kv=", kv_connector_extra_config: {handshake_port: 6300}",
                       d_kv=", kv_connector_extra_config: {http_port: 8200, handshake_port: 6301, notify_port: 6401}"),
       passing=_pair_yaml("MoRIIOConnector", p_kv=", kv_connector_extra_config: {http_port: 8100, handshake_port: 6300, notify_port: 6400}",
                          d_kv=", kv_connector_extra_config: {http_port: 8200, handshake_port: 6301, notify_port: 6401}"),
@@ -356,14 +359,14 @@ def _lmc_rx(init: str, alloc: str) -> str:  # pragma: no mutate block (runs at i
 def extra_required(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Per connector required ``kv_connector_extra_config`` keys: P2pNcclConnector with a
     proxy (``proxy_ip``/``proxy_port``) needs ``http_port`` (= the instance's API port);
-    MoRIIOConnector needs ``http_port``, ``handshake_port`` and ``notify_port`` (KeyError
-    at start otherwise). LMCacheConnectorV1: LMCache's PD peer ports
+    MoRIIOConnector needs ``http_port`` (KeyError at start otherwise; ``handshake_port`` and
+    ``notify_port`` default to 6301 and 61005). LMCacheConnectorV1: LMCache's PD peer ports
     (``lmcache.pd_peer_init_port``, ``lmcache.pd_peer_alloc_port``, ``pd_peer_query_port``,
     the older ``nixl_peer_*`` names, or their ``LMCACHE_*`` variables) are lists with one
     port per worker rank of the stage that reads them (TP x PP): a shorter list is an
     IndexError at start on the first rank past its end, and in ``kv_connector_extra_config``
     a scalar is set as written and cannot be indexed. Sources: vLLM ``v1/moriio/moriio_common.py``
-    ``MoRIIOConfig`` (0.18+), ``v1/p2p/p2p_nccl_engine.py`` (0.11-0.22),
+    ``MoRIIOConfig`` and ``moriio_connector.py`` ``_set_port_defaults`` (0.18-0.34), ``v1/p2p/p2p_nccl_engine.py`` (0.11-0.22),
     ``lmcache_integration/vllm_v1_adapter.py`` (``lmcache.`` keys); LMCache
     ``lmcache/v1/storage_backend/pd_backend.py`` ``PDConfig.from_cache_engine_config``,
     ``lmcache/v1/config.py`` ``_to_int_list``;
@@ -380,7 +383,7 @@ def extra_required(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             if extra.get(key) in (None, ""):
                 yield r.diag(f"stage {n.stage_id}: {name} requires kv_connector_extra_config.{key}",
                              ctx.sloc(n, "kv_transfer_config", "kv_connector_extra_config"),
-                             help=f"add `{key}: <port>`" + (" (the instance's API --port)" if key == "http_port" else ""))
+                             help=f"add `{key}: <port>` (the instance's API --port)")
 
 
 def _lmcache_rank_ports(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
