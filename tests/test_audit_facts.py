@@ -69,3 +69,33 @@ def test_opd608_moriio_is_not_a_connector_before_0_18() -> None:
     MoRIIO fact to apply there."""
     text = pair("MoRIIOConnector", pk=_MORIIO_HTTP.format(port=8100))
     assert sev(text, "OPD601", "0.13") and not sev(text, "OPD601", "0.18")
+
+
+# --- OPD607: NIXL with prefill TP > decode TP needs equal block sizes (vLLM 0.18.0-0.34.0) --------
+
+_TP = ("pipeline: llm_pd\nasync_chunk: false\nstages:\n"
+       "  - {{stage_id: 0, devices: \"0,1\", tensor_parallel_size: 2, block_size: 16, kv_transfer_config: "
+       "{{kv_connector: NixlConnector, kv_role: kv_producer, engine_id: p0}}}}\n"
+       "  - {{stage_id: 1, devices: \"{dd}\", tensor_parallel_size: {dtp}, block_size: 32, env: {{VLLM_NIXL_SIDE_CHANNEL_PORT: \"5700\"}}, "
+       "kv_transfer_config: {{kv_connector: NixlConnector, kv_role: kv_consumer, engine_id: d0}}}}\n")
+GQA = ModelInfo(num_kv_heads=8, attention="GQA")
+
+
+def test_opd607_prefill_tp_above_decode_tp_needs_equal_block_sizes_from_0_18() -> None:
+    text = _TP.format(dd="2", dtp=1)
+    got = found(text, "OPD607", opts=ValidateOptions(vllm_version="0.18", model=GQA))
+    assert [g[0] for g in got] == ["error"]
+    assert got[0][1] == ("block_size 16 (prefill) and 32 (decode) with prefill TP 2 > decode TP 1: NixlConnector "
+                         "needs equal block sizes when prefill TP is larger")
+    assert sev(text, "OPD607", "0.34", model=GQA) == ["error"]
+    # 0.13: prefill TP > decode TP is refused as a whole (OPD603), no block-size finding
+    assert sev(text, "OPD607", "0.13", model=GQA) == []
+    # unknown model: a warning (MLA is exempt)
+    assert sev(text, "OPD607", "0.34") == ["warning"]
+    # MLA: the replicated latent KV pairs at any block-size multiple
+    assert sev(text, "OPD607", "0.34", model=ModelInfo(num_kv_heads=1, attention="MLA")) == []
+
+
+def test_opd607_decode_tp_above_prefill_tp_keeps_the_multiple() -> None:
+    text = _TP.format(dd="2,3,4,5", dtp=4)
+    assert sev(text, "OPD607", "0.34", model=GQA) == []

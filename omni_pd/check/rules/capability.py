@@ -293,7 +293,11 @@ def fp8_kv(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
       passing=_pair_yaml("MooncakeConnector", ", block_size: 16", ", block_size: 16"), labels=("XS-BLOCK",))
 def block_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``block_size`` must be equal on both sides, except NIXL 0.13+ where decode's may
-    be a multiple of prefill's (not with ``kv_buffer_device: cpu``). For a hybrid model
+    be a multiple of prefill's (not with ``kv_buffer_device: cpu``, and from 0.18, when prefill
+    TP may exceed decode TP, not with prefill TP > decode TP for a non-MLA model: "Different
+    local/remote block sizes are not supported when P TP > D TP", ``v1/nixl/base_worker.py``
+    in the 0.18.0-0.34.0 wheels; error when ``--model-info`` says the model is not MLA, warning
+    when the model is unknown). For a hybrid model
     (``--model-info``) with different P/D layouts and no pinned ``block_size`` the
     physical block size may differ (observed 16 vs 32): warning. Sources: vLLM
     ``vllm/distributed/kv_transfer/kv_connector/utils.py`` ``TransferTopology.block_size_ratio``,
@@ -313,6 +317,20 @@ def block_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             ok = nixl_multiple and str((p.kv or {}).get("kv_buffer_device")) != "cpu"
         except (TypeError, ValueError, ZeroDivisionError):
             ok = False
+        m = ctx.model
+        if ok and ctx.target.version >= (0, 18) and ctx.stage_tp(p) > ctx.stage_tp(d) and \
+                not (m is not None and (m.is_mla or m.is_hybrid)):
+            # decode reads a split of each prefill block: NIXL asserts "Different local/remote block
+            # sizes are not supported when P TP > D TP" for non-MLA attention (0.18.0-0.34.0 wheels)
+            known = m is not None and m.attention is not None
+            yield r.diag(f"block_size {pb} (prefill) and {db} (decode) with prefill TP {ctx.stage_tp(p)} > decode TP "
+                         f"{ctx.stage_tp(d)}: {name} needs equal block sizes when prefill TP is larger"
+                         + ("" if known else " (unless the model uses MLA; pass --model-info to tell)"),
+                         ctx.sloc(d, "block_size", value=True),
+                         severity=Severity.ERROR if known else Severity.WARNING,
+                         related=[ctx.sloc(p, "block_size", value=True, label=f"prefill block_size {pb}")],
+                         help=f"write `block_size: {pb}` on both stages")
+            return
         if not ok:
             yield r.diag(f"block_size {pb} (prefill) and {db} (decode) are not compatible for {name}",
                          ctx.sloc(d, "block_size", value=True),
