@@ -3,7 +3,7 @@ release boundaries each fact names (one release on each side).
 
 OPD315 speculative mismatch (vllm#49230: 0.25 without, 0.28 with), OPD316 max_model_len,
 OPD405 device-set overlap (vllm-omni #7328: 0.30 without, 0.31 with), OPD624 draft KV
-(vllm#51718: 0.27 crash, 0.30 skip), OPD625 DCP (vLLM 0.33 NIXL read, 0.32 not pinned),
+(vllm#51718: 0.27 crash, 0.30 skip), OPD625 DCP (vLLM 0.29 NIXL read, 0.28 not pinned),
 OPD706/OPD707 router settings (vllm-router 0.1.17), OPD006 unknown router keys.
 """
 
@@ -137,14 +137,15 @@ def test_opd624_release_boundary_of_vllm_51718(version: str, severity: str, word
 
 # --- OPD625 -------------------------------------------------------------------------------------
 
-def test_opd625_nixl_dcp_on_a_gqa_model_is_an_error_on_0_33_and_not_pinned_on_0_32() -> None:
+def test_opd625_nixl_dcp_on_a_gqa_model_is_an_error_on_0_29_and_not_pinned_on_0_28() -> None:
     text = pair(p=", tensor_parallel_size: 2, decode_context_parallel_size: 2",
                 d=", tensor_parallel_size: 2, decode_context_parallel_size: 2").replace(
         'devices: "0"', 'devices: "0,1"').replace('devices: "1"', 'devices: "2,3"')
     gqa = ModelInfo(num_kv_heads=8, attention="GQA")
-    got = found(text, "OPD625", opts=opts("0.33", model=gqa))
-    assert [g[0] for g in got] == ["error"] and "MLA models only" in got[0][1]
-    assert [g[0] for g in found(text, "OPD625", opts=opts("0.32", model=gqa))] == ["info"]
+    for version in ("0.29", "0.33"):
+        got = found(text, "OPD625", opts=opts(version, model=gqa))
+        assert [g[0] for g in got] == ["error"] and "MLA models only" in got[0][1]
+    assert [g[0] for g in found(text, "OPD625", opts=opts("0.28", model=gqa))] == ["info"]
 
 
 def test_opd625_dcp_adds_no_devices() -> None:

@@ -35,8 +35,11 @@ ALIASES = {("npu", "OffloadingConnector"): "AscendOffloadingConnector"}
 #: (vllm#14324); MooncakeConnector: added by vllm PR #46807.
 MLA_SUPPORT = {"NixlConnector": True, "NixlPullConnector": True, "NixlPushConnector": True,
                "PyNcclConnector": False, "LMCacheConnector": False}
-#: Required kv_connector_extra_config keys (vLLM v1/moriio/moriio_common.py ``MoRIIOConfig``).
-REQUIRED_EXTRA = {"MoRIIOConnector": ("http_port", "handshake_port", "notify_port")}
+#: Required kv_connector_extra_config keys (vLLM v1/moriio/moriio_common.py ``MoRIIOConfig``:
+#: ``int(extra_config["http_port"])``). ``handshake_port`` and ``notify_port`` are not required:
+#: ``MoRIIOConnector.__init__`` fills them first (``_set_port_defaults``: 6301 and 61005) in every
+#: release with MoRIIO (0.18.0, 0.24.0, 0.29.0, 0.30.0, 0.33.0, 0.34.0 wheels; issue 35 audit).
+REQUIRED_EXTRA = {"MoRIIOConnector": ("http_port",)}
 
 _PD = "pipeline: qwen3_omni_moe_pd\nasync_chunk: false\nstages:\n"
 
@@ -290,7 +293,11 @@ def fp8_kv(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
       passing=_pair_yaml("MooncakeConnector", ", block_size: 16", ", block_size: 16"), labels=("XS-BLOCK",))
 def block_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``block_size`` must be equal on both sides, except NIXL 0.13+ where decode's may
-    be a multiple of prefill's (not with ``kv_buffer_device: cpu``). For a hybrid model
+    be a multiple of prefill's (not with ``kv_buffer_device: cpu``, and from 0.18, when prefill
+    TP may exceed decode TP, not with prefill TP > decode TP for a non-MLA model: "Different
+    local/remote block sizes are not supported when P TP > D TP", ``v1/nixl/base_worker.py``
+    in the 0.18.0-0.34.0 wheels; error when ``--model-info`` says the model is not MLA, warning
+    when the model is unknown). For a hybrid model
     (``--model-info``) with different P/D layouts and no pinned ``block_size`` the
     physical block size may differ (observed 16 vs 32): warning. Sources: vLLM
     ``vllm/distributed/kv_transfer/kv_connector/utils.py`` ``TransferTopology.block_size_ratio``,
@@ -310,6 +317,20 @@ def block_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             ok = nixl_multiple and str((p.kv or {}).get("kv_buffer_device")) != "cpu"
         except (TypeError, ValueError, ZeroDivisionError):
             ok = False
+        m = ctx.model
+        if ok and ctx.target.version >= (0, 18) and ctx.stage_tp(p) > ctx.stage_tp(d) and \
+                not (m is not None and (m.is_mla or m.is_hybrid)):
+            # decode reads a split of each prefill block: NIXL asserts "Different local/remote block
+            # sizes are not supported when P TP > D TP" for non-MLA attention (0.18.0-0.34.0 wheels)
+            known = m is not None and m.attention is not None
+            yield r.diag(f"block_size {pb} (prefill) and {db} (decode) with prefill TP {ctx.stage_tp(p)} > decode TP "
+                         f"{ctx.stage_tp(d)}: {name} needs equal block sizes when prefill TP is larger"
+                         + ("" if known else " (unless the model uses MLA; pass --model-info to tell)"),
+                         ctx.sloc(d, "block_size", value=True),
+                         severity=Severity.ERROR if known else Severity.WARNING,
+                         related=[ctx.sloc(p, "block_size", value=True, label=f"prefill block_size {pb}")],
+                         help=f"write `block_size: {pb}` on both stages")
+            return
         if not ok:
             yield r.diag(f"block_size {pb} (prefill) and {db} (decode) are not compatible for {name}",
                          ctx.sloc(d, "block_size", value=True),
@@ -341,7 +362,7 @@ def _lmc_rx(init: str, alloc: str) -> str:  # pragma: no mutate block (runs at i
 
 @rule("OPD608", "extra-config-required", Severity.ERROR,
       "kv_connector_extra_config lacks a key the connector requires",
-      fail=_pair_yaml("MoRIIOConnector", p_kv=", kv_connector_extra_config: {http_port: 8100}",
+      fail=_pair_yaml("MoRIIOConnector", p_kv=", kv_connector_extra_config: {handshake_port: 6300}",
                       d_kv=", kv_connector_extra_config: {http_port: 8200, handshake_port: 6301, notify_port: 6401}"),
       passing=_pair_yaml("MoRIIOConnector", p_kv=", kv_connector_extra_config: {http_port: 8100, handshake_port: 6300, notify_port: 6400}",
                          d_kv=", kv_connector_extra_config: {http_port: 8200, handshake_port: 6301, notify_port: 6401}"),
@@ -356,14 +377,14 @@ def _lmc_rx(init: str, alloc: str) -> str:  # pragma: no mutate block (runs at i
 def extra_required(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Per connector required ``kv_connector_extra_config`` keys: P2pNcclConnector with a
     proxy (``proxy_ip``/``proxy_port``) needs ``http_port`` (= the instance's API port);
-    MoRIIOConnector needs ``http_port``, ``handshake_port`` and ``notify_port`` (KeyError
-    at start otherwise). LMCacheConnectorV1: LMCache's PD peer ports
+    MoRIIOConnector needs ``http_port`` (KeyError at start otherwise; ``handshake_port`` and
+    ``notify_port`` default to 6301 and 61005). LMCacheConnectorV1: LMCache's PD peer ports
     (``lmcache.pd_peer_init_port``, ``lmcache.pd_peer_alloc_port``, ``pd_peer_query_port``,
     the older ``nixl_peer_*`` names, or their ``LMCACHE_*`` variables) are lists with one
     port per worker rank of the stage that reads them (TP x PP): a shorter list is an
     IndexError at start on the first rank past its end, and in ``kv_connector_extra_config``
     a scalar is set as written and cannot be indexed. Sources: vLLM ``v1/moriio/moriio_common.py``
-    ``MoRIIOConfig`` (0.18+), ``v1/p2p/p2p_nccl_engine.py`` (0.11-0.22),
+    ``MoRIIOConfig`` and ``moriio_connector.py`` ``_set_port_defaults`` (0.18-0.34), ``v1/p2p/p2p_nccl_engine.py`` (0.11-0.22),
     ``lmcache_integration/vllm_v1_adapter.py`` (``lmcache.`` keys); LMCache
     ``lmcache/v1/storage_backend/pd_backend.py`` ``PDConfig.from_cache_engine_config``,
     ``lmcache/v1/config.py`` ``_to_int_list``;
@@ -380,7 +401,7 @@ def extra_required(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             if extra.get(key) in (None, ""):
                 yield r.diag(f"stage {n.stage_id}: {name} requires kv_connector_extra_config.{key}",
                              ctx.sloc(n, "kv_transfer_config", "kv_connector_extra_config"),
-                             help=f"add `{key}: <port>`" + (" (the instance's API --port)" if key == "http_port" else ""))
+                             help=f"add `{key}: <port>` (the instance's API --port)")
 
 
 def _lmcache_rank_ports(ctx: Context, r: Rule) -> Iterable[Diagnostic]:

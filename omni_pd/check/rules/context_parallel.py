@@ -3,8 +3,9 @@
 ``decode_context_parallel_size`` (DCP) shards each sequence's KV across the ranks of the
 TP group (it adds no devices: OPD401 does not count it). A PD pair with DCP > 1 on a side
 needs a connector that moves DCP-sharded KV, and some connectors only for some models:
-vLLM 0.33's NIXL moves it for MLA models only and needs the two sides' DCP sizes to divide
-each other; vllm-ascend's MooncakeConnectorV1 moves it (vllm-ascend#4183). Facts per
+vLLM's pull NIXL (0.29+) moves it for MLA models only and needs the two sides' DCP sizes to divide
+each other, its push mode (NixlPushConnector; 0.34's NixlConnector with transfer_mode: push) refuses
+DCP > 1; vllm-ascend's MooncakeConnectorV1 moves it (vllm-ascend#4183). Facts per
 connector and release: ``presets/targets/context_parallel.yaml``; a connector or release
 the table does not know gets an info, never an error.
 
@@ -56,6 +57,15 @@ def dcp_size(ctx: Context, n: "StageNode") -> int:
         return 1
 
 
+def _runs_push(ctx: Context, node: "StageNode") -> bool:
+    """Whether vLLM runs ``node``'s NIXL connector in push mode (0.34: ``NixlConnector`` with
+    ``transfer_mode: push`` is NixlPushConnector; :func:`omni_pd.check.rules.nixl_mode.effective_mode`)."""
+    from omni_pd.check.rules._kv_release import sides
+    from omni_pd.check.rules.nixl_mode import effective_mode
+
+    return any(s.node is node and effective_mode(s, ctx.target.version) == "push" for s in sides(ctx))
+
+
 def connector_row(name: str, version: tuple[int, int]) -> dict[str, Any] | None:
     """The table's row for ``name`` (a loaded connector's row name: vLLM's registry name, or
     vllm-ascend's registered name) on ``version`` (``same_as`` followed), None when the
@@ -82,8 +92,10 @@ _MLA = {"num_kv_heads": 1, "attention": "MLA"}
       fail=_y(), passing=_y(), example_context={"vllm_version": "0.33", "model": _GQA},
       pass_context={"vllm_version": "0.33", "model": _MLA}, labels=("CAP-DCP",),
       examples=(
-          Example("NIXL on vLLM 0.32: DCP transfer not pinned (info)", _y(), True,
-                  {"vllm_version": "0.32", "model": _MLA}, severity=Severity.INFO, contains="not pinned"),
+          Example("NIXL on vLLM 0.28: DCP transfer not pinned (info)", _y(), True,
+                  {"vllm_version": "0.28", "model": _MLA}, severity=Severity.INFO, contains="not pinned"),
+          Example("NixlPushConnector refuses DCP > 1 at start (0.29+)", _y(c="NixlPushConnector"), True,
+                  {"vllm_version": "0.30", "model": _MLA}, contains="cannot move DCP-sharded KV"),
           Example("NIXL on vLLM 0.33: DCP sizes 2 and 4 divide each other", _y(d=", decode_context_parallel_size: 4").replace(
               'devices: "2,3", tensor_parallel_size: 2', 'devices: "2,3,4,5", tensor_parallel_size: 4'), False,
                   {"vllm_version": "0.33", "model": _MLA}),
@@ -98,13 +110,14 @@ def dcp_transfer(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """DCP > 1 on a side of a PD pair: the connector's row (``presets/targets/context_parallel.yaml``)
     decides. Error when the row says DCP is MLA-only and the model is not MLA
     (``--model-info``), or the row needs the two DCP sizes to divide each other and they do
-    not (vLLM 0.33 NIXL); info when the connector or release is not in the table (the
+    not (vLLM 0.29+ pull NIXL), or the row says the connector refuses DCP (NixlPushConnector); info when the connector or release is not in the table (the
     transfer is not known either way), or the model is unknown for an MLA-only row. The row is
     the loaded connector's (:func:`omni_pd.check.rules.capability.connector_row`): the table's
     NixlConnector rows are vLLM's class, MooncakeConnectorV1 is vllm-ascend's; a class another
     package's ``kv_connector_module_path`` loads under those names is not in the table. Located
     at decode's ``decode_context_parallel_size`` (prefill's when only prefill sets it).
-    Sources: vLLM 0.33 ``kv_connector/v1/nixl`` (``dcp_size`` in the handshake params);
+    Sources: vLLM 0.29-0.34 ``kv_connector/v1/nixl`` (``dcp_size`` in the handshake params;
+    ``connector.py`` NixlPushConnector.__init__);
     https://github.com/vllm-project/vllm-ascend/pull/4183,
     https://github.com/vllm-project/vllm-ascend/pull/13965."""
     pair = ctx.pd_pair
@@ -120,7 +133,10 @@ def dcp_transfer(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                     label=f"{'prefill' if here is d else 'decode'} DCP {cp if here is d else cd}")]
     side = p if (p.kv or {}).get("kv_connector") else d
     name = loaded_label(ctx, side)  # as written, or which package's class a module path loads
-    row = connector_row(loaded_row(ctx, side), ctx.target.version)
+    row_name = loaded_row(ctx, side)
+    if row_name in ("NixlConnector", "NixlPullConnector") and _runs_push(ctx, side):
+        row_name, name = "NixlPushConnector", f"{name} (transfer_mode: push, i.e. NixlPushConnector)"
+    row = connector_row(row_name, ctx.target.version)
     both = f"prefill (stage {p.stage_id}) DCP {cp}, decode (stage {d.stage_id}) DCP {cd}"
     if row is None:
         yield r.diag(f"{both}: whether {name} moves DCP-sharded KV on {ctx.release_words()} is not pinned in "
@@ -128,6 +144,12 @@ def dcp_transfer(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                      help="prove one transfer before serving (`omni-pd launch --smoke`)")
         return
     notes = [f"source: {s}" for s in row.get("sources") or []]
+    if row.get("transfers") is False:
+        yield r.diag(f"{both}: {name} on {ctx.release_words()} cannot move DCP-sharded KV"
+                     + (f" ({row['why']})" if row.get("why") else ""), loc, related=rel, notes=notes,
+                     help="write `decode_context_parallel_size: 1` on both stages of the PD pair, or use the pull "
+                          "NixlConnector (MLA models)")
+        return
     if row.get("sizes_divide") and max(cp, cd) % min(cp, cd):
         yield r.diag(f"{both}: {name} on {ctx.release_words()} needs the two DCP sizes to divide each other", loc,
                      related=rel, notes=notes,
