@@ -331,6 +331,22 @@ def test_expand_output_that_validate_rejects_is_a_bug_and_not_written(tmp_path, 
                         "input and options\n")
 
 
+def test_a_stage_key_of_the_pipeline_expand_chose_is_the_inputs_error_not_an_expand_bug(tmp_path, capsys):
+    """A file without `pipeline:` whose one stage expand splits as the plain-vLLM `llm` pipeline: a
+    stage key there becomes a `vllm serve` flag (OPD107), which the input has under the pipeline
+    expand chose. Found by tests/test_fuzz.py (`'<<': null`): it was OPD000, exit 3."""
+    src = tmp_path / "one.yaml"
+    src.write_text("stages:\n  - stage_id: 0\n    '<<': null\n")
+    out_file = tmp_path / "pd.yaml"
+    rc, out, err = run_cli(["expand", "-q", str(src), "-o", str(out_file)], capsys)
+    assert (rc, out) == (2, "")
+    assert not out_file.exists()
+    assert err.startswith("error[OPD107]: stage 0: `<<` becomes `--<<` on this engine's `vllm serve` command line")
+    assert f" --> {src}:3:5\n" in err and "OPD000" not in err
+    assert err.endswith(f"expand: {src} already has these errors (`omni-pd validate {src} --pipeline llm`); "
+                        "fix them first, nothing was written\n")
+
+
 def test_expand_refuses_input_errors_it_would_carry_over(tmp_path, capsys):
     src = tmp_path / "qwen3_omni_moe.yaml"  # vllm-omni's file name: the pipeline is known
     src.write_text((ROOT / "presets" / "qwen3_omni_moe.yaml").read_text()

@@ -125,7 +125,7 @@ def _require_deploy_config(doc, pipeline: Optional[str], vllm_version: Optional[
 
 def self_check(text: str, doc, vllm_version: Optional[str], output: Optional[Path],
                 platform: Optional[str] = None, pipeline: Optional[str] = None,
-                placed: tuple[str, ...] = (), inventory=None) -> None:
+                placed: tuple[str, ...] = (), inventory=None, chosen: Optional[str] = None) -> None:
     """Validate what expand is about to write (``inventory``: ``--inventory``, its placement
     completed as expand placed the stages, so per-host devices and ports are judged per host). Errors the input already has (the same
     code in the input's own validation) are the input's: shown where the input sets
@@ -136,7 +136,9 @@ def self_check(text: str, doc, vllm_version: Optional[str], output: Optional[Pat
     ``platform``: the ``--platform`` expand was given (kept for callers; the check is the same).
     ``pipeline``: expand's ``--pipeline``; the input is judged under the pipeline expand split
     it with (judged under its own, a file whose stages the pipeline lacks made expand's
-    OPD202 look new, an OPD000 for a user's choice). ``placed``: the device options given
+    OPD202 look new, an OPD000 for a user's choice); ``chosen``: the pipeline expand split the
+    input with when ``pipeline`` is None (a file without ``pipeline:``), judged the same way, and
+    named in the "validate" hint only when validate alone would not find the errors. ``placed``: the device options given
     (``"--downstream-devices 0"``); new errors that are all device findings (OPD4xx: world
     size, memory budget) then come from where the user put the stages: OPD805, exit 2,
     naming the options. New errors that are all the inventory's router against the pair
@@ -152,12 +154,16 @@ def self_check(text: str, doc, vllm_version: Optional[str], output: Optional[Pat
     out = validate_document(parse_text(text, name, own_output=True), vopts)
     if not out.errors:
         return
-    before = validate_document(doc, replace(vopts, pipeline=pipeline))
+    judge = pipeline or chosen
+    before = validate_document(doc, replace(vopts, pipeline=judge))
     inherited = {d.code for d in before.errors}
     new = [d for d in out.errors if d.code not in inherited]
     if not new:  # show them where the user fixes them: in the input
-        _emit_diags([d for d in before.errors if d.code in {e.code for e in out.errors}], before.docs)
-        again = f"omni-pd validate {doc.name}" + (f" --pipeline {pipeline}" if pipeline else "")
+        codes = {e.code for e in out.errors}
+        _emit_diags([d for d in before.errors if d.code in codes], before.docs)
+        alone = before if judge == pipeline else validate_document(doc, vopts)
+        hint = pipeline or (judge if not codes <= {d.code for d in alone.errors} else None)
+        again = f"omni-pd validate {doc.name}" + (f" --pipeline {hint}" if hint else "")
         sys.stderr.write(f"expand: {doc.name} already has these errors (`{again}`); "
                          "fix them first, nothing was written\n")
         raise SystemExit(2)
@@ -273,7 +279,12 @@ def run_expand(*, input: Optional[Path] = None, output: Optional[Path] = None, c
     placed = tuple(f"{flag} {v}" for flag, v in (("--prefill-devices", prefill_devices), ("--decode-devices", decode_devices),
                                                   ("--downstream-devices", downstream_devices),
                                                   ("--encoder-devices", encoder_devices)) if v is not None)
-    self_check(res.text, doc, vllm_version, output, platform=opts.platform, pipeline=pipeline, placed=placed,
+    # the input is judged under the pipeline expand split it with, also when expand chose it (a file
+    # without `pipeline:`): a stage key that becomes a `vllm serve` flag of the chosen plain-vLLM
+    # pipeline is then the input's finding (exit 2), not an expand bug (OPD000)
+    source = getattr(getattr(res, "plan", None), "source", None)
+    self_check(res.text, doc, vllm_version, output, platform=opts.platform, pipeline=pipeline,
+               chosen=getattr(source, "name", None), placed=placed,
                 inventory=placed_inventory(inventory_opt(inventory), res.topology))
     diags = [d for d in res.diagnostics if not (quiet and d.severity is Severity.INFO) and d.code not in hide]
     _emit_diags(diags, {doc.name: doc})
