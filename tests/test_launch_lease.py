@@ -135,7 +135,7 @@ def test_vllm_omni_on_cpu_without_a_lease_is_warned_about_since_launch_cannot_ad
     rc, plan, out = _run(capsys, "launch", cfg, "--model", "m", "--platform", "cpu", "--dry-run")
     assert rc == 0 and plan.startswith("# launch plan: ")  # --dry-run: the findings on stderr, the plan on stdout
     assert [line for line in out.splitlines() if line.startswith("warning[")] == [
-        f"warning[OPD623]: stage {i} ({role}): kv_lease_duration unset (vLLM 0.30's default 30 s) is shorter than "
+        f"warning[OPD623]: stage {i} ({role}): kv_lease_duration unset (the default of vLLM 0.30 (assumed: no --vllm-version given; pass --vllm-version X.Y): 30 s) is shorter than "
         "the 480 s NIXL KV lease cpu needs: prefill can free a request's KV blocks before decode reads them, and "
         "decode then uses blocks that may hold another request's KV" for i, role in ((0, "prefill"), (1, "decode"))]
     assert "vllm-omni passes the file's kv_transfer_config as written, so `launch` cannot add it" in out

@@ -926,7 +926,7 @@ def test_plan_document_refusals_and_answer_exactly(tmp_path):
     bad = plan_document(load_file(cfg), str(cfg), LaunchOptions(model="m", extra_args=("--no-such-flag",)))
     assert bad.plan is None and bad.topology is None
     assert [(x.code, x.message) for x in bad.validation.diagnostics] == [
-        ("OPD107", "--no-such-flag is not a `vllm serve` flag in vLLM 0.30")]
+        ("OPD107", "--no-such-flag is not a `vllm serve` flag in vLLM 0.30 (assumed: no --vllm-version given; pass --vllm-version X.Y)")]
     ok = plan_document(load_file(cfg), str(cfg), LaunchOptions(model="m", extra_args=("--max-num-seqs", "4")))
     assert ok.plan.processes[0].argv[-2:] == ("--max-num-seqs", "4")
     assert (ok.validation.pipeline_name, ok.validation.diagnostics, ok.topology.pipeline.name) == ("llm_pd", [], "llm_pd")

@@ -48,7 +48,7 @@ def test_unsuppressed_the_error_refuses_the_launch(tmp_path, capsys):
     assert rc == 1
     assert [ln for ln in out.splitlines() if ln.startswith("error[")] == [
         f"error[OPD107]: stage {i}: `some_new_vllm_flag` becomes `--some-new-vllm-flag` on this engine's `vllm serve` "
-        "command line, which vLLM 0.30 does not accept" for i in (0, 1)]
+        "command line, which vLLM 0.30 (assumed: no --vllm-version given; pass --vllm-version X.Y) does not accept" for i in (0, 1)]
     assert out.endswith("pd.yaml: not launched (2 errors, 0 warnings, 0 info)\n")
 
 

@@ -18,7 +18,7 @@ import pytest
 from test_launch_suppress import _config, _run
 
 OPD107 = ("error[OPD107]: stage {}: `some_new_vllm_flag` becomes `--some-new-vllm-flag` on this engine's `vllm "
-          "serve` command line, which vLLM 0.30 does not accept")
+          "serve` command line, which vLLM 0.30 (assumed: no --vllm-version given; pass --vllm-version X.Y) does not accept")
 
 
 def _render(capsys, cfg: Path, *extra: str) -> tuple[int, str, str, Path]:

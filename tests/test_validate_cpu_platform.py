@@ -80,7 +80,7 @@ def test_an_unset_lease_on_vllm_omni_is_warned_about_by_both(tmp_path) -> None:
     cfg = _compiled(tmp_path, OMNI_CPU)
     got = _validated(cfg, platform="cpu")
     assert [(c, s, m, h) for c, s, m, _, _, h, _ in got] == [
-        ("OPD623", "warning", f"stage {i} ({role}): kv_lease_duration unset (vLLM 0.30's default 30 s) {SHORTER}",
+        ("OPD623", "warning", f"stage {i} ({role}): kv_lease_duration unset (the default of vLLM 0.30 (assumed: no --vllm-version given; pass --vllm-version X.Y): 30 s) {SHORTER}",
          HELP + "; vllm-omni passes the file's kv_transfer_config as written, so `launch` cannot add it")
         for i, role in ((0, "prefill"), (1, "decode"))]
     assert got == _launched(cfg)
