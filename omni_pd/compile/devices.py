@@ -129,8 +129,10 @@ def format_devices(d: Devices) -> str | None:
 #   (vllm/v1/worker/gpu_worker.py ``Worker.init_device``): the ranks take the entries in
 #   order, per DP replica, and entries past the world size are used by no rank.
 # * A pool of ``num_replicas`` (``len(devices) == world * num_replicas``) gives replica
-#   ``r`` the ``r``-th run of ``world`` consecutive entries
-#   (engine/stage_init_utils.py ``split_devices_for_replicas``, pool mode).
+#   ``r`` the ``r``-th run of ``world`` consecutive entries; a list of one replica's
+#   ``world`` entries is a template: replica ``r`` gets ``r * world + a`` for each entry
+#   ``a`` (< ``world``, else ValueError); each replica's list is then mapped on its own
+#   (engine/stage_init_utils.py ``split_devices_for_replicas``: :func:`split_replica_devices`).
 
 
 def parse_visible(raw: Any) -> tuple[str, ...] | None:
