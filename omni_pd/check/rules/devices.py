@@ -74,13 +74,6 @@ def _count(ctx: Context, node: "StageNode") -> tuple[int | None, str]:
     return None, ""
 
 
-
-def _physicals(ctx: Context, node: "StageNode") -> tuple[str | None, ...]:
-    """Physical id of each of the stage's device entries (None: vllm-omni drops it);
-    :func:`omni_pd.compile.devices.physical_ids`."""
-    return physical_ids(node.devices, _visible(ctx, node))
-
-
 def per_replica(ctx: Context, n: "StageNode") -> int:
     """Devices one replica of stage ``n`` takes when vllm-omni splits its ``devices`` among
     ``num_replicas``: vllm-omni 0.30.0 engine/stage_init_utils.py
