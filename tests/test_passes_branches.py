@@ -472,7 +472,8 @@ def test_plan_ascend_refuses_replicas_sharing_a_port_unless_writing_an_overlay()
         "OPD805", f"npu: cannot place 2 replicas of the prefill stage on one host: {why}")
     sides = plan_ascend(_npu_topo(_NPU_PD), "MooncakeConnectorV1", overlay=True)
     assert [(s.stage_id, s.settings, [(n.code, n.message) for n in s.notes]) for s in sides] == [
-        (0, {"num_replicas": 1}, [("OPD904", "npu overlay: the prefill stage 0 runs 1 replica on npu (the base keeps "
+        # the one replica left keeps one engine's devices of the pool "0,1" (else OPD401 on npu)
+        (0, {"num_replicas": 1, "devices": "0"}, [("OPD904", "npu overlay: the prefill stage 0 runs 1 replica on npu (the base keeps "
                                              "2): " + why.replace("gives", "would give"))]),
         (1, {}, [])]
     assert sides[0].notes[0].help == "to serve xPyD on npu, place the replicas on different hosts"
