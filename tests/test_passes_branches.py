@@ -1053,7 +1053,8 @@ def test_xpyd_device_options_are_counted_per_instance_times_engine() -> None:
     # 2 decode instances of 1 device: 3 listed is refused naming the decode option
     assert refusal(LLM, ExpandOptions(connector="NixlConnector", decode_replicas=2, decode_devices=(1, 2, 3)),
                    pipeline="llm") == (
-        "OPD805", "--decode-devices lists 3 device(s); 2 are needed (2 instance(s) x 1 device(s) each)", None, None)
+        "OPD805", "--decode-devices lists 3 device(s); 2 are needed (2 instance(s) x 1 device(s) each)", None,
+        "give --decode-devices every instance's devices, instance r on the r-th 1 of them")
     # 2 prefill instances at TP 2 need 2 x 2 = 4 devices: the four given are taken as they are
     st, _ = stages(LLM, ExpandOptions(connector="NixlConnector", tp=2, prefill_replicas=2,
                                       prefill_devices=(0, 1, 2, 3)), pipeline="llm")

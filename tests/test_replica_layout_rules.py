@@ -16,6 +16,7 @@ import pytest
 from omni_pd.check.validate import ValidateOptions, validate_text
 from omni_pd.compile.expand import expand_document
 from omni_pd.compile.passes.pd_split import ExpandOptions
+from omni_pd.diagnostics import OmniPdError
 from omni_pd.io import load_file, parse_text
 from omni_pd.launch.plan import LaunchOptions, plan_document
 from omni_pd.resources import preset_path
@@ -135,8 +136,52 @@ def test_expand_of_a_file_with_num_replicas_validates_clean(pipeline, replicas, 
     assert not [d for d in out.diagnostics if d.code.startswith("OPD40")]
 
 
-def test_expand_reads_a_template_prefill_devices_option_as_vllm_omni_does():
-    src = "pipeline: llm\nstages:\n  - {stage_id: 0, devices: \"0\", num_replicas: 2}\n"
-    res = expand_document(parse_text(src, "llm.yaml"), ExpandOptions(prefill_devices=(0,)))
-    assert 'devices: "0,1"' in res.text and 'devices: "2,3"' in res.text
+LLM_X2 = "pipeline: llm\nstages:\n  - {stage_id: 0, devices: \"0\", num_replicas: 2}\n"
+
+
+def test_expand_writes_a_replicated_sides_device_options_verbatim_as_its_pool():
+    # --prefill-devices/--decode-devices list the side's devices as the file holds them:
+    # with num_replicas 2 the pool, replica r on the r-th engine's devices
+    res = expand_document(parse_text(LLM_X2, "llm.yaml"), ExpandOptions(prefill_devices=(4, 5), decode_devices=(0, 1)))
+    assert 'devices: "4,5"' in res.text and 'devices: "0,1"' in res.text
     assert _codes(res.text) == []
+
+
+@pytest.mark.parametrize("opts,side,given", [
+    (ExpandOptions(prefill_devices=(0,)), "prefill", 1),              # a valid vllm-omni template
+    (ExpandOptions(prefill_devices=(1,)), "prefill", 1),              # the property tests' example
+    (ExpandOptions(prefill_devices=(0,), decode_devices=(1,)), "prefill", 1),
+    (ExpandOptions(prefill_devices=(0, 1), decode_devices=(3,)), "decode", 1),
+    (ExpandOptions(prefill_devices=(0, 1, 2)), "prefill", 3),
+])
+def test_expand_refuses_a_device_option_that_is_not_every_replicas_devices(opts, side, given):
+    # one engine's list would be vllm-omni's per-replica template in the file: replica 1 on a
+    # device the option did not name ("0" -> 0,1; with decode "1" -> 1,2, prefill's device 1),
+    # or its ValueError ("1" x 2); expand neither guesses nor writes it
+    with pytest.raises(OmniPdError) as e:
+        expand_document(parse_text(LLM_X2, "llm.yaml"), opts)
+    d = e.value.diagnostic
+    assert (d.code, d.message) == ("OPD805", f"--{side}-devices lists {given} device(s); {side} needs 2 (2 replicas, "
+                                             "the Thinker's num_replicas, x 1 device(s) each: TP 1 from the Thinker "
+                                             "x PP 1 x DP 1)")
+    example = "0,1" if side == "prefill" else "2,3"
+    assert d.help.startswith(f"give --{side}-devices every replica's devices, 2 (written as the {side} stage's "
+                             f"devices, replica r on the r-th 1 of them), e.g. \"{example}\"")
+    assert ("per-replica template" in d.help) == (given == 1)
+
+
+def test_plan_pd_split_refuses_a_one_engine_option_for_num_replicas_like_xpyd():
+    # plan_pd_split's own check (callers without expand's option check): the xPyD message
+    from omni_pd.compile.pipelines import load_catalogue
+    from omni_pd.compile.parse import parse_config
+    from omni_pd.compile.passes.pd_split import plan_pd_split
+    from omni_pd.compile.targets import target
+    from omni_pd.compile.topology import resolve
+
+    cat = load_catalogue()
+    topo = resolve(parse_config(parse_text(LLM_X2, "llm.yaml")), cat.get("llm"), None)
+    with pytest.raises(OmniPdError) as e:
+        plan_pd_split(topo, cat, target("0.30"), ExpandOptions(decode_devices=(5,)))
+    d = e.value.diagnostic
+    assert (d.code, d.message) == ("OPD805", "--decode-devices lists 1 device(s); 2 are needed "
+                                             "(2 instance(s) x 1 device(s) each)")

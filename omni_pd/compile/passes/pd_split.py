@@ -17,7 +17,7 @@ stage ``t``. Output: what the four-stage deploy must say, without touching YAML:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from omni_pd.compile import connectors, stream_pd
@@ -314,28 +314,6 @@ def check_not_pd(topo: Topology, doc: Document | None) -> None:
                    loc, help="run `omni-pd validate` on it instead, or expand the original three-stage config")
 
 
-def _as_pool(devs: tuple[int, ...] | None, reps: int, engine: int, flag: str) -> tuple[int, ...] | None:
-    """``--prefill-devices``/``--decode-devices`` for a side of ``reps`` replicas of
-    ``engine`` devices each, as the pool of every replica's devices: one engine's list is
-    vllm-omni's per-replica template and is read as vllm-omni reads it (replica r on
-    ``r x engine + a``: ``(0,)`` x 2 -> ``(0, 1)``; vllm_omni/engine/stage_init_utils.py
-    ``split_devices_for_replicas``, :func:`omni_pd.compile.devices.split_replica_devices`);
-    any other list is kept. Raises :class:`OmniPdError` OPD805 for a template vllm-omni
-    refuses (an entry that is not an offset below ``engine``)."""
-    from omni_pd.compile.devices import ReplicaSplitError, format_devices, split_replica_devices
-
-    if devs is None or len(devs) != engine:
-        return devs
-    try:
-        parts = split_replica_devices(format_devices(devs), reps, engine)
-    except ReplicaSplitError as e:
-        raise _err("OPD805", f"{flag} {format_devices(devs)} with {reps} replicas is vllm-omni's per-replica template, "
-                   f"whose entries must be offsets below {engine}: {e}", None,
-                   help=f"give {flag} the devices of every replica ({reps * engine}), or offsets "
-                        f"{','.join(map(str, range(engine)))}") from None
-    return tuple(int(x) for p in parts for x in str(p).split(","))
-
-
 def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: ExpandOptions,
                   doc: Document | None = None) -> PDSplitPlan:
     """Decide the PD split of ``topo`` (resolved without a platform overlay).
@@ -413,29 +391,23 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
     layout = {s.stage_id: s.devices for s in topo.stages}
     xpyd = opts.prefill_replicas is not None or opts.decode_replicas is not None
     d_count = d_engine if (p_tp, p_dp) != (d_tp, d_dp) else None
-    if xpyd:
-        # xPyD: every instance gets its own devices (TP x PP x DP of its side), one contiguous
-        # chunk per replica, as vllm-omni's split_devices_for_replicas reads a stage's pool
-        # (vllm_omni/engine/stage_init_utils.py compute_replica_layout)
-        p_n, d_n = opts.prefill_replicas or 1, opts.decode_replicas or 1
+    reps = launched_replicas(thinker.num_replicas)
+    if xpyd or reps > 1:
+        # every instance gets its own devices (TP x PP x DP of its side), one contiguous chunk
+        # per replica, as vllm-omni's split_devices_for_replicas reads a stage's pool
+        # (vllm_omni/engine/stage_init_utils.py compute_replica_layout). xPyD: the sides'
+        # --prefill-replicas/--decode-replicas; else the Thinker's num_replicas, copied to both
+        # sides. Each side is written as the pool of all its replicas, and a device option
+        # lists that pool: two one-engine (template-mode) lists always overlap (every
+        # template's replica r starts at r x its size)
+        p_n, d_n = (opts.prefill_replicas or 1, opts.decode_replicas or 1) if xpyd else (reps, reps)
         world, d_count = p_engine * p_n, d_engine * d_n
         for flag, given_devs, n, engine in (("--prefill-devices", opts.prefill_devices, p_n, p_engine),
                                             ("--decode-devices", opts.decode_devices, d_n, d_engine)):
             if given_devs is not None and len(given_devs) != n * engine:
                 raise _err("OPD805", f"{flag} lists {len(given_devs)} device(s); {n * engine} are needed "
-                           f"({n} instance(s) x {engine} device(s) each)", None)
-    elif launched_replicas(thinker.num_replicas) > 1:
-        # the Thinker's num_replicas, copied to both sides: each side is written as the pool
-        # of all its replicas (vllm-omni 0.30 split_devices_for_replicas, pool mode), since
-        # two template-mode lists always overlap (every template's replica r starts at r x
-        # its size): prefill "0,1", decode "2,3" for a one-device Thinker "0" x 2
-        reps = launched_replicas(thinker.num_replicas)
-        world, d_count = p_engine * reps, d_engine * reps
-        opts = replace(opts, prefill_devices=_as_pool(opts.prefill_devices, reps, p_engine, "--prefill-devices"),
-                       decode_devices=_as_pool(opts.decode_devices, reps, d_engine, "--decode-devices"))
-        if opts.decode_devices is not None and len(opts.decode_devices) != d_count:
-            raise _err("OPD805", f"--decode-devices lists {len(opts.decode_devices)} device(s); decode's "
-                       f"{reps} replicas at {d_engine} device(s) each need {d_count}", None)
+                           f"({n} instance(s) x {engine} device(s) each)", None,
+                           help=f"give {flag} every instance's devices, instance r on the r-th {engine} of them")
     elif d_count is not None and opts.decode_devices is not None and len(opts.decode_devices) != d_count:
         raise _err("OPD805", f"--decode-devices lists {len(opts.decode_devices)} device(s); decode at TP {d_tp}"
                    + (f" x DP {d_dp}" if d_dp != 1 else "") + f" needs {d_count}", None)
