@@ -472,7 +472,8 @@ def test_plan_ascend_refuses_replicas_sharing_a_port_unless_writing_an_overlay()
         "OPD805", f"npu: cannot place 2 replicas of the prefill stage on one host: {why}")
     sides = plan_ascend(_npu_topo(_NPU_PD), "MooncakeConnectorV1", overlay=True)
     assert [(s.stage_id, s.settings, [(n.code, n.message) for n in s.notes]) for s in sides] == [
-        (0, {"num_replicas": 1}, [("OPD904", "npu overlay: the prefill stage 0 runs 1 replica on npu (the base keeps "
+        # the one replica left keeps one engine's devices of the pool "0,1" (else OPD401 on npu)
+        (0, {"num_replicas": 1, "devices": "0"}, [("OPD904", "npu overlay: the prefill stage 0 runs 1 replica on npu (the base keeps "
                                              "2): " + why.replace("gives", "would give"))]),
         (1, {}, [])]
     assert sides[0].notes[0].help == "to serve xPyD on npu, place the replicas on different hosts"
@@ -1052,7 +1053,8 @@ def test_xpyd_device_options_are_counted_per_instance_times_engine() -> None:
     # 2 decode instances of 1 device: 3 listed is refused naming the decode option
     assert refusal(LLM, ExpandOptions(connector="NixlConnector", decode_replicas=2, decode_devices=(1, 2, 3)),
                    pipeline="llm") == (
-        "OPD805", "--decode-devices lists 3 device(s); 2 are needed (2 instance(s) x 1 device(s) each)", None, None)
+        "OPD805", "--decode-devices lists 3 device(s); 2 are needed (2 instance(s) x 1 device(s) each)", None,
+        "give --decode-devices every instance's devices, instance r on the r-th 1 of them")
     # 2 prefill instances at TP 2 need 2 x 2 = 4 devices: the four given are taken as they are
     st, _ = stages(LLM, ExpandOptions(connector="NixlConnector", tp=2, prefill_replicas=2,
                                       prefill_devices=(0, 1, 2, 3)), pipeline="llm")

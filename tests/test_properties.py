@@ -218,16 +218,19 @@ def cases(draw, versions=st.sampled_from(TALKER_COVERED), pipeline: str = "qwen3
     if plats:
         data["platforms"] = plats
 
-    # CLI device overrides (valid ones: disjoint, `world` devices each)
-    pool = list(range(2 * world + 4))
+    # CLI device overrides (valid ones: disjoint, each the side's devices as written: `world`
+    # per engine x the Thinker's num_replicas, the pool; a one-engine list with replicas would
+    # be vllm-omni 0.30's per-replica template and is refused, tests/test_replica_layout_rules.py)
+    side = world * int(thinker.get("num_replicas", 1))
+    pool = list(range(2 * side + 4))
     pre = dec = down = None
     if draw(st.integers(0, 3)) == 0:
         chosen = draw(st.permutations(pool))
-        pre = tuple(sorted(chosen[:world]))
+        pre = tuple(sorted(chosen[:side]))
         if draw(st.booleans()):
-            dec = tuple(sorted(chosen[world:2 * world]))
+            dec = tuple(sorted(chosen[side:2 * side]))
         if draw(st.booleans()):
-            down = (chosen[2 * world],)
+            down = (chosen[2 * side],)
     opts = ExpandOptions(connector=opt_conn, tp=opt_tp, prefill_devices=pre, decode_devices=dec,
                          downstream_devices=down)
 

@@ -25,7 +25,8 @@ def test_opd401_pool_mode_needs_exactly_world_times_replicas() -> None:
     text = "stages:\n  - {stage_id: 0, devices: \"0,1,2\", num_replicas: 2, tensor_parallel_size: 2}\n"
     assert [h[1] for h in found(text, "OPD401")] == [
         "stage 0: tensor_parallel_size 2 x pipeline_parallel_size 1 x data_parallel_size 1 = 2 devices, but devices "
-        "has 3 entries"]
+        "has 3 entries; with num_replicas 2, omni-pd's launcher takes 2 entries (one replica's template) or 4 (the "
+        "pool of every replica)"]
     # one replica: the pool product is not an alternative
     text = "stages:\n  - {stage_id: 0, devices: \"0,1\", num_replicas: 1}\n"
     assert [h[1] for h in found(text, "OPD401")] == [

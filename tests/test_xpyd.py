@@ -288,8 +288,9 @@ def test_validate_checks_the_pair_and_each_instances_devices():
 
 def test_a_platform_overlay_that_places_the_llm_gives_each_side_its_tp(capsys):
     # the rocm overlay places the LLM on device 4 (its TP from the base): each side keeps its
-    # own TP there, so decode (TP 2) takes 2 devices after prefill's (an overlay places one
-    # engine per side; instances share it); before, decode got prefill's count and expand
+    # own TP there, so decode (TP 2) takes 2 devices per instance after prefill's, the pool of
+    # its 2 instances (vllm-omni's split_devices_for_replicas would shift a 2-device template
+    # "5,6" by 2 per replica and refuse it); before, decode got prefill's count and expand
     # failed its own check (exit 3)
     from ruamel.yaml import YAML
 
@@ -299,7 +300,7 @@ def test_a_platform_overlay_that_places_the_llm_gives_each_side_its_tp(capsys):
     text = expand_document(parse_text(src, "llm.yaml"), ExpandOptions(
         connector="NixlConnector", decode_replicas=2, prefill_tp=1, decode_tp=2), pipeline="llm").text
     rocm = YAML(typ="safe", pure=True).load(text)["platforms"]["rocm"]["stages"]
-    assert rocm == [{"stage_id": 0, "devices": "4"}, {"stage_id": 1, "devices": "5,6"}]
+    assert rocm == [{"stage_id": 0, "devices": "4"}, {"stage_id": 1, "devices": "5,6,7,8"}]
     res = validate_document(parse_text(text, "pd.yaml"), ValidateOptions(all_platforms=True))
     assert [x.code for x in res.diagnostics if x.severity is Severity.ERROR] == []
     # an overlay that sets the LLM's TP gives it to both halves (the entry is copied to both)

@@ -129,8 +129,10 @@ def format_devices(d: Devices) -> str | None:
 #   (vllm/v1/worker/gpu_worker.py ``Worker.init_device``): the ranks take the entries in
 #   order, per DP replica, and entries past the world size are used by no rank.
 # * A pool of ``num_replicas`` (``len(devices) == world * num_replicas``) gives replica
-#   ``r`` the ``r``-th run of ``world`` consecutive entries
-#   (engine/stage_init_utils.py ``split_devices_for_replicas``, pool mode).
+#   ``r`` the ``r``-th run of ``world`` consecutive entries; a list of one replica's
+#   ``world`` entries is a template: replica ``r`` gets ``r * world + a`` for each entry
+#   ``a`` (< ``world``, else ValueError); each replica's list is then mapped on its own
+#   (engine/stage_init_utils.py ``split_devices_for_replicas``: :func:`split_replica_devices`).
 
 
 def parse_visible(raw: Any) -> tuple[str, ...] | None:
@@ -208,3 +210,76 @@ def rank_names(count: int, tp: int, pp: int, dp: int, world: int, replicas: int 
             parts.append(f"rank {j}")
         out.append(", ".join(parts))
     return tuple(out)
+
+
+class ReplicaSplitError(ValueError):
+    """A ``devices`` value vllm-omni cannot split into ``num_replicas`` replicas (the
+    ValueErrors of ``split_devices_for_replicas``). ``kind``: ``"offset"`` (template mode,
+    an entry outside ``[0, per_replica)``: ``bad`` lists them), ``"int"`` (template mode, an
+    entry that is not an integer) or ``"length"`` (neither ``per_replica`` nor
+    ``num_replicas x per_replica`` entries). The message is vllm-omni's own."""
+
+    def __init__(self, message: str, kind: str, bad: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.kind, self.bad = kind, bad
+
+
+def split_replica_devices(devices: str | None, num_replicas: int, per_replica: int,
+                          stage_id: int = 0) -> list[str | None]:
+    """vllm-omni 0.30.0's ``split_devices_for_replicas(devices_str, num_replicas,
+    devices_per_replica, stage_id)`` (vllm_omni/engine/stage_init_utils.py, called by
+    ``compute_replica_layout`` with ``get_stage_devices_per_replica``: TP x local DP x PP
+    for an LLM stage, the diffusion world size otherwise), re-implemented: one devices
+    string per replica, always ``max(1, num_replicas)`` of them.
+
+    * ``devices`` None: ``[None] * num_replicas`` (no placement: the launcher's visibility).
+    * ``num_replicas`` <= 1: ``[devices]`` unchanged.
+    * **pool mode**, ``len == num_replicas x per_replica``: replica r gets entries
+      ``[r*per_replica, (r+1)*per_replica)``: ``("1,2,3,4", 2, 2) -> ["1,2", "3,4"]``.
+    * **template mode**, ``len == per_replica``: replica r gets ``r*per_replica + a`` for
+      each entry ``a``, which must lie in ``[0, per_replica)``: ``("0,1", 2, 2) -> ["0,1",
+      "2,3"]``, ``("0", 2, 1) -> ["0", "1"]``; ``("1", 2, 1)`` raises (offset 1 out of
+      range [0, 1)).
+    * any other length raises.
+
+    Entries are split on ``,`` and stripped, blanks dropped, as upstream. Raises
+    :class:`ReplicaSplitError` (a ValueError) with vllm-omni's message and a ``kind``.
+    Pure (tests/test_replica_devices.py compares it with the real function)."""
+    if devices is None:
+        return [None] * max(1, num_replicas)
+    if num_replicas <= 1:
+        return [devices]
+    items = [d.strip() for d in devices.split(",") if d.strip()]
+    if len(items) == num_replicas * per_replica:
+        return [",".join(items[r * per_replica:(r + 1) * per_replica]) for r in range(num_replicas)]
+    if len(items) == per_replica:
+        try:
+            offsets = [int(a) for a in items]
+        except ValueError:
+            raise ReplicaSplitError(f"Stage {stage_id}: template-mode devices must be ints, got {devices!r}",
+                                    "int") from None
+        bad = [a for a in offsets if not 0 <= a < per_replica]
+        if bad:
+            raise ReplicaSplitError(f"Stage {stage_id}: template-mode device offset(s) {bad} out of range "
+                                    f"[0, {per_replica}); devices={devices!r}", "offset", tuple(bad))
+        return [",".join(str(r * per_replica + a) for a in offsets) for r in range(num_replicas)]
+    raise ReplicaSplitError(
+        f"Stage {stage_id}: devices={devices!r} has {len(items)} id(s); need either {per_replica} (per-replica "
+        f"template) or {num_replicas * per_replica} (pool / legacy). num_replicas={num_replicas}, "
+        f"devices_per_replica={per_replica}.", "length")
+
+
+def replica_devices(devices: Devices, num_replicas: int, per_replica: int) -> tuple[Devices, ...] | None:
+    """The devices of each of a stage's ``num_replicas`` replicas (one entry per replica,
+    >= 1), :func:`split_replica_devices` on parsed devices: ``((0,), 2, 1) -> ((0,), (1,))``
+    (template), ``((0, 1), 2, 1) -> ((0,), (1,))`` (pool); "cpu"/None: every replica gets
+    it as written. None when vllm-omni refuses the split (the error: call
+    :func:`split_replica_devices`). Pure."""
+    reps = max(1, num_replicas)
+    if not isinstance(devices, tuple):
+        return (devices,) * reps
+    try:
+        parts = split_replica_devices(format_devices(devices), reps, max(1, per_replica))
+    except ReplicaSplitError:
+        return None
+    return tuple(parse_devices(p) for p in parts)

@@ -101,14 +101,22 @@ def _thinker_only(doc: Document, pipeline: str | None, catalogue: Catalogue | No
 
 def check_device_options(topo: Topology, opts: ExpandOptions) -> None:
     """Refuse ``--prefill-devices``/``--decode-devices`` lists whose length is not the
-    side's devices per engine (TP x PP x DP; TP from ``--tp``/``--prefill-tp``/``--decode-tp``,
-    DP from ``--dp``/``--prefill-dp``/``--decode-dp``, each else the Thinker's), before the
-    split: the written stage would fail validate's OPD401
-    (vllm-omni engine/stage_init_utils.py gives each engine TP x PP x local DP devices).
-    A list of ``num_replicas`` times that (the Thinker's pool mode) passes, as OPD401
-    accepts it. xPyD (``--prefill-replicas``/``--decode-replicas``) lists are checked by
-    :func:`~omni_pd.compile.passes.pd_split.plan_pd_split` per instance. Raises
-    :class:`OmniPdError` OPD805 (exit 2) naming the options. Pure."""
+    side's devices: ``num_replicas`` (the Thinker's, copied to both sides) x the devices per
+    engine (TP x PP x DP; TP from ``--tp``/``--prefill-tp``/``--decode-tp``, DP from
+    ``--dp``/``--prefill-dp``/``--decode-dp``, each else the Thinker's), before the split:
+    the written stage would fail validate's OPD401 (vllm-omni engine/stage_init_utils.py
+    gives each engine TP x PP x local DP devices).
+
+    The option is the side's ``devices`` as expand writes them, verbatim: with
+    ``num_replicas`` > 1 that is the pool of every replica's devices (vllm-omni 0.30
+    ``split_devices_for_replicas`` pool mode: replica r takes the r-th consecutive chunk),
+    as ``--prefill-replicas``/``--decode-replicas`` lists are (checked per instance by
+    :func:`~omni_pd.compile.passes.pd_split.plan_pd_split`). A list of one engine's devices
+    is refused there: in the file it would be vllm-omni's per-replica template, which puts
+    replica r on ``r x engine + entry`` (devices the option did not name, and a template on
+    each side always overlaps) and raises ValueError for an entry at or above ``engine``.
+    Raises :class:`OmniPdError` OPD805 (exit 2) naming the options. Pure."""
+    from omni_pd.compile.connectors.base import launched_replicas
     from omni_pd.compile.passes.pd_split import side_dps, side_tps
 
     split = topo.pipeline.split_stage
@@ -118,24 +126,36 @@ def check_device_options(topo: Topology, opts: ExpandOptions) -> None:
     given, given_dp = side_tps(opts), side_dps(opts)
     tps = (given[0] or thinker.tp, given[1] or thinker.tp)
     dps = (given_dp[0] or thinker.dp, given_dp[1] or thinker.dp)
+    reps = launched_replicas(thinker.num_replicas)
     flags = ("--prefill-tp" if opts.prefill_tp else "--tp",
              "--npu-decode-tp" if opts.platform == "npu" and opts.npu_decode_tp else
              "--decode-tp" if opts.decode_tp else "--tp")
     dp_flags = ("--prefill-dp" if opts.prefill_dp else "--dp", "--decode-dp" if opts.decode_dp else "--dp")
+    engines = [tps[k] * thinker.pp * dps[k] for k in (0, 1)]
     for k, (side, devs) in enumerate((("prefill", opts.prefill_devices), ("decode", opts.decode_devices))):
-        if devs is None:
-            continue
-        engine = tps[k] * thinker.pp * dps[k]
-        if len(devs) in (engine, engine * thinker.num_replicas):
+        engine = engines[k]
+        if devs is None or len(devs) == engine * reps:
             continue
         origin = f"from {flags[k]}" if given[k] else "from the Thinker"
         dp_origin = f" from {dp_flags[k]}" if given_dp[k] else ""
+        sizes = f"TP {tps[k]} {origin} x PP {thinker.pp} x DP {dps[k]}{dp_origin}"
+        if reps == 1:
+            raise OmniPdError(Diagnostic(
+                code="OPD805", severity=Severity.ERROR,
+                message=f"--{side}-devices lists {len(devs)} device(s); {side} needs {engine} ({sizes})",
+                help=f"give --{side}-devices {engine} device(s), e.g. \"{','.join(map(str, range(engine)))}\", "
+                     f"or a tensor{' or data' if given_dp[k] else ''} parallel size that fits the list"))
+        start = 0 if k == 0 else engines[0] * reps  # an example that leaves the other side's example free
+        pool = ",".join(map(str, range(start, start + engine * reps)))
+        template = (f"; one engine's list would be vllm-omni's per-replica template in the file (replica r on "
+                    f"r x {engine} + each entry: vllm-omni 0.30 split_devices_for_replicas)"
+                    if len(devs) == engine else "")
         raise OmniPdError(Diagnostic(
             code="OPD805", severity=Severity.ERROR,
-            message=f"--{side}-devices lists {len(devs)} device(s); {side} needs {engine} "
-                    f"(TP {tps[k]} {origin} x PP {thinker.pp} x DP {dps[k]}{dp_origin})",
-            help=f"give --{side}-devices {engine} device(s), e.g. \"{','.join(map(str, range(engine)))}\", "
-                 f"or a tensor{' or data' if given_dp[k] else ''} parallel size that fits the list"))
+            message=f"--{side}-devices lists {len(devs)} device(s); {side} needs {engine * reps} "
+                    f"({reps} replicas, the Thinker's num_replicas, x {engine} device(s) each: {sizes})",
+            help=f"give --{side}-devices every replica's devices, {engine * reps} (written as the {side} "
+                 f"stage's devices, replica r on the r-th {engine} of them), e.g. \"{pool}\"" + template))
 
 
 def _reparse(text: str, doc: Document, pipeline: Pipeline) -> tuple[DeployConfig, Topology]:

@@ -210,15 +210,27 @@ class Instance:
     keys: tuple[str | None, ...] = ()
 
 
-def instance_devices(devices: Any, replicas: int, replica: int) -> Any:
-    """The devices of instance ``replica``: a stage's pool split into ``replicas`` equal,
-    consecutive chunks (vllm-omni's ``split_devices_for_replicas`` rule,
-    vllm_omni/engine/stage_init_utils.py); a pool that does not split evenly, "cpu" or
-    None is shared by every instance as written."""
-    if isinstance(devices, tuple) and replicas > 1 and len(devices) % replicas == 0:
-        n = len(devices) // replicas
-        return devices[replica * n:(replica + 1) * n]
-    return devices
+def instance_devices(devices: Any, replicas: int, replica: int, per_replica: int | None = None) -> Any:
+    """The devices of instance ``replica`` of a stage with ``replicas`` instances, placed as
+    vllm-omni 0.30 places a stage's replicas (vllm_omni/engine/stage_init_utils.py
+    ``split_devices_for_replicas``, :func:`omni_pd.compile.devices.replica_devices`), so a
+    file means the same on both runtimes and validate (OPD401/402/403/404) judges what runs:
+    ``per_replica`` the devices one engine takes (TP x PP x DP): a pool of ``replicas x
+    per_replica`` entries splits into consecutive chunks, a template of ``per_replica``
+    entries shifts by ``replica x per_replica`` (``(0,)``, 2 replicas: ``(0,)``, ``(1,)``).
+    ``per_replica`` None: the length over ``replicas`` (a pool when it divides). A split
+    vllm-omni refuses (validate's OPD401, and launch refuses the file), "cpu" or None: the
+    devices as written, shared by every instance."""
+    from omni_pd.compile.devices import replica_devices
+
+    if not isinstance(devices, tuple) or replicas <= 1:
+        return devices
+    if per_replica is None:
+        if len(devices) % replicas:
+            return devices
+        per_replica = len(devices) // replicas
+    split = replica_devices(devices, replicas, per_replica)
+    return devices if split is None else split[replica]
 
 
 def instances(node: StageNode, target: Any, platform: str | None = None) -> list[Instance]:
@@ -252,7 +264,8 @@ def instances(node: StageNode, target: Any, platform: str | None = None) -> list
         if isinstance(kv.get("engine_id"), str):
             ikv["engine_id"] = instance_engine_id(kv["engine_id"], r, reps)
         bp = mine[0].port if (mine and conn is not None and conn.router_bootstrap) else None
-        out.append(Instance(r, format_devices(instance_devices(node.devices, reps, r)), ikv, env, ports, bp, keys))
+        out.append(Instance(r, format_devices(instance_devices(node.devices, reps, r, node.world_size)),
+                            ikv, env, ports, bp, keys))
     return out
 
 

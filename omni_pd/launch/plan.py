@@ -108,6 +108,32 @@ class LaunchOptions:
     local_host: str | None = None
 
 
+def replica_notes(topo: Topology) -> tuple[str, ...]:
+    """On the vllm-omni runtime, where vllm-omni itself places the replicas of each stage
+    with ``num_replicas`` > 1 (vllm-omni 0.30 engine/stage_init_utils.py
+    ``compute_replica_layout`` -> ``split_devices_for_replicas``; one engine's devices,
+    TP x PP x DP, per replica; :func:`omni_pd.compile.devices.replica_devices`), e.g.
+    ``vllm-omni places stage 0's 2 replicas itself: replica 0 on device 0, replica 1 on
+    device 1 (a per-replica template)``: the plan starts one process, validate judges
+    these devices (OPD401-404). Logical entries of the launcher's visibility variable."""
+    from omni_pd.compile.devices import replica_devices
+
+    out = []
+    for n in topo.stages:
+        reps = int(n.num_replicas or 1)
+        if reps <= 1 or not isinstance(n.devices, tuple):
+            continue
+        split = replica_devices(n.devices, reps, n.world_size)
+        if split is None:
+            continue  # validate refuses it (OPD401)
+        mode = "a per-replica template" if len(n.devices) < sum(len(x) for x in split) else "the pool, split in order"
+        runs = ", ".join(f"replica {r} on device{'s' if len(x) > 1 else ''} {format_devices(x)}"
+                         for r, x in enumerate(split))
+        out.append(f"vllm-omni places stage {n.stage_id}'s {reps} replicas itself: {runs} ({mode} "
+                   f"\"{format_devices(n.devices)}\")")
+    return tuple(out)
+
+
 def launcher_env_on(opts: LaunchOptions, host: str | None) -> Mapping[str, str]:
     """The launcher's visibility variables as they apply to a process placed on ``host``:
     all of :attr:`LaunchOptions.launcher_env` without a placement or on the launcher's own
@@ -243,7 +269,7 @@ def build_plan(topo: Topology, config_path: str, opts: LaunchOptions, target: An
         return LaunchPlan(runtime="vllm-omni", model=opts.model, connector=conn,
                           entrypoint=f"http://{opts.host}:{opts.port}", config=config_path, processes=(proc,),
                           notes=("vllm-omni starts every stage engine and routes prefill -> decode itself",)
-                          + _lease_note(p.kv, opts.platform, target, False))
+                          + replica_notes(topo) + _lease_note(p.kv, opts.platform, target, False))
     from omni_pd.check.lease_facts import planned_lease
 
     procs: list[ProcessSpec] = []

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from omni_pd.diagnostics import Diagnostic, Severity
 from omni_pd.check.rules import Context, Example, Rule, rule
-from omni_pd.check.rules.devices import _accel_word, _physicals, _used_physicals
+from omni_pd.check.rules.devices import _accel_word, _slots, _used_physicals
 
 if TYPE_CHECKING:
     from omni_pd.compile.topology import StageNode
@@ -43,16 +43,23 @@ def table() -> dict[str, Any]:
 
 
 def init_sets(ctx: Context, n: "StageNode") -> list[frozenset[str]]:
-    """The physical device set of each engine instance of stage ``n`` (one per replica:
-    ``num_replicas`` splits the stage's devices in order, each replica initializes on its
-    own slice), only devices some rank uses (:func:`_used_physicals`)."""
+    """The physical device set of each engine instance of stage ``n`` (one per replica,
+    each initializing on its own devices as vllm-omni's ``split_devices_for_replicas``
+    gives them: pool or template mode, :func:`~omni_pd.check.rules.devices._slots`), only
+    devices some rank uses (:func:`_used_physicals`)."""
     used = _used_physicals(ctx, n)
-    ordered = [ph for ph in _physicals(ctx, n) if ph is not None and ph in used]
-    reps = max(1, int(n.num_replicas or 1))
-    if reps == 1 or len(ordered) % reps:
-        return [frozenset(ordered)] if ordered else []
-    per = len(ordered) // reps
-    return [frozenset(ordered[i * per:(i + 1) * per]) for i in range(reps)]
+    sets: dict[int | None, list[str]] = {}
+    for rep, _, ph, _ in _slots(ctx, n):
+        if ph is not None and ph in used:
+            sets.setdefault(rep, []).append(ph)
+    if list(sets) == [None]:  # one replica, or a split vllm-omni refuses: the old even split
+        ordered = sets[None]
+        reps = max(1, int(n.num_replicas or 1))
+        if reps == 1 or len(ordered) % reps:
+            return [frozenset(ordered)]
+        per = len(ordered) // reps
+        return [frozenset(ordered[i * per:(i + 1) * per]) for i in range(reps)]
+    return [frozenset(v) for v in sets.values()]
 
 
 def _v(s: Any) -> tuple[int, int]:

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any, Iterable
 from omni_pd.diagnostics import Diagnostic, Location, Severity
 from omni_pd.check.rules import PARALLEL_SIZE_KEYS, Context, Example, Rule, rule
 from omni_pd.compile.placement import overlay_elsewhere
-from omni_pd.compile.devices import (DEVICE_VARS, device_name, parse_visible, passed_through, physical_ids,
-                                     rank_names, visible_value)
+from omni_pd.compile.devices import (DEVICE_VARS, ReplicaSplitError, device_name, format_devices, parse_visible,
+                                     passed_through, physical_ids, rank_names, replica_devices, split_replica_devices,
+                                     visible_value)
 
 if TYPE_CHECKING:
     from omni_pd.compile.topology import StageNode
@@ -73,11 +74,53 @@ def _count(ctx: Context, node: "StageNode") -> tuple[int | None, str]:
     return None, ""
 
 
+def per_replica(ctx: Context, n: "StageNode") -> int:
+    """Devices one replica of stage ``n`` takes when vllm-omni splits its ``devices`` among
+    ``num_replicas``: vllm-omni 0.30.0 engine/stage_init_utils.py
+    ``get_stage_devices_per_replica``, the diffusion world size for a diffusion stage, else
+    TP x local DP x PP (no prefill-context parallel there). An int >= 1."""
+    if ctx.is_diffusion(n):
+        return max(1, ctx.world_size(n)[0])
+    p = ctx.parallel(n)
+    return max(1, p["tensor_parallel_size"]) * max(1, p["pipeline_parallel_size"]) * max(1, p["data_parallel_size"])
 
-def _physicals(ctx: Context, node: "StageNode") -> tuple[str | None, ...]:
-    """Physical id of each of the stage's device entries (None: vllm-omni drops it);
-    :func:`omni_pd.compile.devices.physical_ids`."""
-    return physical_ids(node.devices, _visible(ctx, node))
+
+def replica_layout(ctx: Context, n: "StageNode") -> tuple[tuple[int, ...], ...] | None:
+    """The logical devices of each replica of stage ``n`` (a tuple-devices stage), as the
+    runtime places them: vllm-omni's ``split_devices_for_replicas`` (pool or template mode,
+    :func:`omni_pd.compile.devices.replica_devices`), which omni-pd's own launcher of the
+    ``vllm`` runtime follows too (omni_pd/compile/port_plan.py ``instance_devices``). One
+    replica: ``(devices,)``. None when the split is refused (OPD401 reports it)."""
+    reps = max(1, int(n.num_replicas or 1))
+    if reps == 1:
+        return (n.devices,)
+    return replica_devices(n.devices, reps, per_replica(ctx, n))  # type: ignore[return-value]
+
+
+def _slots(ctx: Context, n: "StageNode") -> list[tuple[int | None, int, str | None, str | None]]:
+    """Every device entry some replica of stage ``n`` is given, in order, as ``(replica,
+    logical, physical, rank)``: ``replica`` its index (None for a stage of one replica, or
+    a split the runtime refuses: then the entries as written), ``logical`` the index into
+    the visible set, ``physical`` its id (:func:`omni_pd.compile.devices.physical_ids` of
+    the replica's own list, as vllm-omni maps each replica's; None: dropped, OPD402),
+    ``rank`` the engine rank on it with the replica named (``"replica 1, TP rank 0"``,
+    ``""`` for one one-device engine; None: past the world size, used by no rank, OPD401).
+    ``devices: "0"`` with ``num_replicas: 2`` (template mode): ``[(0, 0, "0", "replica
+    0"), (1, 1, "1", "replica 1")]``."""
+    p = ctx.parallel(n)
+    tp, pp, dp = (max(1, p[k]) for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"))
+    world = max(1, ctx.world_size(n)[0])
+    vis = _visible(ctx, n)
+    layout = replica_layout(ctx, n)
+    if layout is None or len(layout) == 1:
+        ranks = rank_names(len(n.devices), tp, pp, dp, world, max(1, int(n.num_replicas or 1)))
+        return [(None, i, ph, ranks[k]) for k, (i, ph) in enumerate(zip(n.devices, physical_ids(n.devices, vis)))]
+    out: list[tuple[int | None, int, str | None, str | None]] = []
+    for r, devs in enumerate(layout):
+        ranks = rank_names(len(devs), tp, pp, dp, world)
+        out += [(r, i, ph, None if ranks[k] is None else ", ".join(x for x in (f"replica {r}", ranks[k]) if x))
+                for k, (i, ph) in enumerate(zip(devs, physical_ids(devs, vis)))]
+    return out
 
 
 def _accel_word(ctx: Context, node: "StageNode") -> str:
@@ -114,6 +157,14 @@ def _accel_word(ctx: Context, node: "StageNode") -> str:
                   "stages:\n  - {stage_id: 0, devices: \"0\"}\n", True, {"cli": {"tensor_parallel_size": 2}}),
           Example("pool mode: world x num_replicas",
                   "stages:\n  - {stage_id: 0, devices: \"0,1,2,3\", num_replicas: 2, tensor_parallel_size: 2}\n", False),
+          Example("template mode: one replica's devices, replica r shifted by r x world",
+                  "stages:\n  - {stage_id: 0, devices: \"0,1\", num_replicas: 2, tensor_parallel_size: 2}\n", False),
+          Example("template mode: an entry that is no offset into one replica's devices",
+                  "pipeline: qwen3_omni_moe\nstages:\n  - {stage_id: 0, devices: \"1\", num_replicas: 2}\n", True,
+                  contains="template-mode device offset(s) [1] out of range [0, 1)"),
+          Example("num_replicas: neither one replica's count nor the pool's",
+                  "stages:\n  - {stage_id: 0, devices: \"0,1,2\", num_replicas: 2}\n", True,
+                  contains="takes 1 entry (one replica's template) or 2 (the pool of every replica)"),
           Example("an instance spanning nodes lists one node's devices",
                   "stages:\n  - {stage_id: 0, devices: \"0,1\", tensor_parallel_size: 4, nnodes: 2}\n", False),
           Example("nnodes must divide the world size",
@@ -122,7 +173,10 @@ def _accel_word(ctx: Context, node: "StageNode") -> str:
       ))
 def world_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """``len(devices)`` must equal the stage's local world size (x ``num_replicas`` in
-    pool mode): TP x PP x local DP x prefill-context parallel, and for diffusion stages
+    pool mode; with ``num_replicas`` > 1 a list of one replica's size is vllm-omni's
+    per-replica template, whose entries must be offsets below that size:
+    :func:`_template_problem`, vllm-omni 0.30 engine/stage_init_utils.py
+    ``split_devices_for_replicas``): TP x PP x local DP x prefill-context parallel, and for diffusion stages
     x CFG parallel x sequence parallel (``allgather_degree`` if > 1, else
     ``ulysses_degree`` x ``ring_degree``), or the HSDP replicate x shard product. The
     sizes come from the nested ``parallel_config`` when it sets them (it wins over the
@@ -168,6 +222,12 @@ def world_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                          help=_world_help(world // nodes, n.devices, taken(n)).replace(" here", " here (one host's)"),
                          reads=ctx.reads(n, "devices", "nnodes", "parallel_config", *PARALLEL_SIZE_KEYS))
             continue
+        bad_split = _template_problem(ctx, n, taken(n))
+        if bad_split is not None:
+            yield r.diag(bad_split[0], ctx.sloc(n, "devices", value=True), help=bad_split[1],
+                         related=[ctx.sloc(n, "num_replicas", value=True, label="replicas")],
+                         reads=ctx.reads(n, "devices", "num_replicas", "parallel_config", *PARALLEL_SIZE_KEYS))
+            continue
         if have == world or (n.num_replicas > 1 and have == world * n.num_replicas):
             continue
         if have > world and not ctx.stage_kind_known(n):
@@ -181,8 +241,51 @@ def world_size(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         else:
             msg = (f"stage {n.stage_id}: tensor_parallel_size {tp} x pipeline_parallel_size {pp} x data_parallel_size {dp} "
                    f"= {_devices(world)}{src}, but {entries}")
+        if n.num_replicas > 1:
+            per = per_replica(ctx, n)
+            msg += (f"; with num_replicas {n.num_replicas}, {_runtime_word(ctx)} takes {per} entr{'y' if per == 1 else 'ies'} "
+                    f"(one replica's template) or {per * n.num_replicas} (the pool of every replica)")
         yield r.diag(msg, ctx.sloc(n, "devices", value=True), help=_world_help(world, n.devices, taken(n)) if world != have else None,
                      reads=ctx.reads(n, "devices", "num_replicas", "parallel_config", *PARALLEL_SIZE_KEYS))
+
+
+def _template_problem(ctx: Context, n: "StageNode", taken: frozenset = frozenset()) -> tuple[str, str] | None:
+    """``(message, help)`` when stage ``n``'s ``devices`` have one replica's count (template
+    mode of vllm-omni's ``split_devices_for_replicas``) but an entry is not an offset below
+    it: ``devices: "1"`` with ``num_replicas: 2`` at TP 1 would put replica 1 on device 2,
+    and vllm-omni raises ValueError "template-mode device offset(s) [1] out of range [0, 1)"
+    instead (vllm_omni/engine/stage_init_utils.py). None otherwise (a length that is
+    neither mode is OPD401's count message). The pool the help suggests avoids ``taken``
+    (the devices of the other stages on the host)."""
+    reps = max(1, int(n.num_replicas or 1))
+    if reps == 1 or not isinstance(n.devices, tuple):
+        return None
+    per = per_replica(ctx, n)
+    try:
+        split_replica_devices(format_devices(n.devices), reps, per, n.stage_id)
+        return None
+    except ReplicaSplitError as e:
+        if e.kind == "length":
+            return None
+        err = str(e)
+    devs = format_devices(n.devices)
+    who = ("vllm-omni refuses to start" if ctx.launcher != "vllm" else
+           "omni-pd's launcher, which splits replicas by vllm-omni's rule, cannot place them")
+    msg = (f"stage {n.stage_id}: num_replicas {reps} with devices \"{devs}\" ({_devices(per)} per replica) is a "
+           f"per-replica template: replica r takes device r x {per} + each entry, so every entry must be below {per}; "
+           f"{who} (vllm-omni 0.30 split_devices_for_replicas: ValueError: {err})")
+    offsets = ",".join(map(str, range(per)))
+    pool = ",".join(map(str, _suggested_devices(per * reps, n.devices, taken)))
+    hlp = (f"write the template as offsets (devices: \"{offsets}\": replica r on "
+           f"{'devices' if per > 1 else 'device'} r x {per} + each), or list every replica's devices, "
+           f"{_devices(per * reps)} (the pool, e.g. devices: \"{pool}\")")
+    return msg, hlp
+
+
+def _runtime_word(ctx: Context) -> str:
+    """Who splits a stage's devices among its replicas: ``vllm-omni``, or ``omni-pd's
+    launcher`` on the plain ``vllm`` runtime (it follows vllm-omni's split)."""
+    return "omni-pd's launcher" if ctx.launcher == "vllm" else "vllm-omni"
 
 
 def _nnodes(ctx: Context, n: Any) -> int:
@@ -236,7 +339,9 @@ def _world_help(world: int, keep: tuple = (), taken: frozenset = frozenset()) ->
 def device_exists(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Every logical device index must be below the number of visible devices: the
     launcher's visibility variable (``CUDA_VISIBLE_DEVICES``, ``ASCEND_RT_VISIBLE_DEVICES``
-    ...) when given, else the host's ``count`` in ``--inventory``. Checked after the
+    ...) when given, else the host's ``count`` in ``--inventory``; every replica's devices
+    (:func:`replica_layout`: a template's replica 1 runs on entries the file does not
+    write). Checked after the
     platform overlay, which often moves stages (``platforms.npu`` puts Qwen3-Omni on
     three NPUs). Inventory format (``--inventory FILE``)::
 
@@ -256,12 +361,19 @@ def device_exists(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
         count, how = _count(ctx, n)
         if count is None:
             continue
-        bad = [i for i in n.devices if i >= count]
+        slots = _slots(ctx, n)
+        bad = list(dict.fromkeys(i for _, i, _, _ in slots if i >= count))
         if bad:
             word = _accel_word(ctx, n)
             plat = f"{ctx.platform} overlay places" if ctx.platform and ctx.exists(("platforms", ctx.platform)) else "uses"
             vis = _visible(ctx, n)
-            if passed_through(n.devices, vis):
+            placed = sorted({r for r, i, _, _ in slots if r is not None and i in bad and i not in n.devices})
+            if placed:  # template mode: a replica runs on a device the file does not write
+                layout = replica_layout(ctx, n) or ()
+                runs = "; ".join(f"replica {r} on {format_devices(layout[r])}" for r in range(len(layout)))
+                what = (f"num_replicas {n.num_replicas} with devices \"{format_devices(n.devices)}\" is "
+                        f"{_runtime_word(ctx)}'s per-replica template: {runs}")
+            elif passed_through(n.devices, vis):
                 what = (f"vllm-omni 0.30 reads a list with no entry below the {len(vis)} visible devices as physical "
                         f"ids: stage {n.stage_id} would run on physical {word} {', '.join(map(str, n.devices))}, "
                         f"not on entries of {_var(ctx, n)}={','.join(vis)}")
@@ -269,7 +381,8 @@ def device_exists(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                 what = f"vllm-omni drops the entries outside {_var(ctx, n)}={','.join(vis)} and starts on the rest"
             else:
                 what = None
-            yield r.diag(f"stage {n.stage_id} {plat} device {', '.join(map(str, bad))}, but only {count} {word}{'s' if count != 1 else ''} "
+            who = f"stage {n.stage_id}" + (f" (replica {', '.join(map(str, placed))})" if placed else "")
+            yield r.diag(f"{who} {plat} device {', '.join(map(str, bad))}, but only {count} {word}{'s' if count != 1 else ''} "
                          f"{'are' if count != 1 else 'is'} visible ({how} {count})",
                          ctx.sloc(n, "devices", value=True), notes=[what] if what else [],
                          help=f"use device indices 0..{count - 1}, or run on a host with more {word}s")
@@ -287,16 +400,12 @@ def _pair_shared(ctx: Context) -> tuple[set, "StageNode", "StageNode"] | None:
 
 
 def _used_physicals(ctx: Context, n: "StageNode") -> set[str]:
-    """The physical devices some rank of stage ``n`` runs on: its entries in order up to
-    TP x PP x DP per replica (an entry past the world size is used by no worker, OPD401),
-    without those vllm-omni drops (outside the visible set, OPD402). Every entry of a
-    stage whose engine kind omni-pd does not know."""
-    p = ctx.parallel(n)
-    tp, pp, dp = (max(1, p[k]) for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"))
-    ranks = rank_names(len(n.devices), tp, pp, dp, max(1, ctx.world_size(n)[0]), n.num_replicas)
+    """The physical devices some rank of stage ``n`` runs on (:func:`_slots`): each
+    replica's entries up to TP x PP x DP (an entry past the world size is used by no
+    worker, OPD401), without those vllm-omni drops (outside the visible set, OPD402).
+    Every entry of a stage whose engine kind omni-pd does not know."""
     known = ctx.stage_kind_known(n)
-    return {phys for k, phys in enumerate(_physicals(ctx, n))
-            if phys is not None and (ranks[k] is not None or not known)}
+    return {ph for _, _, ph, rank in _slots(ctx, n) if ph is not None and (rank is not None or not known)}
 
 
 @rule("OPD403", "pd-shared-device", Severity.WARNING,
@@ -310,7 +419,8 @@ def _used_physicals(ctx: Context, n: "StageNode") -> set[str]:
       labels=("DEV-SHARED",))
 def pd_shared_device(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Prefill and decode on the same physical device compete for compute and memory,
-    which is what disaggregation exists to avoid; it also makes the memory budget
+    which is what disaggregation exists to avoid (every replica counts, on the devices
+    the runtime gives it: :func:`replica_layout`); it also makes the memory budget
     (OPD404) tight. A warning, silenced by ``allow_shared_devices: true`` in the
     inventory (for a single-GPU smoke test). Source:
     https://github.com/vllm-project/vllm/issues/25759."""
@@ -331,11 +441,24 @@ def pd_shared_device(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
       "the gpu_memory_utilization of the stages on one device sums above 1.0",
       fail="stages:\n  - {stage_id: 0, devices: \"0\", gpu_memory_utilization: 0.8}\n  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.8}\n",
       passing="stages:\n  - {stage_id: 0, devices: \"0\", gpu_memory_utilization: 0.6}\n  - {stage_id: 1, devices: \"0\", gpu_memory_utilization: 0.3}\n",
-      labels=("DEV-MEM-SUM",))
+      labels=("DEV-MEM-SUM",),
+      examples=(
+          Example("a replica placed by template mode counts on its own device",
+                  "stages:\n  - {stage_id: 0, devices: \"0\", num_replicas: 2, gpu_memory_utilization: 0.9}\n"
+                  "  - {stage_id: 1, devices: \"1\", gpu_memory_utilization: 0.6}\n"
+                  "  - {stage_id: 2, devices: \"1\", gpu_memory_utilization: 0.3}\n", True,
+                  contains="0.9 (stage 0, replica 1) + 0.6 (stage 1) + 0.3 (stage 2) = 1.80 > 1.0"),
+          Example("a pool of two replicas, one device each",
+                  "stages:\n  - {stage_id: 0, devices: \"0,1\", num_replicas: 2, gpu_memory_utilization: 0.9}\n"
+                  "  - {stage_id: 1, devices: \"2\", gpu_memory_utilization: 0.6}\n"
+                  "  - {stage_id: 2, devices: \"2\", gpu_memory_utilization: 0.3}\n", False),
+      ))
 def memory_budget(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
     """Per physical device (per host): the sum of ``gpu_memory_utilization`` (a fraction
     of the device; vLLM default 0.9) of every stage that has a rank there (each TP rank
-    counts on its own device) plus device-side connector buffers (P2pNccl
+    counts on its own device; each replica of a stage with ``num_replicas`` on the
+    devices the runtime gives it, :func:`replica_layout`: ``devices: "0"`` with two
+    replicas puts replica 1 on device 1, vllm-omni's template mode) plus device-side connector buffers (P2pNccl
     ``kv_buffer_size`` bytes, when ``memory_gib`` is known) must not exceed 1.0. The
     ranks take a stage's entries in order, per DP replica and pool replica; an entry past
     the world size is used by no rank (OPD401 reports it) and an entry outside the
@@ -368,20 +491,16 @@ def memory_budget(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
             continue
         why = f"{u:g}" + (" (vLLM default)" if util is None else "")
         extra = _buffer_fraction(ctx, n)
-        p = ctx.parallel(n)
-        tp, pp, dp = (max(1, p[k]) for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"))
-        world = max(1, ctx.world_size(n)[0])
-        ranks = rank_names(len(n.devices), tp, pp, dp, world, n.num_replicas)
         vis, var, word = _visible(ctx, n), _var(ctx, n), _accel_word(ctx, n)
-        through = passed_through(n.devices, vis)
-        for k, (i, phys) in enumerate(zip(n.devices, _physicals(ctx, n))):
+        for rep, i, phys, rank in _slots(ctx, n):
             if phys is None:
                 continue  # vllm-omni drops an entry outside the visible set (OPD402)
-            if ranks[k] is None and ctx.stage_kind_known(n):
+            if rank is None and ctx.stage_kind_known(n):
                 continue  # past TP x PP x DP (OPD401): vLLM's workers never use this entry
+            through = passed_through(_replica_list(ctx, n, rep), vis)
             name = device_name(i, vis, var, word, through) if vis is not None else None
             short = device_name(i, vis, var, word, through, short=True)
-            tag = ", ".join(x for x in (f"stage {n.stage_id}", ranks[k]) if x)
+            tag = ", ".join(x for x in (f"stage {n.stage_id}", rank) if x)
             buf = f" + {extra:.2f} connector buffer" if extra else ""
             use.setdefault((ctx.host_of(n), phys), []).append((n, u + extra, (why, tag, buf, short), name))
     for (host, dev), items in sorted(use.items()):
@@ -406,6 +525,12 @@ def memory_budget(ctx: Context, r: Rule) -> Iterable[Diagnostic]:
                      related=[ctx.sloc(n, "gpu_memory_utilization", value=True, label=f"stage {n.stage_id} reserves {u:g}")
                               for n, u, _, _ in items if n is not last],
                      help="lower gpu_memory_utilization so the stages on this device sum to at most 1.0, or move one to another device")
+
+
+def _replica_list(ctx: Context, n: "StageNode", rep: int | None) -> tuple[int, ...]:
+    """The logical devices of replica ``rep`` of ``n`` (None: the stage's list as written)."""
+    layout = replica_layout(ctx, n) if rep is not None else None
+    return layout[rep] if layout is not None else n.devices  # type: ignore[return-value]
 
 
 def _buffer_fraction(ctx: Context, n: "StageNode") -> float:

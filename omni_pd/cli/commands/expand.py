@@ -29,8 +29,13 @@ def expand(
         "ranks on TP x DP devices)"),
     decode_dp: Optional[int] = typer.Option(None, "--decode-dp", min=1, max=64,
                                             help="decode's data parallel size (per instance)"),
-    prefill_devices: Optional[str] = typer.Option(None, "--prefill-devices", help='e.g. "0,1"'),
-    decode_devices: Optional[str] = typer.Option(None, "--decode-devices", help='e.g. "2,3"'),
+    prefill_devices: Optional[str] = typer.Option(
+        None, "--prefill-devices",
+        help='prefill\'s devices as written, e.g. "0,1"; with num_replicas (the Thinker\'s or --prefill-replicas) '
+             'every replica\'s: replica r on the r-th TP x PP x DP of them'),
+    decode_devices: Optional[str] = typer.Option(
+        None, "--decode-devices",
+        help='decode\'s devices as written, e.g. "2,3"; with replicas every replica\'s, as --prefill-devices'),
     downstream_devices: Optional[str] = typer.Option(None, "--downstream-devices",
                                                      help="devices for every stage after the Thinker (Talker, Code2Wav)"),
     kv_host: str = typer.Option("127.0.0.1", "--kv-host", help="address prefill/decode advertise to each other"),

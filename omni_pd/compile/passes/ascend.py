@@ -127,6 +127,10 @@ def plan_ascend(topo: Topology, connector: str, *, release: str | None = None, d
             if not overlay:
                 raise OmniPdError(replace(e.diagnostic, message=f"npu: {e.diagnostic.message}")) from None
             settings["num_replicas"] = 1
+            if isinstance(n.devices, tuple) and len(n.devices) > s.ranks:
+                # the pool of every replica (expand's overlay plan): one engine's devices for the one
+                # replica left, else vllm-omni reads it as a pool of one engine (OPD401)
+                settings["devices"] = ",".join(str(x) for x in n.devices[:s.ranks])
             notes = (Diagnostic(
                 code="OPD904", severity=Severity.WARNING,
                 message=f"npu overlay: the {side} stage {n.stage_id} runs 1 replica on npu (the base keeps {reps}): "

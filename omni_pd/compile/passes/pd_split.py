@@ -391,17 +391,23 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
     layout = {s.stage_id: s.devices for s in topo.stages}
     xpyd = opts.prefill_replicas is not None or opts.decode_replicas is not None
     d_count = d_engine if (p_tp, p_dp) != (d_tp, d_dp) else None
-    if xpyd:
-        # xPyD: every instance gets its own devices (TP x PP x DP of its side), one contiguous
-        # chunk per replica, as vllm-omni's split_devices_for_replicas reads a stage's pool
-        # (vllm_omni/engine/stage_init_utils.py compute_replica_layout)
-        p_n, d_n = opts.prefill_replicas or 1, opts.decode_replicas or 1
+    reps = launched_replicas(thinker.num_replicas)
+    if xpyd or reps > 1:
+        # every instance gets its own devices (TP x PP x DP of its side), one contiguous chunk
+        # per replica, as vllm-omni's split_devices_for_replicas reads a stage's pool
+        # (vllm_omni/engine/stage_init_utils.py compute_replica_layout). xPyD: the sides'
+        # --prefill-replicas/--decode-replicas; else the Thinker's num_replicas, copied to both
+        # sides. Each side is written as the pool of all its replicas, and a device option
+        # lists that pool: two one-engine (template-mode) lists always overlap (every
+        # template's replica r starts at r x its size)
+        p_n, d_n = (opts.prefill_replicas or 1, opts.decode_replicas or 1) if xpyd else (reps, reps)
         world, d_count = p_engine * p_n, d_engine * d_n
         for flag, given_devs, n, engine in (("--prefill-devices", opts.prefill_devices, p_n, p_engine),
                                             ("--decode-devices", opts.decode_devices, d_n, d_engine)):
             if given_devs is not None and len(given_devs) != n * engine:
                 raise _err("OPD805", f"{flag} lists {len(given_devs)} device(s); {n * engine} are needed "
-                           f"({n} instance(s) x {engine} device(s) each)", None)
+                           f"({n} instance(s) x {engine} device(s) each)", None,
+                           help=f"give {flag} every instance's devices, instance r on the r-th {engine} of them")
     elif d_count is not None and opts.decode_devices is not None and len(opts.decode_devices) != d_count:
         raise _err("OPD805", f"--decode-devices lists {len(opts.decode_devices)} device(s); decode at TP {d_tp}"
                    + (f" x DP {d_dp}" if d_dp != 1 else "") + f" needs {d_count}", None)
@@ -420,7 +426,8 @@ def plan_pd_split(topo: Topology, catalogue: Catalogue, target: Target, opts: Ex
             location=doc.loc(("stages", thinker.index)) if (doc and thinker.index is not None) else None,
             help="pass --prefill-devices/--decode-devices to choose them"))
 
-    overlay_layouts = _plan_overlays(topo, t.stage_id, ids, given, given_dp)
+    side_n = (p_n, d_n) if xpyd else (launched_replicas(thinker.num_replicas),) * 2
+    overlay_layouts = _plan_overlays(topo, t.stage_id, ids, given, given_dp, side_n)
     overlay_devices = {p: overlay_entries(lay, base_devices) for p, lay in overlay_layouts.items()}
 
     # ports and connector config ----------------------------------------------------
@@ -595,7 +602,8 @@ def _merge_user_kv(cfg: SideConfig, user: dict[str, Any] | None, target: Target,
 
 def _plan_overlays(topo: Topology, t: int, ids: IdMap,
                    side_tps: tuple[int | None, int | None] = (None, None),
-                   side_dps: tuple[int | None, int | None] = (None, None)) -> dict[str, OverlayLayout]:
+                   side_dps: tuple[int | None, int | None] = (None, None),
+                   side_reps: tuple[int, int] = (1, 1)) -> dict[str, OverlayLayout]:
     """Per platform overlay that places stages (an entry sets ``devices``): the devices every
     new stage has there so that prefill and decode stay disjoint and downstream stages
     follow, with the devices each rewritten entry carries by itself (:class:`OverlayLayout`).
@@ -606,6 +614,11 @@ def _plan_overlays(topo: Topology, t: int, ids: IdMap,
     Thinker entry sets its own ``tensor_parallel_size`` (``data_parallel_size``), copied to
     both halves, so it wins there: each side then gets one engine's TP x PP x DP devices (as before, an overlay places one engine per side;
     xPyD instances share them there, and the npu pass runs one replica on npu, OPD904).
+    ``side_reps``: the (prefill, decode) replicas written on the base stages; a side of
+    more than one gets the pool of all its replicas' devices there too (vllm-omni 0.30
+    ``split_devices_for_replicas`` reads one engine's list as a template that shifts
+    replica r by r x its size, which lands on the other side), unless the overlay's
+    Thinker entry sets its own ``num_replicas``, copied to both halves.
     Every stage is in the layout, also one that inherits its devices: a placement across
     hosts renumbers the whole layout per host (:func:`~omni_pd.compile.placement.place_devices`),
     and :func:`overlay_entries` then lists the entries the overlay must spell out.
@@ -632,6 +645,10 @@ def _plan_overlays(topo: Topology, t: int, ids: IdMap,
         # a Thinker without devices on this platform runs one engine there (TP x PP x DP),
         # as in the base split (plan_pd_split's world)
         as_is = len(t_dev) if isinstance(t_dev, tuple) else node.world_size
+        t_reps = launched_replicas(node.num_replicas)
+        if isinstance(t_dev, tuple) and t_reps > 1 and len(t_dev) == node.world_size * t_reps:
+            as_is = node.world_size  # the Thinker's pool: one engine's devices, times the replicas below
+        reps = (t_reps, t_reps) if overlay_sets("num_replicas") else side_reps
 
         def world(tp: int | None, dp: int | None) -> int:
             tp = None if overlay_sets("tensor_parallel_size") else tp
@@ -641,6 +658,7 @@ def _plan_overlays(topo: Topology, t: int, ids: IdMap,
             return (tp or node.tp) * node.pp * (dp or node.dp)
 
         p_world, d_world = world(side_tps[0], side_dps[0]), world(side_tps[1], side_dps[1])
+        p_world, d_world = p_world * max(1, reps[0]), d_world * max(1, reps[1])
         res = split_devices(layout, t, p_world, decode_count=d_world if d_world != p_world else None)
         own = {sid: e.get("devices") for sid, e in entries.items()}
         placed = [(ids.prefill, t, res.prefill), (ids.decode, t, res.decode)]
