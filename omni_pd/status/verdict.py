@@ -252,7 +252,8 @@ class Report:
     def exit_code(self) -> int:
         if self.instances and not any(i.up or i.page_read for i in self.instances):
             return 2  # nothing answered; a server whose /health says 503 but serves /metrics is reachable
-        return max([p.exit_code for p in self.pairs] + [0 if all(i.up for i in self.instances) else 1])
+        # a stage up on a server whose /health says another stage died (a Talker, a Code2Wav): not healthy
+        return max([p.exit_code for p in self.pairs] + [0 if all(i.up and not i.note for i in self.instances) else 1])
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON-able dict: runtime, source, ``window_s`` (seconds), exit, pairs, instances."""
@@ -432,9 +433,11 @@ def pair_verdict(pair: Pair, stats: Mapping[str, InstanceStats], router: Instanc
     ev: list[str] = []
     members = [d, *ps] + ([router] if router is not None else [])
     down = [m for m in members if not m.up]
+    said: dict[tuple[str, str], list[str]] = {}  # one line for the stages of one server down for one reason
     for m in down:
-        why = m.error or f"/health answered HTTP {m.health}"
-        ev.append(f"{m.name} ({m.url}) down: {why}")
+        said.setdefault((m.url, m.error or f"/health answered HTTP {m.health}"), []).append(m.name)
+    for (url, why), names in said.items():
+        ev.append(f"{' and '.join(names)} ({url}) down: {why}")
     if router is not None and router.up:
         urls = {m.url.rstrip("/"): m.name for m in [d, *ps]}
         for b in router.backends:
@@ -511,5 +514,10 @@ def assess(target: Target, before: Mapping[str, Scrape] | None, after: Mapping[s
         stats[inst.name] = instance_stats(inst, (before or {}).get(inst.name), after[inst.name], w)
     router = next((stats[i.name] for i in target.instances if i.role == "router"), None)
     verdicts = [pair_verdict(p, stats, router, min_share) for p in target.pairs]
+    for v in verdicts:  # the pair's stages run while another stage of their server died: said, exit 1
+        if v.verdict == INSTANCE_DOWN:
+            continue  # the dead stage's line says it
+        notes = dict.fromkeys(f"{n}: {stats[n].note}" for n in (v.decode, *v.prefills) if stats[n].note)
+        v.evidence.extend(notes)
     seconds = max((s.seconds for s in stats.values()), default=0.0)
     return Report(target, seconds, verdicts, [stats[i.name] for i in target.instances])
