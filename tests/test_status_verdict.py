@@ -321,7 +321,9 @@ def test_vllm_omni_prefill_stage_killed_is_instance_down_on_the_recorded_page():
     from omni_pd.status.verdict import OMNI_503
 
     p = page("omni_cpu_broken")
-    assert p.total("vllm:prompt_tokens_by_source_total", "1", source="external_kv_transfer") > 0
+    # stage 0's series are still on the page after its death, frozen at the run's totals
+    assert (p.total("vllm:prompt_tokens_by_source_total", "0", source="local_compute"),
+            p.total("vllm:prompt_tokens_by_source_total", "1", source="external_kv_transfer")) == (3051, 3051)
     dead = omni_dead_stages(BROKEN_LOG.read_text())
     assert dead == {"0": EVICTED}
     s = Scrape(0.0, p, health=503, dead_stages=dead)
@@ -331,6 +333,7 @@ def test_vllm_omni_prefill_stage_killed_is_instance_down_on_the_recorded_page():
     assert v.evidence == [
         f"prefill (stage 0) ({OMNI_URL}) down: stage 0's engine died: its log says '{EVICTED}'; the server's "
         "/health answers HTTP 503 and every request through stage 0 fails"]
+    assert [i.prompt_tokens["external_kv_transfer"] for i in rep.instances] == [0, 3051]
     assert [(i.name, i.up, i.health, i.note) for i in rep.instances] == [
         ("prefill (stage 0)", False, 503, None),
         ("decode (stage 1)", True, 503, f"the server's /health answers HTTP 503 for stage 0 (its log: '{EVICTED}'); "
