@@ -145,6 +145,8 @@ def break_prefill_stage(launcher: Launcher, base: str, pages: Path, prompts: dic
         proc = subprocess.run([sys.executable, "-m", "omni_pd.cli", "status", str(launcher.run_dir), "--window", window,
                                "--format", fmt], capture_output=True, text=True, timeout=120)
         out[f"status_{fmt}"] = (proc.returncode, proc.stdout, proc.stderr)
+    # the launcher's health monitor (every 2 s after readiness) reports the 503 and leaves the server running
+    out["launcher_line"] = launcher.wait_for("omni unhealthy after readiness", 10)
     print(out["status_text"][1], "status page of the broken run:", pages / "omni_cpu_broken.prom")
     return out
 
@@ -315,6 +317,9 @@ def test_killing_the_prefill_stage_is_instance_down_and_status_says_which_stage(
         "HTTP 503 and every request through stage 0 fails"], pair
     rc, out, err = b["status_text"]
     assert rc == 1 and "instance down" in out and "no instance answered" not in err, out + err
+    assert b["launcher_line"].endswith(f"omni unhealthy after readiness (GET http://127.0.0.1:{OMNI}/health: HTTP 503); "
+                                       "left running, nothing routes around it (`omni-pd status RUN_DIR` says why; "
+                                       "--fail-fast stops all)"), b["launcher_line"]
 
 
 def test_teardown_leaves_no_process_or_port(runs):
