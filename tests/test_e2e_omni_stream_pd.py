@@ -44,8 +44,8 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e.harness import (Launcher, PlainInstance, alive, engine_env, get, port_free, prompt_tokens_by_source,
-                         stream_chat)
+from e2e.harness import (Launcher, PlainInstance, alive, engine_env, get, port_free, post_json,
+                         prompt_tokens_by_source, stream_chat)
 
 from e2e.baselines import BLOCK, cases
 
@@ -92,6 +92,63 @@ def at_once(base: str, prompts: dict) -> dict[str, dict]:
     with ThreadPoolExecutor(len(prompts)) as pool:
         futures = {n: pool.submit(stream_chat, base, c, max_tokens=MAX_TOKENS) for n, c in prompts.items()}
         return {n: f.result() for n, f in futures.items()}
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def health(base: str) -> int | str:
+    """The HTTP status of ``GET base/health`` (or why there was none)."""
+    import urllib.error
+
+    try:
+        get(base + "/health", timeout=5)
+        return 200
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError as e:
+        return type(e).__name__
+
+
+def break_prefill_stage(launcher: Launcher, base: str, pages: Path, prompts: dict) -> dict:
+    """SIGKILL stage 0's engine core (its process title, vllm-omni 0.30
+    engine/stage_engine_core_proc.py: ``VLLM::StageEngineCoreProc_stage0_replica0_DP0``), then
+    what an operator sees: ``/health``, one request, ``/metrics`` (kept as omni_cpu_broken.prom)
+    and ``omni-pd status RUN_DIR``. Seconds: the server notices at once."""
+    import urllib.error
+
+    out: dict = {}
+    (pid,) = [p for p in launcher.descendants() if "StageEngineCoreProc_stage0_" in cmdline(p)]
+    out["killed"] = cmdline(pid).strip()
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    while health(base) == 200 and time.monotonic() - t0 < 30:
+        time.sleep(0.2)
+    out["health"], out["noticed_s"] = health(base), round(time.monotonic() - t0, 2)
+    out["alive_after"] = [cmdline(p).strip() for p in launcher.descendants() if "StageEngineCoreProc" in cmdline(p)]
+    body = {"model": "tiny", "messages": [{"role": "user", "content": next(iter(prompts.values()))}],
+            "max_tokens": 8, "temperature": 0}
+    t0 = time.monotonic()
+    try:
+        out["request"] = (200, post_json(base + "/v1/chat/completions", body, timeout=60))
+    except urllib.error.HTTPError as e:
+        out["request"] = (e.code, json.loads(e.read() or b"{}"))
+    out["request_s"] = round(time.monotonic() - t0, 2)
+    page = get(base + "/metrics")
+    (pages / "omni_cpu_broken.prom").write_text(page)
+    out["page"] = page
+    for fmt, window in (("json", "0"), ("text", "1")):
+        proc = subprocess.run([sys.executable, "-m", "omni_pd.cli", "status", str(launcher.run_dir), "--window", window,
+                               "--format", fmt], capture_output=True, text=True, timeout=120)
+        out[f"status_{fmt}"] = (proc.returncode, proc.stdout, proc.stderr)
+    # the launcher's health monitor (every 2 s after readiness) reports the 503 and leaves the server running
+    out["launcher_line"] = launcher.wait_for("omni unhealthy after readiness", 10)
+    print(out["status_text"][1], "status page of the broken run:", pages / "omni_cpu_broken.prom")
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +199,9 @@ def runs(tmp_path_factory, tiny_model):
                                    "--format", fmt], capture_output=True, text=True, timeout=120)
             m[f"status_{fmt}"] = (proc.returncode, proc.stdout, proc.stderr)
         print(m["status_text"][1], "status page of this run:", pages / "omni_cpu_run.prom")
+        # the break, last: the prefill stage's engine core (vllm-omni's StageEngineCoreProc of stage 0, a
+        # child of the server) is killed as the OOM killer would; the server stays up, so status runs again
+        m["broken"] = break_prefill_stage(launcher, base, pages, prompts)
     finally:
         launcher.proc.send_signal(signal.SIGINT)
         try:
@@ -156,7 +216,9 @@ def runs(tmp_path_factory, tiny_model):
     m["ports_free"] = all(port_free(p) for p in (OMNI, BOOTSTRAP))
     m["launcher"] = launcher
     rep = {k: ({n: summary(a) for n, a in v.items()} if k in ("plain", "pd", "plain_at_once", "pd_at_once") else v)
-           for k, v in m.items() if k not in ("log", "launcher", "pd_file", "status_json", "status_text")}
+           for k, v in m.items() if k not in ("log", "launcher", "pd_file", "status_json", "status_text", "broken")}
+    if "broken" in m:
+        rep["broken"] = {k: v for k, v in m["broken"].items() if k not in ("page", "status_text")}
     rep["first_audio_ratio_median"] = statistics.median(
         m["pd"][n]["first_audio_s"] / m["plain"][n]["first_audio_s"] for n in prompts
         if m["pd"][n].get("first_audio_s") and m["plain"][n].get("first_audio_s")) if all(
@@ -224,6 +286,40 @@ def test_status_on_the_running_pipeline_says_pd_working_with_decodes_own_share(r
     assert all(i["up"] for i in rep["instances"]), rep["instances"]
     rc, out, err = runs["status_text"]
     assert rc == 0 and f"PD working ({100 * pair['share']:.1f}% of decode's prompt tokens from prefill)" in out, out
+
+
+def test_killing_the_prefill_stage_is_instance_down_and_status_says_which_stage(runs):
+    """The break (after everything above): stage 0's engine core SIGKILLed. vllm-omni 0.30 keeps
+    the server: it evicts the replica (log: "[Orchestrator] Stage-0 replica-0 is dead; evicting
+    it"), ``/health`` answers 503, a request fails at once with "Stage-0 has no live replica"
+    (HTTP 500), and ``/metrics`` still answers with stage 0's last values. ``omni-pd status``
+    says instance down for prefill (stage 0), from the server's log, keeps decode (stage 1) up,
+    and exits 1: the server answered (not 2, "nothing reachable")."""
+    b = runs["broken"]
+    assert "StageEngineCoreProc_stage0_replica0" in b["killed"], b["killed"]
+    assert b["health"] == 503 and b["noticed_s"] < 10, b
+    assert not any("_stage0_" in p for p in b["alive_after"]) and any("_stage1_" in p for p in b["alive_after"]), b
+    code, answer = b["request"]
+    assert (code, answer["error"]["message"]) == (500, "Stage-0 has no live replica"), b["request"]
+    assert b["request_s"] < 10, b
+    assert 'vllm:prompt_tokens_by_source_total{' in b["page"] and 'stage="0"' in b["page"]
+    assert "Stage-0 replica-0 is dead; evicting it" in runs["log"]
+    rc, out, err = b["status_json"]
+    assert out.startswith("{"), out[-2000:] + err[-2000:]
+    rep = json.loads(out)
+    (pair,) = rep["pairs"]
+    assert (rc, rep["exit"], pair["verdict"]) == (1, 1, "instance down"), rep
+    up = {i["name"]: (i["up"], i["health"]) for i in rep["instances"]}
+    assert up == {"prefill (stage 0)": (False, 503), "decode (stage 1)": (True, 503)}, rep["instances"]
+    assert pair["evidence"] == [
+        "prefill (stage 0) (http://127.0.0.1:19840) down: stage 0's engine died: its log says '[Orchestrator] "
+        "Stage-0 replica-0 is dead; evicting it and failing its in-flight requests'; the server's /health answers "
+        "HTTP 503 and every request through stage 0 fails"], pair
+    rc, out, err = b["status_text"]
+    assert rc == 1 and "instance down" in out and "no instance answered" not in err, out + err
+    assert b["launcher_line"].endswith(f"omni unhealthy after readiness (GET http://127.0.0.1:{OMNI}/health: HTTP 503); "
+                                       "left running, nothing routes around it (`omni-pd status RUN_DIR` says why; "
+                                       "--fail-fast stops all)"), b["launcher_line"]
 
 
 def test_teardown_leaves_no_process_or_port(runs):

@@ -408,3 +408,32 @@ def test_config_and_inventory_give_each_hosts_address_as_launch_plans_it(capsys,
     assert ('expr: sum by (instance) (rate(vllm:prompt_tokens_by_source_total{instance=~"10.201.0.2:18200",'
             'source="external_kv_transfer"}[5m]))') in out
     assert 'expr: up{instance=~"10.201.0.1:18100|10.201.0.2:18200"} == 0' in out
+
+
+def test_vllm_omni_server_with_a_dead_stage_is_instance_down_exit_1_from_its_run_directory(engines, capsys, tmp_path):
+    """The CPU rehearsal's server after its prefill stage's engine core was killed: ``/health``
+    503, ``/metrics`` still served (tests/fixtures/status/omni_cpu_broken.prom.gz), its log's
+    lines in the run directory (tests/fixtures/status/omni_cpu_broken.log). RUN_DIR: prefill
+    (stage 0) down from the log, decode (stage 1) up, exit 1; ``--url`` (no log): both down on
+    one line, exit 1, and no "no instance answered" (the server answered)."""
+    srv = engines([_page("omni_cpu_broken")], health=503)
+    pd = tmp_path / "pd.yaml"
+    assert main(["expand", "-q", "-o", str(pd)]) == 0
+    plan = {"runtime": "vllm-omni", "model": "m", "entrypoint": srv.url, "config": str(pd),
+            "processes": [{"name": "omni", "role": "omni", "argv": [], "health": {"url": srv.url + "/health"}}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    shutil.copy(PAGES / "omni_cpu_broken.log", tmp_path / "omni.log")
+    capsys.readouterr()
+    rc, out, err = run_status(capsys, str(tmp_path), "--window", "0", "--format", "json")
+    rep = json.loads(out)
+    assert (rc, rep["exit"], rep["pairs"][0]["verdict"]) == (1, 1, "instance down"), rep
+    assert [(i["name"], i["up"], i["health"]) for i in rep["instances"]] == [
+        ("prefill (stage 0)", False, 503), ("decode (stage 1)", True, 503)]
+    assert rep["pairs"][0]["evidence"][0].startswith(f"prefill (stage 0) ({srv.url}) down: stage 0's engine died: "
+                                                     "its log says '[Orchestrator] Stage-0 replica-0 is dead")
+    assert "no instance answered" not in err
+    rc, out, err = run_status(capsys, "--url", f"prefill={srv.url}#stage=0", "--url", f"decode={srv.url}#stage=1",
+                              "--window", "0")
+    assert rc == 1 and "no instance answered" not in err, out + err
+    assert "decode (stage 1) and prefill (stage 0)" in out and "/health answered HTTP 503" in out, out
+    assert [g for g in srv.gets if g.startswith("POST")] == []

@@ -301,6 +301,70 @@ def test_vllm_omni_verdicts_the_recorded_pages_can_show():
     down = Scrape(0.0, error=f"GET {OMNI_URL}/metrics: connection refused", health=200)
     rep = assess(OMNI, None, {"prefill (stage 0)": down, "decode (stage 1)": down})
     assert (rep.pairs[0].verdict, rep.exit_code) == (INSTANCE_DOWN, 2)
-    assert rep.pairs[0].evidence == [
-        f"decode (stage 1) ({OMNI_URL}) down: GET {OMNI_URL}/metrics: connection refused",
-        f"prefill (stage 0) ({OMNI_URL}) down: GET {OMNI_URL}/metrics: connection refused"]
+    assert rep.pairs[0].evidence == [  # one server, one reason: one line
+        f"decode (stage 1) and prefill (stage 0) ({OMNI_URL}) down: GET {OMNI_URL}/metrics: connection refused"]
+
+
+BROKEN_LOG = ROOT / "tests" / "fixtures" / "status" / "omni_cpu_broken.log"
+EVICTED = "[Orchestrator] Stage-0 replica-0 is dead; evicting it and failing its in-flight requests"
+
+
+def test_vllm_omni_prefill_stage_killed_is_instance_down_on_the_recorded_page():
+    """The CPU rehearsal's server after stage 0's engine core was SIGKILLed
+    (tests/test_e2e_omni_stream_pd.py ``break_prefill_stage``): its page
+    (tests/fixtures/status/omni_cpu_broken.prom.gz, still served, stage 0's series frozen),
+    ``/health`` 503, and its log's lines (tests/fixtures/status/omni_cpu_broken.log). With
+    the log: prefill (stage 0) down, decode (stage 1) up, exit 1. Without it (``--url``):
+    the server's 503 cannot be pinned on a stage, both are down with one line, exit 1 (the
+    server answered: not 2)."""
+    from omni_pd.status.scrape import omni_dead_stages
+    from omni_pd.status.verdict import OMNI_503
+
+    p = page("omni_cpu_broken")
+    # stage 0's series are still on the page after its death, frozen at the run's totals
+    assert (p.total("vllm:prompt_tokens_by_source_total", "0", source="local_compute"),
+            p.total("vllm:prompt_tokens_by_source_total", "1", source="external_kv_transfer")) == (3051, 3051)
+    dead = omni_dead_stages(BROKEN_LOG.read_text())
+    assert dead == {"0": EVICTED}
+    s = Scrape(0.0, p, health=503, dead_stages=dead)
+    rep = assess(OMNI, None, {"prefill (stage 0)": s, "decode (stage 1)": s})
+    (v,) = rep.pairs
+    assert (v.verdict, rep.exit_code) == (INSTANCE_DOWN, 1)
+    assert v.evidence == [
+        f"prefill (stage 0) ({OMNI_URL}) down: stage 0's engine died: its log says '{EVICTED}'; the server's "
+        "/health answers HTTP 503 and every request through stage 0 fails"]
+    assert [i.prompt_tokens["external_kv_transfer"] for i in rep.instances] == [0, 3051]
+    assert [(i.name, i.up, i.health, i.note) for i in rep.instances] == [
+        ("prefill (stage 0)", False, 503, None),
+        ("decode (stage 1)", True, 503, f"the server's /health answers HTTP 503 for stage 0 (its log: '{EVICTED}'); "
+                                        "stage 1 runs")]
+    s = Scrape(0.0, p, health=503)  # no log read
+    rep = assess(OMNI, None, {"prefill (stage 0)": s, "decode (stage 1)": s})
+    assert (rep.pairs[0].verdict, rep.exit_code, [i.up for i in rep.instances]) == (INSTANCE_DOWN, 1, [False, False])
+    assert rep.pairs[0].evidence == [f"decode (stage 1) and prefill (stage 0) ({OMNI_URL}) down: {OMNI_503}"]
+
+
+def test_vllm_omni_a_dead_stage_outside_the_pair_keeps_the_pair_up_and_exits_1():
+    """A Talker (stage 2) that died: the pair's stages run and still do PD (the healthy run's
+    page), but the server's /health answers 503 and spoken answers fail: exit 1, said."""
+    p = page("omni_cpu_run")
+    line = "[Orchestrator] Stage-2 replica-0 is dead; evicting it and failing its in-flight requests"
+    s = Scrape(0.0, p, health=503, dead_stages={"2": line})
+    rep = assess(OMNI, None, {"prefill (stage 0)": s, "decode (stage 1)": s})
+    (v,) = rep.pairs
+    assert (v.verdict, rep.exit_code, [i.up for i in rep.instances]) == (PD_WORKING, 1, [True, True])
+    assert v.evidence[-2:] == [
+        f"decode (stage 1): the server's /health answers HTTP 503 for stage 2 (its log: '{line}'); stage 1 runs",
+        f"prefill (stage 0): the server's /health answers HTTP 503 for stage 2 (its log: '{line}'); stage 0 runs"]
+
+
+def test_vllm_omni_dead_stages_count_since_the_orchestrator_last_started():
+    """A stage evicted before the orchestrator started again is not dead now; each stage is
+    named once, by its first eviction line."""
+    from omni_pd.status.scrape import omni_dead_stages
+
+    text = BROKEN_LOG.read_text()
+    assert omni_dead_stages(text + text) == {"0": EVICTED}
+    start = next(ln for ln in text.splitlines() if "[OmniEngine] Launching Orchestrator thread" in ln)
+    assert omni_dead_stages(text + start + "\n") == {}
+    assert omni_dead_stages("") == {}

@@ -522,6 +522,25 @@ def test_the_last_instance_of_a_role_exiting_still_tears_down(tmp_path: Path) ->
                      out.getvalue())
 
 
+def test_an_unhealthy_vllm_omni_server_is_not_said_to_be_routed_around(tmp_path: Path) -> None:
+    """A vllm-omni server (role ``omni``) answering 503 after readiness (one of its stages died):
+    no router stands in front of it, so the line says it is left running."""
+    port = free_port()
+    p = plan(replace_role(child("omni", "--unhealthy-while", tmp_path / "sick", port=port), "omni"))
+    out = io.StringIO()
+    with Supervisor(p, tmp_path, out=out, live=False, grace_s=2, monitor_interval_s=0.1) as sup:
+        assert sup.start_and_wait_healthy()
+        t = _supervise(sup)
+        (tmp_path / "sick").write_text("")
+        assert wait_for(lambda: "omni unhealthy after readiness" in out.getvalue(), 10), out.getvalue()
+        line = next(ln for ln in out.getvalue().splitlines() if "omni unhealthy after readiness" in ln)
+        assert line.endswith("left running, nothing routes around it (`omni-pd status RUN_DIR` says why; "
+                             "--fail-fast stops all)"), line
+        assert "router" not in line and sup.failure is None and t.is_alive()  # left running
+        sup.request_stop(signal.SIGTERM)
+        t.join(5)
+
+
 @pytest.mark.parametrize("fail_fast", [False, True])
 def test_health_is_polled_again_after_readiness(tmp_path: Path, fail_fast: bool) -> None:
     p, _ = _xpyd_plan(tmp_path)

@@ -19,6 +19,16 @@ from omni_pd.launch.run_state import _Proc
 PROBE_TIMEOUT_S = 2.0
 
 
+def _meanwhile(p: _Proc) -> str:
+    """What happens to an instance that turned unhealthy after readiness: omni-pd's router
+    takes a prefill or decode instance out of rotation; any other process (a vllm-omni
+    server, whose 503 in vllm-omni 0.30 means one of its stages died while the others run:
+    docs/launch.md) is left running and nothing routes around it."""
+    if p.spec.role in ("prefill", "decode", "pd"):
+        return "the router routes around it"
+    return "left running, nothing routes around it (`omni-pd status RUN_DIR` says why; --fail-fast stops all)"
+
+
 class _Health:
     """The supervisor's health gating (a part of :class:`~omni_pd.launch.supervisor.Supervisor`)."""
 
@@ -99,8 +109,7 @@ class _Health:
                     self._wake.set()
                 else:
                     p.state = "unhealthy"
-                    self._say(f"{p.name} unhealthy after readiness (GET {hc.url}: {why}); "
-                              "the router routes around it", error=True)
+                    self._say(f"{p.name} unhealthy after readiness (GET {hc.url}: {why}); " + _meanwhile(p), error=True)
 
     def _all_healthy(self) -> None:
         assert self._t0 is not None

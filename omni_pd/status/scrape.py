@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Callable
 
 from omni_pd.launch.smoke import kv_log_findings
@@ -94,6 +96,34 @@ def lease_lines(path: str) -> int | None:
     return len(mine) + len(other)
 
 
+#: vllm-omni 0.30's orchestrator evicting a replica whose engine core died
+#: (vllm_omni/engine/orchestrator.py ``_handle_dead_replica``, logged at ERROR)
+OMNI_DEAD = re.compile(r"\[Orchestrator\] Stage-(?P<stage>\d+) replica-(?P<replica>\d+) is dead; evicting it"
+                       r" and failing its in-flight requests")
+#: vllm-omni 0.30 starting its orchestrator (vllm_omni/engine/omni_engine_base.py): the stages start anew
+OMNI_START = "[OmniEngine] Launching Orchestrator thread"
+
+
+def omni_dead_stages(text: str) -> dict[str, str]:
+    """The stages a vllm-omni server's log says died since its orchestrator last started:
+    stage id -> the eviction line (from ``[Orchestrator]``, without the engine's error text).
+    vllm-omni 0.30 starts no replacement for an evicted replica (a replica that registers
+    again, distributed membership, is not followed here)."""
+    start = text.rfind(OMNI_START)
+    out: dict[str, str] = {}
+    for m in OMNI_DEAD.finditer(text, max(start, 0)):
+        out.setdefault(m.group("stage"), m.group(0))
+    return out
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
 def scrape_target(target: Target, *, timeout: float = TIMEOUT_S,
                   get: Callable[[str, float], tuple[int, bytes]] = _get) -> dict[str, Scrape]:
     """Every instance of ``target`` now, by name, in parallel; instances behind one URL (a
@@ -101,10 +131,18 @@ def scrape_target(target: Target, *, timeout: float = TIMEOUT_S,
     urls = sorted({(i.url.rstrip("/"), i.role == "router") for i in target.instances})
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(urls)))) as pool:
         done = dict(zip(urls, pool.map(lambda u: scrape_url(u[0], router=u[1], timeout=timeout, get=get), urls)))
+    dead: dict[str, dict[str, str] | None] = {}  # a vllm-omni server's log, read once for all its stages
+    if target.runtime == "vllm-omni":
+        for i in target.instances:
+            if i.stage is not None and i.log is not None and dead.get(i.url.rstrip("/")) is None:
+                text = _read(i.log)
+                dead[i.url.rstrip("/")] = omni_dead_stages(text) if text is not None else None
     out = {}
     for i in target.instances:
         s = done[(i.url.rstrip("/"), i.role == "router")]
         if i.log is not None:
-            s = Scrape(s.at, s.page, s.error, s.health, s.health_body, lease_lines(i.log))
+            s = replace(s, lease_lines=lease_lines(i.log))
+        if i.stage is not None and dead.get(i.url.rstrip("/")) is not None:
+            s = replace(s, dead_stages=dead[i.url.rstrip("/")])
         out[i.name] = s
     return out

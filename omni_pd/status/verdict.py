@@ -146,7 +146,10 @@ class Scrape:
     ``page``: its parsed ``/metrics`` (None when not read); ``error``: why it could not be
     read (connection refused, HTTP 500, not a page); ``health``: the HTTP status of
     ``/health`` (None: no answer); ``health_body``: the router's ``/health`` JSON;
-    ``lease_lines``: expired/invalid KV lease lines in its log so far (None: no log)."""
+    ``lease_lines``: expired/invalid KV lease lines in its log so far (None: no log);
+    ``dead_stages``: a vllm-omni server's stages its log says died since its orchestrator
+    started, stage id -> the log line (:func:`omni_pd.status.scrape.omni_dead_stages`; None:
+    no log read)."""
 
     at: float
     page: Page | None = None
@@ -154,6 +157,7 @@ class Scrape:
     health: int | None = None
     health_body: Mapping[str, Any] | None = None
     lease_lines: int | None = None
+    dead_stages: Mapping[str, str] | None = None
 
     @property
     def up(self) -> bool:
@@ -197,6 +201,10 @@ class InstanceStats:
     lease_lines: int | None = None
     #: the router only: its ``/health`` backends as ``{role, url, healthy, error, served, failures}``
     backends: list[dict[str, Any]] = field(default_factory=list)
+    #: a vllm-omni stage that is up while its server's ``/health`` is not 200: why (another stage died)
+    note: str | None = None
+    #: its ``/metrics`` page was read (the server answered, whatever its ``/health`` said)
+    page_read: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """Every field as plain JSON-able values (seconds, fractions 0..1, counts)."""
@@ -232,7 +240,8 @@ class PairVerdict:
 class Report:
     """All verdicts and instance numbers of one window; ``exit_code`` 0 when every pair
     is healthy (PD working or idle), 1 when a pair is not doing PD or an instance is down,
-    2 when no instance answered."""
+    2 when no instance answered (none up, none served its ``/metrics``: a vllm-omni server
+    whose ``/health`` says 503 while its page answers is reachable, exit 1)."""
 
     target: Target
     seconds: float
@@ -241,9 +250,10 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        if self.instances and not any(i.up for i in self.instances):
-            return 2
-        return max([p.exit_code for p in self.pairs] + [0 if all(i.up for i in self.instances) else 1])
+        if self.instances and not any(i.up or i.page_read for i in self.instances):
+            return 2  # nothing answered; a server whose /health says 503 but serves /metrics is reachable
+        # a stage up on a server whose /health says another stage died (a Talker, a Code2Wav): not healthy
+        return max([p.exit_code for p in self.pairs] + [0 if all(i.up and not i.note for i in self.instances) else 1])
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON-able dict: runtime, source, ``window_s`` (seconds), exit, pairs, instances."""
@@ -278,15 +288,17 @@ def instance_stats(inst: Instance, before: Scrape | None, after: Scrape, window:
     scrape, totals since the engine started). ``window``: None picks the window when the
     instance saw prompt tokens in it or has no prompt-token series (else since start);
     True/False force it."""
-    st = InstanceStats(inst.name, inst.role, inst.url, inst.stage, after.up, after.error, after.health,
+    up, error, note = _omni_health(inst, after) if inst.stage is not None else (after.up, after.error, None)
+    st = InstanceStats(inst.name, inst.role, inst.url, inst.stage, up, error, after.health,
                        seconds=max(0.0, after.at - before.at) if before is not None else 0.0,
-                       one_scrape=before is None)
+                       one_scrape=before is None, note=note)
     if inst.role == "router":
         st.backends = _backends(before, after)
         return st
     page = after.page
     if page is None:
         return st
+    st.page_read = True
     prev = before.page if before is not None else None
     if prev is not None and _restarted(prev, page):
         prev = Page(())  # a new process counted from zero: its totals are the window's
@@ -321,6 +333,40 @@ def instance_stats(inst: Instance, before: Scrape | None, after: Scrape, window:
         st.lease_lines = (counter_delta(before.lease_lines if before is not None else None, after.lease_lines)
                           if window else after.lease_lines)
     return st
+
+
+#: why a vllm-omni server's ``/health`` answers 503 (vllm-omni 0.30,
+#: vllm_omni/entrypoints/omni_base.py ``OmniBase.check_health``)
+OMNI_503 = ("the vllm-omni server's /health answered HTTP 503: one of its stages has no live replica (or its "
+            "orchestrator died); its /metrics still answers, with the dead stage's last values, and does not say "
+            "which stage: the server's log does (\"Stage-N replica-R is dead\")")
+
+
+def _omni_health(inst: Instance, after: Scrape) -> tuple[bool, str | None, str | None]:
+    """``(up, error, note)`` of a stage of a vllm-omni server.
+
+    In vllm-omni 0.30 one stage's engine core dying (killed, crashed) does not stop the
+    server: vLLM's engine-core monitor marks the stage client dead, the orchestrator evicts
+    the replica (vllm_omni/engine/orchestrator.py ``_handle_dead_replica``: "Stage-0
+    replica-0 is dead; evicting it ..."), ``/health`` answers 503 for the whole server
+    (``OmniBase.check_health``: "Stage-0 has no live replica"), a request through that stage
+    fails at once ("Stage-0 has no live replica", HTTP 500, or an error event in a stream)
+    and ``/metrics`` keeps answering with the dead stage's series frozen. So the 503 is the
+    server's, and the stage it is about is only in the log (``after.dead_stages``): a stage
+    the log names is down; another stage of a server whose log names a dead stage is up
+    (with a note); without the log (``--url``, ``--config``) every stage of the server is
+    down with :data:`OMNI_503`'s explanation."""
+    if after.error is not None or after.health != 503:
+        return after.up, after.error, None
+    dead = after.dead_stages or {}
+    if inst.stage in dead:
+        return False, f"stage {inst.stage}'s engine died: its log says {dead[inst.stage]!r}; the server's /health " \
+                      f"answers HTTP 503 and every request through stage {inst.stage} fails", None
+    if dead:
+        others = ", ".join(sorted(dead))
+        return True, None, f"the server's /health answers HTTP 503 for stage{'s' if len(dead) > 1 else ''} {others} " \
+                           f"(its log: {'; '.join(repr(dead[s]) for s in sorted(dead))}); stage {inst.stage} runs"
+    return False, OMNI_503, None
 
 
 #: the exporting process's start time (prometheus_client's process collector, on every vLLM page)
@@ -387,9 +433,11 @@ def pair_verdict(pair: Pair, stats: Mapping[str, InstanceStats], router: Instanc
     ev: list[str] = []
     members = [d, *ps] + ([router] if router is not None else [])
     down = [m for m in members if not m.up]
+    said: dict[tuple[str, str], list[str]] = {}  # one line for the stages of one server down for one reason
     for m in down:
-        why = m.error or f"/health answered HTTP {m.health}"
-        ev.append(f"{m.name} ({m.url}) down: {why}")
+        said.setdefault((m.url, m.error or f"/health answered HTTP {m.health}"), []).append(m.name)
+    for (url, why), names in said.items():
+        ev.append(f"{' and '.join(names)} ({url}) down: {why}")
     if router is not None and router.up:
         urls = {m.url.rstrip("/"): m.name for m in [d, *ps]}
         for b in router.backends:
@@ -466,5 +514,10 @@ def assess(target: Target, before: Mapping[str, Scrape] | None, after: Mapping[s
         stats[inst.name] = instance_stats(inst, (before or {}).get(inst.name), after[inst.name], w)
     router = next((stats[i.name] for i in target.instances if i.role == "router"), None)
     verdicts = [pair_verdict(p, stats, router, min_share) for p in target.pairs]
+    for v in verdicts:  # the pair's stages run while another stage of their server died: said, exit 1
+        if v.verdict == INSTANCE_DOWN:
+            continue  # the dead stage's line says it
+        notes = dict.fromkeys(f"{n}: {stats[n].note}" for n in (v.decode, *v.prefills) if stats[n].note)
+        v.evidence.extend(notes)
     seconds = max((s.seconds for s in stats.values()), default=0.0)
     return Report(target, seconds, verdicts, [stats[i.name] for i in target.instances])

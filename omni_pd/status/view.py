@@ -41,7 +41,7 @@ def instance_row(i: InstanceStats) -> tuple[str, ...]:
     if i.role == "router":
         rot = ", ".join(f"{b['role']}:{'in' if b['healthy'] else 'OUT'}" for b in i.backends) or "-"
         return (i.name, i.role, "up" if i.up else "DOWN", "-", "-", "-", "-", "-", "-", "-", rot)
-    health = "up" if i.up else "DOWN"
+    health = ("up, /health 503" if i.note else "up") if i.up else "DOWN"
     pt = i.prompt_tokens
     tokens = (f"{pt.get('external_kv_transfer', 0):g}/{pt.get('local_compute', 0):g}" if pt else "-")
     xfer = "-"
