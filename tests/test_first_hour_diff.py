@@ -44,3 +44,27 @@ def test_swapped_arguments_are_named_with_the_right_order(tmp_path, capsys):
         assert "swapped" not in err and "is not a prefill/decode split" in err
     finally:
         os.chdir(old)
+
+
+def test_two_splits_are_refused_with_the_order_diff_wants(tmp_path, capsys):
+    """``omni-pd diff pd.yaml pd.yaml`` (both already split) printed a stage-by-stage "diff" of
+    the split against itself read as an input (stage 1 "from input stage 0", the Talker "from"
+    decode): nonsense. It is refused, located at BEFORE's pipeline, with the order diff wants."""
+    shutil.copy(ROOT / "presets" / "qwen3_omni_moe.yaml", tmp_path / "qwen3_omni_moe.yaml")
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert main(["expand", "qwen3_omni_moe.yaml", "-q", "-o", "pd.yaml"]) == 0
+        capsys.readouterr()
+        line = next(i for i, t in enumerate((tmp_path / "pd.yaml").read_text().splitlines(), 1)
+                    if t.startswith("pipeline:"))
+        rc = main(["diff", "pd.yaml", "pd.yaml"])
+        out = capsys.readouterr()
+        assert (rc, out.out) == (2, "")
+        assert out.err.startswith(
+            "error[OPD008]: pd.yaml is already a prefill/decode split (qwen3_omni_moe_pd): diff compares the file "
+            f"expand read with what it wrote, stage by stage\n{' ' * len(str(line))}--> pd.yaml:{line}:11\n")
+        assert out.err.endswith("  = help: give the three-stage file expand read first: `omni-pd diff IN pd.yaml` "
+                                "(two splits compare as text: `diff -u pd.yaml pd.yaml`)\n")
+    finally:
+        os.chdir(old)

@@ -53,6 +53,15 @@ def diff_cmd(
                 and b_topo.pipeline.base:
             # BEFORE says nothing about its pipeline: it is the one AFTER was split from
             a_topo, a_plain = resolve_doc(a_doc, b_topo.pipeline.base, platform)
+        if _is_split(a_topo) and _is_split(b_topo):  # `diff OUT OUT`: both already split
+            again = f"omni-pd diff IN {b_doc.name}" if after != "-" else "omni-pd diff IN OUT"
+            raise OmniPdError(Diagnostic(
+                code="OPD008", severity=Severity.ERROR,
+                location=a_doc.loc(("pipeline",), value=True) if "pipeline" in a_doc.tree else a_doc.loc(()),
+                message=f"{a_doc.name} is already a prefill/decode split ({a_topo.pipeline.name}): diff compares the "
+                        "file expand read with what it wrote, stage by stage",
+                help=f"give the three-stage file expand read first: `{again}` (two splits compare as text: "
+                     f"`diff -u {a_doc.name} {b_doc.name}`)"))
         try:
             d = config_diff(a_topo, b_topo, a_plain, b_plain)
         except ValueError as e:
