@@ -143,7 +143,8 @@ def self_check(text: str, doc, vllm_version: Optional[str], output: Optional[Pat
     size, memory budget) then come from where the user put the stages: OPD805, exit 2,
     naming the options. New errors that are all the inventory's router against the pair
     (OPD705-OPD707: a router that cannot relay the connector expand chose) are the user's
-    choice too: OPD805, exit 2, naming --connector and the `router:` block."""
+    choice too: OPD805, exit 2, naming --connector and the `router:` block; both kinds at once
+    are one OPD805 naming both (before, that mix was called an expand bug, OPD000)."""
     from dataclasses import replace
 
     from omni_pd.check.validate import ValidateOptions, validate_document
@@ -168,21 +169,23 @@ def self_check(text: str, doc, vllm_version: Optional[str], output: Optional[Pat
                          "fix them first, nothing was written\n")
         raise SystemExit(2)
     _emit_diags(out.errors, out.docs)
-    if placed and all(d.code.startswith("OPD4") for d in new):
-        raise OmniPdError(Diagnostic(
-            code="OPD805", severity=Severity.ERROR,
-            message=f"cannot place the stages where {', '.join(placed)} put them: the file would fail validate "
-                    f"({', '.join(sorted({d.code for d in new}))})",
-            help="give other devices (the findings above say which stages clash), or leave the option out "
-                 "for expand's own layout; nothing was written"))
     router = {"OPD705", "OPD706", "OPD707"}  # the inventory's router against the pair expand wrote
-    if inventory is not None and all(d.code in router for d in new):
-        raise OmniPdError(Diagnostic(
-            code="OPD805", severity=Severity.ERROR,
-            message=f"the inventory's router cannot serve the PD pair expand wrote "
-                    f"({', '.join(sorted({d.code for d in new}))}, above)",
-            help="pick a KV connector that router speaks (e.g. --connector NixlConnector), or change the "
-                 "inventory's `router:` block; nothing was written"))
+    by_devices = {d.code for d in new if placed and d.code.startswith("OPD4")}
+    by_router = {d.code for d in new if inventory is not None and d.code in router}
+    if new and all(d.code in by_devices | by_router for d in new):  # the user's choices, one or both
+        why, fix = [], []
+        if by_devices:
+            why.append(f"cannot place the stages where {', '.join(placed)} put them: the file would fail validate "
+                       f"({', '.join(sorted(by_devices))})")
+            fix.append("give other devices (the findings above say which stages clash), or leave the option out "
+                       "for expand's own layout")
+        if by_router:
+            why.append(f"the inventory's router cannot serve the PD pair expand wrote "
+                       f"({', '.join(sorted(by_router))}, above)")
+            fix.append("pick a KV connector that router speaks (e.g. --connector NixlConnector), or change the "
+                       "inventory's `router:` block")
+        raise OmniPdError(Diagnostic(code="OPD805", severity=Severity.ERROR, message="; and ".join(why),
+                                     help="; ".join(fix) + "; nothing was written"))
     raise OmniPdError(Diagnostic(
         code="OPD000", severity=Severity.ERROR,
         message=f"internal error: expand produced a config its own validate rejects ({', '.join(sorted({d.code for d in new}))})",
